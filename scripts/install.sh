@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs kvserve into the active Python environment.
+#   bash scripts/install.sh          # the engine
+#   bash scripts/install.sh test     # the engine plus the test extras
+# A torch that is already installed (say a CUDA build) is kept. Without one, the CPU build of
+# torch 2.13.0 is installed first, so that resolving kvserve's "torch>=2.4" never pulls a
+# multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+if ! python -c "import torch" >/dev/null 2>&1; then
+    pip install "torch==2.13.0" || pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+fi
+if [ -n "$extras" ]; then
+    pip install -e ".[$extras]"
+else
+    pip install -e .
+fi

@@ -1,0 +1,92 @@
+"""Engine configuration: a few frozen dataclasses, one per concern, built once at start-up.
+
+Flag names follow vLLM's (``--max-model-len``, ``--block-size``, ``--max-num-seqs``, ...), so a
+vLLM user's command line carries over. Nothing mutates a config after start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What to load and how.
+
+    Attributes:
+        model: path to a Hugging Face model folder (config.json, *.safetensors, tokenizer files).
+        dtype: ``auto`` takes the checkpoint's ``torch_dtype`` (on CPU: bfloat16 where the CPU
+            has AMX/AVX512-BF16, else float32); or one of float32, bfloat16, float16.
+        max_model_len: context length in tokens (prompt + output); ``None`` = the checkpoint's
+            ``max_position_embeddings``.
+        device: ``cpu``, ``cuda`` or ``auto`` (cuda when available).
+        seed: seed of the engine-wide random generator (requests without a ``seed``).
+        served_model_name: the name clients use in ``model``; defaults to the folder name.
+        tokenizer: tokenizer folder, when it differs from ``model``.
+    """
+
+    model: str
+    dtype: DType = "auto"
+    max_model_len: int | None = None
+    device: str = "auto"
+    seed: int = 0
+    served_model_name: str | None = None
+    tokenizer: str | None = None
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache.
+
+    Attributes:
+        block_size: tokens per KV block.
+        kv_cache_memory_bytes: bytes of KV cache; ``None`` = on CPU a share
+            (``cpu_kv_cache_fraction``) of the RAM available at start-up, on CUDA
+            ``gpu_memory_utilization`` of device memory minus weights and activations.
+        gpu_memory_utilization: share (0-1] of GPU memory the engine may use.
+        enable_prefix_caching: reuse full KV blocks across requests by a chained block hash.
+        num_blocks_override: exact number of blocks (tests; overrides the byte budget).
+    """
+
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    num_blocks_override: int | None = None
+    cpu_kv_cache_fraction: float = 0.25
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching.
+
+    Attributes:
+        max_num_batched_tokens: token budget of one engine step (prefill chunks + decodes).
+        max_num_seqs: most requests running at once.
+        max_model_len: context length in tokens (filled from the model when not given).
+        max_num_waiting: most requests queued; beyond it new requests are rejected.
+        policy: ``fcfs`` or ``priority`` (lower ``priority`` value runs first, as in vLLM).
+        enable_chunked_prefill: split long prompts over several steps.
+        long_prefill_token_threshold: most prompt tokens one request may take in a step
+            (0 = no limit besides the budget).
+    """
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 4096
+    max_num_waiting: int = 1024
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine core needs, passed down explicitly."""
+
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -1,0 +1,29 @@
+"""Typed errors. User mistakes raise these with a message that says what was wrong and what is
+allowed; the API layer maps them to OpenAI error JSON (4xx). ``assert`` is only for invariants."""
+
+
+class KVServeError(Exception):
+    """Base of all kvserve errors."""
+
+
+class InvalidRequestError(KVServeError, ValueError):
+    """A client's request is invalid (HTTP 400). ``param`` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class RequestRejectedError(KVServeError):
+    """The engine cannot take the request now (HTTP 429 / 503), e.g. the waiting queue is full."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+
+
+class CheckpointError(KVServeError, ValueError):
+    """A model folder is missing a file, names an unsupported architecture, or has a tensor of the
+    wrong name or shape."""

@@ -1,0 +1,87 @@
+"""Results passed between engine layers and returned to users (vLLM-compatible names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class TokenLogprobs(NamedTuple):
+    """Log-probabilities for one position.
+
+    Attributes:
+        token_id: the chosen (or, for prompt logprobs, the actual) token.
+        logprob: its log-probability under the model's distribution after penalties/bias and
+            temperature are NOT applied (the raw ``log_softmax`` of the logits, as vLLM returns).
+        rank: 1-based rank of ``token_id`` among all tokens.
+        top_token_ids: the ``k`` most likely token ids, most likely first.
+        top_logprobs: their log-probabilities.
+    """
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What one model step produced.
+
+    Attributes:
+        sampled_token_ids: request id -> the sampled token, for each request that sampled.
+        logprobs: request id -> logprobs of the sampled token (requests asking for logprobs).
+        prompt_logprobs: request id -> logprobs of the prompt tokens computed in this step; the
+            entry for prompt position i scores token i (position 0 has none and is skipped).
+    """
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+
+
+@dataclass
+class EngineCoreOutput:
+    """Per request, what changed in one step: new tokens and, when finished, why."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class CompletionOutput:
+    """One choice of a finished (or in-progress) request, as in vLLM."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """The result of one prompt, as in vLLM: ``outputs`` has one entry per choice."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    prompt_logprobs: list[dict[int, float] | None] | None
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0

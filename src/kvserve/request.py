@@ -1,0 +1,101 @@
+"""The engine's view of one request (one choice: a request with ``n > 1`` becomes n of these)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from kvserve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    # Everything after this point is finished.
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_IGNORED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """OpenAI's ``finish_reason`` for a finished status."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_IGNORED: "length",
+}
+
+
+@dataclass(eq=False)
+class Request:
+    """A request as the scheduler and KV-cache manager see it.
+
+    A request has only ``num_computed_tokens`` against its known tokens (prompt + output); there is
+    no separate prefill or decode state: a step computes tokens ``[num_computed_tokens,
+    num_computed_tokens + num_new_tokens)`` and samples one when it reaches ``num_tokens``.
+
+    Attributes:
+        request_id: unique id.
+        prompt_token_ids: the prompt, token ids.
+        sampling_params: how to choose tokens.
+        eos_token_ids: ids that end generation unless ``ignore_eos``.
+        max_tokens: resolved output cap in tokens (``sampling_params.max_tokens`` or what is left
+            of the context).
+        arrival_time: seconds (``time.time()``) when the engine received the request.
+        priority: lower value = served first under the ``priority`` policy (vLLM's convention).
+        cache_salt: extra key for prefix-cache hashes (isolates tenants).
+        num_cached_tokens: prompt tokens found in the prefix cache when first scheduled (-1 until).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+    max_tokens: int = 16
+    arrival_time: float = field(default_factory=time.time)
+    priority: int = 0
+    cache_salt: str | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1
+    num_preemptions: int = 0
+    stop_reason: int | str | None = None
+    # Hashes of the request's full blocks, filled incrementally by the KV-cache manager.
+    block_hashes: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.all_token_ids:
+            self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token_ids(self, token_ids: list[int]) -> None:
+        self.output_token_ids.extend(token_ids)
+        self.all_token_ids.extend(token_ids)
