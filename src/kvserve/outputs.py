@@ -60,13 +60,14 @@ class EngineCoreOutput:
 
 @dataclass
 class CompletionOutput:
-    """One choice of a finished (or in-progress) request, as in vLLM."""
+    """One choice of a request, as in vLLM. In a streamed (delta) output ``text``, ``token_ids``
+    and ``logprobs`` hold only what is new since the previous output of the same choice."""
 
     index: int
     text: str
     token_ids: list[int]
-    cumulative_logprob: float | None
-    logprobs: list[dict[int, float]] | None
+    cumulative_logprob: float | None = None
+    logprobs: list[TokenLogprobs] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -76,12 +77,13 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """The result of one prompt, as in vLLM: ``outputs`` has one entry per choice."""
+    """The result of one prompt, as in vLLM: ``outputs`` has one entry per choice (in a delta
+    output, only the choices that changed). ``prompt_logprobs[0]`` is None (no context)."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    prompt_logprobs: list[dict[int, float] | None] | None
+    prompt_logprobs: list[TokenLogprobs | None] | None
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
