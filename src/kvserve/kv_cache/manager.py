@@ -1,0 +1,189 @@
+"""The KV-cache manager: which blocks each request holds, and prefix-cache lookups.
+
+The scheduler asks two questions per request and decides everything else (preemption, order)::
+
+    blocks, num_cached = manager.get_computed_blocks(request)     # once, when admitting
+    new_blocks = manager.allocate_slots(request, num_new_tokens,  # every step it is scheduled
+                                        blocks, num_cached)       # None = not enough blocks
+    ... model runner computes the tokens ...
+    manager.cache_blocks(request, request.num_computed_tokens)    # full blocks -> prefix cache
+    manager.free(request)                                          # finished / preempted
+
+A request's block table covers its computed tokens plus the tokens scheduled this step::
+
+    block_size = 4, num_computed_tokens = 6, num_new_tokens = 3
+    tokens:       [t0 t1 t2 t3][t4 t5 t6 t7][t8 .. .. ..]
+    block table:  [    b5     ][    b2     ][    b9     ]
+    computed:      x  x  x  x   x  x
+    this step:                        n  n   n
+
+Method after vLLM v1's ``KVCacheManager``; blocks enter the prefix cache only after their K/V are
+computed (``cache_blocks`` from ``Scheduler.update_from_output``), never at allocation, so a hit
+can never read K/V that a preempted request did not get to write.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from kvserve.kv_cache.block import KVCacheBlock
+from kvserve.kv_cache.block_hash import update_block_hashes
+from kvserve.kv_cache.block_pool import BlockPool
+from kvserve.kv_cache.integrity import check_kv_cache_integrity
+from kvserve.kv_cache.stats import PrefixCacheStats
+from kvserve.request import Request
+
+
+class ComputedBlocks(NamedTuple):
+    """A prefix-cache hit: ``blocks`` hold the K/V of the first ``num_computed_tokens`` tokens."""
+
+    blocks: list[KVCacheBlock]
+    num_computed_tokens: int
+
+
+class KVCacheManager:
+    """Block tables of all requests over one :class:`BlockPool`.
+
+    Args:
+        num_blocks: blocks in the cache, including the reserved null block 0.
+        block_size: tokens per block.
+        enable_caching: prefix caching on or off.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # Leading blocks of each request that are already registered in the prefix cache.
+        self.num_cached_block: dict[str, int] = {}
+        self._queries = 0
+        self._hits = 0
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    @property
+    def usage(self) -> float:
+        """Fraction (0-1) of usable blocks held by requests."""
+        return self.block_pool.get_usage()
+
+    @property
+    def stats(self) -> PrefixCacheStats:
+        """Prefix-cache totals in tokens since start-up."""
+        return PrefixCacheStats(queries=self._queries, hits=self._hits)
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table (a new list; empty for an unknown or blockless request)."""
+        return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
+
+    def num_blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def get_computed_blocks(self, request: Request) -> ComputedBlocks:
+        """The longest chain of cached full blocks at the start of the request's tokens.
+
+        The hit never covers the last known token: that token must be computed so the step can
+        sample from its logits. E.g. block_size 16: 40 tokens -> up to 32 cached; 32 tokens ->
+        16 cached. Requests asking for ``prompt_logprobs`` get no hit (every prompt position must be
+        computed). Has no side effect besides filling ``request.block_hashes``; statistics are
+        counted when the request is admitted (``allocate_slots``), so a waiting request that is
+        looked up again is not counted twice.
+        """
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            return ComputedBlocks([], 0)
+        block_hashes = update_block_hashes(request, self.block_size)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        blocks: list[KVCacheBlock] = []
+        for block_hash in block_hashes[:max_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        return ComputedBlocks(blocks, len(blocks) * self.block_size)
+
+    # -- changes -------------------------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock] | tuple = (),
+        num_new_computed_tokens: int = 0,
+    ) -> list[KVCacheBlock] | None:
+        """Make room for ``num_new_tokens`` more tokens of ``request``.
+
+        Args:
+            request: its ``num_computed_tokens`` is the count before this allocation.
+            num_new_tokens: tokens to compute this step (>= 1).
+            new_computed_blocks, num_new_computed_tokens: a prefix-cache hit from
+                ``get_computed_blocks`` (only when the request holds no blocks yet).
+
+        Returns:
+            the newly allocated blocks (possibly empty), or ``None`` when there are not enough free
+            blocks; then nothing has changed.
+        """
+        assert num_new_tokens >= 1, f"num_new_tokens must be >= 1, got {num_new_tokens}"
+        request_id = request.request_id
+        req_blocks = self.req_to_blocks.get(request_id)
+        assert not (req_blocks and new_computed_blocks), f"{request_id} already holds blocks; a hit is only for new requests"
+        num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_held = (len(req_blocks) if req_blocks else 0) + len(new_computed_blocks)
+        num_new_blocks = max(0, self.num_blocks_needed(num_tokens) - num_held)
+        # Hit blocks that are free now leave the free queue when touched: they are not available.
+        num_free_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+        if num_new_blocks > self.num_free_blocks - num_free_hits:
+            return None
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[request_id] = []
+            self.num_cached_block[request_id] = len(new_computed_blocks)
+            if self.enable_caching:
+                self._queries += request.num_tokens
+                self._hits += num_new_computed_tokens
+        if new_computed_blocks:
+            self.block_pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Register the request's full blocks among its first ``num_computed_tokens`` tokens (K/V
+        computed) in the prefix cache. Called after each step; prompt and generated tokens alike."""
+        if not self.enable_caching:
+            return
+        request_id = request.request_id
+        num_full = min(num_computed_tokens, request.num_tokens) // self.block_size
+        start = self.num_cached_block.get(request_id, 0)
+        if num_full <= start:
+            return
+        block_hashes = update_block_hashes(request, self.block_size)
+        blocks = self.req_to_blocks[request_id]
+        self.block_pool.cache_full_blocks(blocks[start:num_full], block_hashes[start:num_full])
+        self.num_cached_block[request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Return every block of the request to the pool, tail first (so the tail is evicted
+        before the shared prefix). Unknown or blockless requests are ignored."""
+        blocks = self.req_to_blocks.pop(request.request_id, None)
+        self.num_cached_block.pop(request.request_id, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    def reset_prefix_cache(self) -> int:
+        """Forget all cached hashes (benchmarks, weight reloads). Returns how many were dropped."""
+        return self.block_pool.reset_prefix_cache()
+
+    def check_integrity(self) -> None:
+        """Check the accounting of pool and block tables.
+
+        Raises:
+            AssertionError: with a message naming the first inconsistency found.
+        """
+        check_kv_cache_integrity(self.block_pool, self.req_to_blocks)
