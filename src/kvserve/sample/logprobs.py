@@ -1,0 +1,66 @@
+"""Log-probabilities returned to users: the chosen (or actual) token's logprob and rank, and the
+top-k alternatives, from the raw ``log_softmax`` of the logits (before logit_bias, penalties and
+temperature), which is what vLLM returns by default."""
+
+from __future__ import annotations
+
+import torch
+
+from kvserve.outputs import TokenLogprobs
+
+
+def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_logprobs: list[int]) -> list[TokenLogprobs]:
+    """Turn a ``[M, V]`` log-probability matrix into one ``TokenLogprobs`` per row.
+
+    Args:
+        logprobs: float32 ``[M, V]``, normalized log-probabilities.
+        token_ids: int64 ``[M]``, the token to score in each row.
+        num_logprobs: per row, how many top alternatives to return (0..V).
+
+    Returns:
+        One ``TokenLogprobs`` per row: ``logprob`` of ``token_ids[i]``, its 1-based ``rank``
+        (1 + the number of tokens with a strictly larger logprob, as vLLM), and the
+        ``num_logprobs[i]`` most likely ids and their logprobs, most likely first.
+    """
+    if logprobs.shape[0] == 0:
+        return []
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1))
+    ranks = (logprobs > chosen).sum(dim=1) + 1
+    max_k = max(num_logprobs)
+    top_values, top_ids = logprobs.topk(max_k, dim=1) if max_k > 0 else (logprobs[:, :0], token_ids[:, None][:, :0])
+    # One device-to-host copy per tensor; the rest is list slicing.
+    chosen_list = chosen.squeeze(1).tolist()
+    rank_list = ranks.tolist()
+    top_id_list = top_ids.tolist()
+    top_value_list = top_values.tolist()
+    return [
+        TokenLogprobs(
+            token_id=token_id,
+            logprob=chosen_list[i],
+            rank=rank_list[i],
+            top_token_ids=top_id_list[i][:k],
+            top_logprobs=top_value_list[i][:k],
+        )
+        for i, (token_id, k) in enumerate(zip(token_ids.tolist(), num_logprobs))
+    ]
+
+
+def prompt_logprobs_from_logits(logits: torch.Tensor, token_ids: torch.Tensor | list[int], k: int) -> list[TokenLogprobs]:
+    """Logprobs of prompt tokens.
+
+    Row ``i`` of ``logits`` is the model's prediction for ``token_ids[i]``: the caller passes the
+    logits of prompt positions ``0..P-1`` with the prompt tokens shifted by one (tokens ``1..P``).
+
+    Args:
+        logits: ``[P, V]`` raw logits (any float dtype; computed in float32).
+        token_ids: int ``[P]``, the actual next tokens.
+        k: number of top alternatives per position (``SamplingParams.prompt_logprobs``).
+
+    Returns:
+        ``P`` entries of ``TokenLogprobs`` (logprob and rank of the actual token, top ``k``).
+    """
+    token_ids = torch.as_tensor(token_ids, dtype=torch.int64, device=logits.device)
+    if token_ids.shape != logits.shape[:1]:
+        raise ValueError(f"token_ids has shape {tuple(token_ids.shape)}, expected ({logits.shape[0]},)")
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return gather_logprobs(logprobs, token_ids, [k] * logits.shape[0])

@@ -1,0 +1,55 @@
+"""Logit processors that run before greedy/random selection: logit_bias, the min_tokens mask and
+the repetition / presence / frequency penalties. Each works in place on float32 ``[N, V]`` logits,
+vectorized over the whole batch."""
+
+from __future__ import annotations
+
+import torch
+
+from kvserve.sample.metadata import SamplingMetadata, SparseLogitUpdate
+
+
+def apply_logit_bias(logits: torch.Tensor, logit_bias: SparseLogitUpdate) -> None:
+    """Add each ``(row, token, bias)`` triple to ``logits[row, token]`` (OpenAI ``logit_bias``).
+
+    Args:
+        logits: float32 ``[N, V]``, modified in place.
+        logit_bias: the batch's bias triples (token ids already checked against ``V``).
+    """
+    logits.index_put_((logit_bias.rows, logit_bias.token_ids), logit_bias.values, accumulate=True)
+
+
+def apply_min_tokens_mask(logits: torch.Tensor, mask: SparseLogitUpdate) -> None:
+    """Set ``logits[row, token] = -inf`` for every pair in ``mask`` (EOS and stop token ids of
+    requests below ``min_tokens``), so they cannot be sampled.
+
+    Args:
+        logits: float32 ``[N, V]``, modified in place.
+        mask: the (row, token) pairs; ``mask.values`` is ignored.
+    """
+    logits.index_put_((mask.rows, mask.token_ids), torch.tensor(float("-inf"), device=logits.device))
+
+
+def apply_penalties(logits: torch.Tensor, metadata: SamplingMetadata) -> None:
+    """Apply the repetition, then the frequency and presence penalties, in place.
+
+    Repetition (CTRL, Keskar et al. 2019, as in Hugging Face's
+    ``RepetitionPenaltyLogitsProcessor``): for every token that occurs in the prompt or the output,
+    ``logit / r`` if ``logit > 0`` else ``logit * r``.
+
+    Frequency and presence (OpenAI's formula, over output tokens only):
+    ``logit -= frequency * count + presence * (count > 0)``.
+
+    Args:
+        logits: float32 ``[N, V]``, modified in place.
+        metadata: must have ``no_penalties == False`` (the count tensors are then built).
+    """
+    assert metadata.prompt_token_mask is not None and metadata.output_token_counts is not None
+    counts = metadata.output_token_counts
+    seen = metadata.prompt_token_mask | (counts > 0)
+    penalty = metadata.repetition_penalties.unsqueeze(1)
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    # Rows with r == 1 go through the same arithmetic: x / 1 and x * 1 are exact.
+    logits.copy_(torch.where(seen, penalized, logits))
+    logits -= metadata.frequency_penalties.unsqueeze(1) * counts
+    logits -= metadata.presence_penalties.unsqueeze(1) * (counts > 0)

@@ -1,0 +1,143 @@
+"""The batched sampler: one token per logits row.
+
+Pipeline (each stage skipped when no row needs it)::
+
+    logits [N, V] ──► raw log_softmax ─────────────────────────────────────► logprobs (if asked)
+          │
+          ├─► logit_bias ─► min_tokens mask ─► penalties ─┬─► argmax ───────► greedy rows
+          │                                               │
+          │                                               └─► / temperature ─► top-k ─► top-p
+          │                                                   ─► min-p ─► softmax ─► p / q race
+          ▼                                                                         ──► random rows
+    sampled_token_ids [N]
+
+Random rows draw with the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)`` i.i.d., which
+picks token ``i`` with probability ``p_i``; the Gumbel-max trick in another form, as vLLM does).
+A seeded row draws its ``V`` exponentials from its own generator, so its tokens do not depend on
+what else is in the batch; unseeded rows share one batched draw.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from kvserve.outputs import TokenLogprobs
+from kvserve.sample.logprobs import gather_logprobs
+from kvserve.sample.metadata import SamplingMetadata
+from kvserve.sample.penalties import apply_logit_bias, apply_min_tokens_mask, apply_penalties
+from kvserve.sample.top_k_top_p import apply_min_p, apply_top_k_top_p
+
+# Smallest normal float32: keeps p / q finite (p <= 1) when an exponential draw is exactly 0.
+_TINY = torch.finfo(torch.float32).tiny
+
+
+class SamplerOutput(NamedTuple):
+    """Result of one sampling step.
+
+    Attributes:
+        sampled_token_ids: int64 ``[N]``, one token per row.
+        logprobs: per row, the sampled token's logprobs (raw ``log_softmax`` of the logits) or
+            None where the request did not ask for logprobs.
+    """
+
+    sampled_token_ids: torch.Tensor
+    logprobs: list[TokenLogprobs | None]
+
+
+class Sampler:
+    """Choose one token per row of the logits (see the module docstring for the order of stages).
+
+    Args:
+        generator: random generator for rows without their own (unseeded requests), on the
+            logits' device; None uses torch's default generator.
+    """
+
+    def __init__(self, generator: torch.Generator | None = None):
+        self.generator = generator
+
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """Sample one token per row.
+
+        Args:
+            logits: float32 ``[N, V]``, row ``i`` for the i-th request of ``metadata``; not
+                modified.
+            metadata: the batch's ``SamplingMetadata`` (``N`` rows, vocabulary ``V``).
+
+        Returns:
+            ``SamplerOutput`` with int64 ``[N]`` token ids and per-row logprobs.
+        """
+        if logits.dim() != 2 or logits.shape[0] != metadata.num_rows:
+            raise ValueError(f"logits must be [{metadata.num_rows}, V], got {tuple(logits.shape)}")
+        # Logprobs come from the raw logits, so take them before any processing.
+        rows = [i for i, k in enumerate(metadata.num_logprobs) if k is not None]
+        index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+        raw_logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=1) if rows else None
+        processed = self._process_logits(logits, metadata)
+        sampled = self._sample(processed, metadata)
+        result: list[TokenLogprobs | None] = [None] * metadata.num_rows
+        if raw_logprobs is not None:
+            num_logprobs = [metadata.num_logprobs[i] for i in rows]
+            for row, entry in zip(rows, gather_logprobs(raw_logprobs, sampled.index_select(0, index), num_logprobs)):
+                result[row] = entry
+        return SamplerOutput(sampled, result)
+
+    @staticmethod
+    def _process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """logit_bias, min_tokens and penalties on a float32 copy (the input is left as is)."""
+        needs_copy = metadata.logit_bias is not None or metadata.min_tokens_mask is not None
+        needs_copy = needs_copy or not metadata.no_penalties or not metadata.all_greedy
+        if not needs_copy:
+            return logits
+        logits = logits.to(torch.float32, copy=True)
+        if metadata.logit_bias is not None:
+            apply_logit_bias(logits, metadata.logit_bias)
+        if metadata.min_tokens_mask is not None:
+            apply_min_tokens_mask(logits, metadata.min_tokens_mask)
+        if not metadata.no_penalties:
+            apply_penalties(logits, metadata)
+        return logits
+
+    def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        greedy_ids = None if metadata.all_random else logits.argmax(dim=1)
+        if metadata.all_greedy:
+            return greedy_ids
+        probs = self.processed_probs(logits, metadata)
+        exponentials = self._exponentials(probs, metadata)
+        sampled = probs.div_(exponentials).argmax(dim=1)
+        if greedy_ids is not None:
+            sampled = torch.where(metadata.greedy_mask, greedy_ids, sampled)
+        return sampled
+
+    @staticmethod
+    def processed_probs(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """The distribution random rows are drawn from: softmax of the logits after temperature,
+        top-k, top-p and min-p.
+
+        Args:
+            logits: float32 ``[N, V]`` after bias/min_tokens/penalties; modified in place.
+            metadata: the batch's metadata.
+
+        Returns:
+            float32 ``[N, V]`` probabilities (rows sum to 1; greedy rows are not meaningful).
+        """
+        logits.div_(metadata.temperature.unsqueeze(1))
+        apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+        if metadata.min_p is not None:
+            apply_min_p(logits, metadata.min_p)
+        return logits.softmax(dim=1)
+
+    def _exponentials(self, probs: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """i.i.d. Exp(1) noise ``[N, V]``: a batched draw for unseeded rows, and for each seeded
+        random row a fresh ``[V]`` draw from its own generator (same numbers whatever the batch)."""
+        num_rows, vocab_size = probs.shape
+        noise = torch.empty_like(probs)
+        greedy = metadata.greedy_mask.tolist()
+        seeded = [i for i, g in enumerate(metadata.generators) if g is not None and not greedy[i]]
+        if len(seeded) < num_rows:
+            noise.exponential_(generator=self.generator)
+        for row in seeded:
+            row_noise = torch.empty(vocab_size, dtype=probs.dtype, device=probs.device)
+            noise[row] = row_noise.exponential_(generator=metadata.generators[row])
+        return noise.clamp_min_(_TINY)

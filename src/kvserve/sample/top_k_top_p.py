@@ -1,0 +1,69 @@
+"""Truncation of the sampling distribution: top-k, top-p (nucleus) and min-p.
+
+All functions take temperature-scaled float32 logits ``[N, V]`` and set the logits of removed
+tokens to ``-inf`` in place; a row whose parameter is "off" is left unchanged. At least one token
+(the most likely) always survives.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_NEG_INF = float("-inf")
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> None:
+    """Keep the ``top_k`` most likely tokens, then the smallest most-likely-first set whose
+    probability mass (after top-k) is at least ``top_p``.
+
+    Top-p follows Holtzman et al. 2019 ("The Curious Case of Neural Text Degeneration"): a token
+    is kept when the mass of the tokens strictly more likely than it is below ``top_p``. Top-k
+    keeps every token whose logit is >= the k-th largest, so ties at the boundary all survive (as
+    in vLLM and Hugging Face).
+
+    Args:
+        logits: float32 ``[N, V]``, modified in place.
+        top_k: int64 ``[N]`` (``V`` = off), or None.
+        top_p: float32 ``[N]`` (1.0 = off), or None.
+    """
+    if top_p is None:
+        if top_k is not None:
+            _apply_top_k_only(logits, top_k)
+        return
+    sorted_logits, sorted_ids = logits.sort(dim=1, descending=True)
+    if top_k is not None:
+        positions = torch.arange(logits.shape[1], device=logits.device)
+        kth = sorted_logits.gather(1, (top_k - 1).unsqueeze(1))
+        # Position beyond k and strictly below the k-th logit (ties at the boundary survive).
+        drop = (positions.unsqueeze(0) >= top_k.unsqueeze(1)) & (sorted_logits < kth)
+        sorted_logits.masked_fill_(drop, _NEG_INF)
+    probs = sorted_logits.softmax(dim=1)
+    mass_before = probs.cumsum(dim=1) - probs
+    drop = mass_before >= top_p.unsqueeze(1)
+    drop[:, 0] = False
+    sorted_logits.masked_fill_(drop, _NEG_INF)
+    logits.scatter_(1, sorted_ids, sorted_logits)
+
+
+def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor) -> None:
+    """Top-k without a full sort: one ``topk`` of the largest k in the batch."""
+    vocab_size = logits.shape[1]
+    active = top_k < vocab_size
+    max_k = int(top_k[active].max()) if bool(active.any()) else vocab_size
+    top_values = logits.topk(max_k, dim=1).values
+    kth = top_values.gather(1, (top_k.clamp(max=max_k) - 1).unsqueeze(1))
+    kth = torch.where(active.unsqueeze(1), kth, torch.full_like(kth, _NEG_INF))
+    logits.masked_fill_(logits < kth, _NEG_INF)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
+    """Drop tokens whose probability is below ``min_p`` times the most likely token's
+    (Nguyen et al. 2024, "Min P Sampling"; as vLLM and Hugging Face ``MinPLogitsWarper``).
+
+    Args:
+        logits: float32 ``[N, V]``, temperature already applied; modified in place.
+        min_p: float32 ``[N]`` in [0, 1] (0 = off).
+    """
+    probs = logits.softmax(dim=1)
+    threshold = min_p.unsqueeze(1) * probs.amax(dim=1, keepdim=True)
+    logits.masked_fill_(probs < threshold, _NEG_INF)
