@@ -1,0 +1,145 @@
+"""The portable reference attention backend: plain PyTorch, any device.
+
+Each call does two things::
+
+    1. write   kv_cache[0|1].view(num_blocks * block_size, H_kv, D)[slot_mapping] = key | value
+    2. attend  per request r, gather its context from its block table:
+                 blocks = block_tables[r, :ceil(seq_lens[r] / block_size)]
+                 K_r    = kv_cache[0, blocks].reshape(-1, H_kv, D)[:seq_lens[r]]
+               and run causal attention of its new queries (the last q_len[r] positions) over K_r.
+
+Decode-only batches (every request has one new token) are attended in one batched call: the
+contexts are padded to ``max_seq_len`` and masked. Mixed batches loop over requests. Scores and
+the softmax are computed in float32 (inputs upcast), with
+``torch.nn.functional.scaled_dot_product_attention``; the output is cast back to the query dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvserve.attention.backend import AttentionBackend, AttentionMetadata
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """Reference paged attention (see module docstring). Stateless; one instance can serve every
+    layer and model."""
+
+    name = "torch"
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        if metadata.is_decode_only:
+            out = _decode_attention(query, kv_cache, metadata, scale, sliding_window)
+        else:
+            out = _varlen_attention(query, kv_cache, metadata, scale, sliding_window)
+        return out.to(query.dtype)
+
+
+def write_kv_cache(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store key/value [T, H_kv, D] at ``slot_mapping`` (int64 [T]) of
+    ``kv_cache`` [2, num_blocks, block_size, H_kv, D], in place."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+
+
+def _gather_context(kv_cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of ``block_ids`` (int [N] or [B, N]), each [..., length, H_kv, D]."""
+    keys = kv_cache[0][block_ids]  # [..., N, block_size, H_kv, D]
+    values = kv_cache[1][block_ids]
+    shape = keys.shape[:-4] + (-1,) + keys.shape[-2:]
+    return keys.reshape(shape)[..., :length, :, :], values.reshape(shape)[..., :length, :, :]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool):
+    """q [..., H, Lq, D], k/v [..., H_kv, Lk, D] -> [..., H, Lq, D] in float32."""
+    return F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
+    )
+
+
+def _decode_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """One query per request: query [B, H, D] -> [B, H, D]; contexts padded to max_seq_len."""
+    block_size = kv_cache.shape[2]
+    max_len = metadata.max_seq_len
+    num_blocks = -(-max_len // block_size)
+    keys, values = _gather_context(kv_cache, metadata.block_tables[:, :num_blocks].long(), max_len)
+    key_pos = torch.arange(max_len, device=query.device)[None, :]
+    seq_lens = metadata.seq_lens.to(torch.long)[:, None]
+    mask = key_pos < seq_lens  # [B, max_len]
+    if sliding_window is not None:
+        mask &= key_pos > seq_lens - 1 - sliding_window
+    out = _attend(
+        query[:, :, None, :],  # [B, H, 1, D]
+        keys.transpose(1, 2),  # [B, H_kv, max_len, D]
+        values.transpose(1, 2),
+        mask[:, None, None, :],
+        scale,
+        causal=False,
+    )
+    return out[:, :, 0, :]
+
+
+def _varlen_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """Requests of any query length, one at a time: query [T, H, D] -> [T, H, D] float32."""
+    block_size = kv_cache.shape[2]
+    out = torch.empty(query.shape, dtype=torch.float32, device=query.device)
+    starts = metadata.query_start_loc_cpu.tolist()
+    seq_lens = metadata.seq_lens_cpu.tolist()
+    for r, seq_len in enumerate(seq_lens):
+        start, end = starts[r], starts[r + 1]
+        q_len = end - start
+        if q_len == 0:
+            continue
+        blocks = metadata.block_tables[r, : -(-seq_len // block_size)].long()
+        keys, values = _gather_context(kv_cache, blocks, seq_len)
+        mask = _causal_mask(q_len, seq_len, sliding_window, query.device)
+        out[start:end] = _attend(
+            query[start:end].transpose(0, 1),  # [H, q_len, D]
+            keys.transpose(0, 1),  # [H_kv, seq_len, D]
+            values.transpose(0, 1),
+            mask,
+            scale,
+            causal=mask is None,
+        ).transpose(0, 1)
+    return out
+
+
+def _causal_mask(q_len: int, seq_len: int, sliding_window: int | None, device: torch.device) -> torch.Tensor | None:
+    """Boolean [q_len, seq_len] (True = attend), or None when plain ``is_causal`` suffices (no
+    cached context and no window that cuts the sequence)."""
+    if q_len == seq_len and (sliding_window is None or sliding_window >= seq_len):
+        return None
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
+    k_pos = torch.arange(seq_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if sliding_window is not None:
+        mask &= k_pos > q_pos - sliding_window
+    return mask

@@ -1,0 +1,189 @@
+"""The model architecture as read from a Hugging Face ``config.json``.
+
+Accepts both the classic field names (``rope_theta`` + ``rope_scaling``, ``torch_dtype``) and the
+ones transformers 5 writes (``rope_parameters``, ``dtype``), so checkpoints from either era load.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvserve.errors import CheckpointError
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_DEFAULT_ROPE_THETA = 10000.0
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Rotary-embedding frequency scaling (see ``kvserve.model.layers.compute_inv_freq``).
+
+    Attributes:
+        rope_type: ``linear`` (positions divided by ``factor``; Chen et al. 2023, "Extending
+            Context Window of Large Language Models via Positional Interpolation") or ``llama3``
+            (Meta's Llama 3.1 piecewise low/high-frequency scaling).
+        factor: scaling factor (both types).
+        low_freq_factor, high_freq_factor, original_max_position_embeddings: llama3 only.
+    """
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelArchConfig:
+    """Everything the model code needs from ``config.json``; token counts are in tokens.
+
+    ``layer_sliding_windows[i]`` is the window of layer i (``None`` = full attention): Mistral
+    applies ``sliding_window`` to every layer; Qwen2/Qwen3 only when ``use_sliding_window`` is set,
+    and then to layers ``>= max_window_layers`` (or as ``layer_types`` says), as transformers does.
+    """
+
+    architectures: tuple[str, ...]
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    sliding_window: int | None
+    layer_sliding_windows: tuple[int | None, ...]
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    torch_dtype: str | None
+
+    @property
+    def architecture(self) -> str:
+        return self.architectures[0]
+
+    @classmethod
+    def from_file(cls, config_path: str | Path) -> "ModelArchConfig":
+        """Parse a ``config.json``.
+
+        Raises:
+            CheckpointError: the file is missing, is not JSON, or lacks a required field.
+        """
+        path = Path(config_path)
+        if not path.is_file():
+            raise CheckpointError(f"config.json not found: {path} (a model folder needs config.json)")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+        return cls.from_dict(raw, source=str(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> "ModelArchConfig":
+        """Parse the fields of a ``config.json`` already loaded as a dict.
+
+        Raises:
+            CheckpointError: a required field is missing or the rope type is unsupported.
+        """
+
+        def need(key: str) -> Any:
+            if raw.get(key) is None:
+                raise CheckpointError(f"{source} lacks the required field {key!r}")
+            return raw[key]
+
+        architectures = tuple(raw.get("architectures") or ())
+        if not architectures:
+            raise CheckpointError(f"{source} lacks 'architectures' (e.g. ['LlamaForCausalLM'])")
+        num_heads = int(need("num_attention_heads"))
+        hidden_size = int(need("hidden_size"))
+        num_layers = int(need("num_hidden_layers"))
+        rope_theta, rope_scaling = _parse_rope(raw, source)
+        sliding_window = _parse_sliding_window(raw)
+        eos = raw.get("eos_token_id")
+        return cls(
+            architectures=architectures,
+            model_type=str(raw.get("model_type", "")),
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden_size,
+            intermediate_size=int(need("intermediate_size")),
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or num_heads),
+            head_dim=int(raw.get("head_dim") or hidden_size // num_heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            # Qwen2 always has q/k/v biases; Llama/Mistral/Qwen3 follow ``attention_bias``.
+            attention_bias=bool(raw.get("attention_bias", raw.get("model_type") == "qwen2")),
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            sliding_window=sliding_window,
+            layer_sliding_windows=_layer_windows(raw, sliding_window, num_layers),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=tuple(eos if isinstance(eos, list) else ([] if eos is None else [eos])),
+            torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
+        )
+
+
+def _parse_rope(raw: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
+    """Merge ``rope_theta``/``rope_scaling`` (classic) and ``rope_parameters`` (transformers 5)."""
+    params: dict[str, Any] = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(raw.get(key), dict):
+            params.update(raw[key])
+    theta = float(params.get("rope_theta", raw.get("rope_theta", _DEFAULT_ROPE_THETA)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise CheckpointError(
+            f"{source}: rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    if rope_type == "default":
+        return theta, None
+    if "factor" not in params:
+        raise CheckpointError(f"{source}: rope type {rope_type!r} needs a 'factor'")
+    if rope_type == "linear":
+        return theta, RopeScaling("linear", float(params["factor"]))
+    missing = [
+        k
+        for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        if k not in params
+    ]
+    if missing:
+        raise CheckpointError(f"{source}: rope type 'llama3' lacks {', '.join(missing)}")
+    return theta, RopeScaling(
+        "llama3",
+        float(params["factor"]),
+        float(params["low_freq_factor"]),
+        float(params["high_freq_factor"]),
+        int(params["original_max_position_embeddings"]),
+    )
+
+
+def _parse_sliding_window(raw: dict[str, Any]) -> int | None:
+    window = raw.get("sliding_window")
+    # Qwen2/Qwen3 configs carry a sliding_window value that is only used with use_sliding_window.
+    if "use_sliding_window" in raw and not raw["use_sliding_window"]:
+        return None
+    return int(window) if window else None
+
+
+def _layer_windows(raw: dict[str, Any], window: int | None, num_layers: int) -> tuple[int | None, ...]:
+    if window is None:
+        return (None,) * num_layers
+    layer_types = raw.get("layer_types")
+    if layer_types and len(layer_types) == num_layers:
+        return tuple(window if t == "sliding_attention" else None for t in layer_types)
+    if "max_window_layers" in raw:
+        first = int(raw["max_window_layers"])
+        return tuple(window if i >= first else None for i in range(num_layers))
+    return (window,) * num_layers

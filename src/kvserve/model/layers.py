@@ -1,0 +1,123 @@
+"""Building blocks shared by the decoder models: RMSNorm, rotary embedding, SiLU-and-multiply and
+the fused (merged) linear projections.
+
+Numerics follow transformers' Llama implementation operation for operation (norm computed in
+float32 and cast back before the weight multiply; cos/sin computed in float32 and cast to the
+activation dtype), so that bfloat16 runs round the same way as the reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvserve.model.arch_config import RopeScaling
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization").
+
+    ``y = weight * (x / sqrt(mean(x^2, -1) + eps))``, statistics in float32.
+    Input/output: [..., hidden_size], any float dtype (output has the input's dtype).
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        input_dtype = x.dtype
+        x32 = x.to(torch.float32)
+        variance = x32.pow(2).mean(-1, keepdim=True)
+        x32 = x32 * torch.rsqrt(variance + self.eps)
+        return self.weight * x32.to(input_dtype)
+
+
+class SiluAndMul(nn.Module):
+    """SwiGLU activation (Shazeer 2020, "GLU Variants Improve Transformer").
+
+    Input [..., 2 * d] = [gate | up]; output [..., d] = silu(gate) * up.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class MergedLinear(nn.Linear):
+    """One ``nn.Linear`` holding several checkpoint projections stacked along the output rows.
+
+    ``shard_names[i]`` is the checkpoint module (e.g. ``q_proj``) whose weight fills rows
+    ``sum(output_sizes[:i]) .. sum(output_sizes[:i+1])``; the loader uses these to copy
+    Hugging Face's separate q/k/v (or gate/up) tensors into the fused weight.
+    """
+
+    def __init__(self, in_features: int, output_sizes: list[int], shard_names: list[str], bias: bool):
+        super().__init__(in_features, sum(output_sizes), bias=bias)
+        assert len(output_sizes) == len(shard_names)
+        self.output_sizes = list(output_sizes)
+        self.shard_names = list(shard_names)
+
+
+def compute_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """Inverse rotary frequencies, float32 [head_dim // 2], on the CPU.
+
+    Default: ``1 / theta^(2i / head_dim)`` (Su et al. 2021, RoFormer). ``linear`` divides by
+    ``factor``. ``llama3`` keeps high frequencies, divides low ones by ``factor`` and interpolates
+    in between, exactly as transformers' ``_compute_llama3_parameters``.
+    """
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    factor = scaling.factor
+    old_len = scaling.original_max_position_embeddings
+    low_freq_wavelen = old_len / scaling.low_freq_factor
+    high_freq_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding in the "rotate half" layout of Llama/Hugging Face checkpoints.
+
+    ``cos_sin(positions)`` returns (cos, sin), each [T, head_dim] in the requested dtype, computed
+    once per forward and shared by all layers; ``apply`` rotates a [T, heads, head_dim] tensor.
+    The frequencies are a plain CPU tensor (not a buffer) so that building the model on the
+    ``meta`` device leaves them intact.
+    """
+
+    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None):
+        super().__init__()
+        self.head_dim = head_dim
+        self._inv_freq_cpu = compute_inv_freq(head_dim, theta, scaling)
+        self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
+
+    def _inv_freq(self, device: torch.device) -> torch.Tensor:
+        cached = self._inv_freq_by_device.get(device)
+        if cached is None:
+            cached = self._inv_freq_cpu.to(device)
+            self._inv_freq_by_device[device] = cached
+        return cached
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float32)[:, None] * self._inv_freq(positions.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, head_dim]; cos, sin: [T, head_dim] (same dtype as x)."""
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos[:, None, :] + rotated * sin[:, None, :]

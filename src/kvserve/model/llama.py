@@ -1,0 +1,181 @@
+"""Llama-family decoder (Touvron et al. 2023, "LLaMA"; Meta's Llama 3), written for the paged
+runtime: a flat batch of tokens in, attention through an ``AttentionBackend`` and the paged KV
+cache. Mistral is the same network with a sliding window; Qwen2/Qwen3 subclass it
+(``kvserve.model.qwen2``, ``kvserve.model.qwen3``).
+
+Parameter names mirror Hugging Face's, except the fused projections::
+
+    model.layers.{i}.self_attn.qkv_proj    = rows [q_proj | k_proj | v_proj]
+    model.layers.{i}.mlp.gate_up_proj      = rows [gate_proj | up_proj]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kvserve.attention.backend import AttentionBackend, AttentionMetadata
+from kvserve.model.arch_config import ModelArchConfig
+from kvserve.model.layers import MergedLinear, RMSNorm, RotaryEmbedding, SiluAndMul
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """Per-architecture attention variants: biases on q/k/v and on o_proj, per-head q/k RMSNorm."""
+
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
+
+
+class LlamaAttention(nn.Module):
+    """Multi-head attention with grouped-query KV heads (Ainslie et al. 2023, "GQA").
+
+    forward: hidden [T, hidden_size] -> [T, hidden_size]; writes this layer's K/V into
+    ``kv_cache`` ([2, num_blocks, block_size, num_kv_heads, head_dim]) through the backend.
+    """
+
+    def __init__(
+        self,
+        arch: ModelArchConfig,
+        layer_idx: int,
+        backend: AttentionBackend,
+        options: AttentionOptions,
+    ):
+        super().__init__()
+        self.num_heads = arch.num_attention_heads
+        self.num_kv_heads = arch.num_key_value_heads
+        self.head_dim = arch.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        self.sliding_window = arch.layer_sliding_windows[layer_idx]
+        self.backend = backend
+        self.qkv_proj = MergedLinear(
+            arch.hidden_size,
+            [self.q_size, self.kv_size, self.kv_size],
+            ["q_proj", "k_proj", "v_proj"],
+            bias=options.qkv_bias,
+        )
+        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=options.o_bias)
+        if options.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = RotaryEmbedding.apply(q, cos, sin)
+        k = RotaryEmbedding.apply(k, cos, sin)
+        out = self.backend.forward(
+            q, k, v, kv_cache, attn_metadata, scale=self.scale, sliding_window=self.sliding_window
+        )
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``, [T, hidden] -> [T, hidden]."""
+
+    def __init__(self, arch: ModelArchConfig):
+        super().__init__()
+        size = arch.intermediate_size
+        self.gate_up_proj = MergedLinear(
+            arch.hidden_size, [size, size], ["gate_proj", "up_proj"], bias=arch.mlp_bias
+        )
+        self.act_fn = SiluAndMul()
+        self.down_proj = nn.Linear(size, arch.hidden_size, bias=arch.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` (residual adds in model dtype,
+    as transformers does)."""
+
+    def __init__(self, arch: ModelArchConfig, layer_idx: int, backend: AttentionBackend, options: AttentionOptions):
+        super().__init__()
+        self.self_attn = LlamaAttention(arch, layer_idx, backend, options)
+        self.mlp = LlamaMLP(arch)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, hidden, cos, sin, kv_cache, attn_metadata):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, attn_metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm: token ids [T] -> hidden [T, hidden_size]."""
+
+    def __init__(self, arch: ModelArchConfig, backend: AttentionBackend, options: AttentionOptions):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(arch, i, backend, options) for i in range(arch.num_hidden_layers)
+        )
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata):
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb.cos_sin(positions, hidden.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer(hidden, cos, sin, kv_cache, attn_metadata)
+        return self.norm(hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Causal LM head over ``LlamaModel``; the attention backend is given at construction.
+
+    ``forward(input_ids: int64 [T], positions: int64 [T], kv_caches: list of
+    [2, num_blocks, block_size, num_kv_heads, head_dim] (one per layer), attn_metadata)``
+    -> hidden states [T, hidden_size] in the model dtype. ``compute_logits(hidden [N, hidden])``
+    -> float32 [N, vocab_size] (the product is taken in the model dtype, then upcast, as
+    transformers does).
+    """
+
+    def __init__(self, arch: ModelArchConfig, attn_backend: AttentionBackend):
+        super().__init__()
+        self.arch = arch
+        self.model = LlamaModel(arch, attn_backend, self.attention_options(arch))
+        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @classmethod
+    def attention_options(cls, arch: ModelArchConfig) -> AttentionOptions:
+        return AttentionOptions(qkv_bias=arch.attention_bias, o_bias=arch.attention_bias, qk_norm=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states).to(torch.float32)
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral 7B (Jiang et al. 2023): Llama with sliding-window attention (``sliding_window``
+    in config.json, applied to every layer)."""

@@ -1,0 +1,180 @@
+"""Load a Hugging Face checkpoint folder into one of our models.
+
+Memory: the module is built on the ``meta`` device (no storage, no random init), given empty
+storage of the target dtype on the target device, then each safetensors tensor is read through a
+memory map and copied (cast) straight into its slice of the pre-allocated parameter. Peak memory is
+the weights plus one tensor in flight.
+
+Name mapping (Hugging Face -> ours), done from ``MergedLinear.shard_names``::
+
+    ...self_attn.{q,k,v}_proj.{weight,bias}  -> ...self_attn.qkv_proj rows [q | k | v]
+    ...mlp.{gate,up}_proj.{weight,bias}      -> ...mlp.gate_up_proj rows [gate | up]
+    everything else                          -> the same name
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from kvserve.attention import get_attention_backend
+from kvserve.attention.backend import AttentionBackend
+from kvserve.errors import CheckpointError
+from kvserve.model.arch_config import ModelArchConfig
+from kvserve.model.layers import MergedLinear
+from kvserve.model.registry import get_model_class
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to run.
+
+    Attributes:
+        model: our ``nn.Module`` (e.g. ``LlamaForCausalLM``) in eval mode, weights loaded.
+        arch: the parsed config.json.
+        dtype: parameter dtype.
+        generation_config: generation_config.json as a dict ({} when absent).
+        model_dir: the folder it was loaded from.
+    """
+
+    model: nn.Module
+    arch: ModelArchConfig
+    dtype: torch.dtype
+    generation_config: dict[str, Any] = field(default_factory=dict)
+    model_dir: str = ""
+
+
+class _Target(NamedTuple):
+    """Where one checkpoint tensor goes: ``param[row_start:row_end]``."""
+
+    param: nn.Parameter
+    row_start: int
+    row_end: int
+
+
+def resolve_dtype(dtype: str | torch.dtype, arch: ModelArchConfig) -> torch.dtype:
+    """``auto`` -> the checkpoint's ``dtype``/``torch_dtype`` (float32 when it has none).
+
+    Raises:
+        CheckpointError: the name (given or from the checkpoint) is not float32/bfloat16/float16.
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise CheckpointError(f"dtype {dtype} is not supported; use one of {', '.join(_DTYPES)}")
+        return dtype
+    name = (arch.torch_dtype or "float32") if dtype == "auto" else dtype
+    name = str(name).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise CheckpointError(f"dtype {name!r} is not supported; use 'auto' or one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def load_model(
+    model_dir: str | Path,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    attn_backend: AttentionBackend | None = None,
+) -> LoadedModel:
+    """Read config.json (+ generation_config.json) and the safetensors weights of ``model_dir``.
+
+    Args:
+        model_dir: Hugging Face model folder.
+        dtype: ``auto`` (the checkpoint's), ``float32``, ``bfloat16`` or ``float16``.
+        device: where the parameters live.
+        attn_backend: attention backend the model calls (default: ``get_attention_backend("torch")``).
+
+    Raises:
+        CheckpointError: missing config.json, unknown architecture, no safetensors file, missing
+            tensor, tensor of the wrong shape, or an unexpected tensor (rotary ``inv_freq`` buffers
+            and a tied ``lm_head.weight`` are ignored).
+    """
+    model_dir = Path(model_dir)
+    arch = ModelArchConfig.from_file(model_dir / "config.json")
+    model_cls = get_model_class(arch.architecture)
+    torch_dtype = resolve_dtype(dtype, arch)
+    files = _safetensors_files(model_dir)
+    backend = attn_backend if attn_backend is not None else get_attention_backend("torch")
+    with torch.device("meta"):
+        model = model_cls(arch, backend)
+    model = model.to(dtype=torch_dtype).to_empty(device=device)
+    if arch.tie_word_embeddings:
+        # to_empty gives each parameter its own storage; tie again.
+        model.lm_head.weight = model.model.embed_tokens.weight
+    _load_weights(model, files, tied=arch.tie_word_embeddings)
+    model.eval()
+    gen_path = model_dir / "generation_config.json"
+    generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+    return LoadedModel(model, arch, torch_dtype, generation_config, str(model_dir))
+
+
+def _safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} names shard files that do not exist: {', '.join(missing)}")
+        return files
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise CheckpointError(
+        f"no safetensors weights in {model_dir}: expected model.safetensors or "
+        "model.safetensors.index.json (other formats such as .bin/.pt are not supported)"
+    )
+
+
+def _weight_targets(model: nn.Module) -> dict[str, _Target]:
+    """Checkpoint tensor name -> destination, for every parameter of ``model``."""
+    targets: dict[str, _Target] = {}
+    for name, param in model.named_parameters():  # a tied lm_head appears once, as embed_tokens
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        if isinstance(module, MergedLinear):
+            parent = module_name.rpartition(".")[0]
+            start = 0
+            for shard, size in zip(module.shard_names, module.output_sizes, strict=True):
+                targets[f"{parent}.{shard}.{attr}"] = _Target(param, start, start + size)
+                start += size
+        else:
+            targets[name] = _Target(param, 0, param.shape[0])
+    return targets
+
+
+def _is_ignorable(name: str, tied: bool) -> bool:
+    return name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight")
+
+
+@torch.no_grad()
+def _load_weights(model: nn.Module, files: list[Path], tied: bool) -> None:
+    targets = _weight_targets(model)
+    loaded: set[str] = set()
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                target = targets.get(name)
+                if target is None:
+                    if _is_ignorable(name, tied):
+                        continue
+                    raise CheckpointError(f"unexpected tensor {name!r} in {path.name}; this model has no such weight")
+                tensor = f.get_tensor(name)
+                dest = target.param.data[target.row_start : target.row_end]
+                if tuple(tensor.shape) != tuple(dest.shape):
+                    raise CheckpointError(
+                        f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
+                    )
+                dest.copy_(tensor)
+                loaded.add(name)
+    missing = sorted(set(targets) - loaded)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
+        raise CheckpointError(f"checkpoint is missing tensor(s): {shown}")

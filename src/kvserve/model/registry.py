@@ -1,0 +1,41 @@
+"""Model registry: ``architectures[0]`` of config.json -> our ``nn.Module`` class.
+
+Every registered class is built as ``cls(arch: ModelArchConfig, attn_backend: AttentionBackend)``
+and offers ``forward(input_ids, positions, kv_caches, attn_metadata)`` and
+``compute_logits(hidden)`` (see ``kvserve.model.llama.LlamaForCausalLM``).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from kvserve.errors import CheckpointError
+from kvserve.model.llama import LlamaForCausalLM, MistralForCausalLM
+from kvserve.model.qwen2 import Qwen2ForCausalLM
+from kvserve.model.qwen3 import Qwen3ForCausalLM
+
+_MODELS: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def supported_architectures() -> list[str]:
+    """Names accepted in config.json's ``architectures[0]``, sorted."""
+    return sorted(_MODELS)
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    """The class for ``architecture``.
+
+    Raises:
+        CheckpointError: the architecture is not registered (the message lists the supported ones).
+    """
+    try:
+        return _MODELS[architecture]
+    except KeyError:
+        raise CheckpointError(
+            f"unknown architecture {architecture!r}; supported: {', '.join(supported_architectures())}"
+        ) from None

@@ -1,0 +1,100 @@
+"""Tiny random checkpoints for the model-runtime tests (token ids only, no tokenizer).
+
+Each architecture variant below is built once per session with ``transformers`` (seeded), saved
+with ``save_pretrained`` and returned with the reference ``transformers`` model. Norm weights and
+biases are randomised too (transformers initialises them to ones/zeros, which would hide loading
+mistakes), and the initializer range is raised so that logits are well separated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+_BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.1,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "llama": ("LlamaForCausalLM", dict(tie_word_embeddings=False)),
+    "llama_mha_tied": ("LlamaForCausalLM", dict(num_key_value_heads=4, tie_word_embeddings=True)),
+    "llama3_rope": (
+        "LlamaForCausalLM",
+        dict(
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=32,
+            ),
+            rope_theta=500000.0,
+        ),
+    ),
+    "llama_linear_rope": ("LlamaForCausalLM", dict(rope_scaling=dict(rope_type="linear", factor=4.0))),
+    "mistral_window": ("MistralForCausalLM", dict(sliding_window=6, tie_word_embeddings=True)),
+    "qwen2": ("Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
+}
+
+
+def hf_config(architecture: str, overrides: dict):
+    import transformers
+
+    config_cls = {
+        "LlamaForCausalLM": transformers.LlamaConfig,
+        "MistralForCausalLM": transformers.MistralConfig,
+        "Qwen2ForCausalLM": transformers.Qwen2Config,
+        "Qwen3ForCausalLM": transformers.Qwen3Config,
+    }[architecture]
+    return config_cls(**{**_BASE, **overrides})
+
+
+def build_hf_model(architecture: str, overrides: dict, seed: int = 0):
+    """A seeded random ``transformers`` model (float32, eval mode)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(architecture, overrides), dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(1.0, 0.2)
+            elif name.endswith("bias"):
+                param.normal_(0.0, 0.2)
+    return model.eval()
+
+
+def save_checkpoint(path: Path, architecture: str, overrides: dict, dtype=torch.float32, **save_kwargs):
+    """Build, cast to ``dtype`` and ``save_pretrained`` into ``path``; returns the HF model."""
+    model = build_hf_model(architecture, overrides).to(dtype)
+    model.save_pretrained(str(path), **save_kwargs)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """``(variant, dtype=torch.float32) -> (folder, transformers model)``, cached per session."""
+    cache: dict[tuple[str, torch.dtype], tuple[Path, object]] = {}
+
+    def get(variant: str, dtype: torch.dtype = torch.float32):
+        key = (variant, dtype)
+        if key not in cache:
+            architecture, overrides = VARIANTS[variant]
+            path = tmp_path_factory.mktemp(f"{variant}_{str(dtype).split('.')[-1]}")
+            cache[key] = (path, save_checkpoint(path, architecture, overrides, dtype))
+        return cache[key]
+
+    return get
