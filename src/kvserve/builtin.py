@@ -1,0 +1,60 @@
+"""The small model that ships inside the package, so ``kvserve serve`` and ``kvserve chat`` work
+offline with no download.
+
+``kvserve-builtin-austen-5m`` is a 5.6M-parameter ``LlamaForCausalLM`` (hidden 256, 6 layers,
+8 query / 2 KV heads, intermediate 768, tied embeddings, vocab 4096, context 256 tokens, float32
+weights) trained from scratch on Jane Austen's six novels by ``scripts/train_builtin_model.py``.
+It writes readable, Austen-flavoured English and nothing more: it is a fixture for serving, not an
+assistant. Provenance, licence and loss curve: ``docs/builtin_model.md`` and the folder's
+``training_log.json``.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from kvserve.errors import CheckpointError
+
+BUILTIN_MODEL_NAME = "kvserve-builtin-austen-5m"
+"""The name clients use in ``model`` when the server runs the built-in model."""
+
+BUILTIN_MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+)
+"""Files a complete built-in model folder holds (``training_log.json`` and ``corpus_words.txt``
+ship beside them as documentation)."""
+
+
+def builtin_model_path() -> Path:
+    """Path of the Hugging Face folder of the built-in model (``kvserve/builtin_model/``).
+
+    Found with :mod:`importlib.resources`, so it works from a source checkout, an editable
+    install and a wheel alike.
+
+    Returns:
+        The folder, a real directory on disk (zip imports are not supported).
+
+    Raises:
+        CheckpointError: the folder or one of :data:`BUILTIN_MODEL_FILES` is missing (a broken
+            install, or a checkout without the trained weights).
+    """
+    folder = resources.files("kvserve") / "builtin_model"
+    path = Path(str(folder))
+    missing = [name for name in BUILTIN_MODEL_FILES if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"the built-in model folder {path} lacks {', '.join(missing)}; reinstall kvserve or "
+            f"rebuild it with `python scripts/train_builtin_model.py --out {path}`"
+        )
+    return path
+
+
+def is_builtin_model_name(name: str) -> bool:
+    """True when ``name`` asks for the built-in model: :data:`BUILTIN_MODEL_NAME` or ``builtin``."""
+    return name in (BUILTIN_MODEL_NAME, "builtin")
