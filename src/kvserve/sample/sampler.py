@@ -100,9 +100,9 @@ class Sampler:
         return logits
 
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        greedy_ids = None if metadata.all_random else logits.argmax(dim=1)
         if metadata.all_greedy:
-            return greedy_ids
+            return logits.argmax(dim=1)
+        greedy_ids = None if metadata.all_random else logits.argmax(dim=1)
         probs = self.processed_probs(logits, metadata)
         exponentials = self._exponentials(probs, metadata)
         sampled = probs.div_(exponentials).argmax(dim=1)

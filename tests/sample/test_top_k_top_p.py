@@ -1,0 +1,100 @@
+"""Temperature, top-k, top-p and min-p: the processed distribution against a float64 plain-Python
+reference, and the support and frequencies of many draws."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kvserve.sample.sampler import Sampler
+
+V = 40
+CASES = [
+    dict(temperature=1.0),
+    dict(temperature=0.5),
+    dict(temperature=2.5),
+    dict(temperature=1.0, top_k=5),
+    dict(temperature=0.7, top_p=0.6),
+    dict(temperature=1.3, top_k=12, top_p=0.8),
+    dict(temperature=1.0, min_p=0.2),
+    dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05),
+    dict(temperature=1.0, top_k=1),
+]
+
+
+def reference_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """float64 reference; also returns the smallest |mass_before - top_p| seen (boundary margin)."""
+    scaled = [value / temperature for value in logits]
+    order = sorted(range(len(scaled)), key=lambda t: -scaled[t])
+    keep = set(order if top_k == 0 else order[:top_k])
+    margin = math.inf
+    if top_p < 1.0:
+        total = sum(math.exp(scaled[t]) for t in keep)
+        mass_before, nucleus = 0.0, set()
+        for t in order:
+            if t not in keep:
+                continue
+            margin = min(margin, abs(mass_before - top_p))
+            if mass_before >= top_p:
+                break
+            nucleus.add(t)
+            mass_before += math.exp(scaled[t]) / total
+        keep = nucleus
+    total = sum(math.exp(scaled[t]) for t in keep)
+    probs = [math.exp(scaled[t]) / total if t in keep else 0.0 for t in range(len(scaled))]
+    if min_p > 0:
+        threshold = min_p * max(probs)
+        probs = [p if p >= threshold else 0.0 for p in probs]
+        total = sum(probs)
+        probs = [p / total for p in probs]
+    return probs, margin
+
+
+@pytest.fixture
+def logits():
+    generator = torch.Generator().manual_seed(1234)
+    return torch.randn(len(CASES), V, generator=generator) * 2.0
+
+
+def test_processed_distribution_matches_reference(make_request, build, logits):
+    metadata = build([make_request(**case) for case in CASES], V)
+    probs = Sampler.processed_probs(logits.clone(), metadata)
+    for row, case in enumerate(CASES):
+        expected, margin = reference_probs(logits[row].double().tolist(), **case)
+        assert margin > 1e-4, "test logits too close to a top-p boundary"
+        support = {t for t in range(V) if probs[row, t] > 0}
+        assert support == {t for t in range(V) if expected[t] > 0}, case
+        assert probs[row].double().tolist() == pytest.approx(expected, abs=2e-6), case
+
+
+def test_top_k_support_size_and_top_p_is_smallest_set(make_request, build, logits):
+    metadata = build([make_request(**case) for case in CASES], V)
+    probs = Sampler.processed_probs(logits.clone(), metadata)
+    assert int((probs[3] > 0).sum()) == 5
+    assert int((probs[8] > 0).sum()) == 1 and int(probs[8].argmax()) == int(logits[8].argmax())
+    # Top-p (row 4): the kept set has mass >= p and dropping its least likely token goes below p.
+    plain = torch.softmax(logits[4].double() / 0.7, dim=0)
+    kept = plain[probs[4] > 0]
+    assert kept.sum() >= 0.6 and kept.sum() - kept.min() < 0.6
+
+
+def test_draws_follow_processed_distribution(make_request, build, logits):
+    """Repeat each case over many rows; every draw lies in the support and frequencies are within
+    5 standard deviations of the reference probabilities."""
+    repeats = 2000
+    requests = [make_request(**case) for case in CASES for _ in range(repeats)]
+    metadata = build(requests, V)
+    sampler = Sampler(torch.Generator().manual_seed(0))
+    batch_logits = logits.repeat_interleave(repeats, dim=0)
+    counts = torch.zeros(len(CASES), V, dtype=torch.float64)
+    for _ in range(4):
+        sampled = sampler(batch_logits, metadata).sampled_token_ids.view(len(CASES), repeats)
+        counts.scatter_add_(1, sampled, torch.ones_like(sampled, dtype=torch.float64))
+    draws = 4 * repeats
+    for row, case in enumerate(CASES):
+        expected = torch.tensor(reference_probs(logits[row].double().tolist(), **case)[0], dtype=torch.float64)
+        assert torch.all(counts[row][expected == 0] == 0), case
+        sigma = torch.sqrt(expected * (1 - expected) / draws)
+        assert torch.all((counts[row] / draws - expected).abs() <= 5 * sigma + 1e-9), case
