@@ -1,0 +1,127 @@
+"""OpenAI-shaped error responses and the exception handlers that produce them.
+
+Every error leaves the server as ``{"error": {"message", "type", "param", "code"}}`` (the OpenAI
+API reference's error object) with the matching status:
+
+    400 invalid_request_error   bad parameters (ours, the engine's, or pydantic's validation)
+    401 invalid_request_error   missing or wrong API key (code ``invalid_api_key``)
+    404 invalid_request_error   unknown model (code ``model_not_found``) or route
+    429 rate_limit_exceeded     rate limits, concurrency cap, full engine queue (+ ``Retry-After``)
+    503 service_unavailable     engine not ready or shutting down
+    500 server_error            anything else; the message is generic and the exception is logged
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kvserve.errors import InvalidRequestError, RequestRejectedError
+
+logger = logging.getLogger(__name__)
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """An error the HTTP layer answers with a given status and OpenAI error body.
+
+    Attributes:
+        status_code: HTTP status.
+        message: what was wrong and what is allowed.
+        type: OpenAI error ``type``; defaults by status (see the module docstring).
+        param: the offending request field, or None.
+        code: OpenAI error ``code`` (``invalid_api_key``, ``model_not_found``, ...), or None.
+        retry_after: seconds for a ``Retry-After`` header (429/503), or None.
+    """
+
+    def __init__(self, status_code: int, message: str, *, type: str | None = None,
+                 param: str | None = None, code: str | None = None,
+                 retry_after: float | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.type = type or _TYPE_BY_STATUS.get(status_code, "server_error")
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    """Map any exception to the :class:`APIError` the client should see (500 for unknown ones)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InvalidRequestError):
+        return APIError(400, exc.message, param=exc.param)
+    if isinstance(exc, RequestRejectedError):
+        if exc.reason == "queue_full":
+            return APIError(429, exc.message, code="queue_full", retry_after=1)
+        return APIError(503, exc.message, code=exc.reason, retry_after=1)
+    logger.exception("unhandled error while serving a request", exc_info=exc)
+    return APIError(500, "The server had an error while processing your request.", type="server_error")
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    """A JSON response for ``exc`` (status, OpenAI body, ``Retry-After`` when known)."""
+    error = to_api_error(exc)
+    headers = None
+    if error.retry_after is not None:
+        headers = {"Retry-After": str(max(1, math.ceil(error.retry_after)))}
+    return JSONResponse(error.body(), status_code=error.status_code, headers=headers)
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    """FastAPI's 422 becomes a 400 naming the first bad field (``messages.0.role`` style)."""
+    errors = exc.errors()
+    if not errors:
+        return APIError(400, "Invalid request.")
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid value")
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"The request body is not valid JSON: {message}")
+    if param:
+        message = f"Invalid value for '{param}': {message}"
+    return APIError(400, message, param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error a handler raises through :func:`error_response`."""
+
+    async def on_error(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc)
+
+    async def on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(_validation_error(exc))
+
+    async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(APIError(exc.status_code, str(exc.detail)))
+
+    app.add_exception_handler(APIError, on_error)
+    app.add_exception_handler(InvalidRequestError, on_error)
+    app.add_exception_handler(RequestRejectedError, on_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_error)

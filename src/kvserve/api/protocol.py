@@ -1,0 +1,237 @@
+"""Request models of the OpenAI-compatible API, field for field as in the OpenAI API reference
+(``/v1/completions``, ``/v1/chat/completions``) plus vLLM's sampling extensions, and their
+conversion to :class:`kvserve.sampling_params.SamplingParams`.
+
+Unknown fields are ignored, as OpenAI's server tolerates them. Range checks live in
+``SamplingParams`` (one place); this module checks what only the HTTP layer knows: ``logit_bias``
+keys are token-id strings, ``response_format`` is text, ``stream_options`` needs ``stream``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvserve.errors import InvalidRequestError
+from kvserve.sampling_params import SamplingParams
+
+
+class OpenAIBaseModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool | None = False
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: str = "text"
+
+
+class SamplingRequest(OpenAIBaseModel):
+    """Fields shared by completions and chat completions (OpenAI's, then vLLM's extensions)."""
+
+    model: str | None = None
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM extensions.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    priority: int = 0
+    cache_salt: str | None = None
+    prompt_logprobs: int | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed response ends with a usage chunk."""
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def check_http_fields(self) -> None:
+        """Checks only the HTTP layer can make.
+
+        Raises:
+            InvalidRequestError: ``response_format`` other than text, ``stream_options`` without
+                ``stream``, or ``cache_salt`` empty.
+        """
+        if self.response_format is not None and self.response_format.type != "text":
+            raise InvalidRequestError(
+                f"response_format type '{self.response_format.type}' is not supported; "
+                "only 'text' is allowed", param="response_format")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError("stream_options is only allowed when stream is true",
+                                      param="stream_options")
+        if self.cache_salt is not None and not self.cache_salt:
+            raise InvalidRequestError("cache_salt must be a non-empty string", param="cache_salt")
+
+    def build_sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
+                              vocab_size: int) -> SamplingParams:
+        """The engine's ``SamplingParams`` for this request.
+
+        Args:
+            max_tokens: resolved output cap in tokens (each API names it differently).
+            logprobs: top alternatives per generated token, or None for no logprobs.
+            vocab_size: the model's vocabulary size, for ``logit_bias``/``stop_token_ids``.
+
+        Raises:
+            InvalidRequestError: any out-of-range value (``param`` names the field).
+        """
+        params = SamplingParams(
+            n=self.n,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=parse_logit_bias(self.logit_bias),
+            seed=self.seed,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+        )
+        params.validate_for_vocab(vocab_size)
+        return params
+
+
+def parse_logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI sends ``logit_bias`` with token-id *strings* as keys; turn them into ints.
+
+    Raises:
+        InvalidRequestError: a key that is not a non-negative integer.
+    """
+    if not logit_bias:
+        return None
+    parsed: dict[int, float] = {}
+    for key, bias in logit_bias.items():
+        text = key.strip()
+        if not text.isdigit():
+            raise InvalidRequestError(
+                f"logit_bias keys must be token ids (non-negative integers as strings), got {key!r}",
+                param="logit_bias")
+        parsed[int(text)] = float(bias)
+    return parsed
+
+
+class CompletionRequest(SamplingRequest):
+    """``POST /v1/completions``. ``prompt`` is a string, strings, token ids, or lists of ids;
+    each prompt gets ``n`` choices (choice index = prompt index * n + sample index)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+
+    def check_http_fields(self) -> None:
+        super().check_http_fields()
+        if self.suffix:
+            raise InvalidRequestError("suffix is not supported", param="suffix")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise InvalidRequestError("prompt must not be an empty list", param="prompt")
+
+
+class TextContentPart(OpenAIBaseModel):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(OpenAIBaseModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def to_template_dict(self, index: int) -> dict:
+        """The message as chat templates expect it: list content is joined into one string.
+
+        Raises:
+            InvalidRequestError: a content part that is not text.
+        """
+        content = self.content
+        if isinstance(content, list):
+            texts = []
+            for part_index, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise InvalidRequestError(
+                        f"content part type '{part.type}' is not supported; only 'text' parts are",
+                        param=f"messages.{index}.content.{part_index}.type")
+                texts.append(part.text)
+            content = "\n".join(texts)
+        message = {"role": self.role, "content": content or ""}
+        for key in ("name", "tool_call_id"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
+        return message
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """``POST /v1/chat/completions``; ``max_completion_tokens`` wins over ``max_tokens``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Top alternatives per generated token, or None when ``logprobs`` is false."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def check_http_fields(self) -> None:
+        super().check_http_fields()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise InvalidRequestError(
+                "continue_final_message and add_generation_prompt cannot both be true",
+                param="continue_final_message")
+
+
+class TokenizeRequest(OpenAIBaseModel):
+    """``POST /tokenize`` (vLLM): either ``prompt`` or chat ``messages``."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    """``POST /detokenize`` (vLLM)."""
+
+    model: str | None = None
+    tokens: list[int]

@@ -1,0 +1,61 @@
+"""Run the OpenAI-compatible server under uvicorn with a graceful shutdown.
+
+On the first SIGTERM/SIGINT the server keeps listening but stops admission (new generation
+requests get 503, ``/health`` turns 503 so load balancers drain it), lets running requests
+finish for up to ``settings.shutdown_timeout`` seconds, then exits. A second signal exits now.
+
+    SIGTERM ──► accepting=False ──► in_flight == 0 or deadline ──► uvicorn shutdown ──► exit
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import uvicorn
+
+from kvserve.api.serving_base import ServingState
+from kvserve.api.server import build_app
+from kvserve.api.settings import ServerSettings
+from kvserve.engine.async_llm import EngineClient
+
+logger = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose first exit signal drains instead of stopping at once."""
+
+    def __init__(self, config: uvicorn.Config, state: ServingState, shutdown_timeout: float):
+        super().__init__(config)
+        self.state = state
+        self.shutdown_timeout = shutdown_timeout
+        self.drain_deadline: float | None = None
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.drain_deadline is None:
+            logger.info("signal %s: draining %d running requests (at most %.0f s)",
+                        sig, self.state.in_flight, self.shutdown_timeout)
+            self.state.accepting = False
+            self.drain_deadline = time.monotonic() + self.shutdown_timeout
+            return
+        super().handle_exit(sig, frame)  # second signal: stop now
+
+    async def on_tick(self, counter: int) -> bool:
+        if await super().on_tick(counter):
+            return True
+        if self.drain_deadline is None:
+            return False
+        return self.state.in_flight == 0 or time.monotonic() >= self.drain_deadline
+
+
+def make_server(engine: EngineClient, settings: ServerSettings) -> DrainingServer:
+    """A configured, not yet started server (``await server.serve()`` or ``server.run()``)."""
+    app = build_app(engine, settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=1, timeout_keep_alive=5)
+    return DrainingServer(config, app.state.serving, settings.shutdown_timeout)
+
+
+def serve(engine: EngineClient, settings: ServerSettings) -> None:
+    """Serve ``engine`` until SIGTERM/SIGINT, then drain and return (blocks the calling thread)."""
+    make_server(engine, settings).run()

@@ -1,0 +1,120 @@
+"""The FastAPI application of the OpenAI-compatible server.
+
+    GET  /health                 200 when the engine is ready, else 503      (open)
+    GET  /version                {"version": ...}                            (open)
+    GET  /metrics                Prometheus text format                      (open)
+    GET  /v1/models              the served model
+    POST /v1/completions         see serving_completion.py
+    POST /v1/chat/completions    see serving_chat.py
+    POST /tokenize, /detokenize  vLLM's tokenizer endpoints
+"""
+
+from __future__ import annotations
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+import kvserve
+from kvserve.api.auth import authenticate
+from kvserve.api.errors import APIError, install_error_handlers
+from kvserve.api.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                  TokenizeRequest)
+from kvserve.api.rate_limit import RateLimiter
+from kvserve.api.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from kvserve.api.serving_base import ServingState, check_token_ids
+from kvserve.api.serving_chat import ChatServing, render_messages
+from kvserve.api.serving_completion import CompletionServing
+from kvserve.api.settings import ServerSettings
+from kvserve.api.tokenization import token_text, tokenize_prompt
+from kvserve.engine.async_llm import EngineClient
+from kvserve.errors import InvalidRequestError
+
+
+def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
+    """The app serving ``engine``; ``app.state.serving`` holds the :class:`ServingState`
+    (``accepting`` is turned off by :func:`kvserve.api.run.serve` on shutdown)."""
+    app = FastAPI(title="kvserve", version=kvserve.__version__)
+    limiter = RateLimiter(settings.requests_per_minute, settings.tokens_per_minute,
+                          settings.max_concurrent_requests)
+    state = ServingState(engine, settings, limiter)
+    app.state.serving = state
+    install_error_handlers(app)
+    _add_open_routes(app, state)
+    _add_v1_routes(app, state)
+    _add_tokenizer_routes(app, state)
+    return app
+
+
+def _key_dependency(state: ServingState):
+    def api_key(request: Request) -> str:
+        return authenticate(request, state.settings.api_keys)
+
+    return api_key
+
+
+def _add_open_routes(app: FastAPI, state: ServingState) -> None:
+    @app.get("/health")
+    async def health() -> Response:
+        if not state.engine.is_ready:
+            raise APIError(503, "The engine is not ready.", code="engine_not_ready")
+        if not state.accepting:
+            raise APIError(503, "The server is shutting down.", code="shutting_down")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": kvserve.__version__}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
+    api_key = _key_dependency(state)
+    completions = CompletionServing(state)
+    chat = ChatServing(state)
+
+    @app.get("/v1/models")
+    async def models(_: str = Depends(api_key)) -> ModelList:
+        engine = state.engine
+        return ModelList(data=[ModelCard(id=state.model_name, root=engine.model_name,
+                                         max_model_len=engine.max_model_len)])
+
+    @app.post("/v1/completions")
+    async def create_completion(body: CompletionRequest, request: Request,
+                                key: str = Depends(api_key)) -> Response:
+        return await completions.create(body, request, key)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(body: ChatCompletionRequest, request: Request,
+                                     key: str = Depends(api_key)) -> Response:
+        return await chat.create(body, request, key)
+
+
+def _add_tokenizer_routes(app: FastAPI, state: ServingState) -> None:
+    api_key = _key_dependency(state)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest, _: str = Depends(api_key)) -> TokenizeResponse:
+        state.check_model(body.model)
+        tokenizer = state.engine.tokenizer
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidRequestError("give exactly one of 'prompt' or 'messages'", param="prompt")
+        if body.messages is not None:
+            token_ids = render_messages(state, body)
+        else:
+            token_ids = tokenize_prompt(tokenizer, body.prompt, add_special_tokens=body.add_special_tokens)
+        strs = [token_text(tokenizer, t)[0] for t in token_ids] if body.return_token_strs else None
+        return TokenizeResponse(count=len(token_ids), max_model_len=state.engine.max_model_len,
+                                tokens=token_ids, token_strs=strs)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest, _: str = Depends(api_key)) -> DetokenizeResponse:
+        state.check_model(body.model)
+        check_token_ids(body.tokens, state.engine.vocab_size, param="tokens")
+        return DetokenizeResponse(prompt=state.engine.tokenizer.decode(body.tokens))
+
+
+__all__ = ["build_app"]

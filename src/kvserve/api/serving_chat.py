@@ -1,0 +1,184 @@
+"""``POST /v1/chat/completions``: messages rendered with the chat template, one engine request
+with ``n`` choices, answered as one JSON object or as SSE chunks.
+
+Stream shape per choice (OpenAI's)::
+
+    {"delta": {"role": "assistant", "content": ""}, "finish_reason": null}   first
+    {"delta": {"content": "Hel"},                    "finish_reason": null}   ...
+    {"delta": {"content": "lo"},                     "finish_reason": "stop"} last
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from starlette.responses import JSONResponse, Response
+
+from kvserve.api.engine_stream import EngineRequest, start_all
+from kvserve.api.errors import to_api_error
+from kvserve.api.logprobs import chat_logprobs, prompt_logprobs_json
+from kvserve.api.protocol import ChatCompletionRequest
+from kvserve.api.responses import (ChatChoiceLogprobs, ChatCompletionChoice, ChatCompletionResponse,
+                                   ChatCompletionStreamChoice, ChatCompletionStreamResponse,
+                                   ChatLogprobToken, ChatResponseMessage, DeltaMessage)
+from kvserve.api.serving_base import (ServingState, make_usage, new_request_id, resolve_max_tokens,
+                                      until_disconnect)
+from kvserve.api.sse import SSE_DONE, SSEResponse, format_sse
+from kvserve.api.tokenization import render_chat
+from kvserve.outputs import CompletionOutput, RequestOutput
+
+
+@dataclasses.dataclass
+class _Choice:
+    index: int
+    text: str = ""
+    num_tokens: int = 0
+    logprobs: list[ChatLogprobToken] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+def render_messages(state: ServingState, request) -> list[int]:
+    """Prompt token ids for ``request.messages`` (chat template of the server or tokenizer).
+
+    Raises:
+        InvalidRequestError: a non-text content part, or the template failed.
+    """
+    messages = [message.to_template_dict(i) for i, message in enumerate(request.messages)]
+    return render_chat(state.engine.tokenizer, messages,
+                       add_generation_prompt=request.add_generation_prompt,
+                       continue_final_message=request.continue_final_message,
+                       chat_template=state.settings.chat_template)
+
+
+class ChatServing:
+    """Handles ``/v1/chat/completions`` against the engine in ``state``."""
+
+    def __init__(self, state: ServingState):
+        self.state = state
+
+    async def create(self, request: ChatCompletionRequest, raw_request: Request, api_key: str) -> Response:
+        """Validate, render, admit, start the engine request, and answer (JSON or SSE).
+
+        Raises:
+            InvalidRequestError, APIError, RequestRejectedError: mapped to 4xx/503 by the app.
+        """
+        state, engine = self.state, self.state.engine
+        state.check_ready()
+        state.check_model(request.model)
+        request.check_http_fields()
+        prompt_ids = render_messages(state, request)
+        param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+        max_tokens = resolve_max_tokens(len(prompt_ids), request.requested_max_tokens,
+                                        engine.max_model_len, param=param)
+        params = request.build_sampling_params(max_tokens=max_tokens, logprobs=request.num_logprobs,
+                                               vocab_size=engine.vocab_size)
+        request_id = new_request_id("chatcmpl")
+        engine_request = EngineRequest(engine, request_id, prompt_ids, params,
+                                       priority=request.priority, cache_salt=request.cache_salt)
+        state.admit(api_key, len(prompt_ids) + params.n * max_tokens)
+        try:
+            (first,) = await start_all([engine_request])
+        except BaseException:
+            state.finish(api_key)
+            raise
+        call = _ChatCall(state, request, request_id, engine_request, first)
+        if request.stream:
+            return SSEResponse(call.stream(api_key))
+        finished, body = await until_disconnect(raw_request, call.aggregate(api_key))
+        if not finished:
+            return Response(status_code=499)
+        return JSONResponse(body.model_dump(mode="json"))
+
+
+class _ChatCall:
+    """One admitted chat call: turns engine deltas into choices and chunks."""
+
+    def __init__(self, state: ServingState, request: ChatCompletionRequest, request_id: str,
+                 engine_request: EngineRequest, first: RequestOutput | None):
+        self.state = state
+        self.request = request
+        self.request_id = request_id
+        self.engine_request = engine_request
+        self.choices = [_Choice(i) for i in range(request.n)]
+        self.cached_tokens = first.num_cached_tokens if first is not None else 0
+        self.prompt_logprobs = first.prompt_logprobs if first is not None else None
+
+    def _delta(self, output: CompletionOutput) -> ChatCompletionStreamChoice | None:
+        """Apply one choice delta; return the chunk choice (None when nothing to send)."""
+        choice = self.choices[output.index]
+        logprobs = None
+        if self.request.logprobs:
+            entries = chat_logprobs(self.state.engine.tokenizer, list(output.logprobs or []),
+                                    self.request.top_logprobs or 0)
+            choice.logprobs += entries
+            logprobs = ChatChoiceLogprobs(content=entries) if entries else None
+        choice.text += output.text
+        choice.num_tokens += len(output.token_ids)
+        finish = None
+        if choice.finish_reason is None and output.finish_reason is not None:
+            choice.finish_reason, choice.stop_reason = output.finish_reason, output.stop_reason
+            finish = output.finish_reason
+        if not output.text and finish is None and logprobs is None:
+            return None
+        return ChatCompletionStreamChoice(index=choice.index, delta=DeltaMessage(content=output.text),
+                                          logprobs=logprobs, finish_reason=finish,
+                                          stop_reason=output.stop_reason if finish else None)
+
+    def _usage(self):
+        return make_usage(len(self.engine_request.prompt_token_ids),
+                          sum(c.num_tokens for c in self.choices), self.cached_tokens)
+
+    def _chunk(self, choices: list[ChatCompletionStreamChoice], exclude) -> str:
+        chunk = ChatCompletionStreamResponse(id=self.request_id, model=self.state.model_name,
+                                             choices=choices)
+        return format_sse(chunk.model_dump(mode="json", exclude=exclude))
+
+    async def _close(self, api_key: str) -> None:
+        await self.engine_request.close()
+        self.state.finish(api_key)
+
+    async def stream(self, api_key: str) -> AsyncIterator[str]:
+        """SSE events: a role delta per choice, content deltas, usage chunk if asked, ``[DONE]``."""
+        exclude = None if self.request.include_usage else {"usage"}
+        try:
+            for choice in self.choices:
+                role = ChatCompletionStreamChoice(index=choice.index,
+                                                  delta=DeltaMessage(role="assistant", content=""))
+                yield self._chunk([role], exclude)
+            async for output in self.engine_request.outputs():
+                for delta in output.outputs:
+                    choice = self._delta(delta)
+                    if choice is not None:
+                        yield self._chunk([choice], exclude)
+            if self.request.include_usage:
+                chunk = ChatCompletionStreamResponse(id=self.request_id, model=self.state.model_name,
+                                                     choices=[], usage=self._usage())
+                yield format_sse(chunk)
+        except Exception as exc:  # headers are sent: report in-band, as vLLM does
+            yield format_sse(to_api_error(exc).body())
+        finally:
+            await self._close(api_key)
+        yield SSE_DONE
+
+    async def aggregate(self, api_key: str) -> ChatCompletionResponse:
+        """The non-streamed response: all deltas joined per choice."""
+        try:
+            async for output in self.engine_request.outputs():
+                for delta in output.outputs:
+                    self._delta(delta)
+        finally:
+            await self._close(api_key)
+        choices = [ChatCompletionChoice(
+            index=c.index, message=ChatResponseMessage(content=c.text),
+            logprobs=ChatChoiceLogprobs(content=c.logprobs) if self.request.logprobs else None,
+            finish_reason=c.finish_reason, stop_reason=c.stop_reason) for c in self.choices]
+        prompt_logprobs = None
+        if self.request.prompt_logprobs is not None:
+            prompt_logprobs = prompt_logprobs_json(self.state.engine.tokenizer,
+                                                   self.engine_request.prompt_token_ids,
+                                                   self.prompt_logprobs)
+        return ChatCompletionResponse(id=self.request_id, model=self.state.model_name, choices=choices,
+                                      usage=self._usage(), prompt_logprobs=prompt_logprobs)

@@ -1,0 +1,222 @@
+"""``POST /v1/completions``: prompts in, text choices out (streamed as SSE or aggregated).
+
+Each prompt is one engine request with ``n`` choices; the response numbers choices
+``prompt_index * n + choice_index``, as the OpenAI API does for a list of prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from starlette.responses import JSONResponse, Response
+
+from kvserve.api.engine_stream import EngineRequest, merge_outputs, start_all
+from kvserve.api.errors import to_api_error
+from kvserve.api.logprobs import (CompletionLogprobsBuilder, merge_completion_logprobs,
+                                  prompt_logprobs_json)
+from kvserve.api.protocol import CompletionRequest
+from kvserve.api.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
+                                   CompletionStreamResponse)
+from kvserve.api.serving_base import (ServingState, check_token_ids, make_usage, new_request_id,
+                                      resolve_max_tokens, until_disconnect)
+from kvserve.api.sse import SSE_DONE, SSEResponse, format_sse
+from kvserve.api.tokenization import tokenize_prompt
+from kvserve.errors import InvalidRequestError
+from kvserve.outputs import CompletionOutput, RequestOutput
+
+
+@dataclasses.dataclass
+class _Prompt:
+    text: str | None
+    token_ids: list[int]
+
+
+@dataclasses.dataclass
+class _Choice:
+    """Per-choice streaming state (and the aggregate for non-streamed responses)."""
+
+    index: int
+    logprobs: CompletionLogprobsBuilder | None
+    text: str = ""
+    num_tokens: int = 0
+    logprob_parts: list[CompletionLogProbs] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    echoed: bool = False
+
+
+class CompletionServing:
+    """Handles ``/v1/completions`` against the engine in ``state``."""
+
+    def __init__(self, state: ServingState):
+        self.state = state
+
+    def _prompts(self, request: CompletionRequest) -> list[_Prompt]:
+        engine = self.state.engine
+        raw = request.prompt
+        if isinstance(raw, str):
+            raw = [raw]
+        elif raw and isinstance(raw[0], int):
+            raw = [raw]
+        prompts = []
+        for item in raw:
+            if isinstance(item, str):
+                prompts.append(_Prompt(item, tokenize_prompt(engine.tokenizer, item)))
+            else:
+                if not item:
+                    raise InvalidRequestError("prompt must not be empty", param="prompt")
+                check_token_ids(item, engine.vocab_size)
+                prompts.append(_Prompt(None, list(item)))
+        return prompts
+
+    def _engine_requests(self, request: CompletionRequest, prompts: list[_Prompt],
+                         request_id: str) -> tuple[list[EngineRequest], int]:
+        engine = self.state.engine
+        requests, charge = [], 0
+        for i, prompt in enumerate(prompts):
+            max_tokens = resolve_max_tokens(len(prompt.token_ids), request.max_tokens, engine.max_model_len)
+            params = request.build_sampling_params(max_tokens=max_tokens, logprobs=request.logprobs,
+                                                   vocab_size=engine.vocab_size)
+            if request.echo and request.logprobs is not None:
+                params = dataclasses.replace(params, prompt_logprobs=max(request.logprobs,
+                                                                         request.prompt_logprobs or 0))
+            charge += len(prompt.token_ids) + params.n * max_tokens
+            requests.append(EngineRequest(engine, f"{request_id}-{i}", prompt.token_ids, params,
+                                          prompt=prompt.text, priority=request.priority,
+                                          cache_salt=request.cache_salt))
+        return requests, charge
+
+    async def create(self, request: CompletionRequest, raw_request: Request, api_key: str) -> Response:
+        """Validate, admit, start the engine requests, and answer (JSON or SSE).
+
+        Raises:
+            InvalidRequestError, APIError, RequestRejectedError: mapped to 4xx/503 by the app.
+        """
+        self.state.check_ready()
+        self.state.check_model(request.model)
+        request.check_http_fields()
+        prompts = self._prompts(request)
+        request_id = new_request_id("cmpl")
+        engine_requests, charge = self._engine_requests(request, prompts, request_id)
+        self.state.admit(api_key, charge)
+        try:
+            firsts = await start_all(engine_requests)
+        except BaseException:
+            self.state.finish(api_key)
+            raise
+        call = _Call(self.state, request, request_id, prompts, engine_requests, firsts)
+        if request.stream:
+            return SSEResponse(call.stream(api_key))
+        finished, body = await until_disconnect(raw_request, call.aggregate(api_key))
+        if not finished:
+            return Response(status_code=499)
+        return JSONResponse(body.model_dump(mode="json"))
+
+
+class _Call:
+    """One admitted completions call: turns engine deltas into choices and chunks."""
+
+    def __init__(self, state: ServingState, request: CompletionRequest, request_id: str,
+                 prompts: list[_Prompt], engine_requests: list[EngineRequest],
+                 firsts: list[RequestOutput | None]):
+        self.state = state
+        self.request = request
+        self.request_id = request_id
+        self.prompts = prompts
+        self.engine_requests = engine_requests
+        tokenizer = state.engine.tokenizer
+        n = request.n
+        self.choices = [_Choice(i, None if request.logprobs is None else
+                                CompletionLogprobsBuilder(tokenizer, request.logprobs))
+                        for i in range(len(prompts) * n)]
+        self.cached_tokens = sum(f.num_cached_tokens for f in firsts if f is not None)
+        self.prompt_logprobs = [f.prompt_logprobs if f is not None else None for f in firsts]
+
+    def _delta(self, prompt_index: int, output: CompletionOutput) -> CompletionChoice | None:
+        """Apply one choice delta; return the chunk choice (None when nothing to send)."""
+        choice = self.choices[prompt_index * self.request.n + output.index]
+        text, logprobs = output.text, None
+        if choice.logprobs is not None:
+            parts = []
+            if self.request.echo and not choice.echoed:
+                prompt = self.prompts[prompt_index]
+                parts.append(choice.logprobs.prompt(prompt.token_ids, self.prompt_logprobs[prompt_index]))
+            parts.append(choice.logprobs.generated(list(output.logprobs or [])))
+            logprobs = merge_completion_logprobs(parts)
+            choice.logprob_parts.append(logprobs)
+        if self.request.echo and not choice.echoed:
+            text = self._prompt_text(prompt_index) + text
+        choice.echoed = True
+        choice.text += text
+        choice.num_tokens += len(output.token_ids)
+        if choice.finish_reason is None and output.finish_reason is not None:
+            choice.finish_reason, choice.stop_reason = output.finish_reason, output.stop_reason
+            finish = output.finish_reason
+        else:
+            finish = None
+        if not text and finish is None and not (logprobs and logprobs.tokens):
+            return None
+        return CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
+                                finish_reason=finish, stop_reason=output.stop_reason if finish else None)
+
+    def _prompt_text(self, prompt_index: int) -> str:
+        prompt = self.prompts[prompt_index]
+        if prompt.text is not None:
+            return prompt.text
+        return self.state.engine.tokenizer.decode(prompt.token_ids)
+
+    def _usage(self):
+        prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
+        return make_usage(prompt_tokens, sum(c.num_tokens for c in self.choices), self.cached_tokens)
+
+    async def _close(self, api_key: str) -> None:
+        for engine_request in self.engine_requests:
+            await engine_request.close()
+        self.state.finish(api_key)
+
+    async def stream(self, api_key: str) -> AsyncIterator[str]:
+        """SSE events: one chunk per choice delta, the usage chunk if asked, ``[DONE]``."""
+        model = self.state.model_name
+        exclude = None if self.request.include_usage else {"usage"}
+        try:
+            async for prompt_index, output in merge_outputs(self.engine_requests):
+                for delta in output.outputs:
+                    choice = self._delta(prompt_index, delta)
+                    if choice is not None:
+                        chunk = CompletionStreamResponse(id=self.request_id, model=model, choices=[choice])
+                        yield format_sse(chunk.model_dump(mode="json", exclude=exclude))
+            if self.request.include_usage:
+                chunk = CompletionStreamResponse(id=self.request_id, model=model, choices=[],
+                                                 usage=self._usage())
+                yield format_sse(chunk)
+        except Exception as exc:  # headers are sent: report in-band, as vLLM does
+            yield format_sse(to_api_error(exc).body())
+        finally:
+            await self._close(api_key)
+        yield SSE_DONE
+
+    async def aggregate(self, api_key: str) -> CompletionResponse:
+        """The non-streamed response: all deltas joined per choice."""
+        try:
+            async for prompt_index, output in merge_outputs(self.engine_requests):
+                for delta in output.outputs:
+                    self._delta(prompt_index, delta)
+        finally:
+            await self._close(api_key)
+        choices = []
+        for choice in self.choices:
+            logprobs = merge_completion_logprobs(choice.logprob_parts) if choice.logprobs else None
+            prompt_index = choice.index // self.request.n
+            prompt_logprobs = None
+            if self.request.prompt_logprobs is not None:
+                prompt_logprobs = prompt_logprobs_json(self.state.engine.tokenizer,
+                                                       self.prompts[prompt_index].token_ids,
+                                                       self.prompt_logprobs[prompt_index])
+            choices.append(CompletionChoice(index=choice.index, text=choice.text, logprobs=logprobs,
+                                            finish_reason=choice.finish_reason,
+                                            stop_reason=choice.stop_reason,
+                                            prompt_logprobs=prompt_logprobs))
+        return CompletionResponse(id=self.request_id, model=self.state.model_name, choices=choices,
+                                  usage=self._usage())
