@@ -1,0 +1,326 @@
+"""Continuous batching: which requests compute how many tokens in the next engine step.
+
+There are no prefill and decode phases: a request has ``num_computed_tokens`` against its known
+tokens (prompt + output), and a step computes up to ``num_tokens - num_computed_tokens`` of them
+(a whole prompt, a chunk of it, or the one decode token). One step spends a token budget::
+
+    budget = max_num_batched_tokens
+    1. RUNNING requests: decodes first (1 token each), then unfinished chunked prefills (capped by
+       the budget and long_prefill_token_threshold), so a long prompt never stalls a decode.
+       allocate_slots() -> None: preempt (recompute) the lowest-priority / latest running request
+       and retry; if that victim is the request itself, stop.
+    2. WAITING requests in policy order (only when step 1 preempted nobody): prefix-cache lookup,
+       then the rest of the prompt (chunked when it exceeds the remaining budget) while
+       max_num_seqs and the KV cache allow. Under ``priority`` a waiting request may preempt
+       running requests of lower priority.
+
+Method after vLLM v1's ``Scheduler`` (recompute preemption; preempted requests resume first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kvserve.config import SchedulerConfig
+from kvserve.errors import InvalidRequestError
+from kvserve.kv_cache.block import KVCacheBlock
+from kvserve.kv_cache.manager import KVCacheManager
+from kvserve.outputs import EngineCoreOutput, ModelRunnerOutput
+from kvserve.request import Request, RequestStatus
+from kvserve.scheduler.admission import check_queue_capacity, validate_request
+from kvserve.scheduler.output import ScheduledRequest, SchedulerOutput
+from kvserve.scheduler.request_queue import create_request_queue
+from kvserve.scheduler.stats import SchedulerStats
+from kvserve.scheduler.stop import check_stop
+
+
+@dataclass
+class _StepPlan:
+    """The step being built: remaining budget, tokens per request in batch order, victims."""
+
+    token_budget: int
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    preempted: dict[str, Request] = field(default_factory=dict)
+
+
+class Scheduler:
+    """Plans engine steps over one KV-cache manager.
+
+    Args:
+        scheduler_config: budgets and policy.
+        kv_cache_manager: the block tables; the scheduler is its only user.
+
+    Raises:
+        ValueError: chunked prefill is off but ``max_num_batched_tokens < max_model_len`` (a
+            prompt could never be scheduled).
+    """
+
+    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager):
+        cfg = scheduler_config
+        if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
+            raise ValueError(
+                f"with chunked prefill off, max_num_batched_tokens ({cfg.max_num_batched_tokens}) "
+                f"must be >= max_model_len ({cfg.max_model_len})"
+            )
+        self.scheduler_config = cfg
+        self.kv_cache_manager = kv_cache_manager
+        self.waiting = create_request_queue(cfg.policy)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.finished_req_ids: set[str] = set()
+        self._init_counters()
+
+    def _init_counters(self) -> None:
+        self.num_preemptions = 0
+        self.num_steps = 0
+        self.num_scheduled_tokens = 0
+        self.num_generated_tokens = 0
+        self.num_finished_requests = 0
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request (status WAITING). Nothing is queued when it raises.
+
+        Raises:
+            InvalidRequestError: empty prompt, duplicate id, prompt + max_tokens over
+                max_model_len, or more KV blocks than the whole cache has.
+            RequestRejectedError: ``reason="queue_full"`` with ``max_num_waiting`` already waiting.
+        """
+        if request.request_id in self.requests:
+            raise InvalidRequestError(f"request id {request.request_id!r} is already in use", param="request_id")
+        validate_request(request, self.scheduler_config, self.kv_cache_manager)
+        check_queue_capacity(len(self.waiting), self.scheduler_config)
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step (see the module docstring). Requests' ``num_computed_tokens`` are
+        advanced later, by ``update_from_output``."""
+        plan = _StepPlan(self.scheduler_config.max_num_batched_tokens)
+        self._schedule_running(plan)
+        if not plan.preempted:
+            self._schedule_waiting(plan)
+        return self._make_output(plan)
+
+    def _num_new_tokens(self, request: Request, num_computed: int, token_budget: int) -> int:
+        num_new = request.num_tokens - num_computed
+        threshold = self.scheduler_config.long_prefill_token_threshold
+        if threshold > 0 and self.scheduler_config.enable_chunked_prefill:
+            num_new = min(num_new, threshold)
+        return min(num_new, token_budget)
+
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens != 1]
+        for request in decodes + prefills:
+            if plan.token_budget == 0:
+                break
+            if request.status != RequestStatus.RUNNING:  # preempted earlier in this step
+                continue
+            num_new = self._num_new_tokens(request, request.num_computed_tokens, plan.token_budget)
+            if num_new <= 0:
+                continue
+            if not self._allocate_or_preempt(request, num_new, plan):
+                break
+            plan.num_scheduled_tokens[request.request_id] = num_new
+            plan.token_budget -= num_new
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> bool:
+        """Allocate for a running request, preempting others until it fits (False: it was the
+        victim itself)."""
+        while self.kv_cache_manager.allocate_slots(request, num_new) is None:
+            victim = self._select_victim()
+            self._preempt(victim, plan)
+            if victim is request:
+                return False
+        return True
+
+    def _select_victim(self) -> Request:
+        if self.scheduler_config.policy == "priority":
+            # Largest (priority, arrival_time) loses; ties go to the latest admitted.
+            return max(reversed(self.running), key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, victim: Request, plan: _StepPlan) -> None:
+        self.running.remove(victim)
+        self.kv_cache_manager.free(victim)
+        # A victim already planned in this step gives its tokens back.
+        plan.token_budget += plan.num_scheduled_tokens.pop(victim.request_id, 0)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(victim)
+        plan.preempted[victim.request_id] = victim
+
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        max_num_seqs = self.scheduler_config.max_num_seqs
+        while self.waiting and plan.token_budget > 0 and len(self.running) < max_num_seqs:
+            request = self.waiting.peek()
+            if request.request_id in plan.preempted:
+                break  # preempted in this very step: memory is short, resume next step
+            hit_blocks, num_cached = self.kv_cache_manager.get_computed_blocks(request)
+            if self.scheduler_config.enable_chunked_prefill:
+                num_new = self._num_new_tokens(request, num_cached, plan.token_budget)
+            else:
+                num_new = request.num_tokens - num_cached
+                if num_new > plan.token_budget:
+                    break
+            if not self._admit(request, num_new, hit_blocks, num_cached, plan):
+                break
+
+    def _admit(
+        self, request: Request, num_new: int, hit_blocks: list[KVCacheBlock], num_cached: int, plan: _StepPlan
+    ) -> bool:
+        """Allocate for the head of waiting and move it to running (False: it must wait)."""
+        kv = self.kv_cache_manager
+        while kv.allocate_slots(request, num_new, hit_blocks, num_cached) is None:
+            victim = self._select_victim_for_waiting(request)
+            if victim is None:
+                return False
+            self._preempt(victim, plan)
+        popped = self.waiting.pop()
+        assert popped is request, f"waiting head changed from {request.request_id} to {popped.request_id}"
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_cached
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_cached
+        self.running.append(request)
+        plan.num_scheduled_tokens[request.request_id] = num_new
+        plan.token_budget -= num_new
+        return True
+
+    def _select_victim_for_waiting(self, request: Request) -> Request | None:
+        """Under ``priority``, the running request with strictly lower priority than ``request``
+        (larger ``(priority, arrival_time)``) that loses first; else None (fcfs never preempts for
+        a waiting request)."""
+        if self.scheduler_config.policy != "priority" or not self.running:
+            return None
+        victim = self._select_victim()
+        if (victim.priority, victim.arrival_time) > (request.priority, request.arrival_time):
+            return victim
+        return None
+
+    def _make_output(self, plan: _StepPlan) -> SchedulerOutput:
+        scheduled = []
+        for request_id, num_new in plan.num_scheduled_tokens.items():
+            request = self.requests[request_id]
+            block_ids = self.kv_cache_manager.get_block_ids(request_id)
+            scheduled.append(ScheduledRequest(request, request.num_computed_tokens, num_new, block_ids))
+        total = sum(plan.num_scheduled_tokens.values())
+        if total:
+            self.num_steps += 1
+            self.num_scheduled_tokens += total
+        finished, self.finished_req_ids = self.finished_req_ids, set()
+        return SchedulerOutput(scheduled, total, finished, set(plan.preempted))
+
+    # -- results -------------------------------------------------------------------------------
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Apply a step's results: advance ``num_computed_tokens``, append sampled tokens, check
+        stop conditions (``stop.check_stop``), register newly full blocks in the prefix cache and
+        free finished requests. Requests aborted since ``schedule()`` are skipped.
+
+        Returns:
+            one output per request that got a token or prompt logprobs, in batch order.
+        """
+        outputs = []
+        for scheduled in scheduler_output.scheduled:
+            request = scheduled.request
+            if self.requests.get(request.request_id) is not request or request.status != RequestStatus.RUNNING:
+                continue
+            assert request.num_computed_tokens == scheduled.num_computed_tokens, (
+                f"{request.request_id} changed between schedule() and update_from_output()"
+            )
+            request.num_computed_tokens += scheduled.num_new_tokens
+            output = self._update_request(request, runner_output)
+            if output is not None:
+                outputs.append(output)
+        return outputs
+
+    def _update_request(self, request: Request, runner_output: ModelRunnerOutput) -> EngineCoreOutput | None:
+        request_id = request.request_id
+        token_id = runner_output.sampled_token_ids.get(request_id)
+        finished = False
+        new_token_ids = []
+        if token_id is not None:
+            request.append_output_token_ids([token_id])
+            new_token_ids.append(token_id)
+            self.num_generated_tokens += 1
+            finished = check_stop(request, self.scheduler_config.max_model_len)
+        self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+        prompt_logprobs = runner_output.prompt_logprobs.get(request_id)
+        if finished:
+            self.running.remove(request)
+            self._release(request)
+        if not new_token_ids and prompt_logprobs is None:
+            return None
+        logprobs = runner_output.logprobs.get(request_id)
+        return EngineCoreOutput(
+            request_id=request_id,
+            new_token_ids=new_token_ids,
+            new_logprobs=[logprobs] if logprobs is not None and new_token_ids else [],
+            prompt_logprobs=prompt_logprobs,
+            finish_reason=request.status.finish_reason if finished else None,
+            stop_reason=request.stop_reason if finished else None,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+        )
+
+    def _release(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        self.finished_req_ids.add(request.request_id)
+        self.num_finished_requests += 1
+
+    def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
+        """Finish requests from outside (abort, stop string found by the front end): their blocks
+        are freed at once, waiting or running. Unknown or already finished ids are ignored.
+
+        Raises:
+            ValueError: ``status`` is not a finished status.
+        """
+        if not status.is_finished:
+            raise ValueError(f"finish_requests needs a finished status, got {status.name}")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = status
+            self._release(request)
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.get_num_unfinished_requests() > 0
+
+    def make_stats(self) -> SchedulerStats:
+        """A snapshot for the metrics layer."""
+        prefix = self.kv_cache_manager.stats
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_queries=prefix.queries,
+            prefix_cache_hits=prefix.hits,
+            num_preemptions=self.num_preemptions,
+            num_steps=self.num_steps,
+            num_scheduled_tokens=self.num_scheduled_tokens,
+            num_generated_tokens=self.num_generated_tokens,
+            num_finished_requests=self.num_finished_requests,
+        )

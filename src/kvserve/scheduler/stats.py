@@ -1,0 +1,34 @@
+"""What the scheduler reports to the metrics layer (read-only snapshots; no metric code here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """A snapshot taken by ``Scheduler.make_stats()``.
+
+    Attributes:
+        num_running: requests holding KV blocks and scheduled each step.
+        num_waiting: queued requests (new and preempted).
+        kv_cache_usage: fraction (0-1) of usable KV blocks in use.
+        prefix_cache_queries: prompt tokens looked up in the prefix cache (total, tokens).
+        prefix_cache_hits: of those, tokens found (total, tokens).
+        num_preemptions: requests preempted since start-up (total).
+        num_steps: non-empty steps scheduled since start-up.
+        num_scheduled_tokens: tokens scheduled over all steps (prefill + decode, total).
+        num_generated_tokens: tokens sampled and appended over all steps (total).
+        num_finished_requests: requests finished or aborted since start-up (total).
+    """
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    num_steps: int = 0
+    num_scheduled_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_finished_requests: int = 0

@@ -1,0 +1,34 @@
+"""Stop conditions checked after each sampled token (token-level only; stop strings are matched by
+the front end after detokenizing, which then calls ``Scheduler.finish_requests``)."""
+
+from __future__ import annotations
+
+from kvserve.request import Request, RequestStatus
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Decide whether ``request`` is finished after its latest token; set its status if so.
+
+    Order: EOS (``request.eos_token_ids``, unless ``ignore_eos``), then ``stop_token_ids`` (these
+    two only once ``num_output_tokens >= min_tokens``), then the length caps ``max_tokens`` and
+    ``max_model_len``. A stop token on the last allowed position therefore reports ``stop``, not
+    ``length``, as OpenAI does. The stop token stays in the output token ids.
+
+    Returns:
+        True when finished (status FINISHED_STOPPED, with ``stop_reason`` = the stop token id for
+        ``stop_token_ids``, or FINISHED_LENGTH_CAPPED).
+    """
+    params = request.sampling_params
+    last_token_id = request.output_token_ids[-1]
+    if request.num_output_tokens >= params.min_tokens:
+        if not params.ignore_eos and last_token_id in request.eos_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if last_token_id in params.stop_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = last_token_id
+            return True
+    if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False

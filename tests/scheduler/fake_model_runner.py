@@ -1,0 +1,125 @@
+"""A fake model runner that is strict about the KV cache, and helpers to drive a scheduler.
+
+The fake "KV cache" is a dict slot -> token id. Each step first writes every scheduled token at
+its slot (``block_ids[pos // block_size] * block_size + pos % block_size``), then, for each request
+that samples, READS BACK the whole context from the request's block table and hashes it into the
+next token. Any wrong block table, a prefix-cache hit on the wrong block, or a block reused while
+still needed changes the read-back context, and so the output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+from kvserve.kv_cache.manager import KVCacheManager
+from kvserve.outputs import ModelRunnerOutput, TokenLogprobs
+from kvserve.request import Request, RequestStatus
+from kvserve.scheduler.output import SchedulerOutput
+from kvserve.scheduler.scheduler import Scheduler
+
+VOCAB_SIZE = 101
+
+
+def next_token(context: list[int], vocab_size: int = VOCAB_SIZE) -> int:
+    """The fake model: a stable hash of the whole context."""
+    digest = hashlib.blake2b(array("q", context).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % vocab_size
+
+
+def reference_generate(prompt: list[int], max_tokens: int, eos_token_ids=frozenset()) -> list[int]:
+    """What the fake model generates for a prompt run alone, without any cache (the reference)."""
+    context = list(prompt)
+    output: list[int] = []
+    while len(output) < max_tokens:
+        token = next_token(context)
+        context.append(token)
+        output.append(token)
+        if token in eos_token_ids:
+            break
+    return output
+
+
+class FakeModelRunner:
+    """Executes ``SchedulerOutput`` against a simulated paged KV cache."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.kv: dict[int, int] = {}
+
+    def _slot(self, block_ids: list[int], position: int) -> int:
+        return block_ids[position // self.block_size] * self.block_size + position % self.block_size
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        written: set[int] = set()
+        for scheduled in scheduler_output.scheduled:
+            start, num_new = scheduled.num_computed_tokens, scheduled.num_new_tokens
+            block_ids = scheduled.block_ids
+            assert 0 not in block_ids, f"{scheduled.request_id} holds the null block: {block_ids}"
+            assert len(block_ids) * self.block_size >= start + num_new, "block table too short"
+            for position in range(start, start + num_new):
+                slot = self._slot(block_ids, position)
+                assert slot not in written, f"slot {slot} written twice in one step"
+                written.add(slot)
+                self.kv[slot] = scheduled.request.all_token_ids[position]
+        output = ModelRunnerOutput()
+        for scheduled in scheduler_output.scheduled:
+            request = scheduled.request
+            end = scheduled.num_computed_tokens + scheduled.num_new_tokens
+            if request.sampling_params.prompt_logprobs is not None:
+                first = max(scheduled.num_computed_tokens, 1)
+                last = min(end, request.num_prompt_tokens)
+                output.prompt_logprobs[request.request_id] = [
+                    TokenLogprobs(request.all_token_ids[p], -float(p), 1, [], []) for p in range(first, last)
+                ]
+            if not scheduled.samples:
+                continue
+            context = [self.kv[self._slot(scheduled.block_ids, p)] for p in range(end)]
+            token = next_token(context)
+            output.sampled_token_ids[request.request_id] = token
+            if request.sampling_params.logprobs is not None:
+                output.logprobs[request.request_id] = TokenLogprobs(token, -0.5, 1, [token], [-0.5])
+        return output
+
+
+def check_all(scheduler: Scheduler) -> None:
+    """Integrity of the KV cache plus scheduler-side invariants."""
+    kv: KVCacheManager = scheduler.kv_cache_manager
+    kv.check_integrity()
+    running_ids = {r.request_id for r in scheduler.running}
+    assert set(kv.req_to_blocks) <= running_ids, "a request that is not running holds blocks"
+    for request in scheduler.waiting:
+        assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        assert request.num_computed_tokens == 0
+    assert len(scheduler.running) <= scheduler.scheduler_config.max_num_seqs
+
+
+def run_steps(scheduler, runner, arrivals=None, aborts=None, max_steps=10_000):
+    """Drive ``scheduler`` until idle. ``arrivals``/``aborts``: step -> requests / request ids.
+
+    Returns:
+        (tokens per request id, finish_reason per request id, list of SchedulerOutput).
+    """
+    arrivals, aborts = arrivals or {}, aborts or {}
+    tokens: dict[str, list[int]] = {}
+    reasons: dict[str, str] = {}
+    outputs = []
+    last_event = max([*arrivals, *aborts], default=0)
+    for step in range(max_steps):
+        for request in arrivals.get(step, ()):
+            scheduler.add_request(request)
+            tokens[request.request_id] = []
+        if aborts.get(step):
+            scheduler.finish_requests(aborts[step], RequestStatus.FINISHED_ABORTED)
+            check_all(scheduler)
+        if not scheduler.has_unfinished_requests() and step >= last_event:
+            return tokens, reasons, outputs
+        scheduler_output = scheduler.schedule()
+        outputs.append(scheduler_output)
+        check_all(scheduler)
+        for out in scheduler.update_from_output(scheduler_output, runner.execute(scheduler_output)):
+            tokens[out.request_id].extend(out.new_token_ids)
+            if out.finished:
+                reasons[out.request_id] = out.finish_reason
+        check_all(scheduler)
+    raise AssertionError(f"not finished after {max_steps} steps")

@@ -1,0 +1,45 @@
+import pytest
+
+from kvserve.errors import InvalidRequestError, RequestRejectedError
+from kvserve.request import RequestStatus
+
+
+def test_queue_full_rejection_changes_nothing(make_scheduler, make_request):
+    scheduler = make_scheduler(max_num_waiting=2)
+    scheduler.add_request(make_request("a", range(5)))
+    scheduler.add_request(make_request("b", range(5)))
+    with pytest.raises(RequestRejectedError) as info:
+        scheduler.add_request(make_request("c", range(5)))
+    assert info.value.reason == "queue_full"
+    assert "2 requests waiting, at most 2 allowed" in info.value.message
+    assert [r.request_id for r in scheduler.waiting] == ["a", "b"] and "c" not in scheduler.requests
+    assert scheduler.get_num_unfinished_requests() == 2
+
+
+def test_too_long_rejection_changes_nothing(make_scheduler, make_request):
+    scheduler = make_scheduler(max_model_len=100)
+    with pytest.raises(InvalidRequestError) as info:
+        scheduler.add_request(make_request("a", range(90), max_tokens=11))
+    assert info.value.message == (
+        "prompt has 90 tokens and max_tokens=11; this model accepts at most 100 tokens including max_tokens"
+    )
+    assert info.value.param == "max_tokens"
+    scheduler.add_request(make_request("ok", range(90), max_tokens=10))  # exactly 100 is allowed
+    with pytest.raises(InvalidRequestError, match="already in use"):
+        scheduler.add_request(make_request("ok", range(3)))
+    with pytest.raises(InvalidRequestError, match="prompt is empty"):
+        scheduler.add_request(make_request("empty", []))
+    assert list(scheduler.requests) == ["ok"] and len(scheduler.waiting) == 1
+
+
+def test_request_larger_than_cache_is_rejected(make_scheduler, make_request):
+    scheduler = make_scheduler(num_blocks=5, block_size=4)  # 4 usable blocks = 16 tokens
+    with pytest.raises(InvalidRequestError, match="needs 5 KV blocks of 4 tokens; the whole KV cache has 4"):
+        scheduler.add_request(make_request("a", range(10), max_tokens=7))
+    scheduler.add_request(make_request("b", range(10), max_tokens=6))
+    assert scheduler.waiting.peek().status == RequestStatus.WAITING
+
+
+def test_chunked_prefill_off_needs_budget_for_max_model_len(make_scheduler):
+    with pytest.raises(ValueError, match="max_num_batched_tokens \\(64\\) must be >= max_model_len \\(256\\)"):
+        make_scheduler(enable_chunked_prefill=False)
