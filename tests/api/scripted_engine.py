@@ -1,0 +1,158 @@
+"""A scripted :class:`EngineClient` for testing the HTTP layer alone, and a loopback server.
+
+``ScriptedEngine`` follows the engine contract (delta ``RequestOutput`` objects, errors before
+the first yield, ``abort``) but "generates" a fixed script instead of running a model: choice
+``i`` emits the token ids of ``SCRIPT`` starting at token ``i`` (so choices differ), one token
+per step. Logprobs are a known function of the position, so tests can compute the expected
+values independently:
+
+    logprob of generated token k      = -(k + 1) / 10,   rank 1
+    top alternatives of token t       = [t, t + 1, t + 2, ...] with logprobs -(k+1)/10 - j
+    prompt logprob of prompt token p  = -p / 100 (position 0: None)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+
+from kvserve.api.run import make_server
+from kvserve.api.settings import ServerSettings
+from kvserve.engine.async_llm import EngineClient
+from kvserve.errors import InvalidRequestError, RequestRejectedError
+from kvserve.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from kvserve.sampling_params import SamplingParams
+
+SCRIPT = "Once upon a time there was a little model. Café 你好 🙂 The end."
+
+
+def generated_logprobs(step: int, token_id: int, k: int, vocab_size: int) -> TokenLogprobs:
+    base = -(step + 1) / 10
+    top = [(token_id + j) % vocab_size for j in range(k)]
+    return TokenLogprobs(token_id, base, 1, top, [base - j for j in range(k)])
+
+
+def prompt_logprob(position: int, token_id: int, k: int, vocab_size: int) -> TokenLogprobs:
+    top = [(token_id + j) % vocab_size for j in range(k)]
+    return TokenLogprobs(token_id, -position / 100, 1, top, [-position / 100 - j for j in range(k)])
+
+
+class ScriptedEngine(EngineClient):
+    """Test double of the engine contract. ``calls`` records ``(request_id, prompt ids, params,
+    kwargs)``; ``aborted`` the aborted ids; ``running`` the ids being generated now."""
+
+    def __init__(self, tokenizer, *, max_model_len: int = 256, step_delay: float = 0.0):
+        self.tokenizer = tokenizer
+        self.model_name = "scripted-model"
+        self.max_model_len = max_model_len
+        self.vocab_size = len(tokenizer)
+        self.eos_token_ids = {tokenizer.eos_token_id}
+        self.script_ids = tokenizer.encode(SCRIPT, add_special_tokens=False)
+        self.step_delay = step_delay
+        self.reject_reason: str | None = None
+        self.ready = True
+        self.calls: list[tuple[str, list[int], SamplingParams, dict]] = []
+        self.aborted: list[str] = []
+        self.running: set[str] = set()
+
+    @property
+    def is_ready(self) -> bool:
+        return self.ready
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self.running.discard(request_id)
+
+    def choice_token_ids(self, index: int, max_tokens: int) -> list[int]:
+        """The token ids choice ``index`` generates (the script shifted by ``index``)."""
+        ids = self.script_ids[index:]
+        return ids[:max_tokens]
+
+    def _check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if self.reject_reason is not None:
+            raise RequestRejectedError(f"rejected: {self.reject_reason}", self.reject_reason)
+        total = len(prompt_token_ids) + (params.max_tokens or 0)
+        if total > self.max_model_len:
+            raise InvalidRequestError(f"prompt has {len(prompt_token_ids)} tokens; at most "
+                                      f"{self.max_model_len} including max_tokens", param="prompt")
+
+    async def generate(self, prompt_token_ids, sampling_params, request_id, *, prompt=None,
+                       priority=0, cache_salt=None) -> AsyncIterator[RequestOutput]:
+        self._check(prompt_token_ids, sampling_params)
+        self.calls.append((request_id, list(prompt_token_ids), sampling_params,
+                           {"prompt": prompt, "priority": priority, "cache_salt": cache_salt}))
+        self.running.add(request_id)
+        try:
+            async for output in self._steps(prompt_token_ids, sampling_params, request_id, prompt):
+                yield output
+        finally:
+            self.running.discard(request_id)
+
+    async def _steps(self, prompt_ids, params, request_id, prompt) -> AsyncIterator[RequestOutput]:
+        n, k = params.n, params.logprobs
+        choices = [self.choice_token_ids(i, params.max_tokens or self.max_model_len) for i in range(n)]
+        prompt_lps = None
+        if params.prompt_logprobs is not None:
+            prompt_lps = [None] + [prompt_logprob(p, t, params.prompt_logprobs, self.vocab_size)
+                                   for p, t in enumerate(prompt_ids) if p > 0]
+        texts = ["" for _ in range(n)]
+        for step in range(max(len(c) for c in choices)):
+            if self.step_delay:
+                await asyncio.sleep(self.step_delay)
+            else:
+                await asyncio.sleep(0)
+            outputs = []
+            for i, ids in enumerate(choices):
+                if step >= len(ids):
+                    continue
+                full = self.tokenizer.decode(ids[: step + 1])
+                last = step + 1 == len(ids)
+                if full.endswith("\ufffd") and not last:
+                    delta = ""  # hold back a partial UTF-8 character, as the detokenizer does
+                else:
+                    delta, texts[i] = full[len(texts[i]):], full
+                logprobs = [generated_logprobs(step, ids[step], k, self.vocab_size)] if k is not None else None
+                outputs.append(CompletionOutput(i, delta, [ids[step]], logprobs=logprobs,
+                                                finish_reason="length" if last else None))
+            yield RequestOutput(request_id, prompt, list(prompt_ids), prompt_lps if step == 0 else None,
+                                outputs, finished=step + 1 == max(len(c) for c in choices),
+                                num_cached_tokens=3 if step == 0 else 0)
+
+
+class LoopbackServer:
+    """The real app under uvicorn on 127.0.0.1 in a background thread."""
+
+    def __init__(self, engine: EngineClient, settings: ServerSettings | None = None):
+        port = _free_port()
+        settings = settings or ServerSettings()
+        settings = ServerSettings(**{**settings.__dict__, "host": "127.0.0.1", "port": port,
+                                     "log_level": "warning"})
+        self.engine = engine
+        self.server = make_server(engine, settings)
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def state(self):
+        return self.server.config.app.state.serving
+
+    def __enter__(self) -> LoopbackServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

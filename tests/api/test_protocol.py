@@ -1,0 +1,135 @@
+"""Request models -> SamplingParams, and the checks only the HTTP layer makes."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from kvserve.api.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest,
+                                  parse_logit_bias)
+from kvserve.errors import InvalidRequestError
+from kvserve.sampling_params import SamplingParams
+
+VOCAB = 1000
+
+
+def test_completion_defaults_follow_openai():
+    request = CompletionRequest(prompt="hi")
+    assert request.max_tokens == 16 and request.n == 1 and request.echo is False
+    params = request.build_sampling_params(max_tokens=16, logprobs=None, vocab_size=VOCAB)
+    assert params == SamplingParams(max_tokens=16)
+
+
+def test_every_sampling_field_is_carried_over():
+    body = {
+        "prompt": "x", "n": 2, "temperature": 0.7, "top_p": 0.9, "stop": "END", "seed": 11,
+        "logit_bias": {"5": 10, "7": -100}, "presence_penalty": 0.5, "frequency_penalty": -0.25,
+        "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 2, "ignore_eos": True,
+        "stop_token_ids": [3, 4], "include_stop_str_in_output": True, "skip_special_tokens": False,
+        "prompt_logprobs": 2, "priority": -1, "cache_salt": "tenant-a", "user": "u1",
+    }
+    request = CompletionRequest.model_validate(body)
+    params = request.build_sampling_params(max_tokens=30, logprobs=3, vocab_size=VOCAB)
+    assert params == SamplingParams(
+        n=2, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5,
+        frequency_penalty=-0.25, repetition_penalty=1.1, logit_bias={5: 10.0, 7: -100.0}, seed=11,
+        max_tokens=30, min_tokens=2, stop=["END"], stop_token_ids=[3, 4], ignore_eos=True,
+        include_stop_str_in_output=True, logprobs=3, prompt_logprobs=2, skip_special_tokens=False)
+
+
+def test_temperature_zero_and_top_k_minus_one():
+    request = CompletionRequest(prompt="x", temperature=0, top_k=-1, stop=["a", "b"])
+    params = request.build_sampling_params(max_tokens=4, logprobs=None, vocab_size=VOCAB)
+    assert params.temperature == 0 and params.is_greedy and params.top_k == 0
+    assert params.stop == ["a", "b"]
+
+
+def test_unknown_fields_are_ignored():
+    request = CompletionRequest.model_validate({"prompt": "x", "best_of": 3, "something_new": {"a": 1}})
+    assert not hasattr(request, "something_new")
+
+
+@pytest.mark.parametrize("prompt", ["text", ["a", "b"], [1, 2, 3], [[1, 2], [3]]])
+def test_prompt_shapes_are_accepted(prompt):
+    assert CompletionRequest(prompt=prompt).prompt == prompt
+
+
+def test_logit_bias_keys_are_parsed_and_checked():
+    assert parse_logit_bias({"0": 1, " 12 ": -2.5}) == {0: 1.0, 12: -2.5}
+    assert parse_logit_bias({}) is None
+    for bad in ("abc", "-1", "1.5", ""):
+        with pytest.raises(InvalidRequestError) as info:
+            parse_logit_bias({bad: 1})
+        assert info.value.param == "logit_bias" and repr(bad) in info.value.message
+
+
+def test_logit_bias_out_of_vocab_and_out_of_range():
+    request = CompletionRequest(prompt="x", logit_bias={str(VOCAB): 1})
+    with pytest.raises(InvalidRequestError) as info:
+        request.build_sampling_params(max_tokens=4, logprobs=None, vocab_size=VOCAB)
+    assert info.value.param == "logit_bias" and "0..999" in info.value.message
+    request = CompletionRequest(prompt="x", logit_bias={"3": 101})
+    with pytest.raises(InvalidRequestError) as info:
+        request.build_sampling_params(max_tokens=4, logprobs=None, vocab_size=VOCAB)
+    assert info.value.param == "logit_bias"
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("n", 0),
+                                         ("presence_penalty", 3), ("min_p", 2), ("top_k", -2)])
+def test_out_of_range_values_name_the_param(field, value):
+    request = CompletionRequest.model_validate({"prompt": "x", field: value})
+    with pytest.raises(InvalidRequestError) as info:
+        request.build_sampling_params(max_tokens=4, logprobs=None, vocab_size=VOCAB)
+    assert info.value.param == field
+
+
+def test_response_format_only_text():
+    CompletionRequest(prompt="x", response_format={"type": "text"}).check_http_fields()
+    with pytest.raises(InvalidRequestError) as info:
+        ChatCompletionRequest(messages=[{"role": "user", "content": "x"}],
+                              response_format={"type": "json_object"}).check_http_fields()
+    assert info.value.param == "response_format" and "json_object" in info.value.message
+
+
+def test_stream_options_need_stream():
+    with pytest.raises(InvalidRequestError) as info:
+        CompletionRequest(prompt="x", stream_options={"include_usage": True}).check_http_fields()
+    assert info.value.param == "stream_options"
+    request = CompletionRequest(prompt="x", stream=True, stream_options={"include_usage": True})
+    request.check_http_fields()
+    assert request.include_usage
+    assert not CompletionRequest(prompt="x", stream=True).include_usage
+
+
+def test_chat_max_completion_tokens_wins_and_logprobs():
+    messages = [{"role": "user", "content": "x"}]
+    request = ChatCompletionRequest(messages=messages, max_tokens=5, max_completion_tokens=9)
+    assert request.requested_max_tokens == 9
+    assert ChatCompletionRequest(messages=messages, max_tokens=5).requested_max_tokens == 5
+    assert ChatCompletionRequest(messages=messages).requested_max_tokens is None
+    assert ChatCompletionRequest(messages=messages).num_logprobs is None
+    assert ChatCompletionRequest(messages=messages, logprobs=True).num_logprobs == 0
+    assert ChatCompletionRequest(messages=messages, logprobs=True, top_logprobs=4).num_logprobs == 4
+    with pytest.raises(InvalidRequestError) as info:
+        ChatCompletionRequest(messages=messages, top_logprobs=2).check_http_fields()
+    assert info.value.param == "top_logprobs"
+    with pytest.raises(InvalidRequestError):
+        ChatCompletionRequest(messages=messages, continue_final_message=True).check_http_fields()
+
+
+def test_chat_content_parts_are_joined_and_non_text_rejected():
+    message = ChatMessage(role="user", content=[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])
+    assert message.to_template_dict(0) == {"role": "user", "content": "a\nb"}
+    named = ChatMessage(role="user", content="hi", name="bob")
+    assert named.to_template_dict(0) == {"role": "user", "content": "hi", "name": "bob"}
+    image = ChatMessage(role="user", content=[{"type": "image_url", "image_url": {"url": "x"}}])
+    with pytest.raises(InvalidRequestError) as info:
+        image.to_template_dict(2)
+    assert info.value.param == "messages.2.content.0.type"
+
+
+def test_chat_needs_messages_and_known_roles():
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest(messages=[])
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest(messages=[{"role": "robot", "content": "x"}])
