@@ -6,12 +6,21 @@ outputs into per-request async streams of *delta* ``RequestOutput`` objects.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import queue
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.errors import RequestRejectedError
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
+from kvserve.scheduler.stats import SchedulerStats
+
+logger = logging.getLogger(__name__)
 
 
 class EngineClient(ABC):
@@ -62,3 +71,191 @@ class EngineClient(ABC):
     @abstractmethod
     def is_ready(self) -> bool:
         """True once the model is loaded and the engine loop runs; False if it died."""
+
+
+class _Stream:
+    """Where one request's deltas go: an asyncio queue living on the server's event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class AsyncLLM(EngineClient):
+    """The engine in a thread of its own beside the asyncio event loop.
+
+    The engine thread is the only one that touches the ``LLMEngine`` (scheduler, KV cache,
+    model, detokenizers). The event loop sends it commands (add, abort) through a thread-safe
+    queue; the engine applies them between steps and pushes each step's deltas to the requests'
+    asyncio queues. When no request is unfinished the thread sleeps on the command queue.
+
+    Args:
+        engine: a constructed ``LLMEngine`` (model loaded).
+        served_model_name: the name clients send as ``model``.
+        stats_consumers: callables given each ``StepStats`` and each finished ``RequestState``
+            on the engine thread (metrics, logs); they must be quick and must not raise.
+    """
+
+    def __init__(self, engine: LLMEngine, served_model_name: str, stats_consumers: list[Any] | None = None):
+        self.engine = engine
+        self.model_name = served_model_name
+        self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.vocab_size
+        self.tokenizer = engine.tokenizer
+        self.eos_token_ids = engine.eos_token_ids
+        self.stats_consumers = list(stats_consumers or [])
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._thread: threading.Thread | None = None
+        self._dead: BaseException | None = None
+        self._stopping = False
+        self.snapshot: SchedulerStats = engine.core.make_stats()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kvserve-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._commands.put(("stop",))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def is_ready(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._dead is None
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._streams)
+
+    def engine_stats(self) -> dict[str, float]:
+        """The latest scheduler snapshot (updated after every step and command batch)."""
+        s = self.snapshot
+        return {"num_running": s.num_running, "num_waiting": s.num_waiting, "kv_cache_usage": s.kv_cache_usage}
+
+    # -- the API side (event loop) ---------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: str,
+        *,
+        prompt: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        if self._dead is not None:
+            raise RequestRejectedError(f"the engine is not running: {self._dead}", reason="engine_dead")
+        if self._stopping:
+            raise RequestRejectedError("the server is shutting down", reason="shutting_down")
+        loop = asyncio.get_running_loop()
+        added: asyncio.Future = loop.create_future()
+        stream = _Stream(loop)
+        self._commands.put(("add", request_id, prompt_token_ids, sampling_params, prompt, priority, cache_salt,
+                            stream, added))
+        await added  # raises the admission error, if any
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self._commands.put(("abort", request_id))
+
+    async def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def stop_admission(self) -> None:
+        self._stopping = True
+
+    # -- the engine thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                block = not self.engine.has_unfinished_requests()
+                if not self._drain_commands(block):
+                    return
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                else:
+                    self.snapshot = self.engine.core.make_stats()
+        except BaseException as exc:  # the engine died: tell every waiting client
+            logger.exception("engine loop died")
+            self._dead = exc
+            for stream in self._streams.values():
+                stream.put(RuntimeError(f"the engine failed: {exc}"))
+            self._streams.clear()
+
+    def _drain_commands(self, block: bool) -> bool:
+        """Apply queued commands; wait for one first when ``block``. False = stop the loop."""
+        try:
+            command = self._commands.get() if block else self._commands.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if command[0] == "stop":
+                return False
+            self._apply(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _apply(self, command: tuple) -> None:
+        if command[0] == "abort":
+            request_id = command[1]
+            if self._streams.pop(request_id, None) is not None:
+                self.engine.abort_request(request_id)
+                for consumer in self.stats_consumers:
+                    consumer.on_request_aborted(request_id)
+            return
+        _, request_id, token_ids, params, prompt, priority, cache_salt, stream, added = command
+        try:
+            state = self.engine.add_request(
+                request_id, token_ids, params, prompt=prompt, priority=priority, cache_salt=cache_salt
+            )
+        except Exception as exc:
+            stream.loop.call_soon_threadsafe(_set_exception, added, exc)
+            for consumer in self.stats_consumers:
+                consumer.on_request_rejected(exc)
+            return
+        self._streams[request_id] = stream
+        stream.loop.call_soon_threadsafe(_set_result, added, state)
+
+    def _step(self) -> None:
+        deltas = self.engine.step()
+        stats = self.engine.last_step_stats
+        if stats is not None:
+            self.snapshot = stats.scheduler
+        for delta in deltas:
+            stream = self._streams.get(delta.request_id)
+            if stream is None:
+                continue
+            stream.put(delta)
+            if delta.finished:
+                del self._streams[delta.request_id]
+        for consumer in self.stats_consumers:
+            consumer.on_step(stats, self.engine.last_finished)
+
+
+def _set_result(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

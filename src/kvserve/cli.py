@@ -1,0 +1,111 @@
+"""The ``kvserve`` command: ``serve``, ``generate``, ``chat`` and ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from kvserve import __version__
+from kvserve.engine.arg_utils import add_engine_args, engine_config_from_args
+
+logger = logging.getLogger("kvserve")
+
+
+def _model_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", default=None,
+                        help="Hugging Face model folder; default: the built-in model")
+
+
+def _resolve_model(model: str | None) -> tuple[str, str]:
+    """(model folder, default served name)."""
+    from pathlib import Path
+
+    if model is None:
+        from kvserve.builtin import BUILTIN_MODEL_NAME, builtin_model_path
+
+        return str(builtin_model_path()), BUILTIN_MODEL_NAME
+    return model, Path(model).resolve().name
+
+
+def _add_log_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvserve", description="kvserve: an LLM serving engine on PyTorch")
+    parser.add_argument("--version", action="version", version=f"kvserve {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    _model_arg(serve)
+    add_engine_args(serve)
+    from kvserve.api.settings import add_server_args
+
+    add_server_args(serve)
+    _add_log_args(serve)
+
+    gen = sub.add_parser("generate", help="generate text for a prompt in this process")
+    _model_arg(gen)
+    gen.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    add_engine_args(gen)
+    _add_log_args(gen)
+
+    chat = sub.add_parser("chat", help="chat in the terminal, in this process or with a running server")
+    _model_arg(chat)
+    chat.add_argument("--base-url", default=None, help="a running server's URL, e.g. http://127.0.0.1:8000/v1")
+    chat.add_argument("--api-key", default=None)
+    chat.add_argument("--max-tokens", type=int, default=128)
+    chat.add_argument("--temperature", type=float, default=0.7)
+    add_engine_args(chat)
+    _add_log_args(chat)
+
+    from kvserve.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = getattr(args, "log_level", "info").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        from kvserve.api.launcher import run_server
+
+        return run_server(args)
+    if args.command == "generate":
+        return _generate(args)
+    if args.command == "chat":
+        from kvserve.chat import run_chat
+
+        return run_chat(args)
+    from kvserve.bench.cli import run_bench
+
+    return run_bench(args)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from kvserve.engine.llm import LLM
+    from kvserve.sampling_params import SamplingParams
+
+    model, _ = _resolve_model(args.model)
+    llm = LLM.from_config(engine_config_from_args(model, args))
+    start = time.perf_counter()
+    outputs = llm.generate(args.prompt, SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens))
+    elapsed = time.perf_counter() - start
+    num_tokens = 0
+    for out in outputs:
+        choice = out.outputs[0]
+        num_tokens += len(choice.token_ids)
+        print(f"{out.prompt}{choice.text}")
+        print(f"  [{len(choice.token_ids)} tokens, finish_reason={choice.finish_reason}]")
+    print(f"{num_tokens} tokens in {elapsed:.2f} s ({num_tokens / elapsed:.1f} tokens/s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

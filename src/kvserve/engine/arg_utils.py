@@ -1,0 +1,88 @@
+"""Engine flags, named as vLLM names them, and their conversion into the frozen configs."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+
+
+def _parse_bytes(text: str) -> int:
+    """``4GiB``, ``512MiB``, ``2e9`` or a plain integer -> bytes."""
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    lowered = text.strip().lower()
+    for suffix, factor in units.items():
+        if lowered.endswith(suffix):
+            return int(float(lowered[: -len(suffix)]) * factor)
+    return int(float(lowered))
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Add the engine flags (model, cache, scheduler) to ``parser``."""
+    model = parser.add_argument_group("model")
+    model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weights and activations dtype; auto = the checkpoint's torch_dtype "
+                            "(bfloat16 on CPUs with AMX/AVX512-BF16, else float32, on CPU)")
+    model.add_argument("--max-model-len", type=int, default=None,
+                       help="context length in tokens (prompt + output); default: the model's")
+    model.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    model.add_argument("--seed", type=int, default=0)
+    model.add_argument("--tokenizer", default=None, help="tokenizer folder if not the model's")
+
+    cache = parser.add_argument_group("KV cache")
+    cache.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    cache.add_argument("--kv-cache-memory-bytes", type=_parse_bytes, default=None,
+                       help="KV cache size (e.g. 2GiB); default on CPU: 25%% of available RAM")
+    cache.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    cache.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    cache.add_argument("--num-gpu-blocks-override", type=int, default=None, dest="num_blocks_override")
+
+    sched = parser.add_argument_group("scheduler")
+    sched.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    sched.add_argument("--max-num-seqs", type=int, default=256)
+    sched.add_argument("--max-num-waiting", type=int, default=1024,
+                       help="waiting-queue bound; beyond it requests are rejected (429)")
+    sched.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    sched.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    sched.add_argument("--long-prefill-token-threshold", type=int, default=0)
+
+
+def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfig:
+    """Build the frozen :class:`EngineConfig` from parsed flags (``max_model_len`` is resolved
+    against the checkpoint later, when the model is loaded)."""
+    model_config = ModelConfig(
+        model=model, dtype=args.dtype, max_model_len=args.max_model_len, device=args.device,
+        seed=args.seed, served_model_name=getattr(args, "served_model_name", None), tokenizer=args.tokenizer,
+    )
+    cache_config = CacheConfig(
+        block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=args.enable_prefix_caching, num_blocks_override=args.num_blocks_override,
+    )
+    scheduler_config = SchedulerConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len or 0, max_num_waiting=args.max_num_waiting,
+        policy=args.scheduling_policy, enable_chunked_prefill=args.enable_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+    )
+    return EngineConfig(model=model_config, cache=cache_config, scheduler=scheduler_config)
+
+
+def engine_config_from_kwargs(model: str, **kwargs) -> EngineConfig:
+    """The offline ``LLM(model, **kwargs)`` path: the same names as the flags, with underscores
+    (``max_model_len=512``, ``enable_prefix_caching=False``, ``block_size=16``, ...).
+
+    Raises:
+        TypeError: an unknown keyword (the message lists the accepted ones).
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    add_engine_args(parser)
+    args = parser.parse_args([])
+    known = vars(args)
+    aliases = {"num_gpu_blocks_override": "num_blocks_override", "num_blocks": "num_blocks_override"}
+    for key, value in kwargs.items():
+        key = aliases.get(key, key)
+        if key not in known:
+            raise TypeError(f"unknown engine argument {key!r}; accepted: {', '.join(sorted(known))}")
+        setattr(args, key, value)
+    return engine_config_from_args(model, args)

@@ -1,0 +1,173 @@
+"""``EngineCore``: the only owner of the scheduler, the KV-cache manager and the model. One
+``step()`` = schedule -> execute -> update (see DESIGN.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvserve.config import EngineConfig
+from kvserve.engine.executor import ModelExecutor
+from kvserve.engine.kv_sizing import KVCachePlan, plan_kv_cache
+from kvserve.kv_cache.manager import KVCacheManager
+from kvserve.model.loader import LoadedModel, load_model
+from kvserve.model.runner import ModelRunner, kv_cache_bytes_per_block
+from kvserve.outputs import EngineCoreOutput
+from kvserve.request import Request, RequestStatus
+from kvserve.scheduler.scheduler import Scheduler
+from kvserve.scheduler.stats import SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One non-empty engine step, for metrics and logs.
+
+    Attributes:
+        timestamp: ``time.time()`` at the end of the step, seconds.
+        duration: wall time of schedule + execute + update, seconds.
+        num_requests: requests in the batch.
+        num_prefill_tokens: tokens of requests still inside their prompt.
+        num_decode_tokens: tokens of requests past their prompt (1 each).
+        scheduler: the scheduler's snapshot after the step.
+    """
+
+    timestamp: float
+    duration: float
+    num_requests: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    scheduler: SchedulerStats
+
+
+@dataclass(frozen=True)
+class StepResult:
+    outputs: list[EngineCoreOutput]
+    stats: StepStats | None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class EngineCore:
+    """Loads the model, sizes the KV cache and runs engine steps.
+
+    Args:
+        config: the engine configuration; ``scheduler.max_model_len`` is replaced by the resolved
+            context length (``--max-model-len`` or the checkpoint's ``max_position_embeddings``).
+
+    Raises:
+        CheckpointError: the model folder cannot be loaded.
+        ValueError: ``--max-model-len`` exceeds the model's, or the KV budget is too small.
+    """
+
+    def __init__(self, config: EngineConfig):
+        self.device = resolve_device(config.model.device)
+        self.loaded = self._load(config)
+        self.max_model_len = self._resolve_max_model_len(config)
+        self.config = dataclasses.replace(
+            config, scheduler=dataclasses.replace(config.scheduler, max_model_len=self.max_model_len)
+        )
+        self.kv_plan = self._plan_kv_cache()
+        self.kv_cache_manager = KVCacheManager(
+            self.kv_plan.num_blocks, self.kv_plan.block_size, self.config.cache.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(self.config.scheduler, self.kv_cache_manager)
+        self.runner = ModelRunner(self.loaded, self.kv_plan.num_blocks, self.kv_plan.block_size, self.device)
+        self.executor = ModelExecutor(self.runner, self.loaded.arch.vocab_size, config.model.seed)
+
+    def _load(self, config: EngineConfig) -> LoadedModel:
+        start = time.perf_counter()
+        loaded = load_model(config.model.model, config.model.dtype, self.device)
+        num_params = sum(p.numel() for p in loaded.model.parameters())
+        logger.info(
+            "Loaded %s (%s, %.1fM parameters, %s) on %s in %.2f s", config.model.model, loaded.arch.architecture,
+            num_params / 1e6, str(loaded.dtype).removeprefix("torch."), self.device, time.perf_counter() - start,
+        )
+        return loaded
+
+    def _resolve_max_model_len(self, config: EngineConfig) -> int:
+        model_max = self.loaded.arch.max_position_embeddings
+        wanted = config.model.max_model_len
+        if wanted is None:
+            return model_max
+        if wanted > model_max:
+            raise ValueError(f"--max-model-len {wanted} exceeds the model's max_position_embeddings ({model_max})")
+        return wanted
+
+    def _plan_kv_cache(self) -> KVCachePlan:
+        cache = self.config.cache
+        bytes_per_block = kv_cache_bytes_per_block(self.loaded.arch, cache.block_size, self.loaded.dtype)
+        free_device = None
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            free_device = int(total * cache.gpu_memory_utilization - used - 512 * 2**20)
+        return plan_kv_cache(
+            cache, bytes_per_block, self.max_model_len, self.config.scheduler.max_num_seqs,
+            self.device.type, free_device,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.loaded.arch.vocab_size
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request (see ``Scheduler.add_request`` for the errors raised)."""
+        request.sampling_params.validate_for_vocab(self.vocab_size)
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+        """Finish requests now (client gone, stop string found); their blocks are freed."""
+        self.scheduler.finish_requests(request_ids, status)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> StepResult:
+        """Schedule, execute and update once. Returns the per-request outputs of the step and its
+        stats (None when nothing was scheduled)."""
+        start = time.perf_counter()
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            # Let the executor drop state of requests that finished while nothing ran.
+            self.executor.execute(scheduler_output)
+            return StepResult([], None)
+        num_prefill = sum(
+            s.num_new_tokens for s in scheduler_output.scheduled if s.num_computed_tokens < s.request.num_prompt_tokens
+        )
+        runner_output = self.executor.execute(scheduler_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        stats = StepStats(
+            timestamp=time.time(),
+            duration=time.perf_counter() - start,
+            num_requests=len(scheduler_output.scheduled),
+            num_prefill_tokens=num_prefill,
+            num_decode_tokens=scheduler_output.total_num_scheduled_tokens - num_prefill,
+            scheduler=self.scheduler.make_stats(),
+        )
+        return StepResult(outputs, stats)
+
+    def make_stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for logs and ``/version``-like endpoints."""
+        return {
+            "model": self.config.model.model,
+            "architecture": self.loaded.arch.architecture,
+            "dtype": str(self.loaded.dtype).removeprefix("torch."),
+            "device": str(self.device),
+            "max_model_len": self.max_model_len,
+            "num_kv_blocks": self.kv_plan.num_blocks,
+            "block_size": self.kv_plan.block_size,
+        }

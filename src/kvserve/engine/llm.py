@@ -1,0 +1,168 @@
+"""The offline API, compatible with vLLM's: ``LLM(model=...).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from kvserve.config import EngineConfig
+from kvserve.engine.arg_utils import engine_config_from_kwargs
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.outputs import CompletionOutput, RequestOutput
+from kvserve.sampling_params import SamplingParams
+from kvserve.tokenizer import apply_chat_template
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+def merge_delta(final: RequestOutput | None, delta: RequestOutput) -> RequestOutput:
+    """Fold a delta ``RequestOutput`` into the accumulated one (texts and tokens appended)."""
+    if final is None:
+        final = RequestOutput(
+            delta.request_id, delta.prompt, delta.prompt_token_ids, delta.prompt_logprobs, [], False,
+            delta.num_cached_tokens,
+        )
+    if delta.prompt_logprobs is not None:
+        final.prompt_logprobs = delta.prompt_logprobs
+    final.num_cached_tokens = max(final.num_cached_tokens, delta.num_cached_tokens)
+    by_index = {c.index: c for c in final.outputs}
+    for piece in delta.outputs:
+        choice = by_index.get(piece.index)
+        if choice is None:
+            choice = by_index[piece.index] = CompletionOutput(piece.index, "", [], None, None)
+            final.outputs.append(choice)
+        choice.text += piece.text
+        choice.token_ids.extend(piece.token_ids)
+        if piece.logprobs is not None:
+            choice.logprobs = (choice.logprobs or []) + list(piece.logprobs)
+            choice.cumulative_logprob = sum(lp.logprob for lp in choice.logprobs)
+        choice.finish_reason, choice.stop_reason = piece.finish_reason, piece.stop_reason
+    final.outputs.sort(key=lambda c: c.index)
+    final.finished = delta.finished
+    return final
+
+
+class LLM:
+    """An engine in this process, run to completion on each call.
+
+    Args:
+        model: a Hugging Face model folder; ``None`` = the built-in model.
+        chat_template: overrides the checkpoint's chat template (text or file path).
+        **engine_kwargs: engine settings with vLLM's names (``dtype``, ``max_model_len``,
+            ``block_size``, ``enable_prefix_caching``, ``max_num_seqs``,
+            ``max_num_batched_tokens``, ``kv_cache_memory_bytes``, ``num_gpu_blocks_override``,
+            ``scheduling_policy``, ``seed``, ...).
+
+    Raises:
+        TypeError: an unknown engine setting. CheckpointError: the model cannot be loaded.
+    """
+
+    def __init__(self, model: str | None = None, *, chat_template: str | None = None, **engine_kwargs: Any):
+        if model is None:
+            from kvserve.builtin import builtin_model_path
+
+            model = str(builtin_model_path())
+        self._init_engine(LLMEngine(engine_config_from_kwargs(model, **engine_kwargs), chat_template))
+
+    def _init_engine(self, engine: LLMEngine) -> None:
+        self.llm_engine = engine
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, chat_template: str | None = None) -> LLM:
+        """An ``LLM`` from a ready ``EngineConfig`` (the command line's path)."""
+        llm = cls.__new__(cls)
+        llm._init_engine(LLMEngine(config, chat_template))
+        return llm
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for each prompt (a string, a list of token ids, or ``{"prompt_token_ids":
+        [...]}`` / ``{"prompt": "..."}``), all batched together; outputs in prompt order.
+
+        Raises:
+            InvalidRequestError: an invalid prompt or parameter (nothing is run then).
+        """
+        prompt_list = self._as_list(prompts)
+        params_list = self._params_list(sampling_params, len(prompt_list))
+        ids = []
+        try:
+            for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+                text, token_ids = self._tokenize(prompt)
+                request_id = str(next(self._ids))
+                self.llm_engine.add_request(
+                    request_id, token_ids, params, prompt=text, priority=priority[i] if priority else 0
+                )
+                ids.append(request_id)
+        except Exception:
+            for request_id in ids:
+                self.llm_engine.abort_request(request_id)
+            raise
+        return self._run(ids)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, using the chat template."""
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts = [
+            {"prompt_token_ids": apply_chat_template(
+                self.get_tokenizer(), conv, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, chat_template=chat_template,
+            )}
+            for conv in conversations
+        ]
+        return self.generate(prompts, sampling_params)
+
+    def _run(self, ids: list[str]) -> list[RequestOutput]:
+        engine = self.llm_engine
+        finals: dict[str, RequestOutput] = {}
+        pending = set(ids)
+        while pending:
+            for delta in engine.step():
+                finals[delta.request_id] = merge_delta(finals.get(delta.request_id), delta)
+                if delta.finished:
+                    pending.discard(delta.request_id)
+        return [finals[i] for i in ids]
+
+    @staticmethod
+    def _as_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        if prompts and isinstance(prompts[0], int):
+            return [list(prompts)]
+        return list(prompts)
+
+    @staticmethod
+    def _params_list(params, count: int) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams() for _ in range(count)]
+        if isinstance(params, SamplingParams):
+            return [params] * count
+        if len(params) != count:
+            raise ValueError(f"got {len(params)} SamplingParams for {count} prompts")
+        return list(params)
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.llm_engine.input_processor.tokenize(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            return prompt["prompt"], self.llm_engine.input_processor.tokenize(prompt["prompt"])
+        return None, list(prompt)
