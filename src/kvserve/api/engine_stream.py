@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import anyio
 
-from kvserve.engine.async_llm import EngineClient
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from kvserve.engine.async_llm import EngineClient
 
 
 class EngineRequest:

@@ -15,11 +15,9 @@ Chat (one object per generated token)::
 from __future__ import annotations
 
 import math
-from typing import Any
-
 from kvserve.api.responses import (ChatLogprobToken, ChatTopLogprob, CompletionLogProbs,
                                    PromptLogprob)
-from kvserve.api.tokenization import token_text
+from kvserve.api.tokenization import TokenText
 from kvserve.outputs import TokenLogprobs
 
 # JSON has no -inf; vLLM reports impossible tokens with this value too.
@@ -34,18 +32,18 @@ class CompletionLogprobsBuilder:
     """Builds completions logprobs for one choice, chunk by chunk (``text_offset`` continues).
 
     Args:
-        tokenizer: a Hugging Face tokenizer.
+        token_text: ``token_id -> (text, bytes)`` (see ``make_token_text``).
         num_top: entries wanted in each ``top_logprobs`` dict (the chosen token is added too,
             as vLLM does, so a dict may hold ``num_top + 1``).
     """
 
-    def __init__(self, tokenizer: Any, num_top: int):
-        self.tokenizer = tokenizer
+    def __init__(self, token_text: TokenText, num_top: int):
+        self.token_text = token_text
         self.num_top = num_top
         self.offset = 0  # characters, relative to the choice's returned text
 
     def _append(self, out: CompletionLogProbs, token_id: int, entry: TokenLogprobs | None) -> None:
-        text, _ = token_text(self.tokenizer, token_id)
+        text, _ = self.token_text(token_id)
         out.tokens.append(text)
         out.text_offset.append(self.offset)
         self.offset += len(text)
@@ -56,7 +54,7 @@ class CompletionLogprobsBuilder:
         out.token_logprobs.append(_finite(entry.logprob))
         top: dict[str, float] = {}
         for top_id, logprob in zip(entry.top_token_ids[: self.num_top], entry.top_logprobs):
-            top.setdefault(token_text(self.tokenizer, top_id)[0], _finite(logprob))
+            top.setdefault(self.token_text(top_id)[0], _finite(logprob))
         top.setdefault(text, _finite(entry.logprob))
         out.top_logprobs.append(top)
 
@@ -89,23 +87,23 @@ def merge_completion_logprobs(parts: list[CompletionLogProbs]) -> CompletionLogP
     return merged
 
 
-def _chat_top(tokenizer: Any, token_id: int, logprob: float) -> ChatTopLogprob:
-    text, raw = token_text(tokenizer, token_id)
+def _chat_top(token_text: TokenText, token_id: int, logprob: float) -> ChatTopLogprob:
+    text, raw = token_text(token_id)
     return ChatTopLogprob(token=text, logprob=_finite(logprob), bytes=list(raw))
 
 
-def chat_logprobs(tokenizer: Any, logprobs: list[TokenLogprobs], num_top: int) -> list[ChatLogprobToken]:
+def chat_logprobs(token_text: TokenText, logprobs: list[TokenLogprobs], num_top: int) -> list[ChatLogprobToken]:
     """Chat ``logprobs.content`` entries, one per generated token, ``num_top`` alternatives each."""
     content = []
     for entry in logprobs:
-        chosen = _chat_top(tokenizer, entry.token_id, entry.logprob)
-        top = [_chat_top(tokenizer, token_id, logprob)
+        chosen = _chat_top(token_text, entry.token_id, entry.logprob)
+        top = [_chat_top(token_text, token_id, logprob)
                for token_id, logprob in zip(entry.top_token_ids[:num_top], entry.top_logprobs)]
         content.append(ChatLogprobToken(**chosen.model_dump(), top_logprobs=top))
     return content
 
 
-def prompt_logprobs_json(tokenizer: Any, prompt_token_ids: list[int],
+def prompt_logprobs_json(token_text: TokenText, prompt_token_ids: list[int],
                          prompt_logprobs: list[TokenLogprobs | None] | None) -> list[dict[int, PromptLogprob] | None] | None:
     """vLLM's ``prompt_logprobs`` field: per prompt position, token id -> logprob/rank/text."""
     if prompt_logprobs is None:
@@ -116,9 +114,9 @@ def prompt_logprobs_json(tokenizer: Any, prompt_token_ids: list[int],
             result.append(None)
             continue
         scored = {entry.token_id: PromptLogprob(logprob=_finite(entry.logprob), rank=entry.rank,
-                                                decoded_token=token_text(tokenizer, entry.token_id)[0])}
+                                                decoded_token=token_text(entry.token_id)[0])}
         for rank, (token_id, logprob) in enumerate(zip(entry.top_token_ids, entry.top_logprobs), 1):
             scored.setdefault(token_id, PromptLogprob(logprob=_finite(logprob), rank=rank,
-                                                      decoded_token=token_text(tokenizer, token_id)[0]))
+                                                      decoded_token=token_text(token_id)[0]))
         result.append(scored)
     return result

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from kvserve.api.serving_base import ServingState
 from kvserve.api.server import build_app
 from kvserve.api.settings import ServerSettings
-from kvserve.engine.async_llm import EngineClient
+
+if TYPE_CHECKING:
+    from kvserve.engine.async_llm import EngineClient
 
 logger = logging.getLogger(__name__)
 

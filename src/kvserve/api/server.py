@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -26,9 +28,11 @@ from kvserve.api.serving_base import ServingState, check_token_ids
 from kvserve.api.serving_chat import ChatServing, render_messages
 from kvserve.api.serving_completion import CompletionServing
 from kvserve.api.settings import ServerSettings
-from kvserve.api.tokenization import token_text, tokenize_prompt
-from kvserve.engine.async_llm import EngineClient
+from kvserve.api.tokenization import tokenize_prompt
 from kvserve.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from kvserve.engine.async_llm import EngineClient
 
 
 def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
@@ -106,7 +110,7 @@ def _add_tokenizer_routes(app: FastAPI, state: ServingState) -> None:
             token_ids = render_messages(state, body)
         else:
             token_ids = tokenize_prompt(tokenizer, body.prompt, add_special_tokens=body.add_special_tokens)
-        strs = [token_text(tokenizer, t)[0] for t in token_ids] if body.return_token_strs else None
+        strs = [state.token_text(t)[0] for t in token_ids] if body.return_token_strs else None
         return TokenizeResponse(count=len(token_ids), max_model_len=state.engine.max_model_len,
                                 tokens=token_ids, token_strs=strs)
 

@@ -8,7 +8,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import Request
 
@@ -16,8 +16,11 @@ from kvserve.api.errors import APIError
 from kvserve.api.rate_limit import RateLimiter
 from kvserve.api.responses import PromptTokensDetails, UsageInfo
 from kvserve.api.settings import ServerSettings
-from kvserve.engine.async_llm import EngineClient
+from kvserve.api.tokenization import TokenText, make_token_text
 from kvserve.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from kvserve.engine.async_llm import EngineClient
 
 T = TypeVar("T")
 
@@ -35,10 +38,12 @@ class ServingState:
     limiter: RateLimiter
     accepting: bool = True
     in_flight: int = 0
+    token_text: TokenText = field(init=False)
     _served_names: frozenset[str] = field(default=frozenset(), init=False)
 
     def __post_init__(self) -> None:
         self._served_names = frozenset({self.model_name, self.engine.model_name})
+        self.token_text = make_token_text(self.engine.tokenizer)
 
     @property
     def model_name(self) -> str:

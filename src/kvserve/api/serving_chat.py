@@ -111,7 +111,7 @@ class _ChatCall:
         choice = self.choices[output.index]
         logprobs = None
         if self.request.logprobs:
-            entries = chat_logprobs(self.state.engine.tokenizer, list(output.logprobs or []),
+            entries = chat_logprobs(self.state.token_text, list(output.logprobs or []),
                                     self.request.top_logprobs or 0)
             choice.logprobs += entries
             logprobs = ChatChoiceLogprobs(content=entries) if entries else None
@@ -177,7 +177,7 @@ class _ChatCall:
             finish_reason=c.finish_reason, stop_reason=c.stop_reason) for c in self.choices]
         prompt_logprobs = None
         if self.request.prompt_logprobs is not None:
-            prompt_logprobs = prompt_logprobs_json(self.state.engine.tokenizer,
+            prompt_logprobs = prompt_logprobs_json(self.state.token_text,
                                                    self.engine_request.prompt_token_ids,
                                                    self.prompt_logprobs)
         return ChatCompletionResponse(id=self.request_id, model=self.state.model_name, choices=choices,

@@ -126,10 +126,9 @@ class _Call:
         self.request_id = request_id
         self.prompts = prompts
         self.engine_requests = engine_requests
-        tokenizer = state.engine.tokenizer
         n = request.n
         self.choices = [_Choice(i, None if request.logprobs is None else
-                                CompletionLogprobsBuilder(tokenizer, request.logprobs))
+                                CompletionLogprobsBuilder(state.token_text, request.logprobs))
                         for i in range(len(prompts) * n)]
         self.cached_tokens = sum(f.num_cached_tokens for f in firsts if f is not None)
         self.prompt_logprobs = [f.prompt_logprobs if f is not None else None for f in firsts]
@@ -211,7 +210,7 @@ class _Call:
             prompt_index = choice.index // self.request.n
             prompt_logprobs = None
             if self.request.prompt_logprobs is not None:
-                prompt_logprobs = prompt_logprobs_json(self.state.engine.tokenizer,
+                prompt_logprobs = prompt_logprobs_json(self.state.token_text,
                                                        self.prompts[prompt_index].token_ids,
                                                        self.prompt_logprobs[prompt_index])
             choices.append(CompletionChoice(index=choice.index, text=choice.text, logprobs=logprobs,

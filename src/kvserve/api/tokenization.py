@@ -7,6 +7,7 @@ they are looked up at call time and a plain Hugging Face fallback is used while 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -56,14 +57,18 @@ def _hf_apply_chat_template(tokenizer: Any, messages: list[dict], *, add_generat
     return list(encoded)
 
 
-def token_text(tokenizer: Any, token_id: int) -> tuple[str, bytes]:
-    """The string and raw UTF-8 bytes of one token (for logprobs; bytes may be a partial char)."""
+TokenText = Callable[[int], tuple[str, bytes]]
+
+
+def make_token_text(tokenizer: Any) -> TokenText:
+    """A function ``token_id -> (text, raw UTF-8 bytes)`` of one token, for logprobs (bytes may
+    be a partial character; text then has U+FFFD). Build once per server: it caches per token.
+    Uses ``kvserve.engine.detokenizer.TokenDetokenizer`` where present."""
     try:
-        from kvserve.engine.detokenizer import detokenize_token
+        from kvserve.engine.detokenizer import TokenDetokenizer
     except ImportError:
-        detokenize_token = _fallback_token_text
-    text, raw = detokenize_token(tokenizer, token_id)
-    return text, bytes(raw)
+        return lambda token_id: _fallback_token_text(tokenizer, token_id)
+    return TokenDetokenizer(tokenizer)
 
 
 def _fallback_token_text(tokenizer: Any, token_id: int) -> tuple[str, bytes]:
