@@ -1,0 +1,73 @@
+"""The streaming client against a scripted SSE server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from bench_sse_server import PROMPT_TOKENS, ScriptedServer
+
+from kvserve.bench.client import RequestFuncInput, send_request
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ScriptedServer() as s:
+        yield s
+
+
+def send(server, **kwargs) -> tuple:
+    request = RequestFuncInput(**{"prompt": "hello", "prompt_len": 3, "output_len": 4, "model": "m", **kwargs})
+
+    async def go():
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as client:
+            return await send_request(client, request)
+
+    n = len(server.received)
+    out = asyncio.run(go())
+    return out, server.received[n:]
+
+
+def test_completions_stream(server):
+    out, bodies = send(server, ignore_eos=True, temperature=0.5, extra_body={"top_k": 3})
+    assert out.success, out.error
+    assert out.generated_text == " w0 w1 w2 w3"
+    assert (out.output_tokens, out.output_tokens_source, out.prompt_len) == (4, "usage", PROMPT_TOKENS)
+    assert len(out.itl) == 3 and 0 < out.ttft <= out.latency
+    assert out.end_time - out.start_time == out.latency
+    assert bodies == [{"model": "m", "temperature": 0.5, "stream": True, "stream_options": {"include_usage": True},
+                       "prompt": "hello", "max_tokens": 4, "ignore_eos": True, "top_k": 3}]
+
+
+def test_chat_stream(server):
+    out, bodies = send(server, endpoint="/v1/chat/completions", output_len=3)
+    assert out.success, out.error
+    assert out.generated_text == " w0 w1 w2"
+    assert len(out.itl) == 2  # the role-only chunk is not a token
+    assert out.output_tokens == 3
+    assert bodies[0]["messages"] == [{"role": "user", "content": "hello"}]
+    assert bodies[0]["max_completion_tokens"] == 3 and "max_tokens" not in bodies[0]
+
+
+def test_missing_usage_leaves_tokens_unknown(server):
+    out, _ = send(server, prompt="NOUSAGE please")
+    assert out.success and out.output_tokens is None and out.prompt_len == 3
+
+
+def test_failures_are_reported(server):
+    out, _ = send(server, prompt="FAIL")
+    assert not out.success and out.error.startswith("HTTP 500") and "scripted 500" in out.error
+    out, _ = send(server, prompt="MIDERR")
+    assert not out.success and "scripted failure mid-stream" in out.error
+
+
+def test_unreachable_server():
+    request = RequestFuncInput(prompt="x", prompt_len=1, output_len=1, model="m")
+
+    async def go():
+        async with httpx.AsyncClient(base_url="http://127.0.0.1:9", timeout=2) as client:
+            return await send_request(client, request)
+
+    out = asyncio.run(go())
+    assert not out.success and "ConnectError" in out.error
