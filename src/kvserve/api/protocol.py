@@ -69,7 +69,7 @@ class SamplingRequest(OpenAIBaseModel):
 
         Raises:
             InvalidRequestError: ``response_format`` other than text, ``stream_options`` without
-                ``stream``, or ``cache_salt`` empty.
+                ``stream``, a seed beyond 64 bits, or ``cache_salt`` empty.
         """
         if self.response_format is not None and self.response_format.type != "text":
             raise InvalidRequestError(
@@ -78,6 +78,8 @@ class SamplingRequest(OpenAIBaseModel):
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true",
                                       param="stream_options")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise InvalidRequestError(f"seed must fit in 64 bits, got {self.seed}", param="seed")
         if self.cache_salt is not None and not self.cache_salt:
             raise InvalidRequestError("cache_salt must be a non-empty string", param="cache_salt")
 
