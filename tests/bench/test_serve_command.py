@@ -61,6 +61,8 @@ def test_serve_random_writes_result_with_provenance(server, tokenizer_dir, git_r
     assert len(bodies) == 8 and all(b["model"] == MODEL and b["max_tokens"] == 5 for b in bodies)
     tok = load_tokenizer(tokenizer_dir)
     assert all(len(tok(b["prompt"], add_special_tokens=False)["input_ids"]) == 12 for b in bodies)
+    warmup, measured = {b["prompt"] for b in bodies[:2]}, {b["prompt"] for b in bodies[2:]}
+    assert len(measured) == 6 and not warmup & measured  # warmups do not pre-cache measured prompts
     # What was measured
     m = doc["metrics"]
     assert (m["completed"], m["failed"], m["total_output_tokens"]) == (6, 0, 30)

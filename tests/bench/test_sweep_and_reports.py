@@ -29,6 +29,8 @@ def test_sweep_writes_runs_and_plot(tokenizer_dir, tmp_path, monkeypatch):
         monkeypatch.setattr(sys, "argv", ["kvserve", *argv])
         assert main(argv) == 0
         assert len(server.received) == 12
+        first, second = ({b["prompt"] for b in server.received[i:i + 6]} for i in (0, 6))
+        assert len(first) == len(second) == 6 and not first & second  # fresh prompts per point
     doc = json.loads(result.read_text())
     assert doc["kind"] == "sweep" and doc["provenance"]["server"]["model"] == "scripted-model"
     assert [r["point"]["max_concurrency"] for r in doc["runs"]] == [1, 3]

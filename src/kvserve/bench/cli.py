@@ -122,10 +122,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_samples(args: argparse.Namespace, tokenizer: Any) -> list[SampleRequest]:
-    """The workload named by the dataset flags, seeded by ``--seed``."""
-    rng = np.random.default_rng(args.seed)
+FILE_DATASETS = ("jsonl", "sharegpt")
+SWEEP_SEED_STRIDE = 100  # point i of a sweep draws its prompts with seed --seed + 100 * i
+
+
+def load_samples(args: argparse.Namespace, tokenizer: Any, seed_offset: int = 0) -> list[SampleRequest]:
+    """The workload named by the dataset flags, seeded by ``--seed + seed_offset``."""
+    rng = np.random.default_rng(args.seed + seed_offset)
     return get_dataset(args).sample(tokenizer, args.num_prompts, rng)
+
+
+def load_sweep_samples(args: argparse.Namespace, tokenizer: Any, num_points: int) -> list[list[SampleRequest]]:
+    """One workload per sweep point. Generated workloads get fresh prompts per point (seed
+    ``--seed + 100 * i``) so no point is served from prefix-cache blocks of an earlier one; file
+    workloads can only repeat the same prompts."""
+    if args.dataset_name in FILE_DATASETS:
+        return [load_samples(args, tokenizer)] * num_points
+    return [load_samples(args, tokenizer, SWEEP_SEED_STRIDE * i) for i in range(num_points)]
+
+
+def load_warmup_samples(args: argparse.Namespace, tokenizer: Any) -> list[SampleRequest] | None:
+    """``--num-warmups`` prompts of the same workload drawn with seed ``--seed + 1``, so that
+    generated workloads (random, shared-prefix) do not warm the server's prefix cache for the
+    measured prompts. File workloads give their prompts in file order, so there the first
+    measured prompts are reused (their prefixes may be cached). None when no warmups."""
+    if args.num_warmups <= 0:
+        return None
+    dataset = get_dataset(args)
+    rng = np.random.default_rng(args.seed + 1)
+    if args.dataset_name in FILE_DATASETS:
+        return dataset.sample(tokenizer, None, rng)[: args.num_warmups]
+    return dataset.sample(tokenizer, args.num_warmups, rng)
 
 
 def serve_config(args: argparse.Namespace, **overrides: Any) -> ServeConfig:

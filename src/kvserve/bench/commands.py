@@ -9,7 +9,13 @@ import sys
 
 from rich.console import Console
 
-from kvserve.bench.cli import default_result_path, load_samples, serve_config
+from kvserve.bench.cli import (
+    default_result_path,
+    load_samples,
+    load_sweep_samples,
+    load_warmup_samples,
+    serve_config,
+)
 from kvserve.bench.prompts import load_tokenizer
 from kvserve.bench.provenance import collect_provenance
 from kvserve.bench.report import print_serve_table, serve_run_to_dict, write_result
@@ -29,7 +35,7 @@ def serve_command(args: argparse.Namespace) -> int:
     config = serve_config(args, request_rate=args.request_rate, max_concurrency=args.max_concurrency)
     tokenizer = load_tokenizer(args.tokenizer)
     samples = load_samples(args, tokenizer)
-    run = asyncio.run(run_serve(config, samples, tokenizer))
+    run = asyncio.run(run_serve(config, samples, tokenizer, load_warmup_samples(args, tokenizer)))
     print_serve_table(run)
     if args.result_file:
         payload = {"workload": _workload_args(args), **serve_run_to_dict(run)}
@@ -44,8 +50,8 @@ def sweep_command(args: argparse.Namespace) -> int:
     percentiles = tuple(sorted(set(args.percentiles) | {50.0, 99.0}))
     base = serve_config(args, percentiles=percentiles)
     tokenizer = load_tokenizer(args.tokenizer)
-    samples = load_samples(args, tokenizer)
-    runs = asyncio.run(run_sweep(base, points, samples, tokenizer))
+    sample_sets = load_sweep_samples(args, tokenizer, len(points))
+    runs = asyncio.run(run_sweep(base, points, sample_sets, tokenizer, load_warmup_samples(args, tokenizer)))
     result_path = args.result_file or default_result_path("sweep")
     plot_path = args.plot_file or str(result_path).rsplit(".", 1)[0] + ".png"
     plot_sweep(runs, points, plot_path)

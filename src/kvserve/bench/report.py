@@ -52,11 +52,12 @@ def serve_run_to_dict(run: ServeRun, detailed: bool = True) -> dict[str, Any]:
         "metrics": metrics_to_dict(run.metrics),
     }
     if detailed:
+        t0 = min(o.start_time for o in run.outputs)
         result["requests"] = [
             {"success": o.success, "error": o.error, "prompt_len": o.prompt_len,
              "output_tokens": o.output_tokens, "output_tokens_source": o.output_tokens_source,
              "ttft_s": o.ttft, "e2el_s": o.latency, "itl_s": o.itl,
-             "start_s": o.start_time - min(x.start_time for x in run.outputs)}
+             "start_s": o.start_time - t0}
             for o in run.outputs
         ]
     return result
@@ -115,7 +116,8 @@ def print_serve_table(run: ServeRun, console: Console | None = None) -> None:
         ("peak concurrency", str(m.peak_concurrency)),
     ]
     if m.goodput is not None:
-        rows.append((f"goodput (req/s) {m.goodput_slos_ms}", f"{m.goodput:.2f}"))
+        slos = " ".join(f"{k}<={v:g}ms" for k, v in m.goodput_slos_ms.items())
+        rows.append((f"goodput (req/s; {slos})", f"{m.goodput:.2f}"))
     if m.output_tokens_from_tokenizer:
         rows.append(("outputs counted by tokenizer (no usage)", str(m.output_tokens_from_tokenizer)))
     for row in rows:

@@ -164,11 +164,17 @@ async def _measured(sender: _Sender, inputs: Iterator[RequestFuncInput], config:
     return outputs, end - t0
 
 
-async def run_serve(config: ServeConfig, samples: Sequence[SampleRequest], tokenizer: Any) -> ServeRun:
+async def run_serve(config: ServeConfig, samples: Sequence[SampleRequest], tokenizer: Any,
+                    warmup_samples: Sequence[SampleRequest] | None = None) -> ServeRun:
     """Run one online benchmark of ``samples`` against ``config.base_url``.
 
+    ``config.num_warmups`` requests are sent first (cycling ``warmup_samples``, else ``samples``)
+    and discarded; give separate warmup prompts so that a prefix cache is not warmed for the
+    measured ones.
+
     Raises:
-        InvalidRequestError: no samples, or no ``model`` given and the server lists none.
+        InvalidRequestError: no samples, ``--duration`` with an unbounded start rate, or no
+            ``model`` given and the server lists none.
     """
     if not samples:
         raise InvalidRequestError("the workload has no prompts", "num_prompts")
@@ -184,12 +190,12 @@ async def run_serve(config: ServeConfig, samples: Sequence[SampleRequest], token
         if not model:
             raise InvalidRequestError(
                 f"no --model given and {config.base_url}/v1/models lists none ({server.models_error})", "model")
-        cycle = (_to_input(s, config, model) for s in itertools.cycle(samples))
-        warm = await _warmup(_Sender(client, config.max_concurrency, None), cycle, config.num_warmups)
+        warm_inputs = (_to_input(s, config, model) for s in itertools.cycle(warmup_samples or samples))
+        warm = await _warmup(_Sender(client, config.max_concurrency, None), warm_inputs, config.num_warmups)
         count = None if config.duration_s is not None else len(samples)
-        fresh = (_to_input(s, config, model) for s in itertools.cycle(samples))
+        inputs = (_to_input(s, config, model) for s in itertools.cycle(samples))
         with tqdm(total=count, desc="requests", disable=config.disable_tqdm, leave=False) as pbar:
-            outputs, duration = await _measured(_Sender(client, config.max_concurrency, pbar), fresh, config, count)
+            outputs, duration = await _measured(_Sender(client, config.max_concurrency, pbar), inputs, config, count)
     fill_output_tokens(outputs, tokenizer)
     metrics = calculate_metrics(outputs, duration, config.percentiles, config.goodput_slos_ms)
     warm_failed = [o for o in warm if not o.success]

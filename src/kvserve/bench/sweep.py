@@ -60,13 +60,22 @@ def sweep_points(concurrencies: Sequence[int], request_rates: Sequence[float]) -
     return [SweepPoint(c, r) for r in (request_rates or [math.inf]) for c in (concurrencies or [None])]
 
 
-async def run_sweep(base: ServeConfig, points: Sequence[SweepPoint], samples: Sequence[SampleRequest],
-                    tokenizer: Any) -> list[ServeRun]:
-    """Run ``base`` once per point (in order), with a progress bar over points."""
+async def run_sweep(base: ServeConfig, points: Sequence[SweepPoint],
+                    sample_sets: Sequence[Sequence[SampleRequest]], tokenizer: Any,
+                    warmup_samples: Sequence[SampleRequest] | None = None) -> list[ServeRun]:
+    """Run ``base`` once per point (in order, each with its own warmups), with a progress bar
+    over points. ``sample_sets[i]`` is the workload of point ``i``: give each point fresh prompts,
+    or a server's prefix cache serves later points from blocks cached by earlier ones.
+
+    Raises:
+        ValueError: not one sample set per point.
+    """
+    if len(sample_sets) != len(points):
+        raise ValueError(f"{len(sample_sets)} sample sets for {len(points)} sweep points")
     runs = []
-    for point in tqdm(points, desc="sweep", disable=base.disable_tqdm):
+    for point, samples in zip(tqdm(points, desc="sweep", disable=base.disable_tqdm), sample_sets):
         config = dataclasses.replace(base, max_concurrency=point.max_concurrency, request_rate=point.request_rate)
-        runs.append(await run_serve(config, samples, tokenizer))
+        runs.append(await run_serve(config, samples, tokenizer, warmup_samples))
     return runs
 
 
@@ -104,7 +113,7 @@ def print_sweep_table(runs: Sequence[ServeRun], points: Sequence[SweepPoint], co
     """One row per load level: throughput, TTFT/TPOT p50/p99 (ms), failures."""
     table = Table(title="kvserve bench sweep")
     for col in ("load", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "peak conc", "failed"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     for run, point in zip(runs, points):
         m = run.metrics
         table.add_row(
