@@ -12,7 +12,9 @@
 ``sentencepiece``
     The real SentencePiece model of Mistral-7B-Instruct v0.3 shipped in ``mistral_common``
     (``mistral_instruct_tokenizer_240323.model.v3``, 32,768 pieces, byte fallback), converted
-    by ``transformers.LlamaTokenizer``. bos ``<s>`` = 1, eos ``</s>`` = 2. Mistral chat template.
+    by ``transformers.LlamaTokenizer`` and corrected to give ``sentencepiece``'s exact ids (see
+    ``_match_sentencepiece``). Adds BOS ``<s>`` = 1 when encoding with special tokens, like the
+    Llama/Mistral tokenizers; eos ``</s>`` = 2. Mistral chat template.
 ``tekken``
     The real Tekken tokenizer ``tekken_240911.json`` (131,072 tokens) shipped in
     ``mistral_common``, converted by ``transformers``' Tekken converter to ``tokenizer.json``.
@@ -54,12 +56,13 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+# Mistral's v3 instruct format, as mistral_common encodes it: <s>[INST]user[/INST]assistant</s>
+# (a system message is its own [INST] block here; mistral_common prepends it to the last user turn).
 MISTRAL_TEMPLATE = (
     "{{ bos_token }}"
     "{%- for message in messages %}"
-    "{%- if message['role'] == 'system' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
-    "{%- elif message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
-    "{%- elif message['role'] == 'assistant' %}{{ ' ' + message['content'] + eos_token }}"
+    "{%- if message['role'] in ['system', 'user'] %}{{ '[INST]' + message['content'] + '[/INST]' }}"
+    "{%- elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
     "{%- else %}{{ raise_exception('Unknown role ' + message['role'] + '; roles must be "
     "system, user or assistant') }}"
     "{%- endif %}"
@@ -154,17 +157,68 @@ def _train_bpe():
 
 
 def _load_sentencepiece():
+    import json
     import shutil
     import tempfile
 
-    from transformers import LlamaTokenizer
+    from tokenizers import Tokenizer
+    from transformers import LlamaTokenizer, PreTrainedTokenizerFast
 
     # LlamaTokenizer converts a folder's tokenizer.model; a bare vocab_file= is not read in v5.
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copyfile(sentencepiece_model_path(), Path(tmp) / "tokenizer.model")
-        tokenizer = LlamaTokenizer.from_pretrained(tmp)
-    tokenizer.chat_template = MISTRAL_TEMPLATE
-    return tokenizer
+        converted = LlamaTokenizer.from_pretrained(tmp)
+    data = _match_sentencepiece(json.loads(converted.backend_tokenizer.to_str()))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(data)),
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        chat_template=MISTRAL_TEMPLATE,
+    )
+
+
+def _match_sentencepiece(data: dict) -> dict:
+    """Make transformers' conversion of the SentencePiece model give SentencePiece's own ids.
+
+    transformers 5's ``LlamaConverter`` output differs from ``sentencepiece`` in three ways,
+    each fixed here (checked against ``SentencePieceProcessor.encode`` on random text):
+
+    * merges are ranked by piece id, but SentencePiece BPE merges the highest-*scoring* pair
+      first; whitespace runs (``▁▁``, ``▁▁▁``...) have low ids but score -1e9, so runs of spaces
+      split differently. Merges are re-ranked by the merged piece's score (ties: by id).
+    * its ``Metaspace`` pre-tokenizer adds the dummy ``▁`` prefix only when the text does not
+      already start with a space; SentencePiece always adds it. The Llama/Mistral
+      ``tokenizer.json`` form (normalizer ``Prepend("▁")`` + ``Replace(" ", "▁")``, no
+      pre-tokenizer) always adds it.
+    * no BOS is added; SentencePiece Llama/Mistral tokenizers add ``<s>`` (id 1).
+    """
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(sentencepiece_model_path()))
+    rank = {processor.id_to_piece(i): (-processor.get_score(i), i) for i in range(len(processor))}
+
+    def merge_key(merge):
+        left, right = merge if isinstance(merge, list) else merge.split(" ")
+        return rank[left + right]
+
+    data["model"]["merges"] = sorted(data["model"]["merges"], key=merge_key)
+    data["normalizer"] = {
+        "type": "Sequence",
+        "normalizers": [
+            {"type": "Prepend", "prepend": "▁"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+        ],
+    }
+    data["pre_tokenizer"] = None
+    bos = {"SpecialToken": {"id": "<s>", "type_id": 0}}
+    data["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, bos, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}},
+    }
+    return data
 
 
 def _load_tekken():

@@ -1,0 +1,223 @@
+"""Tokenizer loading, chat templates and end-of-sequence ids.
+
+The tokenizer is the Hugging Face one (``transformers.AutoTokenizer``); this module adds what
+the engine needs around it: typed errors for missing files and failing templates, a chat
+template override, and the union of the end-of-sequence ids a checkpoint declares.
+
+Chat templates render in transformers' sandboxed Jinja environment
+(``jinja2.sandbox.ImmutableSandboxedEnvironment``), as in vLLM and Hugging Face TGI.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kvserve.errors import CheckpointError, InvalidRequestError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tekken.json")
+
+# Class names that load tokenizer.json as written (transformers 5 renamed the fast base class).
+_GENERIC_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
+
+
+def load_tokenizer(model_dir: str | Path, chat_template: str | None = None) -> Any:
+    """Load the Hugging Face tokenizer of a model folder.
+
+    Reads ``tokenizer.json`` (with ``tokenizer_config.json`` and ``chat_template.jinja``), or a
+    SentencePiece ``tokenizer.model``, through ``AutoTokenizer``; a folder with only a Mistral
+    ``tekken.json`` is converted with transformers' Tekken converter. When ``AutoTokenizer``
+    substitutes a class other than the one ``tokenizer_config.json`` declares (transformers 5
+    forces ``Qwen2Tokenizer`` for ``model_type`` qwen2 and rebuilds its pre-tokenizer), the
+    folder's ``tokenizer.json`` is loaded as written instead, so token ids are the file's.
+
+    Args:
+        model_dir: model or tokenizer folder.
+        chat_template: a Jinja chat template, or the path of a file holding one; replaces the
+            folder's template.
+
+    Returns:
+        A ``transformers`` tokenizer (``PreTrainedTokenizerBase``).
+
+    Raises:
+        CheckpointError: the folder does not exist, has none of the tokenizer files, or
+            transformers cannot read them.
+    """
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise CheckpointError(f"tokenizer folder {str(folder)!r} does not exist or is not a folder")
+    present = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    if not present:
+        raise CheckpointError(
+            f"no tokenizer in {str(folder)!r}: expected one of {', '.join(TOKENIZER_FILES)}"
+        )
+    try:
+        if present == ["tekken.json"]:
+            tokenizer = _convert_tekken(folder / "tekken.json")
+        else:
+            tokenizer = _auto_tokenizer(folder)
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"cannot read the tokenizer in {str(folder)!r}: {exc}") from exc
+    if chat_template is not None:
+        tokenizer.chat_template = _read_template(chat_template)
+    return tokenizer
+
+
+def _auto_tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    # mistral_format=False: a tekken.json beside tokenizer.json must not switch AutoTokenizer
+    # to the mistral_common backend, which has a different API.
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, mistral_format=False)
+    declared = _declared_class(folder)
+    loaded = type(tokenizer).__name__
+    if declared is not None and (folder / "tokenizer.json").is_file():
+        if declared.removesuffix("Fast") != loaded.removesuffix("Fast") and not (
+            declared in _GENERIC_CLASSES and loaded in _GENERIC_CLASSES
+        ):
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
+    return tokenizer
+
+
+def _declared_class(folder: Path) -> str | None:
+    config_path = folder / "tokenizer_config.json"
+    if not config_path.is_file():
+        return None
+    return json.loads(config_path.read_text(encoding="utf-8")).get("tokenizer_class")
+
+
+def _convert_tekken(path: Path) -> Any:
+    from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
+
+    return convert_tekken_tokenizer(str(path))
+
+
+def _read_template(chat_template: str) -> str:
+    # A template always contains "{"; a short string without one is taken as a file path.
+    if "{" not in chat_template:
+        path = Path(chat_template)
+        if not path.is_file():
+            raise CheckpointError(f"chat template file {chat_template!r} does not exist")
+        return path.read_text(encoding="utf-8")
+    return chat_template
+
+
+def eos_token_ids(model_dir: str | Path, tokenizer: Any | None = None) -> frozenset[int]:
+    """Every id that ends generation: the union of the tokenizer's ``eos_token_id``, config.json's
+    ``eos_token_id`` (or its ``text_config``'s) and generation_config.json's (an int or a list).
+
+    Args:
+        model_dir: model folder; a missing config.json or generation_config.json is skipped.
+        tokenizer: the loaded tokenizer, or ``None``.
+
+    Returns:
+        The ids, possibly empty.
+    """
+    folder = Path(model_dir)
+    ids: set[int] = set()
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    for name in ("config.json", "generation_config.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        data = json.loads(path.read_text(encoding="utf-8"))
+        value = data.get("eos_token_id")
+        if value is None and isinstance(data.get("text_config"), dict):
+            value = data["text_config"].get("eos_token_id")
+        if value is not None:
+            ids.update(int(v) for v in (value if isinstance(value, list) else [value]))
+    return frozenset(ids)
+
+
+def render_chat_template(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> str:
+    """Render a conversation to the prompt string with the chat template.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        messages: OpenAI-style messages (``{"role": ..., "content": ...}``).
+        add_generation_prompt: append the template's opening of an assistant turn.
+        continue_final_message: leave the last message open so the model continues it (the
+            prompt ends with its content); excludes ``add_generation_prompt``.
+        chat_template: a template that replaces the tokenizer's for this call.
+        tools: tool definitions (OpenAI function schemas) the template may render.
+        chat_template_kwargs: extra variables for the template (e.g. ``enable_thinking``).
+
+    Returns:
+        The rendered prompt text.
+
+    Raises:
+        InvalidRequestError: no template is available, the options conflict, or the template
+            fails on these messages (its own message is quoted; ``param`` is ``chat_template``
+            for a template that does not parse, else ``messages``).
+    """
+    import jinja2
+
+    if not (chat_template or getattr(tokenizer, "chat_template", None)):
+        raise InvalidRequestError(
+            "this model's tokenizer has no chat template; give one (--chat-template or "
+            "chat_template) or send a plain prompt to /v1/completions",
+            param="messages",
+        )
+    if add_generation_prompt and continue_final_message:
+        raise InvalidRequestError(
+            "continue_final_message=true continues the last message and cannot be combined "
+            "with add_generation_prompt=true; set one of them to false",
+            param="continue_final_message",
+        )
+    try:
+        return tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+            **(chat_template_kwargs or {}),
+        )
+    except jinja2.TemplateSyntaxError as exc:
+        raise InvalidRequestError(
+            f"chat template does not parse: {exc.message} (line {exc.lineno})", param="chat_template"
+        ) from exc
+    except Exception as exc:  # raise_exception() in templates, jinja2 errors, TypeError, ValueError
+        message = getattr(exc, "message", None) or str(exc)
+        raise InvalidRequestError(f"chat template error: {message}", param="messages") from exc
+
+
+def apply_chat_template(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """Prompt token ids of a conversation: :func:`render_chat_template`, then encoding without
+    adding special tokens (the template writes BOS itself where the model wants one).
+
+    Returns:
+        Token ids (``list[int]``).
+
+    Raises:
+        InvalidRequestError: as :func:`render_chat_template`.
+    """
+    text = render_chat_template(
+        tokenizer,
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        chat_template=chat_template,
+        tools=tools,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    return list(tokenizer.encode(text, add_special_tokens=False))
