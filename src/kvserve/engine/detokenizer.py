@@ -142,7 +142,8 @@ class IncrementalDetokenizer:
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte-level BPE alphabet (Radford et al. 2019), inverted: printable bytes stand for
     themselves, the others are shifted to code points 256 and up; maps character -> byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
     shifted = [b for b in range(256) if b not in printable]
     mapping = {chr(b): b for b in printable}
     mapping.update({chr(256 + i): b for i, b in enumerate(shifted)})
@@ -169,7 +170,8 @@ class TokenDetokenizer:
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
-        self._added = {i: t.content for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items()}
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        self._added = {token_id: token.content for token_id, token in added.items()}
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._byte_level = backend is not None and "ByteLevel" in str(backend.decoder)
         self._alphabet = _byte_level_alphabet() if self._byte_level else {}

@@ -9,7 +9,9 @@ import torch
 from kvserve.outputs import TokenLogprobs
 
 
-def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_logprobs: list[int]) -> list[TokenLogprobs]:
+def gather_logprobs(
+    logprobs: torch.Tensor, token_ids: torch.Tensor, num_logprobs: list[int]
+) -> list[TokenLogprobs]:
     """Turn a ``[M, V]`` log-probability matrix into one ``TokenLogprobs`` per row.
 
     Args:
@@ -27,7 +29,7 @@ def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_logprob
     chosen = logprobs.gather(1, token_ids.unsqueeze(1))
     ranks = (logprobs > chosen).sum(dim=1) + 1
     max_k = max(num_logprobs)
-    top_values, top_ids = logprobs.topk(max_k, dim=1) if max_k > 0 else (logprobs[:, :0], token_ids[:, None][:, :0])
+    top_values, top_ids = logprobs.topk(max_k, dim=1)
     # One device-to-host copy per tensor; the rest is list slicing.
     chosen_list = chosen.squeeze(1).tolist()
     rank_list = ranks.tolist()
@@ -45,7 +47,9 @@ def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_logprob
     ]
 
 
-def prompt_logprobs_from_logits(logits: torch.Tensor, token_ids: torch.Tensor | list[int], k: int) -> list[TokenLogprobs]:
+def prompt_logprobs_from_logits(
+    logits: torch.Tensor, token_ids: torch.Tensor | list[int], k: int
+) -> list[TokenLogprobs]:
     """Logprobs of prompt tokens.
 
     Row ``i`` of ``logits`` is the model's prediction for ``token_ids[i]``: the caller passes the

@@ -109,6 +109,7 @@ class SamplingMetadata:
 
         greedy = [p.is_greedy for p in params]
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+        any_top_k = any(k < vocab_size for k in top_k)
         presence = [p.presence_penalty for p in params]
         frequency = [p.frequency_penalty for p in params]
         repetition = [p.repetition_penalty for p in params]
@@ -123,7 +124,7 @@ class SamplingMetadata:
             greedy_mask=torch.tensor(greedy, dtype=torch.bool, device=device),
             all_greedy=all(greedy),
             all_random=not any(greedy),
-            top_k=torch.tensor(top_k, dtype=torch.int64, device=device) if min(top_k, default=vocab_size) < vocab_size else None,
+            top_k=torch.tensor(top_k, dtype=torch.int64, device=device) if any_top_k else None,
             top_p=floats([p.top_p for p in params]) if any(p.top_p < 1 for p in params) else None,
             min_p=floats([p.min_p for p in params]) if any(p.min_p > 0 for p in params) else None,
             generators=list(generators),
@@ -151,7 +152,9 @@ def _sparse(triples: list[tuple[int, int, float]], device: torch.device | str) -
     )
 
 
-def _logit_bias(requests: list[Request], vocab_size: int, device: torch.device | str) -> SparseLogitUpdate | None:
+def _logit_bias(
+    requests: list[Request], vocab_size: int, device: torch.device | str
+) -> SparseLogitUpdate | None:
     triples = []
     for row, request in enumerate(requests):
         for token_id, bias in (request.sampling_params.logit_bias or {}).items():
@@ -164,7 +167,9 @@ def _logit_bias(requests: list[Request], vocab_size: int, device: torch.device |
     return _sparse(triples, device)
 
 
-def _min_tokens_mask(requests: list[Request], vocab_size: int, device: torch.device | str) -> SparseLogitUpdate | None:
+def _min_tokens_mask(
+    requests: list[Request], vocab_size: int, device: torch.device | str
+) -> SparseLogitUpdate | None:
     """(row, token) pairs to forbid: stop tokens, and EOS unless ``ignore_eos``, while the request
     has fewer than ``min_tokens`` output tokens. Ids outside the vocabulary cannot be sampled anyway
     and are skipped."""
@@ -188,7 +193,8 @@ def _token_statistics(
 
     def padded(lists: list[list[int]]) -> torch.Tensor:
         width = max((len(ids) for ids in lists), default=0)
-        return torch.tensor([ids + [vocab_size] * (width - len(ids)) for ids in lists], dtype=torch.int64, device=device).reshape(len(lists), width)
+        rows = [ids + [vocab_size] * (width - len(ids)) for ids in lists]
+        return torch.tensor(rows, dtype=torch.int64, device=device).reshape(len(lists), width)
 
     num_rows = len(requests)
     prompt_ids = padded([list(r.prompt_token_ids) for r in requests])

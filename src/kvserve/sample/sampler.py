@@ -2,14 +2,13 @@
 
 Pipeline (each stage skipped when no row needs it)::
 
-    logits [N, V] ──► raw log_softmax ─────────────────────────────────────► logprobs (if asked)
+    logits [N, V] ─► raw log_softmax ───────────────────────────────► logprobs (if asked)
           │
-          ├─► logit_bias ─► min_tokens mask ─► penalties ─┬─► argmax ───────► greedy rows
-          │                                               │
-          │                                               └─► / temperature ─► top-k ─► top-p
-          │                                                   ─► min-p ─► softmax ─► p / q race
-          ▼                                                                         ──► random rows
-    sampled_token_ids [N]
+          └─► logit_bias ─► min_tokens mask ─► penalties ─┬─► argmax ─► greedy rows
+                                                          │
+                                                          └─► / temperature ─► top-k ─► top-p
+                                                              ─► min-p ─► softmax
+                                                              ─► argmax(p / q) ─► random rows
 
 Random rows draw with the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)`` i.i.d., which
 picks token ``i`` with probability ``p_i``; the Gumbel-max trick in another form, as vLLM does).
@@ -79,7 +78,8 @@ class Sampler:
         result: list[TokenLogprobs | None] = [None] * metadata.num_rows
         if raw_logprobs is not None:
             num_logprobs = [metadata.num_logprobs[i] for i in rows]
-            for row, entry in zip(rows, gather_logprobs(raw_logprobs, sampled.index_select(0, index), num_logprobs)):
+            entries = gather_logprobs(raw_logprobs, sampled.index_select(0, index), num_logprobs)
+            for row, entry in zip(rows, entries):
                 result[row] = entry
         return SamplerOutput(sampled, result)
 
