@@ -1,10 +1,11 @@
 """A fake model runner that is strict about the KV cache, and helpers to drive a scheduler.
 
-The fake "KV cache" is a dict slot -> token id. Each step first writes every scheduled token at
-its slot (``block_ids[pos // block_size] * block_size + pos % block_size``), then, for each request
-that samples, READS BACK the whole context from the request's block table and hashes it into the
-next token. Any wrong block table, a prefix-cache hit on the wrong block, or a block reused while
-still needed changes the read-back context, and so the output.
+The fake "KV cache" is a dict slot -> value. Like real K/V, the value at position p depends on the
+whole prefix: ``kv_value(tokens[: p + 1])``. Each step first writes every scheduled position at its
+slot (``block_ids[pos // block_size] * block_size + pos % block_size``), then, for each request
+that samples, READS BACK all values from the request's block table and hashes them into the next
+token. Any wrong block table, a prefix-cache hit on a block of another prefix, or a block reused
+while still needed changes the read-back values, and so the output.
 """
 
 from __future__ import annotations
@@ -21,10 +22,19 @@ from kvserve.scheduler.scheduler import Scheduler
 VOCAB_SIZE = 101
 
 
-def next_token(context: list[int], vocab_size: int = VOCAB_SIZE) -> int:
-    """The fake model: a stable hash of the whole context."""
-    digest = hashlib.blake2b(array("q", context).tobytes(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % vocab_size
+def _digest(values: list[int], person: bytes) -> int:
+    data = array("q", values).tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=7, person=person).digest(), "little")
+
+
+def kv_value(prefix: list[int]) -> int:
+    """The fake K/V of the last token of ``prefix`` (depends on every earlier token)."""
+    return _digest(prefix, b"kv")
+
+
+def next_token(values: list[int], vocab_size: int = VOCAB_SIZE) -> int:
+    """The fake model's output from the K/V values of the whole context."""
+    return _digest(values, b"logits") % vocab_size
 
 
 def reference_generate(prompt: list[int], max_tokens: int, eos_token_ids=frozenset()) -> list[int]:
@@ -32,7 +42,7 @@ def reference_generate(prompt: list[int], max_tokens: int, eos_token_ids=frozens
     context = list(prompt)
     output: list[int] = []
     while len(output) < max_tokens:
-        token = next_token(context)
+        token = next_token([kv_value(context[: p + 1]) for p in range(len(context))])
         context.append(token)
         output.append(token)
         if token in eos_token_ids:
@@ -61,7 +71,7 @@ class FakeModelRunner:
                 slot = self._slot(block_ids, position)
                 assert slot not in written, f"slot {slot} written twice in one step"
                 written.add(slot)
-                self.kv[slot] = scheduled.request.all_token_ids[position]
+                self.kv[slot] = kv_value(scheduled.request.all_token_ids[: position + 1])
         output = ModelRunnerOutput()
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
@@ -74,8 +84,8 @@ class FakeModelRunner:
                 ]
             if not scheduled.samples:
                 continue
-            context = [self.kv[self._slot(scheduled.block_ids, p)] for p in range(end)]
-            token = next_token(context)
+            values = [self.kv[self._slot(scheduled.block_ids, p)] for p in range(end)]
+            token = next_token(values)
             output.sampled_token_ids[request.request_id] = token
             if request.sampling_params.logprobs is not None:
                 output.logprobs[request.request_id] = TokenLogprobs(token, -0.5, 1, [token], [-0.5])
