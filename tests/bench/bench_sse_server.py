@@ -4,7 +4,9 @@ Completions stream one chunk per requested token, text ``" w0"``, ``" w1"``, ...
 role-only chunk first, then the same words as ``delta.content``. Both end with a usage chunk when
 ``stream_options.include_usage`` is set, then ``[DONE]``. Control by prompt text:
 ``FAIL`` -> HTTP 500 ``{"error": ...}``; ``MIDERR`` -> an error event after one chunk;
-``NOUSAGE`` anywhere -> no usage chunk (the client must count tokens itself). The first content
+``NOUSAGE`` anywhere -> no usage chunk (the client must count tokens itself); ``UNICODE`` -> the
+words hold U+2028, U+0085, U+2029 and an emoji, sent unescaped (legal JSON) with CRLF line ends,
+each event in two network writes cut inside a multi-byte character. The first content
 chunk is sent as a multi-line SSE event with a comment line before it, which a correct parser
 must join. Every received JSON body is kept in ``ScriptedServer.received``.
 """
@@ -23,11 +25,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 MODEL = "scripted-model"
 VERSION = {"version": "scripted-1.0"}
 PROMPT_TOKENS = 17  # what the scripted server claims in usage.prompt_tokens
+UNICODE_WORDS = [" a\u2028b", " c\x85d", " \U0001F642", " e\u2029"]
 
 
 def _events(body: dict, chat: bool):
     words = [f" w{i}" for i in range(body.get("max_completion_tokens") or body.get("max_tokens") or 16)]
     text = body["messages"][-1]["content"] if chat else body["prompt"]
+    if "UNICODE" in text:
+        words = UNICODE_WORDS
     if chat:
         yield {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
     for i, word in enumerate(words):
@@ -61,6 +66,9 @@ def make_app(received: list[dict], with_version: bool = True, delay_s: float = 0
         if "FAIL" in prompt:
             return JSONResponse({"error": {"message": "scripted 500", "type": "server_error"}}, status_code=500)
 
+        if "UNICODE" in prompt:
+            return StreamingResponse(_unicode_gen(body, chat, delay_s), media_type="text/event-stream")
+
         async def gen():
             for k, event in enumerate(_events(body, chat)):
                 await asyncio.sleep(delay_s)
@@ -86,6 +94,17 @@ def make_app(received: list[dict], with_version: bool = True, delay_s: float = 0
         return await stream(request, chat=True)
 
     return app
+
+
+async def _unicode_gen(body: dict, chat: bool, delay_s: float):
+    for event in _events(body, chat):
+        await asyncio.sleep(delay_s)
+        raw = f"data: {json.dumps(event, ensure_ascii=False)}\r\n\r\n".encode()
+        cut = next((i for i, b in enumerate(raw) if b >= 0x80), len(raw) // 2) + 1  # inside a character
+        yield raw[:cut]
+        await asyncio.sleep(delay_s)
+        yield raw[cut:]
+    yield b"data: [DONE]\r\n\r\n"
 
 
 class ScriptedServer:

@@ -6,9 +6,10 @@ import asyncio
 
 import httpx
 import pytest
-from bench_sse_server import PROMPT_TOKENS, ScriptedServer
+from bench_sse_server import PROMPT_TOKENS, UNICODE_WORDS, ScriptedServer
 
 from kvserve.bench.client import RequestFuncInput, send_request
+from kvserve.bench.stream import SSELineSplitter
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,25 @@ def test_chat_stream(server):
     assert out.output_tokens == 3
     assert bodies[0]["messages"] == [{"role": "user", "content": "hello"}]
     assert bodies[0]["max_completion_tokens"] == 3 and "max_tokens" not in bodies[0]
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+def test_unicode_line_separators_inside_json(server, endpoint):
+    # U+2028/U+0085 are line breaks for str.splitlines but not for SSE; CRLF framing; characters
+    # split across network writes.
+    out, _ = send(server, prompt="UNICODE", endpoint=endpoint)
+    assert out.success, out.error
+    assert out.generated_text == "".join(UNICODE_WORDS)
+    assert len(out.itl) == len(UNICODE_WORDS) - 1 and out.output_tokens == len(UNICODE_WORDS)
+
+
+def test_line_splitter_chunk_boundaries():
+    splitter = SSELineSplitter()
+    data = "data: x\u2028y\r\n\r\ndata: 🙂\n\ndata: z\r\rtail".encode()
+    lines = []
+    for i in range(len(data)):  # one byte at a time: every boundary, CRLF and UTF-8 splits included
+        lines += splitter.feed(data[i:i + 1])
+    assert lines + splitter.flush() == ["data: x\u2028y", "", "data: 🙂", "", "data: z", "", "tail"]
 
 
 def test_missing_usage_leaves_tokens_unknown(server):

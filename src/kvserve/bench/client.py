@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import httpx
 
-from kvserve.bench.stream import RequestFuncOutput, SSEParser, StreamAccumulator
+from kvserve.bench.stream import RequestFuncOutput, SSELineSplitter, SSEParser, StreamAccumulator
 
 Endpoint = Literal["/v1/completions", "/v1/chat/completions"]
 ENDPOINTS: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions")
@@ -73,16 +73,23 @@ async def send_request(client: httpx.AsyncClient, request: RequestFuncInput) -> 
     """
     start = time.perf_counter()
     acc = StreamAccumulator(start, request.prompt_len)
-    parser = SSEParser()
+    lines, parser = SSELineSplitter(), SSEParser()
+
+    def consume(new_lines: list[str]) -> None:
+        now = time.perf_counter()
+        for line in new_lines:
+            data = parser.feed_line(line)
+            if data is not None:
+                acc.on_data(data, now)
+
     try:
         async with client.stream("POST", request.endpoint, json=build_payload(request)) as response:
             if response.status_code != 200:
                 body = (await response.aread()).decode("utf-8", "replace")
                 return acc.finish(time.perf_counter(), f"HTTP {response.status_code}: {body[:500]}")
-            async for line in response.aiter_lines():
-                data = parser.feed_line(line)
-                if data is not None:
-                    acc.on_data(data, time.perf_counter())
+            async for chunk in response.aiter_bytes():
+                consume(lines.feed(chunk))
+            consume(lines.flush())
             data = parser.flush()
             if data is not None:
                 acc.on_data(data, time.perf_counter())

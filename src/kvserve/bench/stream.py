@@ -18,7 +18,10 @@ chat server sends carries no token and would make TTFT look better than it is.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
+
+_SSE_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 @dataclass
@@ -51,6 +54,33 @@ class RequestFuncOutput:
     latency: float = 0.0
     start_time: float = 0.0
     end_time: float = 0.0
+
+
+class SSELineSplitter:
+    """Bytes to SSE lines, ending lines only at CR, LF or CRLF as the SSE spec says.
+
+    Generic text line splitting (``str.splitlines``, which ``httpx``'s ``aiter_lines`` follows)
+    also breaks at U+2028, U+2029 and U+0085, which a server may legally leave unescaped inside a
+    JSON string, cutting one event in two. Lines are decoded as UTF-8 once complete, so a
+    character split across network chunks is rejoined first.
+    """
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._after_cr = False
+
+    def feed(self, data: bytes) -> list[str]:
+        """The lines completed by ``data`` (without terminators)."""
+        if self._after_cr and data.startswith(b"\n"):
+            data = data[1:]  # the LF of a CRLF split across chunks
+        self._after_cr = data.endswith(b"\r")
+        *lines, self._buf = _SSE_LINE_END.split(self._buf + data)
+        return [line.decode("utf-8", "replace") for line in lines]
+
+    def flush(self) -> list[str]:
+        """The unterminated last line, if any."""
+        rest, self._buf = self._buf, b""
+        return [rest.decode("utf-8", "replace")] if rest else []
 
 
 class SSEParser:

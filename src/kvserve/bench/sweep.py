@@ -113,7 +113,7 @@ def print_sweep_table(runs: Sequence[ServeRun], points: Sequence[SweepPoint], co
     """One row per load level: throughput, TTFT/TPOT p50/p99 (ms), failures."""
     table = Table(title="kvserve bench sweep")
     for col in ("load", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "peak conc", "failed"):
-        table.add_column(col, justify="right", no_wrap=True)
+        table.add_column(col, justify="right")
     for run, point in zip(runs, points):
         m = run.metrics
         table.add_row(
