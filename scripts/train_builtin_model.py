@@ -45,8 +45,12 @@ CHAT_TEMPLATE = (
 
 # ---------------------------------------------------------------- corpus
 def fetch_corpus_deb(workdir: Path) -> Path:
-    """Download the pinned .deb into ``workdir``, verify SHA-256, unpack it; return the .rdb path."""
-    subprocess.run(["apt-get", "download", f"{DEB_NAME}={DEB_VERSION}"], cwd=workdir, check=True)
+    """Download the pinned .deb into ``workdir`` (running ``apt-get update`` first if apt cannot
+    find it), verify its SHA-256, unpack it; return the path of the .rdb file."""
+    download = ["apt-get", "download", f"{DEB_NAME}={DEB_VERSION}"]
+    if subprocess.run(download, cwd=workdir).returncode != 0:
+        subprocess.run(["apt-get", "update"], check=True)  # fresh machines have no package lists
+        subprocess.run(download, cwd=workdir, check=True)
     deb = next(workdir.glob(f"{DEB_NAME}_*.deb"))
     digest = sha256(deb.read_bytes()).hexdigest()
     if digest != DEB_SHA256:
@@ -221,8 +225,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("src/kvserve/builtin_model"))
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
-    p.add_argument("--max-minutes", type=float, default=32.0, help="stop training after this")
-    p.add_argument("--max-steps", type=int, default=1500)
+    p.add_argument("--max-minutes", type=float, default=40.0,
+                   help="safety stop; the default run needs ~20-35 min on one shared core")
+    p.add_argument("--max-steps", type=int, default=650)
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--intermediate", type=int, default=768)
@@ -230,7 +235,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--context", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=60)
     p.add_argument("--chat-share", type=float, default=0.12, help="share of chat-format rows")
