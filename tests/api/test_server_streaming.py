@@ -70,6 +70,7 @@ def test_chat_stream_n3_roles_finish_reasons_and_usage(server, tokenizer):
     for index in range(3):
         mine = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["index"] == index]
         assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert all(set(choice["delta"]) == {"content"} for choice in mine[1:])
         reasons = [choice["finish_reason"] for choice in mine]
         assert reasons[-1] == "length" and reasons.count("length") == 1
         text = "".join(choice["delta"]["content"] or "" for choice in mine)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 from kvserve.api.protocol import OpenAIBaseModel
 
@@ -113,8 +113,14 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
+    """A chat stream delta; fields that are None are left out, as OpenAI sends them."""
+
     role: str | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler):
+        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 class ChatCompletionStreamChoice(BaseModel):
