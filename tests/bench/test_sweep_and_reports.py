@@ -101,3 +101,22 @@ def test_throughput_command_with_stand_in_engine(tokenizer_dir, tmp_path, monkey
     assert 25 <= m["total_input_tokens"] <= 75 and m["elapsed_s"] > 0
     assert m["output_throughput"] == pytest.approx(m["total_output_tokens"] / m["elapsed_s"])
     assert doc["provenance"]["server"] is None and doc["provenance"]["command"] == ["kvserve", *argv]
+
+
+@pytest.mark.slow
+def test_throughput_with_the_real_engine(tiny_llama):
+    """``run_throughput`` through ``kvserve.engine.llm.LLM`` on a tiny random-weight Llama
+    (prefix caching off: see the bench report on the engine's block-hash assertion)."""
+    import numpy as np
+
+    from kvserve.bench.datasets import RandomDataset
+    from kvserve.bench.prompts import load_tokenizer
+    from kvserve.bench.throughput import run_throughput
+
+    samples = RandomDataset(12, 6, range_ratio=0.5).sample(load_tokenizer(str(tiny_llama)), 6,
+                                                           np.random.default_rng(0))
+    result = run_throughput(str(tiny_llama), samples, {"max_num_seqs": 4, "enable_prefix_caching": False},
+                            ignore_eos=True)
+    assert result.num_requests == 6
+    assert result.total_input_tokens == sum(s.prompt_len for s in samples)
+    assert result.total_output_tokens == result.expected_output_tokens == sum(s.expected_output_len for s in samples)

@@ -15,7 +15,6 @@ with the target model's tokenizer (without special tokens).
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from kvserve.bench.prompts import ExactLengthPrompter, encode
+from kvserve.bench.prompts import ExactLengthPrompter
 from kvserve.errors import InvalidRequestError
 
 

@@ -109,7 +109,8 @@ class JsonlDataset(BenchmarkDataset):
                                       "dataset_path")
         output_len = item.get("output_len", item.get("max_tokens", self.output_len))
         if not isinstance(output_len, int) or output_len < 1:
-            raise InvalidRequestError(f"{where}: output_len must be an integer >= 1, got {output_len!r}", "dataset_path")
+            raise InvalidRequestError(f"{where}: output_len must be an integer >= 1, got {output_len!r}",
+                                      "dataset_path")
         return item["prompt"], output_len
 
     def sample(self, tokenizer, num_requests, rng):
