@@ -71,6 +71,7 @@ def test_serve_random_writes_result_with_provenance(server, tokenizer_dir, git_r
     assert m["goodput"] == pytest.approx(6 / m["duration_s"])
     assert set(m["ttft_ms"]["percentiles"]) == {"50.0", "75.0"}
     assert doc["warmup_failed"] == 0 and len(doc["requests"]) == 6
+    assert doc["num_requests"] == doc["num_distinct_prompts"] == 6
     assert doc["config"]["request_rate"] == "inf"
 
 
@@ -99,7 +100,8 @@ def test_duration_and_rate(server, tokenizer_dir, monkeypatch, tmp_path):
                                "--result-file", str(result)])
     assert rc == 0
     doc = json.loads(result.read_text())
-    assert doc["metrics"]["completed"] > 3  # the 3 prompts were cycled
+    assert doc["metrics"]["completed"] > 3  # the 3 prompts were cycled, and the file says so
+    assert (doc["num_distinct_prompts"], doc["num_requests"]) == (3, doc["metrics"]["completed"])
     assert all(r["start_s"] < 0.4 + 0.2 for r in doc["requests"])
 
 

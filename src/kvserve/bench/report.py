@@ -49,6 +49,8 @@ def serve_run_to_dict(run: ServeRun, detailed: bool = True) -> dict[str, Any]:
         "num_warmups": run.config.num_warmups,
         "warmup_failed": run.warmup_failed,
         "warmup_first_error": run.warmup_first_error,
+        "num_requests": len(run.outputs),
+        "num_distinct_prompts": run.num_distinct_prompts,
         "metrics": metrics_to_dict(run.metrics),
     }
     if detailed:
@@ -131,5 +133,8 @@ def print_serve_table(run: ServeRun, console: Console | None = None) -> None:
     console.print(lat)
     if m.failed:
         console.print(f"[red]{m.failed} requests failed; first error: {m.first_error}[/red]")
+    if run.num_distinct_prompts < len(run.outputs):
+        console.print(f"[yellow]{len(run.outputs)} requests reused {run.num_distinct_prompts} distinct prompts; "
+                      "a prefix cache may have served the repeats (raise --num-prompts)[/yellow]")
     if run.warmup_failed:
         console.print(f"[yellow]{run.warmup_failed} warmup requests failed: {run.warmup_first_error}[/yellow]")

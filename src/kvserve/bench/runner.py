@@ -69,8 +69,10 @@ class ServeConfig:
 
 @dataclass(frozen=True)
 class ServeRun:
-    """A finished online run: its config, the server, the summary, every measured request, and
-    the warmups' outcomes (``warmup_failed`` of ``num_warmups`` failed, first reason given)."""
+    """A finished online run: its config, the server, the summary, every measured request, the
+    warmups' outcomes (``warmup_failed`` of ``num_warmups`` failed, first reason given), and
+    ``num_distinct_prompts``: fewer than ``len(outputs)`` when a ``duration_s`` run cycled the
+    workload, so that a prefix cache may have served repeats."""
 
     config: ServeConfig
     model: str
@@ -79,6 +81,7 @@ class ServeRun:
     outputs: list[RequestFuncOutput]
     warmup_failed: int
     warmup_first_error: str
+    num_distinct_prompts: int
 
 
 def fill_output_tokens(outputs: Sequence[RequestFuncOutput], tokenizer: Any) -> None:
@@ -200,4 +203,4 @@ async def run_serve(config: ServeConfig, samples: Sequence[SampleRequest], token
     metrics = calculate_metrics(outputs, duration, config.percentiles, config.goodput_slos_ms)
     warm_failed = [o for o in warm if not o.success]
     return ServeRun(config, model, server, metrics, outputs, len(warm_failed),
-                    warm_failed[0].error if warm_failed else "")
+                    warm_failed[0].error if warm_failed else "", min(len(outputs), len(samples)))
