@@ -57,6 +57,8 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # The same tables as plain ids, kept in step so get_block_ids is one list copy.
+        self.req_to_block_ids: dict[str, list[int]] = {}
         # Leading blocks of each request that are already registered in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
         self._queries = 0
@@ -80,7 +82,7 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table (a new list; empty for an unknown or blockless request)."""
-        return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
+        return list(self.req_to_block_ids.get(request_id, ()))
 
     def num_blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens."""
@@ -136,21 +138,27 @@ class KVCacheManager:
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_held = (len(req_blocks) if req_blocks else 0) + len(new_computed_blocks)
         num_new_blocks = max(0, self.num_blocks_needed(num_tokens) - num_held)
+        if num_new_blocks == 0 and req_blocks is not None:
+            return []  # the common decode step: the last block still has room
         # Hit blocks that are free now leave the free queue when touched: they are not available.
         num_free_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
         if num_new_blocks > self.num_free_blocks - num_free_hits:
             return None
         if req_blocks is None:
             req_blocks = self.req_to_blocks[request_id] = []
+            self.req_to_block_ids[request_id] = []
             self.num_cached_block[request_id] = len(new_computed_blocks)
             if self.enable_caching:
                 self._queries += request.num_tokens
                 self._hits += num_new_computed_tokens
+        block_ids = self.req_to_block_ids[request_id]
         if new_computed_blocks:
             self.block_pool.touch(new_computed_blocks)
             req_blocks.extend(new_computed_blocks)
+            block_ids.extend(block.block_id for block in new_computed_blocks)
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
         req_blocks.extend(new_blocks)
+        block_ids.extend(block.block_id for block in new_blocks)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -172,6 +180,7 @@ class KVCacheManager:
         """Return every block of the request to the pool, tail first (so the tail is evicted
         before the shared prefix). Unknown or blockless requests are ignored."""
         blocks = self.req_to_blocks.pop(request.request_id, None)
+        self.req_to_block_ids.pop(request.request_id, None)
         self.num_cached_block.pop(request.request_id, None)
         if blocks:
             self.block_pool.free_blocks(reversed(blocks))
@@ -187,3 +196,6 @@ class KVCacheManager:
             AssertionError: with a message naming the first inconsistency found.
         """
         check_kv_cache_integrity(self.block_pool, self.req_to_blocks)
+        for request_id, blocks in self.req_to_blocks.items():
+            assert self.req_to_block_ids[request_id] == [b.block_id for b in blocks], f"block ids of {request_id} out of step"
+        assert self.req_to_block_ids.keys() == self.req_to_blocks.keys(), "block-id tables out of step"
