@@ -133,3 +133,12 @@ def test_unseeded_rows_follow_the_sampler_generator(make_request, build):
 def test_empty_batch(make_request, build):
     output = Sampler()(torch.empty(0, V), build([], V))
     assert output.sampled_token_ids.shape == (0,) and output.logprobs == []
+
+
+def test_inverse_cdf_never_picks_zero_probability_tokens():
+    from kvserve.sample.sampler import _inverse_cdf_sample
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0]] * 4 + [[0.0, 0.0, 1.0, 0.0, 0.0, 0.0]])
+    below_one = 1.0 - 2.0**-53
+    uniforms = torch.tensor([0.0, 0.4999, 0.5, below_one, below_one], dtype=torch.float64)
+    assert _inverse_cdf_sample(probs, uniforms).tolist() == [1, 1, 3, 3, 2]

@@ -98,3 +98,25 @@ def test_draws_follow_processed_distribution(make_request, build, logits):
         assert torch.all(counts[row][expected == 0] == 0), case
         sigma = torch.sqrt(expected * (1 - expected) / draws)
         assert torch.all((counts[row] / draws - expected).abs() <= 5 * sigma + 1e-9), case
+
+
+def test_sort_free_top_p_equals_full_sort_and_falls_back_when_nucleus_is_wide():
+    from kvserve.sample import top_k_top_p
+
+    vocab_size = 5000
+    generator = torch.Generator().manual_seed(9)
+    peaked = torch.randn(4, vocab_size, generator=generator) * 6.0  # nucleus of a few tokens
+    top_p = torch.tensor([0.5, 0.9, 0.99, 1.0])
+    off = top_p >= 1.0
+    fast, slow = peaked.clone(), peaked.clone()
+    assert top_k_top_p._apply_top_p_from_candidates(fast, top_p, off, 256)
+    top_k_top_p._apply_top_p_sorted(slow, top_p, off)
+    assert torch.equal(fast.isinf(), slow.isinf())
+    assert not fast[3].isinf().any()  # top_p = 1 keeps everything
+    for row in range(3):
+        expected, _ = reference_probs(peaked[row].double().tolist(), top_p=float(top_p[row]))
+        assert {t for t in range(vocab_size) if expected[t] > 0} == set((~fast[row].isinf()).nonzero().flatten().tolist())
+    flat = torch.randn(2, vocab_size, generator=generator) * 0.1
+    untouched = flat.clone()
+    assert not top_k_top_p._apply_top_p_from_candidates(flat, torch.tensor([0.9, 0.9]), torch.tensor([False, False]), 256)
+    assert torch.equal(flat, untouched)

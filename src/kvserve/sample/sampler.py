@@ -7,13 +7,17 @@ Pipeline (each stage skipped when no row needs it)::
           └─► logit_bias ─► min_tokens mask ─► penalties ─┬─► argmax ─► greedy rows
                                                           │
                                                           └─► / temperature ─► top-k ─► top-p
-                                                              ─► min-p ─► softmax
-                                                              ─► argmax(p / q) ─► random rows
+                                                              ─► min-p ─► softmax ─► cumsum
+                                                              ─► searchsorted(u) ─► random rows
 
-Random rows draw with the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)`` i.i.d., which
-picks token ``i`` with probability ``p_i``; the Gumbel-max trick in another form, as vLLM does).
-A seeded row draws its ``V`` exponentials from its own generator, so its tokens do not depend on
-what else is in the batch; unseeded rows share one batched draw.
+Random rows draw by inverse transform sampling: token ``i`` is the first whose cumulative
+probability exceeds ``u * total`` for one uniform ``u`` in [0, 1) per row (what
+``torch.multinomial`` does). One number per row keeps seeds cheap: a seeded row takes its ``u``
+from its own generator, so its tokens do not depend on what else is in the batch; unseeded rows
+share one batched draw. On CPU this was ~6x cheaper than the exponential race
+(``argmax(p / q)``, ``q ~ Exp(1)``), which needs ``V`` random numbers per row (32 x 151,936
+float32: cumsum 43 ms against exponential_ + divide + argmax 271 ms, same run). CPU ``cumsum``
+accumulates float32 in double (measured error < 3e-8), so the CDF is exact to float32 rounding.
 """
 
 from __future__ import annotations
@@ -27,10 +31,6 @@ from kvserve.sample.logprobs import gather_logprobs
 from kvserve.sample.metadata import SamplingMetadata
 from kvserve.sample.penalties import apply_logit_bias, apply_min_tokens_mask, apply_penalties
 from kvserve.sample.top_k_top_p import apply_min_p, apply_top_k_top_p
-
-# Smallest normal float32: keeps p / q finite (p <= 1) when an exponential draw is exactly 0.
-_TINY = torch.finfo(torch.float32).tiny
-
 
 class SamplerOutput(NamedTuple):
     """Result of one sampling step.
@@ -72,13 +72,18 @@ class Sampler:
         # Logprobs come from the raw logits, so take them before any processing.
         rows = [i for i, k in enumerate(metadata.num_logprobs) if k is not None]
         index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-        raw_logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=1) if rows else None
+        raw_logprobs = None
+        if rows:
+            # Advanced indexing, not index_select: on CPU index_select of long rows measured
+            # ~18x slower (32 x 151,936 float32: 448 ms against 25 ms).
+            selected = logits if len(rows) == metadata.num_rows else logits[index]
+            raw_logprobs = torch.log_softmax(selected.float(), dim=1)
         processed = self._process_logits(logits, metadata)
         sampled = self._sample(processed, metadata)
         result: list[TokenLogprobs | None] = [None] * metadata.num_rows
         if raw_logprobs is not None:
             num_logprobs = [metadata.num_logprobs[i] for i in rows]
-            entries = gather_logprobs(raw_logprobs, sampled.index_select(0, index), num_logprobs)
+            entries = gather_logprobs(raw_logprobs, sampled[index], num_logprobs)
             for row, entry in zip(rows, entries):
                 result[row] = entry
         return SamplerOutput(sampled, result)
@@ -104,8 +109,7 @@ class Sampler:
             return logits.argmax(dim=1)
         greedy_ids = None if metadata.all_random else logits.argmax(dim=1)
         probs = self.processed_probs(logits, metadata)
-        exponentials = self._exponentials(probs, metadata)
-        sampled = probs.div_(exponentials).argmax(dim=1)
+        sampled = _inverse_cdf_sample(probs, self._uniforms(metadata, probs.device))
         if greedy_ids is not None:
             sampled = torch.where(metadata.greedy_mask, greedy_ids, sampled)
         return sampled
@@ -128,16 +132,37 @@ class Sampler:
             apply_min_p(logits, metadata.min_p)
         return logits.softmax(dim=1)
 
-    def _exponentials(self, probs: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        """i.i.d. Exp(1) noise ``[N, V]``: a batched draw for unseeded rows, and for each seeded
-        random row a fresh ``[V]`` draw from its own generator (same numbers whatever the batch)."""
-        num_rows, vocab_size = probs.shape
-        noise = torch.empty_like(probs)
+    def _uniforms(self, metadata: SamplingMetadata, device: torch.device) -> torch.Tensor:
+        """float64 ``[N]`` uniforms in [0, 1): one batched draw from the sampler's generator, then
+        each seeded random row overwritten by one draw from its own generator (so a seeded row
+        consumes exactly one number per step, whatever the batch)."""
+        num_rows = metadata.num_rows
         greedy = metadata.greedy_mask.tolist()
         seeded = [i for i, g in enumerate(metadata.generators) if g is not None and not greedy[i]]
-        if len(seeded) < num_rows:
-            noise.exponential_(generator=self.generator)
+        uniforms = torch.rand(num_rows, dtype=torch.float64, device=device, generator=self.generator)
         for row in seeded:
-            row_noise = torch.empty(vocab_size, dtype=probs.dtype, device=probs.device)
-            noise[row] = row_noise.exponential_(generator=metadata.generators[row])
-        return noise.clamp_min_(_TINY)
+            generator = metadata.generators[row]
+            uniforms[row] = torch.rand(1, dtype=torch.float64, device=device, generator=generator)[0]
+        return uniforms
+
+
+def _inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Token per row: the first index whose cumulative probability exceeds ``u * total``.
+
+    A zero-probability token never increases the CDF, so it is never the first index past the
+    target; the clamp to the last positive token only matters when rounding puts the target at
+    the total.
+
+    Args:
+        probs: float32 ``[N, V]``, non-negative rows.
+        uniforms: float64 ``[N]`` in [0, 1).
+
+    Returns:
+        int64 ``[N]`` token ids.
+    """
+    cdf = probs.cumsum(dim=1)
+    total = cdf[:, -1:].contiguous()
+    targets = (uniforms.unsqueeze(1) * total.double()).to(cdf.dtype)
+    chosen = torch.searchsorted(cdf, targets, right=True)
+    last_positive = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(chosen, last_positive).squeeze(1)

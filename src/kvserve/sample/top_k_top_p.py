@@ -10,6 +10,9 @@ from __future__ import annotations
 import torch
 
 _NEG_INF = float("-inf")
+# Candidates for the sort-free top-p path. A trained model's nucleus is usually far smaller; a
+# flat distribution (random weights) falls back to sorting the whole vocabulary.
+_TOP_P_CANDIDATES = 256
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> None:
@@ -26,21 +29,41 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
         top_k: int64 ``[N]`` (``V`` = off), or None.
         top_p: float32 ``[N]`` (1.0 = off), or None.
     """
-    if top_p is None:
-        if top_k is not None:
-            _apply_top_k_only(logits, top_k)
-        return
-    sorted_logits, sorted_ids = logits.sort(dim=1, descending=True)
     if top_k is not None:
-        positions = torch.arange(logits.shape[1], device=logits.device)
-        kth = sorted_logits.gather(1, (top_k - 1).unsqueeze(1))
-        # Position beyond k and strictly below the k-th logit (ties at the boundary survive).
-        drop = (positions.unsqueeze(0) >= top_k.unsqueeze(1)) & (sorted_logits < kth)
-        sorted_logits.masked_fill_(drop, _NEG_INF)
-    probs = sorted_logits.softmax(dim=1)
-    mass_before = probs.cumsum(dim=1) - probs
-    drop = mass_before >= top_p.unsqueeze(1)
+        _apply_top_k_only(logits, top_k)
+    if top_p is None:
+        return
+    off = top_p >= 1.0
+    if not _apply_top_p_from_candidates(logits, top_p, off, _TOP_P_CANDIDATES):
+        _apply_top_p_sorted(logits, top_p, off)
+
+
+def _top_p_drop(sorted_probs: torch.Tensor, top_p: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
+    """bool mask over most-likely-first probabilities: True where the mass before is >= top_p."""
+    drop = (sorted_probs.cumsum(dim=1) - sorted_probs) >= top_p.unsqueeze(1)
     drop[:, 0] = False
+    return drop & ~off.unsqueeze(1)
+
+
+def _apply_top_p_from_candidates(logits: torch.Tensor, top_p: torch.Tensor, off: torch.Tensor, k: int) -> bool:
+    """Top-p over the ``k`` most likely tokens only, exact when every active row drops its
+    k-th candidate (all later tokens have even more mass before them). Returns False, changing
+    nothing, when some nucleus may reach past the candidates."""
+    k = min(k, logits.shape[1])
+    probs = logits.softmax(dim=1)
+    top_probs, top_ids = probs.topk(k, dim=1)
+    drop = _top_p_drop(top_probs, top_p, off)
+    if k < logits.shape[1] and not bool((drop[:, -1] | off).all()):
+        return False
+    keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, top_ids, ~drop)
+    logits.masked_fill_(~(keep | off.unsqueeze(1)), _NEG_INF)
+    return True
+
+
+def _apply_top_p_sorted(logits: torch.Tensor, top_p: torch.Tensor, off: torch.Tensor) -> None:
+    """Top-p with a full sort of the vocabulary (wide nuclei: flat distributions)."""
+    sorted_logits, sorted_ids = logits.sort(dim=1, descending=True)
+    drop = _top_p_drop(sorted_logits.softmax(dim=1), top_p, off)
     sorted_logits.masked_fill_(drop, _NEG_INF)
     logits.scatter_(1, sorted_ids, sorted_logits)
 
