@@ -32,6 +32,7 @@ from kvserve.sample.metadata import SamplingMetadata
 from kvserve.sample.penalties import apply_logit_bias, apply_min_tokens_mask, apply_penalties
 from kvserve.sample.top_k_top_p import apply_min_p, apply_top_k_top_p
 
+
 class SamplerOutput(NamedTuple):
     """Result of one sampling step.
 
