@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from typing import NamedTuple
 
 from kvserve.kv_cache.manager import KVCacheManager
 from kvserve.outputs import ModelRunnerOutput, TokenLogprobs
@@ -104,31 +105,37 @@ def check_all(scheduler: Scheduler) -> None:
     assert len(scheduler.running) <= scheduler.scheduler_config.max_num_seqs
 
 
-def run_steps(scheduler, runner, arrivals=None, aborts=None, max_steps=10_000):
-    """Drive ``scheduler`` until idle. ``arrivals``/``aborts``: step -> requests / request ids.
+class RunResult(NamedTuple):
+    tokens: dict[str, list[int]]  # request id -> output token ids
+    reasons: dict[str, str]  # request id -> finish_reason (requests that finished on their own)
+    outputs: list[SchedulerOutput]  # every step's plan
+    prompt_logprob_ids: dict[str, list[int]]  # request id -> token ids of returned prompt logprobs
 
-    Returns:
-        (tokens per request id, finish_reason per request id, list of SchedulerOutput).
-    """
+
+def run_steps(scheduler, runner, arrivals=None, aborts=None, max_steps=10_000) -> RunResult:
+    """Drive ``scheduler`` until idle. ``arrivals``/``aborts``: step -> requests / request ids."""
     arrivals, aborts = arrivals or {}, aborts or {}
     tokens: dict[str, list[int]] = {}
     reasons: dict[str, str] = {}
+    prompt_logprob_ids: dict[str, list[int]] = {}
     outputs = []
     last_event = max([*arrivals, *aborts], default=0)
     for step in range(max_steps):
         for request in arrivals.get(step, ()):
             scheduler.add_request(request)
             tokens[request.request_id] = []
+            prompt_logprob_ids[request.request_id] = []
         if aborts.get(step):
             scheduler.finish_requests(aborts[step], RequestStatus.FINISHED_ABORTED)
             check_all(scheduler)
         if not scheduler.has_unfinished_requests() and step >= last_event:
-            return tokens, reasons, outputs
+            return RunResult(tokens, reasons, outputs, prompt_logprob_ids)
         scheduler_output = scheduler.schedule()
         outputs.append(scheduler_output)
         check_all(scheduler)
         for out in scheduler.update_from_output(scheduler_output, runner.execute(scheduler_output)):
             tokens[out.request_id].extend(out.new_token_ids)
+            prompt_logprob_ids[out.request_id].extend(lp.token_id for lp in out.prompt_logprobs or ())
             if out.finished:
                 reasons[out.request_id] = out.finish_reason
         check_all(scheduler)

@@ -9,6 +9,8 @@ from fake_model_runner import FakeModelRunner, reference_generate, run_steps
 
 from conftest import build_request, build_scheduler
 
+from kvserve.sampling_params import SamplingParams
+
 EOS = frozenset({0})
 SHARED = [list(range(100, 118)), list(range(200, 209))]
 
@@ -58,7 +60,7 @@ def test_outputs_equal_solo_reference(name):
     block_size = config["block_size"]
     scheduler = build_scheduler(**config)
     arrivals = workload()
-    tokens, reasons, _ = run_steps(scheduler, FakeModelRunner(block_size), arrivals)
+    tokens, reasons, _, _ = run_steps(scheduler, FakeModelRunner(block_size), arrivals)
     assert tokens == expected_tokens(arrivals)
     assert set(reasons.values()) <= {"stop", "length"} and len(reasons) == 9
     stats = scheduler.make_stats()
@@ -78,6 +80,7 @@ request_spec = st.tuples(
     st.integers(1, 10),  # max_tokens
     st.one_of(st.none(), st.integers(0, 14)),  # abort step
     st.integers(0, 2),  # priority
+    st.booleans(),  # prompt_logprobs
 )
 
 
@@ -99,27 +102,32 @@ def test_random_workloads_match_solo_runs(specs, block_size, extra_blocks, budge
         max_num_batched_tokens=budget, long_prefill_token_threshold=threshold, policy=policy,
     )
     arrivals, aborts, requests = {}, {}, []
-    for index, (arrival, prefix, suffix, max_tokens, abort, priority) in enumerate(specs):
+    for index, (arrival, prefix, suffix, max_tokens, abort, priority, prompt_logprobs) in enumerate(specs):
         prompt = ([] if prefix == 0 else SHARED[prefix - 1]) + suffix or [7]
+        params = SamplingParams(max_tokens=max_tokens, prompt_logprobs=0 if prompt_logprobs else None)
         request = build_request(
-            f"r{index}", prompt, max_tokens=max_tokens, eos_token_ids=EOS, priority=priority, arrival_time=float(index)
+            f"r{index}", prompt, max_tokens=max_tokens, eos_token_ids=EOS, priority=priority,
+            arrival_time=float(index), sampling_params=params,
         )
         requests.append(request)
         arrivals.setdefault(arrival, []).append(request)
         if abort is not None:
             aborts.setdefault(abort, []).append(request.request_id)
-    tokens, reasons, _ = run_steps(scheduler, FakeModelRunner(block_size), arrivals, aborts)
+    tokens, reasons, _, prompt_logprob_ids = run_steps(scheduler, FakeModelRunner(block_size), arrivals, aborts)
     for request in requests:
+        request_id = request.request_id
         expected = reference_generate(request.prompt_token_ids, request.max_tokens, EOS)
-        got = tokens[request.request_id]
-        if request.request_id in reasons:  # finished on its own
-            assert got == expected, request.request_id
+        expected_prompt = request.prompt_token_ids[1:] if request.sampling_params.prompt_logprobs is not None else []
+        got, got_prompt = tokens[request_id], prompt_logprob_ids[request_id]
+        if request_id in reasons:  # finished on its own
+            assert (got, got_prompt) == (expected, expected_prompt), request_id
         else:  # aborted: what it produced so far is still right
-            assert got == expected[: len(got)], request.request_id
+            assert got == expected[: len(got)] and got_prompt == expected_prompt[: len(got_prompt)], request_id
     stats = scheduler.make_stats()
     event(f"preempted: {stats.num_preemptions > 0}")
     event(f"prefix hits: {stats.prefix_cache_hits > 0}")
     event(f"aborted: {len(reasons) < len(requests)}")
+    event(f"prompt logprobs preempted: {any(r.num_preemptions and r.sampling_params.prompt_logprobs is not None for r in requests)}")
     kv = scheduler.kv_cache_manager
     assert not scheduler.has_unfinished_requests() and kv.req_to_blocks == {}
     assert kv.num_free_blocks == kv.block_pool.num_usable_blocks

@@ -54,7 +54,7 @@ def test_prefix_cache_hit_through_scheduler(make_scheduler, make_request):
     scheduler = make_scheduler(block_size=16, num_blocks=20)
     runner = FakeModelRunner(16)
     prompt = list(range(40))
-    tokens, _, _ = run_steps(scheduler, runner, {0: [make_request("a", prompt, max_tokens=4)]})
+    tokens, _, _, _ = run_steps(scheduler, runner, {0: [make_request("a", prompt, max_tokens=4)]})
     scheduler.add_request(make_request("b", prompt, max_tokens=4))
     first, outputs = step(scheduler, runner)
     assert plan_of(first) == {"b": 8} and first.scheduled[0].num_computed_tokens == 32
@@ -73,7 +73,7 @@ def test_preemption_then_resume(make_scheduler, make_request):
     runner = FakeModelRunner(4)
     a = make_request("a", range(8), max_tokens=8)
     b = make_request("b", range(20, 28), max_tokens=8, arrival_time=1.0)
-    tokens, reasons, outs = run_steps(scheduler, runner, {0: [a, b]})
+    tokens, reasons, outs, _ = run_steps(scheduler, runner, {0: [a, b]})
     assert scheduler.num_preemptions >= 1 and b.num_preemptions >= 1 and a.num_preemptions == 0
     assert any("b" in o.preempted_request_ids for o in outs)
     assert tokens["a"] == reference_generate(list(range(8)), 8)

@@ -30,6 +30,7 @@ from kvserve.outputs import EngineCoreOutput, ModelRunnerOutput
 from kvserve.request import Request, RequestStatus
 from kvserve.scheduler.admission import check_queue_capacity, validate_request
 from kvserve.scheduler.output import ScheduledRequest, SchedulerOutput
+from kvserve.scheduler.prompt_logprobs import PromptLogprobsTracker
 from kvserve.scheduler.request_queue import create_request_queue
 from kvserve.scheduler.stats import SchedulerStats
 from kvserve.scheduler.stop import check_stop
@@ -69,6 +70,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
+        self.prompt_logprobs_tracker = PromptLogprobsTracker()
         self._init_counters()
 
     def _init_counters(self) -> None:
@@ -256,7 +258,7 @@ class Scheduler:
             self.num_generated_tokens += 1
             finished = check_stop(request, self.scheduler_config.max_model_len)
         self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
-        prompt_logprobs = runner_output.prompt_logprobs.get(request_id)
+        prompt_logprobs = self.prompt_logprobs_tracker.filter(request, runner_output.prompt_logprobs.get(request_id))
         if finished:
             self.running.remove(request)
             self._release(request)
@@ -274,6 +276,7 @@ class Scheduler:
         )
 
     def _release(self, request: Request) -> None:
+        self.prompt_logprobs_tracker.forget(request.request_id)
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
