@@ -142,3 +142,21 @@ def test_logprobs_and_prompt_logprobs_pass_through(make_scheduler, make_request)
     token = second[0].new_token_ids[0]
     assert [lp.token_id for lp in second[0].prompt_logprobs] == [4, 5]
     assert second[0].new_logprobs[0].token_id == token
+
+
+def test_step_counters(make_scheduler, make_request):
+    scheduler = make_scheduler()
+    runner = FakeModelRunner(4)
+    scheduler.add_request(make_request("a", range(5), max_tokens=3))
+    scheduler.add_request(make_request("b", range(9), max_tokens=1))
+    stats = scheduler.make_stats()
+    assert (stats.num_waiting, stats.num_running, stats.num_steps) == (2, 0, 0)
+    step(scheduler, runner)
+    stats = scheduler.make_stats()
+    assert (stats.num_waiting, stats.num_running, stats.kv_cache_usage) == (0, 1, 2 / 63)
+    while scheduler.has_unfinished_requests():
+        step(scheduler, runner)
+    assert scheduler.schedule().is_empty
+    stats = scheduler.make_stats()
+    assert (stats.num_steps, stats.num_scheduled_tokens, stats.num_generated_tokens) == (3, 16, 4)
+    assert (stats.num_finished_requests, stats.num_preemptions, stats.kv_cache_usage) == (2, 0, 0.0)
