@@ -39,7 +39,8 @@ def build(args: argparse.Namespace) -> Scheduler:
 
 
 def fake_runner_output(scheduler_output, step: int) -> ModelRunnerOutput:
-    sampled = {s.request_id: (step * 31 + index) % 32000 for index, s in enumerate(scheduler_output.scheduled) if s.samples}
+    scheduled = scheduler_output.scheduled
+    sampled = {s.request_id: (step * 31 + index) % 32000 for index, s in enumerate(scheduled) if s.samples}
     return ModelRunnerOutput(sampled_token_ids=sampled)
 
 
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> None:
     print(f"{args.num_requests} running requests, {args.steps} decode steps, block_size {args.block_size}, "
           f"prefix caching {'off' if args.no_prefix_caching else 'on'}")
     for name, values in (("schedule()", schedule_us), ("update_from_output()", update_us), ("total", total_us)):
-        print(f"  {name:22s} median {statistics.median(values):8.1f} us/step   mean {statistics.fmean(values):8.1f} us/step")
+        median, mean = statistics.median(values), statistics.fmean(values)
+        print(f"  {name:22s} median {median:8.1f} us/step   mean {mean:8.1f} us/step")
 
 
 def main() -> None:

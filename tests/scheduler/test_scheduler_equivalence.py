@@ -32,7 +32,9 @@ def workload():
     ]
     arrivals = {}
     for index, (arrival, prompt, max_tokens) in enumerate(specs):
-        request = build_request(f"r{index}", prompt, max_tokens=max_tokens, eos_token_ids=EOS, arrival_time=float(index))
+        request = build_request(
+            f"r{index}", prompt, max_tokens=max_tokens, eos_token_ids=EOS, arrival_time=float(index)
+        )
         arrivals.setdefault(arrival, []).append(request)
     return arrivals
 
@@ -127,7 +129,8 @@ def test_random_workloads_match_solo_runs(specs, block_size, extra_blocks, budge
     event(f"preempted: {stats.num_preemptions > 0}")
     event(f"prefix hits: {stats.prefix_cache_hits > 0}")
     event(f"aborted: {len(reasons) < len(requests)}")
-    event(f"prompt logprobs preempted: {any(r.num_preemptions and r.sampling_params.prompt_logprobs is not None for r in requests)}")
+    logprob_preempted = any(r.num_preemptions and r.sampling_params.prompt_logprobs is not None for r in requests)
+    event(f"prompt logprobs preempted: {logprob_preempted}")
     kv = scheduler.kv_cache_manager
     assert not scheduler.has_unfinished_requests() and kv.req_to_blocks == {}
     assert kv.num_free_blocks == kv.block_pool.num_usable_blocks

@@ -27,7 +27,9 @@ class ScriptedRunner:
 def generate(make_scheduler, make_request, script, max_tokens=6, **params):
     scheduler = make_scheduler()
     sampling_params = SamplingParams(max_tokens=max_tokens, **params)
-    request = make_request("r", range(5), max_tokens=max_tokens, sampling_params=sampling_params, eos_token_ids=frozenset({EOS}))
+    request = make_request(
+        "r", range(5), max_tokens=max_tokens, sampling_params=sampling_params, eos_token_ids=frozenset({EOS})
+    )
     scheduler.add_request(request)
     runner = ScriptedRunner(script)
     outputs = []

@@ -134,7 +134,7 @@ class KVCacheManager:
         assert num_new_tokens >= 1, f"num_new_tokens must be >= 1, got {num_new_tokens}"
         request_id = request.request_id
         req_blocks = self.req_to_blocks.get(request_id)
-        assert not (req_blocks and new_computed_blocks), f"{request_id} already holds blocks; a hit is only for new requests"
+        assert not (req_blocks and new_computed_blocks), f"{request_id} holds blocks; a hit is only for new requests"
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_held = (len(req_blocks) if req_blocks else 0) + len(new_computed_blocks)
         num_new_blocks = max(0, self.num_blocks_needed(num_tokens) - num_held)
@@ -197,5 +197,6 @@ class KVCacheManager:
         """
         check_kv_cache_integrity(self.block_pool, self.req_to_blocks)
         for request_id, blocks in self.req_to_blocks.items():
-            assert self.req_to_block_ids[request_id] == [b.block_id for b in blocks], f"block ids of {request_id} out of step"
+            block_ids = [block.block_id for block in blocks]
+            assert self.req_to_block_ids[request_id] == block_ids, f"block ids of {request_id} out of step"
         assert self.req_to_block_ids.keys() == self.req_to_blocks.keys(), "block-id tables out of step"
