@@ -142,3 +142,14 @@ def test_inverse_cdf_never_picks_zero_probability_tokens():
     below_one = 1.0 - 2.0**-53
     uniforms = torch.tensor([0.0, 0.4999, 0.5, below_one, below_one], dtype=torch.float64)
     assert _inverse_cdf_sample(probs, uniforms).tolist() == [1, 1, 3, 3, 2]
+
+
+def test_greedy_batch_runs_only_argmax(make_request, build):
+    """All-greedy without logprobs: no softmax, no copy of the logits (structure, not timing)."""
+    logits = random_logits(4, 11)
+    metadata = build([make_request(temperature=0.0) for _ in range(4)], V)
+    with torch.profiler.profile() as profile:
+        Sampler()(logits, metadata)
+    ops = {event.key for event in profile.key_averages()}
+    assert "aten::argmax" in ops
+    assert not ops & {"aten::_softmax", "aten::_log_softmax", "aten::copy_", "aten::clone", "aten::sort"}
