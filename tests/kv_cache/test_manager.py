@@ -68,6 +68,7 @@ def test_cache_salt_isolates():
     assert manager.get_computed_blocks(make_request("b", range(12))).num_computed_tokens == 0
     assert manager.get_computed_blocks(make_request("c", range(12), cache_salt="y")).num_computed_tokens == 0
     assert manager.get_computed_blocks(make_request("d", range(12), cache_salt="x")).num_computed_tokens == 8
+    manager.check_integrity()
 
 
 def test_generated_tokens_are_cached_and_prompt_logprobs_skip_cache():
@@ -84,6 +85,8 @@ def test_generated_tokens_are_cached_and_prompt_logprobs_skip_cache():
     assert manager.get_computed_blocks(b).num_computed_tokens == 8
     logprob_request = make_request("c", b.prompt_token_ids, sampling_params=SamplingParams(prompt_logprobs=1))
     assert manager.get_computed_blocks(logprob_request).num_computed_tokens == 0
+    manager.free(a)
+    manager.check_integrity()
 
 
 def test_allocate_failure_changes_nothing_and_counts_free_hits():
