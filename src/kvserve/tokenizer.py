@@ -67,16 +67,17 @@ def load_tokenizer(model_dir: str | Path, chat_template: str | None = None) -> A
 def _auto_tokenizer(folder: Path) -> Any:
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    declared = _declared_class(folder)
+    has_json = (folder / "tokenizer.json").is_file()
+    if has_json and declared in _GENERIC_CLASSES:
+        # What AutoTokenizer loads for these, minus its model_type substitution.
+        return PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
     # mistral_format=False: a tekken.json beside tokenizer.json must not switch AutoTokenizer
     # to the mistral_common backend, which has a different API.
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, mistral_format=False)
-    declared = _declared_class(folder)
     loaded = type(tokenizer).__name__
-    if declared is not None and (folder / "tokenizer.json").is_file():
-        if declared.removesuffix("Fast") != loaded.removesuffix("Fast") and not (
-            declared in _GENERIC_CLASSES and loaded in _GENERIC_CLASSES
-        ):
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
+    if has_json and declared is not None and declared.removesuffix("Fast") != loaded.removesuffix("Fast"):
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
     return tokenizer
 
 

@@ -7,7 +7,6 @@ import shutil
 import pytest
 
 from kvserve.errors import InvalidRequestError
-from kvserve.testing.tokenizer_kinds import sentencepiece_model_path, tekken_json_path
 from kvserve.tokenizer import apply_chat_template, load_tokenizer, render_chat_template
 
 CONVERSATION = [
@@ -16,8 +15,8 @@ CONVERSATION = [
 ]
 
 
-def test_chatml_renders_exact_string_and_ids(tiny_qwen2):
-    tokenizer = load_tokenizer(tiny_qwen2)
+def test_chatml_renders_exact_string_and_ids(tiny_qwen2, loaded_tokenizer):
+    tokenizer = loaded_tokenizer(tiny_qwen2)
     text = render_chat_template(tokenizer, CONVERSATION)
     assert text == (
         "<|im_start|>system\nBe brief.<|im_end|>\n"
@@ -32,8 +31,8 @@ def test_chatml_renders_exact_string_and_ids(tiny_qwen2):
     assert ids[-len(suffix):] == suffix
 
 
-def test_chatml_without_generation_prompt_and_with_continuation(tiny_llama):
-    tokenizer = load_tokenizer(tiny_llama)
+def test_chatml_without_generation_prompt_and_with_continuation(tiny_llama, loaded_tokenizer):
+    tokenizer = loaded_tokenizer(tiny_llama)
     no_prompt = render_chat_template(tokenizer, CONVERSATION, add_generation_prompt=False)
     assert no_prompt.endswith("Hi 你好 😀<|im_end|>\n")
     partial = CONVERSATION + [{"role": "assistant", "content": "Hel"}]
@@ -43,8 +42,8 @@ def test_chatml_without_generation_prompt_and_with_continuation(tiny_llama):
     assert continued == no_prompt + "<|im_start|>assistant\nHel"
 
 
-def test_tools_are_passed_to_the_template(tiny_llama):
-    tokenizer = load_tokenizer(tiny_llama)
+def test_tools_are_passed_to_the_template(tiny_llama, loaded_tokenizer):
+    tokenizer = loaded_tokenizer(tiny_llama)
     tools = [{"type": "function", "function": {"name": "now", "parameters": {}}}]
     text = render_chat_template(tokenizer, CONVERSATION[1:], tools=tools)
     assert text.startswith(
@@ -53,8 +52,8 @@ def test_tools_are_passed_to_the_template(tiny_llama):
     )
 
 
-def test_chat_template_argument_and_kwargs_override_the_tokenizers(tiny_llama):
-    tokenizer = load_tokenizer(tiny_llama)
+def test_chat_template_argument_and_kwargs_override_the_tokenizers(tiny_llama, loaded_tokenizer):
+    tokenizer = loaded_tokenizer(tiny_llama)
     template = "{% for m in messages %}{{ m['role'] }}={{ m['content'] }};{% endfor %}{{ extra }}"
     text = render_chat_template(
         tokenizer, CONVERSATION, chat_template=template, chat_template_kwargs={"extra": "!"}
@@ -63,32 +62,33 @@ def test_chat_template_argument_and_kwargs_override_the_tokenizers(tiny_llama):
 
 
 @pytest.mark.parametrize(
-    ("fixture", "path"),
-    [("tiny_llama_sentencepiece", sentencepiece_model_path), ("tiny_mistral_tekken", tekken_json_path)],
+    ("fixture", "kind"),
+    [("tiny_llama_sentencepiece", "sentencepiece"), ("tiny_mistral_tekken", "tekken")],
 )
-def test_mistral_template_ids_equal_mistral_common(request, fixture, path):
+def test_mistral_template_ids_equal_mistral_common(
+    request, loaded_tokenizer, mistral_common_tokenizer, fixture, kind
+):
     from mistral_common.protocol.instruct.messages import AssistantMessage, UserMessage
     from mistral_common.protocol.instruct.request import ChatCompletionRequest
-    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
     turns = ["Hi 你好 😀", "Héllo there", "Again  now"]
     messages = [
         {"role": role, "content": content}
         for role, content in zip(["user", "assistant", "user"], turns)
     ]
-    reference = MistralTokenizer.from_file(str(path())).encode_chat_completion(
+    reference = mistral_common_tokenizer(kind).encode_chat_completion(
         ChatCompletionRequest(
             messages=[UserMessage(content=turns[0]), AssistantMessage(content=turns[1]), UserMessage(content=turns[2])]
         )
     )
-    tokenizer = load_tokenizer(request.getfixturevalue(fixture))
+    tokenizer = loaded_tokenizer(request.getfixturevalue(fixture))
     text = render_chat_template(tokenizer, messages)
     assert text == "<s>[INST]Hi 你好 😀[/INST]Héllo there</s>[INST]Again  now[/INST]"
     assert apply_chat_template(tokenizer, messages) == reference.tokens  # one BOS, not two
 
 
-def test_template_error_is_invalid_request_quoting_the_template(tiny_llama):
-    tokenizer = load_tokenizer(tiny_llama)
+def test_template_error_is_invalid_request_quoting_the_template(tiny_llama, loaded_tokenizer):
+    tokenizer = loaded_tokenizer(tiny_llama)
     with pytest.raises(InvalidRequestError) as info:
         apply_chat_template(tokenizer, [{"role": "robot", "content": "beep"}])
     assert info.value.message == (
@@ -97,21 +97,21 @@ def test_template_error_is_invalid_request_quoting_the_template(tiny_llama):
     assert info.value.param == "messages"
 
 
-def test_template_that_does_not_parse_names_chat_template(tiny_llama):
-    tokenizer = load_tokenizer(tiny_llama)
+def test_template_that_does_not_parse_names_chat_template(tiny_llama, loaded_tokenizer):
+    tokenizer = loaded_tokenizer(tiny_llama)
     with pytest.raises(InvalidRequestError) as info:
         render_chat_template(tokenizer, CONVERSATION, chat_template="{% if %}")
     assert info.value.param == "chat_template"
     assert info.value.message.startswith("chat template does not parse: ")
 
 
-def test_template_type_error_is_invalid_request(tiny_llama):
-    tokenizer = load_tokenizer(tiny_llama)
+def test_template_type_error_is_invalid_request(tiny_llama, loaded_tokenizer):
+    tokenizer = loaded_tokenizer(tiny_llama)
     with pytest.raises(InvalidRequestError, match="^chat template error: "):
         render_chat_template(tokenizer, [{"role": "user", "content": None}])
 
 
-def test_missing_template_and_conflicting_flags(tiny_llama, tmp_path):
+def test_missing_template_and_conflicting_flags(tiny_llama, tmp_path, loaded_tokenizer):
     shutil.copytree(tiny_llama, tmp_path / "m")
     (tmp_path / "m" / "chat_template.jinja").unlink()
     bare = load_tokenizer(tmp_path / "m")
@@ -119,14 +119,14 @@ def test_missing_template_and_conflicting_flags(tiny_llama, tmp_path):
         render_chat_template(bare, CONVERSATION)
     assert info.value.param == "messages"
     assert render_chat_template(bare, CONVERSATION, chat_template="{{ messages[0]['content'] }}") == "Be brief."
-    tokenizer = load_tokenizer(tiny_llama)
+    tokenizer = loaded_tokenizer(tiny_llama)
     with pytest.raises(InvalidRequestError, match="cannot be combined") as info:
         render_chat_template(tokenizer, CONVERSATION, continue_final_message=True)
     assert info.value.param == "continue_final_message"
 
 
-def test_sandbox_blocks_attribute_access(tiny_llama):
-    tokenizer = load_tokenizer(tiny_llama)
+def test_sandbox_blocks_attribute_access(tiny_llama, loaded_tokenizer):
+    tokenizer = loaded_tokenizer(tiny_llama)
     template = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
     with pytest.raises(InvalidRequestError, match="^chat template error: "):
         render_chat_template(tokenizer, CONVERSATION, chat_template=template)

@@ -29,29 +29,34 @@ def test_unreadable_tokenizer_json_raises_checkpoint_error(tmp_path):
         load_tokenizer(tmp_path)
 
 
-def test_sentencepiece_model_alone_is_converted(tmp_path, tiny_llama_sentencepiece):
+def test_sentencepiece_model_alone_is_converted(tmp_path, tiny_llama_sentencepiece, loaded_tokenizer):
     shutil.copyfile(sentencepiece_model_path(), tmp_path / "tokenizer.model")
     tokenizer = load_tokenizer(tmp_path)
-    reference = load_tokenizer(tiny_llama_sentencepiece)
+    reference = loaded_tokenizer(tiny_llama_sentencepiece)
     assert len(tokenizer) == 32768
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
     assert ids == reference.encode(TEXT, add_special_tokens=False)
     assert tokenizer.decode(ids) == TEXT
 
 
-def test_tekken_json_alone_is_converted_and_ignored_beside_tokenizer_json(tmp_path, tiny_mistral_tekken):
-    shutil.copyfile(tekken_json_path(), tmp_path / "tekken.json")
-    alone = load_tokenizer(tmp_path)
+def test_tekken_json_beside_tokenizer_json_is_ignored(tmp_path, tiny_mistral_tekken, loaded_tokenizer):
     shutil.copytree(tiny_mistral_tekken, tmp_path / "both")
     shutil.copyfile(tekken_json_path(), tmp_path / "both" / "tekken.json")
     both = load_tokenizer(tmp_path / "both")
     # Not mistral_common's MistralCommonBackend, which AutoTokenizer picks for a tekken.json.
     assert type(both).__name__ == "TokenizersBackend"
-    reference = load_tokenizer(tiny_mistral_tekken)
-    expected = reference.encode(TEXT, add_special_tokens=False)
-    assert alone.encode(TEXT, add_special_tokens=False) == expected
-    assert both.encode(TEXT, add_special_tokens=False) == expected
+    reference = loaded_tokenizer(tiny_mistral_tekken)
+    assert both.encode(TEXT, add_special_tokens=False) == reference.encode(TEXT, add_special_tokens=False)
     assert both.chat_template == MISTRAL_TEMPLATE
+
+
+@pytest.mark.slow
+def test_tekken_json_alone_is_converted(tmp_path, tiny_mistral_tekken, loaded_tokenizer):
+    shutil.copyfile(tekken_json_path(), tmp_path / "tekken.json")
+    alone = load_tokenizer(tmp_path)
+    reference = loaded_tokenizer(tiny_mistral_tekken)
+    assert alone.encode(TEXT, add_special_tokens=False) == reference.encode(TEXT, add_special_tokens=False)
+    assert len(alone) == 131072
 
 
 def test_chat_template_override_from_string_or_file(tiny_llama, tmp_path):
@@ -67,13 +72,13 @@ def test_chat_template_override_from_string_or_file(tiny_llama, tmp_path):
 @pytest.mark.parametrize(
     ("kind", "expected"), [("bpe", {1, 3}), ("sentencepiece", {2}), ("tekken", {2})]
 )
-def test_eos_token_ids_of_built_checkpoints(checkpoint_factory, kind, expected):
+def test_eos_token_ids_of_built_checkpoints(checkpoint_factory, loaded_tokenizer, kind, expected):
     folder = checkpoint_factory("MistralForCausalLM", tokenizer_kind=kind)
-    assert eos_token_ids(folder, load_tokenizer(folder)) == frozenset(expected)
+    assert eos_token_ids(folder, loaded_tokenizer(folder)) == frozenset(expected)
 
 
-def test_eos_token_ids_union_of_all_sources(tmp_path, tiny_llama):
-    tokenizer = load_tokenizer(tiny_llama)  # eos 1
+def test_eos_token_ids_union_of_all_sources(tmp_path, tiny_llama, loaded_tokenizer):
+    tokenizer = loaded_tokenizer(tiny_llama)  # eos 1
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"eos_token_id": [7, 8]}}))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 9}))
     assert eos_token_ids(tmp_path, tokenizer) == frozenset({1, 7, 8, 9})
