@@ -9,9 +9,15 @@ each call decodes a short window that starts a few tokens back::
               ^ prefix      ^ read    ^ end
     prefix_text = decode(ids[prefix:read])     (already emitted)
     new_text    = decode(ids[prefix:end])
-    delta       = new_text[len(prefix_text):]  (held back while new_text ends in U+FFFD)
+    delta       = new_text[len(prefix_text):]
 
-Only the window is kept, so one call costs O(window), not O(all tokens).
+Text is final, and emitted, only up to the last complete character: while the window's text ends
+in U+FFFD the tokens are held, and when several tokens arrive at once (speculative decoding, an
+emoji spread over many byte tokens) the longest final part is emitted and the rest held. A run of
+SentencePiece byte-fallback tokens (``<0xE4><0xBD><0xA0>``) is held until it ends, because the
+decoder turns a whole invalid run into U+FFFD, changing earlier bytes' text. Emitted tokens
+become the next window's context. Only the window is kept, so a call costs O(window), not
+O(all tokens); the window is a few tokens plus the longest incomplete stretch.
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ class IncrementalDetokenizer:
     ``tokenizer.decode(output_ids, skip_special_tokens=...)``; after a prompt, the output is
     decoded in the prompt's context, so a SentencePiece output keeps its first token's leading
     space (``" Paris"``, as vLLM and OpenAI return completions). No delta ends in a broken UTF-8
-    character: text is held back while the decoded window ends in U+FFFD (up to 16 tokens).
+    character (see the module docstring); after 16 held tokens the text is released anyway, which
+    only happens for invalid UTF-8 or a U+FFFD the model really wrote.
 
     Args:
         tokenizer: a Hugging Face tokenizer (``decode``, ``added_tokens_decoder``).
