@@ -1,4 +1,4 @@
-"""A scripted :class:`EngineClient` for testing the HTTP layer alone, and a loopback server.
+"""A scripted :class:`EngineClient` for testing the HTTP layer alone.
 
 ``ScriptedEngine`` follows the engine contract (delta ``RequestOutput`` objects, errors before
 the first yield, ``abort``) but "generates" a fixed script instead of running a model: choice
@@ -14,13 +14,8 @@ values independently:
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator
 
-from kvserve.api.run import make_server
-from kvserve.api.settings import ServerSettings
 from kvserve.engine.async_llm import EngineClient
 from kvserve.errors import InvalidRequestError, RequestRejectedError
 from kvserve.outputs import CompletionOutput, RequestOutput, TokenLogprobs
@@ -120,39 +115,3 @@ class ScriptedEngine(EngineClient):
             yield RequestOutput(request_id, prompt, list(prompt_ids), prompt_lps if step == 0 else None,
                                 outputs, finished=step + 1 == max(len(c) for c in choices),
                                 num_cached_tokens=3 if step == 0 else 0)
-
-
-class LoopbackServer:
-    """The real app under uvicorn on 127.0.0.1 in a background thread."""
-
-    def __init__(self, engine: EngineClient, settings: ServerSettings | None = None):
-        port = _free_port()
-        settings = settings or ServerSettings()
-        settings = ServerSettings(**{**settings.__dict__, "host": "127.0.0.1", "port": port,
-                                     "log_level": "warning"})
-        self.engine = engine
-        self.server = make_server(engine, settings)
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def state(self):
-        return self.server.config.app.state.serving
-
-    def __enter__(self) -> LoopbackServer:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvserve.testing.tokenizer_kinds import build_tokenizer
-from scripted_engine import LoopbackServer, ScriptedEngine
+from loopback import LoopbackServer
+from scripted_engine import ScriptedEngine
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
                     st.integers(-3, 40), st.floats(allow_nan=False, allow_infinity=False),

@@ -165,13 +165,28 @@ def test_stop_string_ending_mid_token(server):
 
 
 def test_cjk_emoji_stream_byte_identical(server):
+    """Streamed text = non-streamed text = the generated tokens' bytes decoded once: the
+    incremental detokenizer never splits a character (a U+FFFD may only come from byte
+    sequences that are invalid as a whole, which a random-weight model can emit)."""
     prompt = "你好，世界！🙂 Café 東京 🚀"
     kwargs = dict(model=server.model, prompt=prompt, max_tokens=24, temperature=0, echo=True,
                   extra_body={"ignore_eos": True})
     full = server.client.completions.create(**kwargs).choices[0].text
     streamed = "".join(c.choices[0].text for c in server.client.completions.create(stream=True, **kwargs))
-    assert streamed.encode("utf-8") == full.encode("utf-8")
-    assert full.startswith(prompt) and "\ufffd" not in full
+    assert streamed.encode("utf-8") == full.encode("utf-8") and full.startswith(prompt)
+
+    chat = dict(model=server.model, messages=[{"role": "user", "content": prompt}], max_tokens=24,
+                temperature=0, logprobs=True, extra_body={"ignore_eos": True, "skip_special_tokens": True})
+    result = server.client.chat.completions.create(**chat).choices[0]
+    special = set(server.tokenizer.all_special_tokens)
+    raw = b"".join(bytes(t.bytes) for t in result.logprobs.content if t.token not in special)
+    reference = raw.decode("utf-8", errors="replace")
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       server.client.chat.completions.create(stream=True, **chat) if c.choices)
+    assert streamed == result.message.content == reference
+    if "\ufffd" in streamed:
+        with pytest.raises(UnicodeDecodeError):
+            raw.decode("utf-8")
 
 
 def test_n3_stream_one_finish_reason_per_index(server):

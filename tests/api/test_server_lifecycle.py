@@ -11,7 +11,8 @@ import pytest
 
 from kvserve.api.settings import ServerSettings
 from kvserve.testing.tokenizer_kinds import build_tokenizer
-from scripted_engine import LoopbackServer, ScriptedEngine
+from loopback import LoopbackServer
+from scripted_engine import ScriptedEngine
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ import openai
 import pytest
 
 from kvserve.testing.tokenizer_kinds import build_tokenizer
-from scripted_engine import LoopbackServer, ScriptedEngine, generated_logprobs
+from loopback import LoopbackServer
+from scripted_engine import ScriptedEngine, generated_logprobs
 
 
 @pytest.fixture(scope="module")
