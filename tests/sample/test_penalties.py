@@ -99,3 +99,19 @@ def test_penalties_change_greedy_choice(make_request, build):
     request = make_request(output=[4, 4, 4], frequency_penalty=1.0, presence_penalty=0.5, temperature=0.0)
     sampled = Sampler()(torch.tensor(LOGITS[1:2]), build([request], V)).sampled_token_ids
     assert sampled.tolist() == [2]
+
+
+def test_only_penalized_rows_change_and_statistics_cover_only_them(make_request, build):
+    requests = [
+        make_request(temperature=0.0),
+        make_request(output=[3, 3], frequency_penalty=1.0, temperature=0.0),
+        make_request(output=[0], temperature=0.0),
+    ]
+    metadata = build(requests, V)
+    assert metadata.penalty_rows.tolist() == [1]
+    assert metadata.output_token_counts.shape == (1, V)
+    processed = Sampler._process_logits(torch.tensor(LOGITS), metadata)
+    original = torch.tensor(LOGITS)
+    assert torch.equal(processed[0], original[0]) and torch.equal(processed[2], original[2])
+    expected = reference_penalties(LOGITS[1], [1, 2, 3], [3, 3], 1.0, 0.0, 1.0)
+    assert torch.allclose(processed[1], torch.tensor(expected), atol=1e-6, rtol=0)

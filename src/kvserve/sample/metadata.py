@@ -47,10 +47,12 @@ class SamplingMetadata:
         min_tokens_mask: ``SparseLogitUpdate`` of (row, token) pairs to set to ``-inf`` because
             the request has fewer than ``min_tokens`` output tokens, or ``None``.
         no_penalties: no row has a presence, frequency or repetition penalty.
-        presence_penalties, frequency_penalties, repetition_penalties: float32 ``[N]``.
-        prompt_token_mask: bool ``[N, V]``, token occurs in the row's prompt (None if
+        penalty_rows: int64 ``[P]``, the rows that have a penalty (the next four tensors hold
+            only these rows, so unpenalized rows cost no ``[V]`` statistics).
+        presence_penalties, frequency_penalties, repetition_penalties: float32 ``[P]``.
+        prompt_token_mask: bool ``[P, V]``, token occurs in the row's prompt (None if
             ``no_penalties``).
-        output_token_counts: int32 ``[N, V]``, occurrences in the row's output (None if
+        output_token_counts: int32 ``[P, V]``, occurrences in the row's output (None if
             ``no_penalties``).
         num_logprobs: per row, how many top alternatives to return, or None (no logprobs).
         max_num_logprobs: the largest ``num_logprobs`` entry, or None when no row asks.
@@ -67,6 +69,7 @@ class SamplingMetadata:
     logit_bias: SparseLogitUpdate | None
     min_tokens_mask: SparseLogitUpdate | None
     no_penalties: bool
+    penalty_rows: torch.Tensor
     presence_penalties: torch.Tensor
     frequency_penalties: torch.Tensor
     repetition_penalties: torch.Tensor
@@ -110,13 +113,13 @@ class SamplingMetadata:
         greedy = [p.is_greedy for p in params]
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         any_top_k = any(k < vocab_size for k in top_k)
-        presence = [p.presence_penalty for p in params]
-        frequency = [p.frequency_penalty for p in params]
-        repetition = [p.repetition_penalty for p in params]
-        no_penalties = all(a == 0 and b == 0 and c == 1 for a, b, c in zip(presence, frequency, repetition))
+        penalized = [
+            i for i, p in enumerate(params)
+            if p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1
+        ]
         prompt_mask, output_counts = (None, None)
-        if not no_penalties:
-            prompt_mask, output_counts = _token_statistics(requests, vocab_size, device)
+        if penalized:
+            prompt_mask, output_counts = _token_statistics([requests[i] for i in penalized], vocab_size, device)
         num_logprobs = [p.logprobs for p in params]
         wanted = [k for k in num_logprobs if k is not None]
         return cls(
@@ -130,10 +133,11 @@ class SamplingMetadata:
             generators=list(generators),
             logit_bias=_logit_bias(requests, vocab_size, device),
             min_tokens_mask=_min_tokens_mask(requests, vocab_size, device),
-            no_penalties=no_penalties,
-            presence_penalties=floats(presence),
-            frequency_penalties=floats(frequency),
-            repetition_penalties=floats(repetition),
+            no_penalties=not penalized,
+            penalty_rows=torch.tensor(penalized, dtype=torch.int64, device=device),
+            presence_penalties=floats([params[i].presence_penalty for i in penalized]),
+            frequency_penalties=floats([params[i].frequency_penalty for i in penalized]),
+            repetition_penalties=floats([params[i].repetition_penalty for i in penalized]),
             prompt_token_mask=prompt_mask,
             output_token_counts=output_counts,
             num_logprobs=num_logprobs,

@@ -42,14 +42,17 @@ def apply_penalties(logits: torch.Tensor, metadata: SamplingMetadata) -> None:
 
     Args:
         logits: float32 ``[N, V]``, modified in place.
-        metadata: must have ``no_penalties == False`` (the count tensors are then built).
+        metadata: must have ``no_penalties == False``; only ``metadata.penalty_rows`` change.
     """
     assert metadata.prompt_token_mask is not None and metadata.output_token_counts is not None
+    rows = metadata.penalty_rows
+    # Advanced indexing copies the P penalized rows out and back (CPU index_select is slow).
+    selected = logits[rows]
     counts = metadata.output_token_counts
     seen = metadata.prompt_token_mask | (counts > 0)
     penalty = metadata.repetition_penalties.unsqueeze(1)
-    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
     # Rows with r == 1 go through the same arithmetic: x / 1 and x * 1 are exact.
-    logits.copy_(torch.where(seen, penalized, logits))
-    logits -= metadata.frequency_penalties.unsqueeze(1) * counts
-    logits -= metadata.presence_penalties.unsqueeze(1) * (counts > 0)
+    selected = torch.where(seen, torch.where(selected > 0, selected / penalty, selected * penalty), selected)
+    selected -= metadata.frequency_penalties.unsqueeze(1) * counts
+    selected -= metadata.presence_penalties.unsqueeze(1) * (counts > 0)
+    logits[rows] = selected
