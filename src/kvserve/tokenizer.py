@@ -27,10 +27,12 @@ def load_tokenizer(model_dir: str | Path, chat_template: str | None = None) -> A
 
     Reads ``tokenizer.json`` (with ``tokenizer_config.json`` and ``chat_template.jinja``), or a
     SentencePiece ``tokenizer.model``, through ``AutoTokenizer``; a folder with only a Mistral
-    ``tekken.json`` is converted with transformers' Tekken converter. When ``AutoTokenizer``
-    substitutes a class other than the one ``tokenizer_config.json`` declares (transformers 5
-    forces ``Qwen2Tokenizer`` for ``model_type`` qwen2 and rebuilds its pre-tokenizer), the
-    folder's ``tokenizer.json`` is loaded as written instead, so token ids are the file's.
+    ``tekken.json`` is converted with transformers' Tekken converter. A ``tokenizer.json``
+    whose ``tokenizer_config.json`` declares the generic class (``TokenizersBackend`` /
+    ``PreTrainedTokenizerFast``) is loaded as written; when ``AutoTokenizer`` substitutes a class
+    other than the declared one (transformers 5 forces ``Qwen2Tokenizer`` for ``model_type``
+    qwen2 and rebuilds its pre-tokenizer), the ``tokenizer.json`` is loaded as written instead.
+    Either way the token ids are the file's.
 
     Args:
         model_dir: model or tokenizer folder.

@@ -139,3 +139,12 @@ def test_bad_arguments_raise_checkpoint_error(tmp_path, kwargs, message):
     with pytest.raises(CheckpointError) as info:
         build_checkpoint(tmp_path / "m", **kwargs)
     assert message in str(info.value)
+
+
+def test_bpe_training_is_deterministic():
+    from kvserve.testing.tokenizer_kinds import build_tokenizer
+
+    train = build_tokenizer.__wrapped__  # the uncached builder
+    first, second = train("bpe"), train("bpe")
+    assert first.backend_tokenizer.to_str() == second.backend_tokenizer.to_str()
+    assert first.backend_tokenizer.to_str() == build_tokenizer("bpe").backend_tokenizer.to_str()

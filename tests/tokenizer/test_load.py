@@ -83,3 +83,17 @@ def test_eos_token_ids_union_of_all_sources(tmp_path, tiny_llama, loaded_tokeniz
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 9}))
     assert eos_token_ids(tmp_path, tokenizer) == frozenset({1, 7, 8, 9})
     assert eos_token_ids(tmp_path / "absent") == frozenset()
+
+
+def test_declared_class_that_auto_tokenizer_replaces_falls_back_to_the_file(
+    tmp_path, checkpoint_factory, loaded_tokenizer
+):
+    folder = tmp_path / "m"
+    shutil.copytree(checkpoint_factory("Qwen2ForCausalLM", tokenizer_kind="sentencepiece"), folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "LlamaTokenizerFast"  # AutoTokenizer still gives Qwen2Tokenizer
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = load_tokenizer(folder)
+    assert type(tokenizer).__name__ == "TokenizersBackend"
+    reference = loaded_tokenizer(checkpoint_factory("LlamaForCausalLM", tokenizer_kind="sentencepiece"))
+    assert tokenizer.encode(TEXT) == reference.encode(TEXT)
