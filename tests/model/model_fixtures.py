@@ -1,5 +1,8 @@
 """Tiny random checkpoints for the model-runtime tests (token ids only, no tokenizer).
 
+Imported by ``tests/model/conftest.py`` (the ``tiny_checkpoint`` fixture) and by the tests that
+need the variant table or the builders directly (``from model_fixtures import ...``).
+
 Each architecture variant below is built once per session with ``transformers`` (seeded), saved
 with ``save_pretrained`` and returned with the reference ``transformers`` model. Norm weights and
 biases are randomised too (transformers initialises them to ones/zeros, which would hide loading
@@ -78,10 +81,13 @@ def build_hf_model(architecture: str, overrides: dict, seed: int = 0):
 
 
 def save_checkpoint(path: Path, architecture: str, overrides: dict, dtype=torch.float32, **save_kwargs):
-    """Build, cast to ``dtype`` and ``save_pretrained`` into ``path``; returns the HF model."""
-    model = build_hf_model(architecture, overrides).to(dtype)
-    model.save_pretrained(str(path), **save_kwargs)
-    return model
+    """Build, cast to ``dtype`` and ``save_pretrained`` into ``path``; returns the reference:
+    the checkpoint loaded back with ``from_pretrained(dtype=dtype)``, as a user would run it
+    (a model merely cast with ``.to(bfloat16)`` would also round its rotary ``inv_freq`` buffer)."""
+    from transformers import AutoModelForCausalLM
+
+    build_hf_model(architecture, overrides).to(dtype).save_pretrained(str(path), **save_kwargs)
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
 
 
 @pytest.fixture(scope="session")
@@ -98,3 +104,39 @@ def tiny_checkpoint(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+def flat_prompt_logits(runner, prompts: list[list[int]], block_tables: list[list[int]]) -> list[torch.Tensor]:
+    """Run all ``prompts`` in one flat batch through ``runner``; float32 logits [len, vocab] each."""
+    from kvserve.request import Request
+    from kvserve.sampling_params import SamplingParams
+    from kvserve.scheduler.output import ScheduledRequest, SchedulerOutput
+
+    requests = [Request(str(i), list(p), SamplingParams()) for i, p in enumerate(prompts)]
+    scheduled = [ScheduledRequest(r, 0, r.num_tokens, b) for r, b in zip(requests, block_tables)]
+    output = runner.execute_model_with_prompt_logits(
+        SchedulerOutput(scheduled, sum(len(p) for p in prompts)), {r.request_id for r in requests}
+    )
+    return [output.prompt_logits[r.request_id] for r in requests]
+
+
+def hf_logits(hf_model, prompt: list[int]) -> torch.Tensor:
+    """transformers' float32 logits [len, vocab] of one unpadded prompt."""
+    with torch.no_grad():
+        return hf_model(torch.tensor([prompt])).logits[0].float()
+
+
+def relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((ours - ref).abs().max() / ref.abs().max()).item()
+
+
+def sequential_block_tables(lengths: list[int], block_size: int, start: int = 0, reverse: bool = False):
+    """Enough blocks per sequence, handed out in order (or in reverse order, to make tables
+    non-contiguous and descending)."""
+    tables, next_block = [], start
+    for n in lengths:
+        num = -(-n // block_size)
+        ids = list(range(next_block, next_block + num))
+        tables.append(ids[::-1] if reverse else ids)
+        next_block += num
+    return tables

@@ -8,10 +8,18 @@ Each call does two things::
                  K_r    = kv_cache[0, blocks].reshape(-1, H_kv, D)[:seq_lens[r]]
                and run causal attention of its new queries (the last q_len[r] positions) over K_r.
 
-Decode-only batches (every request has one new token) are attended in one batched call: the
-contexts are padded to ``max_seq_len`` and masked. Mixed batches loop over requests. Scores and
-the softmax are computed in float32 (inputs upcast), with
-``torch.nn.functional.scaled_dot_product_attention``; the output is cast back to the query dtype.
+Decode-only batches (every request has one new token) are batched without padding: requests with
+the same ``seq_len`` share one call (no mask needed). A request's result then never depends on
+what else is in the batch, bit for bit (SDPA's fused kernels round differently when a context is
+padded and masked). ``TorchAttentionBackend(batch_invariant=False)`` instead pads every context to
+``max_seq_len`` with a mask: one call per step, equal up to rounding. Mixed batches loop over
+requests.
+
+Attention is ``torch.nn.functional.scaled_dot_product_attention`` on 4-D inputs in the model
+dtype; its CPU and CUDA kernels keep the softmax statistics and the accumulation in float32. These
+are the same kernel calls transformers makes (``sdpa`` attention), so bfloat16 results round the
+same way as the reference: upcasting to float32 here would be slightly more exact but makes greedy
+bfloat16 runs drift from transformers' after a few tokens on near-tied logits.
 """
 
 from __future__ import annotations
@@ -24,9 +32,17 @@ from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 
 class TorchAttentionBackend(AttentionBackend):
     """Reference paged attention (see module docstring). Stateless; one instance can serve every
-    layer and model."""
+    layer and model.
+
+    Args:
+        batch_invariant: True (default) = decode batches grouped by equal ``seq_len``, results
+            independent of the batch; False = one padded, masked call per decode step.
+    """
 
     name = "torch"
+
+    def __init__(self, batch_invariant: bool = True):
+        self.batch_invariant = batch_invariant
 
     def forward(
         self,
@@ -40,11 +56,13 @@ class TorchAttentionBackend(AttentionBackend):
         sliding_window: int | None = None,
     ) -> torch.Tensor:
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
-        if metadata.is_decode_only:
-            out = _decode_attention(query, kv_cache, metadata, scale, sliding_window)
+        if metadata.is_decode_only and self.batch_invariant:
+            out = _grouped_decode_attention(query, kv_cache, metadata, scale, sliding_window)
+        elif metadata.is_decode_only:
+            out = _padded_decode_attention(query, kv_cache, metadata, scale, sliding_window)
         else:
             out = _varlen_attention(query, kv_cache, metadata, scale, sliding_window)
-        return out.to(query.dtype)
+        return out
 
 
 def write_kv_cache(
@@ -67,13 +85,38 @@ def _gather_context(kv_cache: torch.Tensor, block_ids: torch.Tensor, length: int
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool):
-    """q [..., H, Lq, D], k/v [..., H_kv, Lk, D] -> [..., H, Lq, D] in float32."""
-    return F.scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
-    )
+    """q [B, H, Lq, D], k/v [B, H_kv, Lk, D] -> [B, H, Lq, D] in q's dtype; mask broadcastable to
+    [B, H, Lq, Lk] (True = attend). 4-D inputs select the same fused kernels transformers uses."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
 
 
-def _decode_attention(
+def _grouped_decode_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """One query per request: query [B, H, D] -> [B, H, D]; one call per distinct seq_len."""
+    block_size = kv_cache.shape[2]
+    out = torch.empty_like(query)
+    groups: dict[int, list[int]] = {}
+    for r, seq_len in enumerate(metadata.seq_lens_cpu.tolist()):
+        groups.setdefault(seq_len, []).append(r)
+    for seq_len, rows in groups.items():
+        index = torch.tensor(rows, device=query.device)
+        blocks = metadata.block_tables[index, : -(-seq_len // block_size)].long()
+        keys, values = _gather_context(kv_cache, blocks, seq_len)  # [G, seq_len, H_kv, D]
+        mask = None
+        if sliding_window is not None and sliding_window < seq_len:
+            mask = (torch.arange(seq_len, device=query.device) > seq_len - 1 - sliding_window).view(1, 1, 1, -1)
+        out[index] = _attend(
+            query[index][:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2), mask, scale, causal=False
+        )[:, :, 0, :]
+    return out
+
+
+def _padded_decode_attention(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
     metadata: AttentionMetadata,
@@ -108,9 +151,9 @@ def _varlen_attention(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:
-    """Requests of any query length, one at a time: query [T, H, D] -> [T, H, D] float32."""
+    """Requests of any query length, one at a time: query [T, H, D] -> [T, H, D]."""
     block_size = kv_cache.shape[2]
-    out = torch.empty(query.shape, dtype=torch.float32, device=query.device)
+    out = torch.empty_like(query)
     starts = metadata.query_start_loc_cpu.tolist()
     seq_lens = metadata.seq_lens_cpu.tolist()
     for r, seq_len in enumerate(seq_lens):
@@ -122,13 +165,13 @@ def _varlen_attention(
         keys, values = _gather_context(kv_cache, blocks, seq_len)
         mask = _causal_mask(q_len, seq_len, sliding_window, query.device)
         out[start:end] = _attend(
-            query[start:end].transpose(0, 1),  # [H, q_len, D]
-            keys.transpose(0, 1),  # [H_kv, seq_len, D]
-            values.transpose(0, 1),
+            query[None, start:end].transpose(1, 2),  # [1, H, q_len, D]
+            keys[None].transpose(1, 2),  # [1, H_kv, seq_len, D]
+            values[None].transpose(1, 2),
             mask,
             scale,
             causal=mask is None,
-        ).transpose(0, 1)
+        )[0].transpose(0, 1)
     return out
 
 

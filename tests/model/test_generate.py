@@ -1,0 +1,59 @@
+"""Greedy continuations of the paged runtime against ``transformers.generate(do_sample=False)``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_fixtures import VARIANTS
+
+from kvserve.errors import InvalidRequestError
+from kvserve.generate import generate
+
+PROMPTS = [
+    [(5 * i + 2) % 256 for i in range(21)],
+    [(3 * i + 7) % 256 for i in range(6)],
+    [(17 * i + 4) % 256 for i in range(12)],
+]
+
+
+def hf_greedy(hf_model, prompt: list[int], max_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = hf_model.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("variant", ["llama", "mistral_window", "qwen3"])
+def test_float32_greedy_matches_transformers(tiny_checkpoint, variant):
+    path, hf_model = tiny_checkpoint(variant)
+    ours = generate(path, PROMPTS, max_tokens=16, block_size=4, ignore_eos=True)
+    assert ours == [hf_greedy(hf_model, p, 16) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_bfloat16_greedy_matches_transformers(tiny_checkpoint, variant):
+    path, hf_model = tiny_checkpoint(variant, torch.bfloat16)
+    ours = generate(path, PROMPTS, max_tokens=32, block_size=16, ignore_eos=True)  # dtype auto = bf16
+    assert ours == [hf_greedy(hf_model, p, 32) for p in PROMPTS]
+
+
+def test_stops_at_eos_from_generation_config(tiny_checkpoint, tmp_path):
+    import json
+    import shutil
+
+    path, _ = tiny_checkpoint("llama")
+    full = generate(path, PROMPTS[:1], max_tokens=12, ignore_eos=True)[0]
+    shutil.copytree(path, tmp_path, dirs_exist_ok=True)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [full[4]]}))
+    stopped = generate(tmp_path, PROMPTS[:1], max_tokens=12)[0]
+    assert stopped == full[: full.index(full[4]) + 1]
+
+
+def test_prompt_too_long_is_rejected(tiny_checkpoint):
+    path, _ = tiny_checkpoint("llama")
+    with pytest.raises(InvalidRequestError, match="at most 512 including max_tokens=20"):
+        generate(path, [[1] * 500], max_tokens=20)
+    with pytest.raises(InvalidRequestError, match="max_tokens must be >= 1"):
+        generate(path, [[1, 2]], max_tokens=0)
