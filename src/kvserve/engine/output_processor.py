@@ -172,14 +172,14 @@ class OutputProcessor:
         if finish_reason is not None:
             text += choice.detokenizer.flush()
         if choice.stop_matcher is not None:
-            match = choice.stop_matcher.feed(text)
+            match = choice.stop_matcher.add(text)
             text = match.text
-            if match.stop_string is not None:
-                finish_reason, stop_reason = "stop", match.stop_string
+            if match.stop is not None:
+                finish_reason, stop_reason = "stop", match.stop
                 if out.finish_reason is None:
                     to_stop.append(out.request_id)
             elif finish_reason is not None:
-                text += choice.stop_matcher.flush()
+                text += choice.stop_matcher.flush().text
         choice.finish_reason, choice.stop_reason = finish_reason, stop_reason
         return CompletionOutput(
             index=choice.index, text=text, token_ids=list(out.new_token_ids),

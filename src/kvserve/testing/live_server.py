@@ -1,0 +1,105 @@
+"""A real kvserve server on 127.0.0.1 inside the test process (uvicorn in a thread), for
+end-to-end tests through the official ``openai`` client and raw httpx."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from kvserve.api.run import make_server
+from kvserve.api.settings import ServerSettings
+from kvserve.engine.arg_utils import engine_config_from_kwargs
+from kvserve.engine.async_llm import AsyncLLM
+from kvserve.engine.llm_engine import LLMEngine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    """A running server. ``engine_stats()`` reads the engine's latest scheduler snapshot."""
+
+    base_url: str
+    model: str
+    api_key: str
+    engine: AsyncLLM
+    server: Any
+    thread: threading.Thread
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def serving_state(self) -> Any:
+        return self.server.state
+
+    @property
+    def core(self):
+        return self.engine.engine.core
+
+    def engine_stats(self) -> dict[str, float]:
+        return self.engine.engine_stats()
+
+    def make_client(self, **kwargs: Any):
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key, max_retries=0, **kwargs)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.engine.shutdown()
+
+
+def start_live_server(
+    model_dir: str,
+    *,
+    served_model_name: str = "tiny",
+    api_key: str = "test-key",
+    settings: dict[str, Any] | None = None,
+    stats_consumers: list[Any] | None = None,
+    **engine_kwargs: Any,
+) -> LiveServer:
+    """Load ``model_dir``, start the engine thread and uvicorn on a free loopback port, and wait
+    until ``/health`` answers 200 (at most 60 s).
+
+    Raises:
+        RuntimeError: the server did not become healthy in time.
+    """
+    engine = LLMEngine(engine_config_from_kwargs(model_dir, **engine_kwargs))
+    async_llm = AsyncLLM(engine, served_model_name, stats_consumers=stats_consumers)
+    async_llm.start()
+    port = free_port()
+    server_settings = ServerSettings(
+        host="127.0.0.1", port=port, api_keys=(api_key,) if api_key else (),
+        served_model_name=served_model_name, log_level="warning", **(settings or {}),
+    )
+    server = make_server(async_llm, server_settings)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
+                return LiveServer(base_url, served_model_name, api_key, async_llm, server, thread)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    server.should_exit = True
+    async_llm.shutdown()
+    raise RuntimeError(f"server on {base_url} did not become healthy within 60 s")
