@@ -57,3 +57,15 @@ def test_prompt_too_long_is_rejected(tiny_checkpoint):
         generate(path, [[1] * 500], max_tokens=20)
     with pytest.raises(InvalidRequestError, match="max_tokens must be >= 1"):
         generate(path, [[1, 2]], max_tokens=0)
+
+
+def test_string_prompts_with_real_tokenizer(checkpoint_factory):
+    """A project checkpoint with a BPE tokenizer: strings are tokenized with AutoTokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = checkpoint_factory("Qwen2ForCausalLM", "bpe", "float32")
+    prompts = ["The quick brown fox", "Hello"]
+    ours = generate(path, prompts, max_tokens=8, ignore_eos=True)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    assert ours == [hf_greedy(hf_model, tokenizer(p)["input_ids"], 8) for p in prompts]
