@@ -15,6 +15,7 @@ logits to sample from.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection
 from typing import NamedTuple
 
@@ -100,14 +101,32 @@ class ModelRunner:
             ValueError: a request's ``block_ids`` do not cover its positions (a scheduler bug).
         """
         scheduled = scheduler_output.scheduled
-        num_reqs = len(scheduled)
         q_lens = np.array([s.num_new_tokens for s in scheduled], dtype=np.int64)
         computed = np.array([s.num_computed_tokens for s in scheduled], dtype=np.int64)
-        query_start_loc = np.zeros(num_reqs + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=query_start_loc[1:])
         seq_lens = computed + q_lens
-        max_blocks = max((len(s.block_ids) for s in scheduled), default=1) or 1
-        block_tables = np.zeros((num_reqs, max_blocks), dtype=np.int64)
+        query_start_loc = np.zeros(len(scheduled) + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=query_start_loc[1:])
+        block_tables = self._block_tables(scheduler_output, seq_lens)
+        # Token t of request r sits at position computed[r] + (t - query_start_loc[r]); no
+        # per-token Python loop.
+        req_of_token = np.repeat(np.arange(len(scheduled)), q_lens)
+        positions = computed[req_of_token] + np.arange(query_start_loc[-1]) - query_start_loc[req_of_token]
+        slot_mapping = (
+            block_tables[req_of_token, positions // self.block_size] * self.block_size + positions % self.block_size
+        )
+        token_ids = [s.request.all_token_ids[s.num_computed_tokens : s.num_computed_tokens + s.num_new_tokens]
+                     for s in scheduled]
+        input_ids = np.fromiter(itertools.chain.from_iterable(token_ids), dtype=np.int64, count=query_start_loc[-1])
+        logits_indices = query_start_loc[1:][[s.samples for s in scheduled]] - 1
+        metadata = self._attention_metadata(query_start_loc, seq_lens, block_tables, slot_mapping)
+        return ModelInputs(self._device_tensor(input_ids), self._device_tensor(positions), metadata,
+                           self._device_tensor(logits_indices))
+
+    def _block_tables(self, scheduler_output: SchedulerOutput, seq_lens: np.ndarray) -> np.ndarray:
+        """int64 [B, max_blocks], padded with block 0."""
+        scheduled = scheduler_output.scheduled
+        width = max((len(s.block_ids) for s in scheduled), default=0) or 1
+        block_tables = np.zeros((len(scheduled), width), dtype=np.int64)
         for i, s in enumerate(scheduled):
             if len(s.block_ids) * self.block_size < seq_lens[i]:
                 raise ValueError(
@@ -115,43 +134,25 @@ class ModelRunner:
                     f"cannot hold {seq_lens[i]} tokens"
                 )
             block_tables[i, : len(s.block_ids)] = s.block_ids
-        # positions: c_r + (0 .. n_r - 1) for each request r, without a per-token Python loop.
-        req_of_token = np.repeat(np.arange(num_reqs), q_lens)
-        positions = computed[req_of_token] + np.arange(int(q_lens.sum())) - query_start_loc[req_of_token]
-        slot_mapping = block_tables[req_of_token, positions // self.block_size] * self.block_size + (
-            positions % self.block_size
-        )
-        input_ids = np.concatenate(
-            [
-                np.asarray(s.request.all_token_ids[s.num_computed_tokens : s.num_computed_tokens + s.num_new_tokens])
-                for s in scheduled
-            ]
-        ) if num_reqs else np.zeros(0, dtype=np.int64)
-        logits_indices = np.array(
-            [query_start_loc[i + 1] - 1 for i, s in enumerate(scheduled) if s.samples], dtype=np.int64
-        )
-        return self._to_device(input_ids, positions, query_start_loc, seq_lens, block_tables, slot_mapping,
-                               q_lens, logits_indices)
+        return block_tables
 
-    def _to_device(self, input_ids, positions, query_start_loc, seq_lens, block_tables, slot_mapping, q_lens,
-                   logits_indices) -> ModelInputs:
-        def dev(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(array)).to(device=self.device, dtype=dtype)
+    def _device_tensor(self, array: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device=self.device, dtype=dtype)
 
+    def _attention_metadata(
+        self, query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray, slot_mapping: np.ndarray
+    ) -> AttentionMetadata:
         query_start_loc_cpu = torch.from_numpy(query_start_loc).to(torch.int32)
         seq_lens_cpu = torch.from_numpy(seq_lens).to(torch.int32)
-        metadata = AttentionMetadata(
+        return AttentionMetadata(
             query_start_loc=query_start_loc_cpu.to(self.device),
             seq_lens=seq_lens_cpu.to(self.device),
-            block_tables=dev(block_tables, torch.int32),
-            slot_mapping=dev(slot_mapping, torch.int64),
-            max_query_len=int(q_lens.max()) if len(q_lens) else 0,
-            max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0,
+            block_tables=self._device_tensor(block_tables, torch.int32),
+            slot_mapping=self._device_tensor(slot_mapping),
+            max_query_len=int(np.diff(query_start_loc).max(initial=0)),
+            max_seq_len=int(seq_lens.max(initial=0)),
             query_start_loc_cpu=query_start_loc_cpu,
             seq_lens_cpu=seq_lens_cpu,
-        )
-        return ModelInputs(
-            dev(input_ids, torch.int64), dev(positions, torch.int64), metadata, dev(logits_indices, torch.int64)
         )
 
     @torch.inference_mode()
