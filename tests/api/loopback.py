@@ -15,7 +15,7 @@ class LoopbackServer:
     """The real app under uvicorn on 127.0.0.1 in a background thread."""
 
     def __init__(self, engine: EngineClient, settings: ServerSettings | None = None):
-        port = _free_port()
+        port = free_port()
         settings = settings or ServerSettings()
         settings = ServerSettings(**{**settings.__dict__, "host": "127.0.0.1", "port": port,
                                      "log_level": "warning"})
@@ -41,7 +41,7 @@ class LoopbackServer:
         self.thread.join(timeout=10)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
