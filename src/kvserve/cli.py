@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_server_args(serve)
     _add_log_args(serve)
+    from kvserve.metrics.wiring import add_observability_args
+
+    add_observability_args(serve)  # --log-stats-interval, --enable-log-requests, --log-format, ...
 
     gen = sub.add_parser("generate", help="generate text for a prompt in this process")
     _model_arg(gen)

@@ -43,7 +43,8 @@ class ModelRunnerOutput:
 
 @dataclass
 class EngineCoreOutput:
-    """Per request, what changed in one step: new tokens and, when finished, why."""
+    """Per request, what changed in one step: new tokens and, when finished, why.
+    ``first_scheduled_time``: the request's ``Request.first_scheduled_time`` (seconds), for metrics."""
 
     request_id: str
     new_token_ids: list[int]
@@ -52,6 +53,7 @@ class EngineCoreOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    first_scheduled_time: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -56,6 +56,8 @@ class Request:
         priority: lower value = served first under the ``priority`` policy (vLLM's convention).
         cache_salt: extra key for prefix-cache hashes (isolates tenants).
         num_cached_tokens: prompt tokens found in the prefix cache when first scheduled (-1 until).
+        first_scheduled_time: seconds (``time.time()``) when the scheduler first admitted the
+            request to running (its queue time ends); None until then. Kept across preemption.
     """
 
     request_id: str
@@ -72,6 +74,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1
     num_preemptions: int = 0
+    first_scheduled_time: float | None = None
     stop_reason: int | str | None = None
     # Hashes of the request's full blocks, filled incrementally by the KV-cache manager.
     block_hashes: list[int] = field(default_factory=list)

@@ -44,6 +44,11 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
     state = ServingState(engine, settings, limiter)
     app.state.serving = state
     install_error_handlers(app)
+    metrics = getattr(engine, "prometheus_metrics", None)
+    if metrics is not None:  # counts refused generation requests by reason (kvserve.metrics.http)
+        from kvserve.metrics.http import RejectionCounterMiddleware
+
+        app.add_middleware(RejectionCounterMiddleware, metrics=metrics)
     _add_open_routes(app, state)
     _add_v1_routes(app, state)
     _add_tokenizer_routes(app, state)
@@ -72,7 +77,8 @@ def _add_open_routes(app: FastAPI, state: ServingState) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        registry = getattr(state.engine, "metrics_registry", None) or REGISTRY  # per-server registry
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def _add_v1_routes(app: FastAPI, state: ServingState) -> None:

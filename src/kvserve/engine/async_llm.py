@@ -95,8 +95,12 @@ class AsyncLLM(EngineClient):
     Args:
         engine: a constructed ``LLMEngine`` (model loaded).
         served_model_name: the name clients send as ``model``.
-        stats_consumers: callables given each ``StepStats`` and each finished ``RequestState``
-            on the engine thread (metrics, logs); they must be quick and must not raise.
+        stats_consumers: objects with the ``kvserve.metrics.StatsConsumer`` methods, called on the
+            engine thread (metrics, logs, traces); they must be quick and must not raise.
+
+    ``metrics_registry`` (a ``prometheus_client.CollectorRegistry`` or None) is what
+    ``GET /metrics`` serves; ``kvserve.metrics.wiring.install_metrics`` sets it and
+    ``prometheus_metrics`` (where the HTTP layer counts refused requests).
     """
 
     def __init__(self, engine: LLMEngine, served_model_name: str, stats_consumers: list[Any] | None = None):
@@ -107,6 +111,8 @@ class AsyncLLM(EngineClient):
         self.tokenizer = engine.tokenizer
         self.eos_token_ids = engine.eos_token_ids
         self.stats_consumers = list(stats_consumers or [])
+        self.metrics_registry: Any = None
+        self.prometheus_metrics: Any = None
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._thread: threading.Thread | None = None
@@ -248,7 +254,7 @@ class AsyncLLM(EngineClient):
             if delta.finished:
                 del self._streams[delta.request_id]
         for consumer in self.stats_consumers:
-            consumer.on_step(stats, self.engine.last_finished)
+            consumer.on_step(stats, self.engine.last_finished, self.engine.output_processor.last_iteration)
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from kvserve.engine.detokenizer import IncrementalDetokenizer
 from kvserve.engine.stop_strings import StopStringMatcher
+from kvserve.metrics.stats import IterationStats
 from kvserve.outputs import CompletionOutput, EngineCoreOutput, RequestOutput, TokenLogprobs
 from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
@@ -40,16 +41,19 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_output_tokens: int = 0
+    times: RequestTimes | None = None  # this choice's own times (set by ``add_request``)
 
 
 @dataclass
 class RequestTimes:
-    """Timestamps (``time.time()``, seconds) of one request as the front end saw them."""
+    """Timestamps (``time.time()``, seconds) of one request (or choice) as the front end saw
+    them; ``first_scheduled`` comes from the scheduler through ``EngineCoreOutput``."""
 
     arrival: float
     first_token: float | None = None
     last_token: float | None = None
     finished: float | None = None
+    first_scheduled: float | None = None
 
 
 @dataclass
@@ -83,6 +87,8 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.requests: dict[str, RequestState] = {}
         self._parent_of: dict[str, str] = {}
+        # What the latest ``process_outputs`` delivered, for metrics and logs.
+        self.last_iteration = IterationStats()
 
     def add_request(self, request_id: str, prompt: str | None, requests: list[Request]) -> RequestState:
         """Register the child ``requests`` (one per choice, in index order) of ``request_id``."""
@@ -93,7 +99,7 @@ class OutputProcessor:
             if child.sampling_params.stop:
                 matcher = StopStringMatcher(child.sampling_params.stop, child.sampling_params.include_stop_str_in_output)
             detok = IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids, child.sampling_params.skip_special_tokens)
-            choices[child.request_id] = ChoiceState(index, detok, matcher)
+            choices[child.request_id] = ChoiceState(index, detok, matcher, times=RequestTimes(child.arrival_time))
             self._parent_of[child.request_id] = request_id
         first = requests[0]
         state = RequestState(
@@ -124,6 +130,7 @@ class OutputProcessor:
         now = time.time()
         deltas: dict[str, RequestOutput] = {}
         to_stop: list[str] = []
+        self.last_iteration = iteration = IterationStats()
         for out in outputs:
             parent_id = self._parent_of.get(out.request_id)
             if parent_id is None:
@@ -133,6 +140,7 @@ class OutputProcessor:
             if choice.finish_reason is not None:
                 continue
             completion = self._process_choice(state, choice, out, to_stop)
+            _record_choice_times(choice, out, len(state.prompt_token_ids), now, iteration)
             if out.new_token_ids:
                 state.times.first_token = state.times.first_token or now
                 state.times.last_token = now
@@ -186,3 +194,22 @@ class OutputProcessor:
             logprobs=list(out.new_logprobs) if state.params.logprobs is not None else None,
             finish_reason=finish_reason, stop_reason=stop_reason,
         )
+
+
+def _record_choice_times(
+    choice: ChoiceState, out: EngineCoreOutput, num_prompt_tokens: int, now: float, iteration: IterationStats
+) -> None:
+    """Update the choice's times and this step's TTFT / inter-token gaps / token counts."""
+    times = choice.times
+    times.first_scheduled = times.first_scheduled or out.first_scheduled_time
+    if out.new_token_ids:
+        if times.first_token is None:
+            times.first_token = now
+            iteration.num_prompt_tokens += num_prompt_tokens
+            iteration.time_to_first_tokens.append(now - times.arrival)
+        else:
+            iteration.inter_token_latencies.append(now - times.last_token)
+        times.last_token = now
+        iteration.num_generation_tokens += len(out.new_token_ids)
+    if choice.finish_reason is not None and times.finished is None:
+        times.finished = now

@@ -1,0 +1,14 @@
+"""Observability: Prometheus metrics, log lines and OpenTelemetry traces, all fed by the small
+stats objects the engine emits (``StepStats``, ``IterationStats``, finished ``RequestState``s).
+
+    stats.py        IterationStats, FinishedRequestStats (derived per-request durations)
+    prometheus.py   PrometheusStatsLogger, SchedulerStatsCollector (``kvserve:*`` series)
+    log_stats.py    LoggingStatsLogger (periodic summary), RequestLogger (access lines)
+    log_format.py   configure_logging (text / JSON)
+    tracing.py      TracingStatsConsumer (imports OpenTelemetry only when used)
+    wiring.py       StatsConsumer protocol, flags, install_metrics, build_stats_consumers
+"""
+
+from kvserve.metrics.stats import FinishedRequestStats, IterationStats, finished_request_stats
+
+__all__ = ["FinishedRequestStats", "IterationStats", "finished_request_stats"]

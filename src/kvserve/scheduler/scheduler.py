@@ -19,6 +19,7 @@ Method after vLLM v1's ``Scheduler`` (recompute preemption; preempted requests r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -192,6 +193,7 @@ class Scheduler:
         request.num_computed_tokens = num_cached
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_cached
+        request.first_scheduled_time = request.first_scheduled_time or time.time()  # metrics: queue time ends
         self.running.append(request)
         plan.num_scheduled_tokens[request.request_id] = num_new
         plan.token_budget -= num_new
@@ -273,6 +275,7 @@ class Scheduler:
             finish_reason=request.status.finish_reason if finished else None,
             stop_reason=request.stop_reason if finished else None,
             num_cached_tokens=max(request.num_cached_tokens, 0),
+            first_scheduled_time=request.first_scheduled_time,
         )
 
     def _release(self, request: Request) -> None:

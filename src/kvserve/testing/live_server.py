@@ -16,6 +16,7 @@ from kvserve.api.settings import ServerSettings
 from kvserve.engine.arg_utils import engine_config_from_kwargs
 from kvserve.engine.async_llm import AsyncLLM
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.metrics.wiring import install_metrics
 
 
 def free_port() -> int:
@@ -82,6 +83,7 @@ def start_live_server(
     """
     engine = LLMEngine(engine_config_from_kwargs(model_dir, **engine_kwargs))
     async_llm = AsyncLLM(engine, served_model_name, stats_consumers=stats_consumers)
+    install_metrics(async_llm)
     async_llm.start()
     port = free_port()
     server_settings = ServerSettings(

@@ -1,0 +1,126 @@
+"""PrometheusStatsLogger and SchedulerStatsCollector fed hand-made stats objects (exact values)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from kvserve.engine.output_processor import RequestTimes
+from kvserve.errors import InvalidRequestError, RequestRejectedError
+from kvserve.metrics.prometheus import (LATENCY_BUCKETS, PrometheusStatsLogger, SchedulerStatsCollector,
+                                        rejection_reason, token_buckets)
+from kvserve.metrics.stats import IterationStats
+from kvserve.scheduler.stats import SchedulerStats
+from metrics_helpers import make_state, parse_metrics, sample
+
+M = {"model_name": "m"}
+
+
+@pytest.fixture
+def registry():
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def metrics(registry):
+    return PrometheusStatsLogger("m", 100, registry)
+
+
+def test_token_buckets_1_2_5_up_to_max_model_len():
+    assert token_buckets(100) == [1, 2, 5, 10, 20, 50, 100]
+    assert token_buckets(4) == [1, 2]
+    assert LATENCY_BUCKETS[0] == 0.001 and LATENCY_BUCKETS[-1] >= 600
+
+
+def test_iteration_counts_tokens_ttft_and_itl(registry, metrics):
+    metrics.on_step(None, [], IterationStats(7, 3, [0.5], [0.01, 0.2]))
+    metrics.on_step(None, [], IterationStats(0, 2, [], [0.03]))
+    assert sample(registry, "kvserve:prompt_tokens_total", **M) == 7
+    assert sample(registry, "kvserve:generation_tokens_total", **M) == 5
+    assert sample(registry, "kvserve:time_to_first_token_seconds_count", **M) == 1
+    assert sample(registry, "kvserve:time_to_first_token_seconds_sum", **M) == pytest.approx(0.5)
+    assert sample(registry, "kvserve:inter_token_latency_seconds_count", **M) == 3
+    assert sample(registry, "kvserve:inter_token_latency_seconds_sum", **M) == pytest.approx(0.24)
+    # 0.01 falls in le=0.01, 0.03 in le=0.04, 0.2 in le=0.25
+    assert sample(registry, "kvserve:inter_token_latency_seconds_bucket", le="0.01", **M) == 1
+    assert sample(registry, "kvserve:inter_token_latency_seconds_bucket", le="0.04", **M) == 2
+    assert sample(registry, "kvserve:inter_token_latency_seconds_bucket", le="0.25", **M) == 3
+
+
+def test_finished_requests_fill_histograms_per_choice(registry, metrics):
+    state = make_state(num_prompt=5, choices=[
+        ("length", 4, RequestTimes(100.0, 100.2, 100.8, 100.8, 100.1)),
+        ("stop", 1, RequestTimes(100.0, 100.3, 100.3, 100.3, 100.1)),
+    ])
+    metrics.on_step(None, [state], None)
+    assert sample(registry, "kvserve:request_success_total", finished_reason="length", **M) == 1
+    assert sample(registry, "kvserve:request_success_total", finished_reason="stop", **M) == 1
+    assert sample(registry, "kvserve:request_success_total", finished_reason="abort", **M) == 0
+    expected_sums = {
+        "e2e_request_latency_seconds": 0.8 + 0.3, "request_queue_time_seconds": 0.1 + 0.1,
+        "request_prefill_time_seconds": 0.1 + 0.2, "request_decode_time_seconds": 0.6 + 0.0,
+        "request_time_per_output_token_seconds": 0.2 + 0.0,
+        "request_prompt_tokens": 10, "request_generation_tokens": 5,
+    }
+    for name, total in expected_sums.items():
+        assert sample(registry, f"kvserve:{name}_count", **M) == 2, name
+        assert sample(registry, f"kvserve:{name}_sum", **M) == pytest.approx(total), name
+    assert sample(registry, "kvserve:request_generation_tokens_bucket", le="1.0", **M) == 1
+    assert sample(registry, "kvserve:request_generation_tokens_bucket", le="5.0", **M) == 2
+
+
+def test_aborted_and_rejected_with_reason(registry, metrics):
+    metrics.on_request_aborted("a")
+    metrics.on_request_aborted("b")
+    metrics.count_rejected("queue_full")
+    metrics.count_rejected("invalid_request")
+    metrics.count_rejected("invalid_request")
+    # engine refusals are counted by the HTTP layer (once), not here
+    metrics.on_request_rejected(RequestRejectedError("full", reason="queue_full"))
+    assert sample(registry, "kvserve:request_aborted_total", **M) == 2
+    assert sample(registry, "kvserve:request_rejected_total", reason="queue_full", **M) == 1
+    assert sample(registry, "kvserve:request_rejected_total", reason="invalid_request", **M) == 2
+
+
+def test_rejection_reason_of_engine_errors():
+    assert rejection_reason(RequestRejectedError("full", reason="queue_full")) == "queue_full"
+    assert rejection_reason(InvalidRequestError("too long", param="prompt")) == "invalid_request"
+    assert rejection_reason(RuntimeError("x")) == "error"
+
+
+def test_scheduler_collector_reads_the_latest_snapshot(registry):
+    snapshots = [SchedulerStats(num_running=3, num_waiting=2, kv_cache_usage=0.25, prefix_cache_queries=64,
+                                prefix_cache_hits=32, num_preemptions=4)]
+    registry.register(SchedulerStatsCollector("m", lambda: snapshots[-1]))
+    values = parse_metrics(generate_latest(registry).decode())
+    m = frozenset(M.items())
+    assert values[("kvserve:num_requests_running", m)] == 3
+    assert values[("kvserve:num_requests_waiting", m)] == 2
+    assert values[("kvserve:kv_cache_usage_perc", m)] == 0.25
+    assert values[("kvserve:prefix_cache_queries_total", m)] == 64
+    assert values[("kvserve:prefix_cache_hits_total", m)] == 32
+    assert values[("kvserve:num_preemptions_total", m)] == 4
+    snapshots.append(SchedulerStats())
+    values = parse_metrics(generate_latest(registry).decode())
+    assert values[("kvserve:num_requests_running", m)] == 0 and values[("kvserve:kv_cache_usage_perc", m)] == 0
+
+
+def test_exposed_names_are_exactly_the_issue_names(registry, metrics):
+    registry.register(SchedulerStatsCollector("m", SchedulerStats))
+    text = generate_latest(registry).decode()
+    names = {s.split("{")[0] for s in text.splitlines() if s and not s.startswith("#")}
+    for counter in ("prompt_tokens_total", "generation_tokens_total", "prefix_cache_queries_total",
+                    "prefix_cache_hits_total", "num_preemptions_total", "request_success_total",
+                    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        assert "kvserve:" + counter in names, counter
+    assert not any(n.endswith("_total_total") for n in names)
+    # every sample carries model_name
+    assert all('model_name="m"' in s for s in text.splitlines() if s and not s.startswith("#"))
+
+
+def test_two_registries_do_not_clash():
+    a, b = CollectorRegistry(), CollectorRegistry()
+    PrometheusStatsLogger("m", 16, a).on_request_aborted("x")
+    PrometheusStatsLogger("m", 16, b)
+    assert sample(a, "kvserve:request_aborted_total", **M) == 1
+    assert sample(b, "kvserve:request_aborted_total", **M) == 0
