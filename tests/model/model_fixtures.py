@@ -49,6 +49,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "llama_linear_rope": ("LlamaForCausalLM", dict(rope_scaling=dict(rope_type="linear", factor=4.0))),
     "mistral_window": ("MistralForCausalLM", dict(sliding_window=6, tie_word_embeddings=True)),
     "qwen2": ("Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    # Window only on layers >= max_window_layers (here layer 1), as Qwen2 defines it.
+    "qwen2_window": (
+        "Qwen2ForCausalLM",
+        dict(use_sliding_window=True, sliding_window=5, max_window_layers=1, tie_word_embeddings=False),
+    ),
     "qwen3": ("Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
 }
 

@@ -83,6 +83,10 @@ def test_matches_transformers_config(variant, tmp_path):
     assert arch.head_dim == (getattr(config, "head_dim", None) or 16)
     assert arch.tie_word_embeddings == config.tie_word_embeddings
     assert arch.sliding_window == getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or ["sliding_attention"] * config.num_hidden_layers
+    assert arch.layer_sliding_windows == tuple(
+        arch.sliding_window if t == "sliding_attention" else None for t in layer_types
+    )
     # Rotary frequencies exactly as transformers computes them for this config.
     rope_type = config.rope_parameters.get("rope_type", "default")
     if rope_type == "default":
@@ -108,3 +112,11 @@ def test_round_trip_through_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(LLAMA, num_key_value_heads=2, head_dim=32)))
     arch = ModelArchConfig.from_file(tmp_path / "config.json")
     assert (arch.num_key_value_heads, arch.head_dim) == (2, 32)
+
+
+def test_heads_must_divide():
+    with pytest.raises(CheckpointError, match=r"num_attention_heads \(4\) must be a multiple of num_key_value_heads \(3\)"):
+        ModelArchConfig.from_dict(dict(LLAMA, num_key_value_heads=3))
+    with pytest.raises(CheckpointError, match="give head_dim explicitly"):
+        ModelArchConfig.from_dict(dict(LLAMA, hidden_size=66))
+    assert ModelArchConfig.from_dict(dict(LLAMA, hidden_size=66, head_dim=16)).head_dim == 16

@@ -141,3 +141,13 @@ def test_shard_listed_in_index_but_absent(tmp_path):
     sorted(tmp_path.glob("model-*.safetensors"))[-1].unlink()
     with pytest.raises(CheckpointError, match="shard files that do not exist"):
         load_model(tmp_path)
+
+
+def test_auto_dtype_without_config_field_uses_stored_tensors(tiny_checkpoint, tmp_path):
+    path, _ = tiny_checkpoint("llama", torch.bfloat16)
+    shutil.copytree(path, tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert load_model(tmp_path).dtype == torch.bfloat16

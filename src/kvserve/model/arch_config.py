@@ -106,6 +106,16 @@ class ModelArchConfig:
         num_heads = int(need("num_attention_heads"))
         hidden_size = int(need("hidden_size"))
         num_layers = int(need("num_hidden_layers"))
+        num_kv_heads = int(raw.get("num_key_value_heads") or num_heads)
+        if num_heads % num_kv_heads:
+            raise CheckpointError(
+                f"{source}: num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
+            )
+        if not raw.get("head_dim") and hidden_size % num_heads:
+            raise CheckpointError(
+                f"{source}: hidden_size ({hidden_size}) is not divisible by num_attention_heads ({num_heads}); "
+                "give head_dim explicitly"
+            )
         rope_theta, rope_scaling = _parse_rope(raw, source)
         sliding_window = _parse_sliding_window(raw)
         eos = raw.get("eos_token_id")
@@ -117,7 +127,7 @@ class ModelArchConfig:
             intermediate_size=int(need("intermediate_size")),
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
-            num_key_value_heads=int(raw.get("num_key_value_heads") or num_heads),
+            num_key_value_heads=num_kv_heads,
             head_dim=int(raw.get("head_dim") or hidden_size // num_heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,

@@ -31,6 +31,7 @@ from kvserve.model.layers import MergedLinear
 from kvserve.model.registry import get_model_class
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -60,21 +61,30 @@ class _Target(NamedTuple):
     row_end: int
 
 
-def resolve_dtype(dtype: str | torch.dtype, arch: ModelArchConfig) -> torch.dtype:
-    """``auto`` -> the checkpoint's ``dtype``/``torch_dtype`` (float32 when it has none).
+def resolve_dtype(dtype: str | torch.dtype, arch: ModelArchConfig, stored: torch.dtype | None = None) -> torch.dtype:
+    """``auto`` -> the checkpoint's ``dtype``/``torch_dtype`` field, else ``stored`` (the dtype of
+    its tensors), else float32; any other value must name float32, bfloat16 or float16.
 
     Raises:
-        CheckpointError: the name (given or from the checkpoint) is not float32/bfloat16/float16.
+        CheckpointError: the name (given or from the checkpoint) is not one of those three.
     """
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise CheckpointError(f"dtype {dtype} is not supported; use one of {', '.join(_DTYPES)}")
         return dtype
-    name = (arch.torch_dtype or "float32") if dtype == "auto" else dtype
-    name = str(name).removeprefix("torch.")
+    if dtype == "auto" and arch.torch_dtype is None:
+        return stored if stored in _DTYPES.values() else torch.float32
+    name = str(arch.torch_dtype if dtype == "auto" else dtype).removeprefix("torch.")
     if name not in _DTYPES:
         raise CheckpointError(f"dtype {name!r} is not supported; use 'auto' or one of {', '.join(_DTYPES)}")
     return _DTYPES[name]
+
+
+def _stored_dtype(files: list[Path]) -> torch.dtype | None:
+    """The dtype of the first tensor of the first file (for configs without a dtype field)."""
+    with safe_open(str(files[0]), framework="pt") as f:
+        name = next(iter(f.keys()), None)
+        return None if name is None else _SAFETENSORS_DTYPES.get(f.get_slice(name).get_dtype())
 
 
 def load_model(
@@ -87,7 +97,8 @@ def load_model(
 
     Args:
         model_dir: Hugging Face model folder.
-        dtype: ``auto`` (the checkpoint's), ``float32``, ``bfloat16`` or ``float16``.
+        dtype: ``auto`` (the checkpoint's, see ``resolve_dtype``), ``float32``, ``bfloat16`` or
+            ``float16``.
         device: where the parameters live.
         attn_backend: attention backend the model calls (default: ``get_attention_backend("torch")``).
 
@@ -99,8 +110,8 @@ def load_model(
     model_dir = Path(model_dir)
     arch = ModelArchConfig.from_file(model_dir / "config.json")
     model_cls = get_model_class(arch.architecture)
-    torch_dtype = resolve_dtype(dtype, arch)
     files = _safetensors_files(model_dir)
+    torch_dtype = resolve_dtype(dtype, arch, _stored_dtype(files) if arch.torch_dtype is None else None)
     backend = attn_backend if attn_backend is not None else get_attention_backend("torch")
     with torch.device("meta"):
         model = model_cls(arch, backend)
