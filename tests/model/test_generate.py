@@ -39,6 +39,15 @@ def test_bfloat16_greedy_matches_transformers(tiny_checkpoint, variant):
     assert ours == [hf_greedy(hf_model, p, 32) for p in PROMPTS]
 
 
+def test_float16_requested_on_a_float32_checkpoint(tiny_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    path, _ = tiny_checkpoint("qwen3")
+    hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16).eval()
+    ours = generate(path, PROMPTS, max_tokens=16, dtype="float16", ignore_eos=True)
+    assert ours == [hf_greedy(hf_model, p, 16) for p in PROMPTS]
+
+
 def test_stops_at_eos_from_generation_config(tiny_checkpoint, tmp_path):
     import json
     import shutil
