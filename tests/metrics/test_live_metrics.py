@@ -96,7 +96,7 @@ def test_streamed_requests_fill_histograms_and_counters(server):
 
 
 async def _open_and_drop(srv, num_streams: int) -> None:
-    body = {"model": MODEL, "prompt": random_prompt(99, 30), "max_tokens": 200, "stream": True,
+    body = {"model": MODEL, "prompt": random_prompt(99, 30), "max_tokens": 225, "stream": True,
             "ignore_eos": True}
     headers = {"Authorization": "Bearer k"}
     async with httpx.AsyncClient(base_url=srv.base_url, headers=headers, timeout=30) as client:

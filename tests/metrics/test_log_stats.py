@@ -116,3 +116,16 @@ def test_json_formatter_keeps_exceptions():
 def test_configure_logging_rejects_unknown_values(level, fmt, match):
     with pytest.raises(ValueError, match=match):
         configure_logging(level, fmt)
+
+
+def test_window_after_idle_time_starts_at_the_first_step(caplog):
+    clock = Clock()
+    stats = LoggingStatsLogger(interval=10.0, clock=clock)
+    clock.now = 100.0  # start-up and idle time
+    with caplog.at_level(logging.INFO, logger="kvserve.stats"):
+        stats.on_step(step(num_running=1), [], IterationStats(8, 1))
+        assert not caplog.records  # not logged at once over 100 idle seconds
+        clock.now = 110.0
+        stats.on_step(step(num_running=1), [], IterationStats(0, 9))
+    [record] = caplog.records
+    assert record.stats["prompt_throughput"] == 0.8 and record.stats["generation_throughput"] == 1.0

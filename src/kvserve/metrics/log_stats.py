@@ -1,9 +1,10 @@
 """Log consumers: a periodic one-line engine summary and per-request access lines.
 
-Both are stats consumers (see :class:`kvserve.metrics.StatsConsumer`) running on the engine
-thread. The summary is written at the first step after ``interval`` seconds have passed since the
-previous one, and only when something happened in between (tokens, preemptions or queued work);
-an idle engine therefore logs nothing. Structured fields go in the record's ``extra`` so the JSON
+Both are stats consumers (see :class:`kvserve.metrics.wiring.StatsConsumer`) running on the
+engine thread. The summary is written at the first step after ``interval`` seconds have passed
+since the previous one, and only when something happened in between (tokens, preemptions or
+queued work); an idle engine logs nothing, and a window that starts after an idle interval
+starts at its first step. Structured fields go in the record's ``extra`` so the JSON
 format (:mod:`kvserve.metrics.log_format`) carries them as keys.
 """
 
@@ -69,8 +70,14 @@ class LoggingStatsLogger:
         self.generation_tokens = 0
         self.last_scheduler: SchedulerStats | None = None
         self.logged_scheduler = SchedulerStats()  # totals at the previous summary
+        self.active = False  # a step ran since the previous summary
 
     def on_step(self, step_stats, finished: list, iteration: IterationStats | None) -> None:
+        if not self.active and self.clock() - self.last_log_time >= self.interval:
+            # Idle for a whole interval: the next window starts now, so throughput is not
+            # averaged over the idle time (nor over start-up).
+            self.last_log_time = self.clock()
+        self.active = True
         if iteration is not None:
             self.prompt_tokens += iteration.num_prompt_tokens
             self.generation_tokens += iteration.num_generation_tokens
@@ -101,6 +108,7 @@ class LoggingStatsLogger:
         )
         self.last_log_time, self.logged_scheduler = now, s
         self.prompt_tokens = self.generation_tokens = 0
+        self.active = False
         if not (summary.prompt_throughput or summary.generation_throughput or summary.num_preemptions
                 or summary.num_running or summary.num_waiting):
             return None
