@@ -189,3 +189,17 @@ def test_too_long_request_is_counted_as_rejected(server):
     assert response.status_code == 400
     after = scrape(server)
     assert delta(after, before, "kvserve:request_rejected_total", reason="invalid_request") == 1
+
+
+def test_each_choice_of_n_counts_as_a_request(server):
+    before = scrape(server)
+    result = server.client.completions.create(model=MODEL, prompt=random_prompt(7, 21), max_tokens=5, n=2,
+                                              temperature=1.0, seed=3, extra_body={"ignore_eos": True})
+    after = scrape(server)
+    assert delta(after, before, "kvserve:request_success_total", finished_reason="length") == 2
+    assert delta(after, before, "kvserve:e2e_request_latency_seconds_count") == 2
+    assert delta(after, before, "kvserve:time_to_first_token_seconds_count") == 2
+    # each choice prefills the prompt (vLLM's per-child counting); usage counts the prompt once
+    assert delta(after, before, "kvserve:prompt_tokens_total") == 2 * result.usage.prompt_tokens
+    assert delta(after, before, "kvserve:generation_tokens_total") == result.usage.completion_tokens == 10
+    assert delta(after, before, "kvserve:inter_token_latency_seconds_count") == 2 * 4
