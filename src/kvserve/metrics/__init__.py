@@ -3,6 +3,7 @@ stats objects the engine emits (``StepStats``, ``IterationStats``, finished ``Re
 
     stats.py        IterationStats, FinishedRequestStats (derived per-request durations)
     prometheus.py   PrometheusStatsLogger, SchedulerStatsCollector (``kvserve:*`` series)
+    http.py         RejectionCounterMiddleware (refused requests, counted where clients see them)
     log_stats.py    LoggingStatsLogger (periodic summary), RequestLogger (access lines)
     log_format.py   configure_logging (text / JSON)
     tracing.py      TracingStatsConsumer (imports OpenTelemetry only when used)
