@@ -132,6 +132,7 @@ async def test_chat_all_sampling_params_async(server):
         assert (mine.token, mine.bytes) == (theirs.token, theirs.bytes)
         assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-4)
         assert len(mine.top_logprobs) == 2 and mine.top_logprobs[0].logprob >= mine.logprob - 1e-4
+    await client.close()
 
 
 def test_logit_bias_forces_a_token(server):
@@ -244,6 +245,7 @@ async def test_50_streams_closed_after_one_chunk_free_everything(server):
     ok = await client.completions.create(model=server.model, prompt="Hi", max_tokens=3,
                                          extra_body={"ignore_eos": True})
     assert ok.usage.completion_tokens == 3
+    await client.close()  # before the event loop closes, or its pool is torn down on a dead loop
 
 
 def test_echo_logprobs_one_entry_per_token(server):

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvserve import SamplingParams
-from tests.engine.conftest import assert_kv_clean, make_llm
+from engine_helpers import assert_kv_clean, make_llm
 
 SHARED_PREFIX = list(range(100, 140))  # 40 tokens: 2 full blocks of 16
 

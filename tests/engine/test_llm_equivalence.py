@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvserve import SamplingParams
-from tests.engine.conftest import assert_kv_clean, make_llm, random_prompts
+from engine_helpers import assert_kv_clean, make_llm, random_prompts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 PROMPTS = random_prompts(8, seed=1)  # 3..70 tokens: within one block and across several

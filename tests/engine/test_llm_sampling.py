@@ -9,7 +9,7 @@ import torch
 
 from kvserve import SamplingParams
 from kvserve.errors import InvalidRequestError
-from tests.engine.conftest import assert_kv_clean, make_llm, random_prompts
+from engine_helpers import assert_kv_clean, make_llm, random_prompts
 
 
 @pytest.fixture(scope="module")
