@@ -97,23 +97,30 @@ def _grouped_decode_attention(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:
-    """One query per request: query [B, H, D] -> [B, H, D]; one call per distinct seq_len."""
+    """One query per request: query [B, H, D] -> [B, H, D]; one SDPA call per distinct seq_len.
+
+    The contexts are gathered once, padded to max_seq_len; each call then reads an unpadded view
+    ``[rows, :, :seq_len]`` of them, so no padding reaches the kernel.
+    """
     block_size = kv_cache.shape[2]
-    out = torch.empty_like(query)
+    max_len = metadata.max_seq_len
+    keys, values = _gather_context(kv_cache, metadata.block_tables[:, : -(-max_len // block_size)].long(), max_len)
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, H_kv, max_len, D]
+    queries = query[:, :, None, :]  # [B, H, 1, D]
+    out = torch.empty_like(queries)
     groups: dict[int, list[int]] = {}
     for r, seq_len in enumerate(metadata.seq_lens_cpu.tolist()):
         groups.setdefault(seq_len, []).append(r)
     for seq_len, rows in groups.items():
-        index = torch.tensor(rows, device=query.device)
-        blocks = metadata.block_tables[index, : -(-seq_len // block_size)].long()
-        keys, values = _gather_context(kv_cache, blocks, seq_len)  # [G, seq_len, H_kv, D]
+        # A run of consecutive rows is a view; otherwise an index gather.
+        index = slice(rows[0], rows[-1] + 1) if rows[-1] - rows[0] + 1 == len(rows) else torch.tensor(rows, device=query.device)
         mask = None
         if sliding_window is not None and sliding_window < seq_len:
             mask = (torch.arange(seq_len, device=query.device) > seq_len - 1 - sliding_window).view(1, 1, 1, -1)
         out[index] = _attend(
-            query[index][:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2), mask, scale, causal=False
-        )[:, :, 0, :]
-    return out
+            queries[index], keys[index, :, :seq_len], values[index, :, :seq_len], mask, scale, causal=False
+        )
+    return out[:, :, 0, :]
 
 
 def _padded_decode_attention(
