@@ -58,3 +58,16 @@ def builtin_model_path() -> Path:
 def is_builtin_model_name(name: str) -> bool:
     """True when ``name`` asks for the built-in model: :data:`BUILTIN_MODEL_NAME` or ``builtin``."""
     return name in (BUILTIN_MODEL_NAME, "builtin")
+
+
+def resolve_model(model: str | None) -> tuple[str, str]:
+    """The model folder and default served name for a ``MODEL`` argument: ``None`` (or
+    ``builtin``) = the built-in model under :data:`BUILTIN_MODEL_NAME`; a folder is served under
+    its own name.
+
+    Raises:
+        CheckpointError: the built-in model is asked for but missing.
+    """
+    if model is None or is_builtin_model_name(model):
+        return str(builtin_model_path()), BUILTIN_MODEL_NAME
+    return model, Path(model).resolve().name

@@ -26,12 +26,12 @@ def _remote_replies(args: argparse.Namespace) -> tuple[str, callable]:
 
 
 def _local_replies(args: argparse.Namespace) -> tuple[str, callable]:
-    from kvserve.cli import _resolve_model
+    from kvserve.builtin import resolve_model
     from kvserve.engine.arg_utils import engine_config_from_args
     from kvserve.engine.llm import LLM
     from kvserve.sampling_params import SamplingParams
 
-    model, name = _resolve_model(args.model)
+    model, name = resolve_model(args.model)
     llm = LLM.from_config(engine_config_from_args(model, args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
 

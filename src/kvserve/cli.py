@@ -18,17 +18,6 @@ def _model_arg(parser: argparse.ArgumentParser) -> None:
                         help="Hugging Face model folder; default: the built-in model")
 
 
-def _resolve_model(model: str | None) -> tuple[str, str]:
-    """(model folder, default served name)."""
-    from pathlib import Path
-
-    if model is None:
-        from kvserve.builtin import BUILTIN_MODEL_NAME, builtin_model_path
-
-        return str(builtin_model_path()), BUILTIN_MODEL_NAME
-    return model, Path(model).resolve().name
-
-
 def _add_log_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -95,7 +84,9 @@ def _generate(args: argparse.Namespace) -> int:
     from kvserve.engine.llm import LLM
     from kvserve.sampling_params import SamplingParams
 
-    model, _ = _resolve_model(args.model)
+    from kvserve.builtin import resolve_model
+
+    model, _ = resolve_model(args.model)
     llm = LLM.from_config(engine_config_from_args(model, args))
     start = time.perf_counter()
     outputs = llm.generate(args.prompt, SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens))

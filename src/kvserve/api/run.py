@@ -10,6 +10,7 @@ finish for up to ``settings.shutdown_timeout`` seconds, then exits. A second sig
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 import time
 from typing import TYPE_CHECKING
 
@@ -28,11 +29,18 @@ logger = logging.getLogger(__name__)
 class DrainingServer(uvicorn.Server):
     """A uvicorn server whose first exit signal drains instead of stopping at once."""
 
-    def __init__(self, config: uvicorn.Config, state: ServingState, shutdown_timeout: float):
+    def __init__(self, config: uvicorn.Config, state: ServingState, shutdown_timeout: float,
+                 on_ready: Callable[[], None] | None = None):
         super().__init__(config)
         self.state = state
         self.shutdown_timeout = shutdown_timeout
         self.drain_deadline: float | None = None
+        self.on_ready = on_ready
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_ready is not None:
+            self.on_ready()
 
     def handle_exit(self, sig: int, frame) -> None:
         if self.drain_deadline is None:
@@ -51,14 +59,16 @@ class DrainingServer(uvicorn.Server):
         return self.state.in_flight == 0 or time.monotonic() >= self.drain_deadline
 
 
-def make_server(engine: EngineClient, settings: ServerSettings) -> DrainingServer:
-    """A configured, not yet started server (``await server.serve()`` or ``server.run()``)."""
+def make_server(engine: EngineClient, settings: ServerSettings,
+                on_ready: Callable[[], None] | None = None) -> DrainingServer:
+    """A configured, not yet started server (``await server.serve()`` or ``server.run()``);
+    ``on_ready`` is called once the socket listens."""
     app = build_app(engine, settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=1, timeout_keep_alive=5)
-    return DrainingServer(config, app.state.serving, settings.shutdown_timeout)
+    return DrainingServer(config, app.state.serving, settings.shutdown_timeout, on_ready)
 
 
-def serve(engine: EngineClient, settings: ServerSettings) -> None:
+def serve(engine: EngineClient, settings: ServerSettings, on_ready: Callable[[], None] | None = None) -> None:
     """Serve ``engine`` until SIGTERM/SIGINT, then drain and return (blocks the calling thread)."""
-    make_server(engine, settings).run()
+    make_server(engine, settings, on_ready).run()
