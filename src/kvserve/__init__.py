@@ -4,4 +4,13 @@ from kvserve.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str):
+    # ``from kvserve import LLM`` without importing torch and the engine on ``import kvserve``.
+    if name == "LLM":
+        from kvserve.engine.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'kvserve' has no attribute {name!r}")
