@@ -1,0 +1,124 @@
+"""Baseline: llama.cpp (llama-cpp-python's OpenAI-compatible server) under ``kvserve bench serve``.
+
+    python benchmarks/baseline_llamacpp.py --model /tmp/qwen-shaped --concurrency 1,8 \
+        --num-prompts 4 --result-dir bench_results/llamacpp
+
+llama-cpp-python lives in its own venv so the project's stays clean (build it once, ~5 min)::
+
+    python3 -m venv /tmp/llamacpp-venv
+    /tmp/llamacpp-venv/bin/pip install "llama-cpp-python[server]==0.3.36" gguf numpy
+
+Steps: convert the checkpoint to GGUF with ``gguf_export.py`` (bf16 by default; skipped when the
+file exists), start ``python -m llama_cpp.server`` from that venv with ``--n_threads`` threads,
+then run the same ``kvserve bench serve`` workload as kvserve at each ``--concurrency``.
+llama-cpp-python's server runs one completion at a time (its ``Llama`` object has one sequence),
+so requests above 1 queue inside the server: TTFT grows, throughput stays the batch-1 rate.
+
+llama-cpp-python has no ``ignore_eos``; end-of-generation ids get a -100 ``logit_bias`` instead,
+so every request generates exactly ``--output-len`` tokens. Each result file is the bench tool's
+(with its provenance) plus a ``baseline`` block: llama-cpp-python and gguf versions, the GGUF
+file, the server command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from servers import bench_serve, free_port, running_server
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_PYTHON = "/tmp/llamacpp-venv/bin/python"
+
+
+def llamacpp_versions(python: str) -> dict[str, str]:
+    """Versions of llama-cpp-python and gguf in the llama.cpp venv.
+
+    Raises:
+        FileNotFoundError / subprocess.CalledProcessError: the venv or its packages are missing.
+    """
+    code = ("import importlib.metadata as m, json; "
+            "print(json.dumps({p: m.version(p) for p in ('llama_cpp_python', 'gguf', 'numpy')}))")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def ensure_gguf(python: str, model: str, gguf: Path, outtype: str) -> Path:
+    if not gguf.exists():
+        print(f"converting {model} -> {gguf} ({outtype})", flush=True)
+        subprocess.run([python, str(HERE / "gguf_export.py"), model, str(gguf), "--outtype", outtype], check=True)
+    return gguf
+
+
+def server_command(python: str, gguf: Path, port: int, n_threads: int, n_ctx: int) -> list[str]:
+    return [python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+            "--n_ctx", str(n_ctx), "--n_threads", str(n_threads), "--n_threads_batch", str(n_threads),
+            "--model_alias", "qwen-shaped"]
+
+
+def eog_logit_bias(model: str) -> dict[str, float]:
+    """``{id: -100}`` for the tokenizer's end-of-generation ids (eos and ``<|im_end|>``)."""
+    from kvserve.bench.prompts import load_tokenizer
+
+    tokenizer = load_tokenizer(model)
+    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} - {None, tokenizer.unk_token_id}
+    ids.add(tokenizer.eos_token_id)
+    return {str(i): -100.0 for i in sorted(ids)}
+
+
+def run(args: argparse.Namespace) -> list[Path]:
+    versions = llamacpp_versions(args.llamacpp_python)
+    gguf = ensure_gguf(args.llamacpp_python, args.model, Path(args.gguf or f"{args.model}/model-{args.outtype}.gguf"),
+                       args.outtype)
+    port = free_port()
+    command = server_command(args.llamacpp_python, gguf, port, args.n_threads, args.n_ctx)
+    workload = ["--dataset-name", "random", "--input-len", str(args.input_len), "--output-len",
+                str(args.output_len), "--num-prompts", str(args.num_prompts), "--seed", str(args.seed)]
+    extra = ["--extra-body", json.dumps({"logit_bias": eog_logit_bias(args.model)})]
+    result_dir = Path(args.result_dir)
+    written = []
+    with running_server(command, f"http://127.0.0.1:{port}/v1/models", result_dir / "llamacpp-server.log"):
+        for concurrency in args.concurrency:
+            path = result_dir / f"llamacpp-c{concurrency}.json"
+            doc = bench_serve(f"http://127.0.0.1:{port}", args.model, path, workload, concurrency,
+                              num_warmups=args.num_warmups, extra=extra)
+            doc["baseline"] = {"name": "llama.cpp", "versions": versions, "gguf": str(gguf),
+                               "outtype": args.outtype, "server_command": command}
+            path.write_text(json.dumps(doc, indent=2) + "\n")
+            written.append(path)
+    return written
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="llama.cpp baseline through llama-cpp-python's server")
+    p.add_argument("--model", required=True, help="Hugging Face model folder (tokenizer and weights)")
+    p.add_argument("--gguf", default=None, help="GGUF path (default MODEL/model-OUTTYPE.gguf, made if missing)")
+    p.add_argument("--outtype", choices=("bf16", "f16", "f32"), default="bf16")
+    p.add_argument("--llamacpp-python", default=DEFAULT_PYTHON, help="python of the llama.cpp venv")
+    p.add_argument("--n-threads", type=int, default=2)
+    p.add_argument("--n-ctx", type=int, default=2048)
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1])
+    p.add_argument("--num-prompts", type=int, default=4)
+    p.add_argument("--num-warmups", type=int, default=1)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0, help="workload seed, as kvserve bench --seed")
+    p.add_argument("--result-dir", default="bench_results/llamacpp")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not Path(args.llamacpp_python).exists():
+        print(f"llama.cpp baseline skipped: {args.llamacpp_python} not found (see this script's docstring)")
+        return 2
+    for path in run(args):
+        print(f"result written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

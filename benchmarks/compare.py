@@ -1,0 +1,205 @@
+"""kvserve against its baselines in one run on this machine, with kvserve's ratio to each.
+
+    python benchmarks/compare.py                      # full set (~20 min on a quiet 2-vCPU machine)
+    python benchmarks/compare.py --preset quick       # fewer prompts (~10 min), a smoke run
+
+What runs, in order, all on the Qwen2.5-0.5B-shaped checkpoint (``make_qwen_shaped_model.py``,
+made if missing), random 128-token prompts and 128 output tokens with ignore_eos:
+
+1. ``kvserve serve`` (prefix caching on) + ``kvserve bench serve`` at concurrency 1, 8, 32, 64
+   (closed loop: ``--request-rate inf --max-concurrency C``); the shared-prefix workload at
+   concurrency 8; the server restarted with ``--no-enable-prefix-caching`` for the same
+   shared-prefix workload.
+2. transformers ``generate``: sequential (batch 1) on the concurrency-1 prompts; static batches of
+   32 on the concurrency-32 prompts (``baseline_transformers.py``).
+3. llama.cpp via llama-cpp-python's server at concurrency 1 and 8 on the same prompts as kvserve's
+   levels (``baseline_llamacpp.py``), when ``/tmp/llamacpp-venv`` exists.
+
+Each level draws its own prompts (seed 1000 + C) and its baseline draws the same ones. Every run
+writes its own result file (with provenance) under ``--out``; ``summary.json`` (with provenance)
+and ``summary.md`` hold the comparison table. Ratios are kvserve / baseline for throughput and
+baseline / kvserve for latencies, so > 1 always means kvserve is better.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from make_qwen_shaped_model import DEFAULT_OUT, make_qwen_shaped_model
+from servers import bench_serve, kvserve_server
+
+from kvserve.bench.provenance import collect_provenance
+from kvserve.bench.report import write_result
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Prompts per concurrency level, and the shared-prefix workload (tokens)."""
+
+    prompts: dict[int, int]
+    shared_prefix: tuple[int, int, int, int, int]  # groups, prompts per group, system, question, output
+    input_len: int = 128
+    output_len: int = 128
+
+
+PRESETS = {
+    "full": Plan({1: 4, 8: 16, 32: 64, 64: 128}, (4, 8, 1024, 64, 32)),
+    "quick": Plan({1: 2, 8: 8, 32: 32, 64: 64}, (2, 8, 512, 32, 16)),
+}
+
+
+def seed_of(concurrency: int) -> int:
+    return 1000 + concurrency
+
+
+def random_workload(plan: Plan, concurrency: int) -> list[str]:
+    return ["--dataset-name", "random", "--input-len", str(plan.input_len), "--output-len", str(plan.output_len),
+            "--num-prompts", str(plan.prompts[concurrency]), "--seed", str(seed_of(concurrency))]
+
+
+def shared_prefix_workload(plan: Plan) -> list[str]:
+    g, p, s, q, o = plan.shared_prefix
+    return ["--dataset-name", "shared-prefix", "--num-groups", str(g), "--prompts-per-group", str(p),
+            "--system-prompt-len", str(s), "--question-len", str(q), "--output-len", str(o), "--seed", "2000"]
+
+
+def run_kvserve(plan: Plan, model: str, out: Path) -> dict[str, dict]:
+    """kvserve's runs, keyed ``kvserve-cC``, ``kvserve-prefix-on``, ``kvserve-prefix-off``."""
+    docs = {}
+    with kvserve_server(model, out / "kvserve-server.log", prefix_caching=True) as url:
+        for c in plan.prompts:
+            docs[f"kvserve-c{c}"] = bench_serve(url, model, out / f"kvserve-c{c}.json", random_workload(plan, c), c)
+        docs["kvserve-prefix-on"] = bench_serve(url, model, out / "kvserve-prefix-on.json",
+                                                shared_prefix_workload(plan), 8)
+    with kvserve_server(model, out / "kvserve-server-noprefix.log", prefix_caching=False) as url:
+        docs["kvserve-prefix-off"] = bench_serve(url, model, out / "kvserve-prefix-off.json",
+                                                 shared_prefix_workload(plan), 8)
+    return docs
+
+
+def run_script(args: list[str]) -> None:
+    command = [sys.executable, *args]
+    print("+", " ".join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+def run_transformers(plan: Plan, model: str, out: Path) -> dict[str, dict]:
+    common = [str(HERE / "baseline_transformers.py"), "--model", model, "--input-len", str(plan.input_len),
+              "--output-len", str(plan.output_len)]
+    run_script([*common, "--mode", "sequential", "--num-prompts", str(plan.prompts[1]), "--seed", str(seed_of(1)),
+                "--result-file", str(out / "hf-sequential.json")])
+    run_script([*common, "--mode", "static", "--batch-size", "32", "--num-prompts", str(plan.prompts[32]),
+                "--seed", str(seed_of(32)), "--result-file", str(out / "hf-static32.json")])
+    return {name: json.loads((out / f"{name}.json").read_text()) for name in ("hf-sequential", "hf-static32")}
+
+
+def run_llamacpp(plan: Plan, model: str, out: Path, python: str) -> dict[str, dict]:
+    if not Path(python).exists():
+        print(f"llama.cpp baseline skipped: {python} not found (see baseline_llamacpp.py)")
+        return {}
+    docs = {}
+    for c in (1, 8):  # one server per level so each level's seed and prompt count match kvserve's
+        run_script([str(HERE / "baseline_llamacpp.py"), "--model", model, "--llamacpp-python", python,
+                    "--concurrency", str(c), "--num-prompts", str(plan.prompts[c]), "--seed", str(seed_of(c)),
+                    "--input-len", str(plan.input_len), "--output-len", str(plan.output_len),
+                    "--result-dir", str(out)])
+        docs[f"llamacpp-c{c}"] = json.loads((out / f"llamacpp-c{c}.json").read_text())
+    return docs
+
+
+# (label, kvserve run, baseline run)
+PAIRS = (
+    ("batch 1: vs transformers sequential", "kvserve-c1", "hf-sequential"),
+    ("batch 1: vs llama.cpp", "kvserve-c1", "llamacpp-c1"),
+    ("8 concurrent: vs llama.cpp (serializes)", "kvserve-c8", "llamacpp-c8"),
+    ("32 concurrent: vs transformers static batch 32", "kvserve-c32", "hf-static32"),
+    ("shared prefix c8: prefix caching on vs off", "kvserve-prefix-on", "kvserve-prefix-off"),
+)
+
+
+def figures(doc: dict) -> dict[str, float]:
+    m = doc["metrics"]
+    return {"tok_s": m["output_throughput"], "ttft_ms": m["ttft_ms"]["median"], "tpot_ms": m["tpot_ms"]["median"],
+            "e2el_ms": m["e2el_ms"]["median"], "completed": m["completed"], "failed": m["failed"]}
+
+
+def compare_rows(docs: dict[str, dict]) -> list[dict]:
+    """One row per pair whose two runs exist; ratios > 1 mean kvserve (the first run) is better."""
+    rows = []
+    for label, ours, theirs in PAIRS:
+        if ours not in docs or theirs not in docs:
+            continue
+        a, b = figures(docs[ours]), figures(docs[theirs])
+        rows.append({"comparison": label, "kvserve_run": ours, "baseline_run": theirs, "kvserve": a, "baseline": b,
+                     "throughput_ratio": a["tok_s"] / b["tok_s"],
+                     "ttft_ratio": b["ttft_ms"] / a["ttft_ms"] if a["ttft_ms"] else float("nan"),
+                     "tpot_ratio": b["tpot_ms"] / a["tpot_ms"] if a["tpot_ms"] else float("nan")})
+    return rows
+
+
+def markdown_table(rows: list[dict], docs: dict[str, dict]) -> str:
+    lines = ["| comparison | kvserve tok/s | baseline tok/s | **throughput ratio** | kvserve TTFT p50 (ms) | "
+             "baseline TTFT p50 (ms) | TTFT ratio | kvserve TPOT p50 (ms) | baseline TPOT p50 (ms) | TPOT ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a, b = r["kvserve"], r["baseline"]
+        lines.append(f"| {r['comparison']} | {a['tok_s']:.1f} | {b['tok_s']:.1f} | **{r['throughput_ratio']:.2f}x** | "
+                     f"{a['ttft_ms']:.0f} | {b['ttft_ms']:.0f} | {r['ttft_ratio']:.2f}x | {a['tpot_ms']:.0f} | "
+                     f"{b['tpot_ms']:.0f} | {r['tpot_ratio']:.2f}x |")
+    lines += ["", "| kvserve run | requests | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | E2E p50 (ms) |",
+              "|---|---|---|---|---|---|"]
+    for name, doc in docs.items():
+        f = figures(doc)
+        lines.append(f"| {name} | {f['completed']} ok / {f['failed']} failed | {f['tok_s']:.1f} | "
+                     f"{f['ttft_ms']:.0f} | {f['tpot_ms']:.0f} | {f['e2el_ms']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="kvserve vs transformers and llama.cpp, ratios in one run")
+    p.add_argument("--model", default=DEFAULT_OUT, help=f"checkpoint folder (made if missing; default {DEFAULT_OUT})")
+    p.add_argument("--preset", choices=tuple(PRESETS), default="full")
+    p.add_argument("--out", default=None, help="result folder (default bench_results/compare-PRESET-TIME)")
+    p.add_argument("--llamacpp-python", default="/tmp/llamacpp-venv/bin/python")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: kvserve, transformers, llamacpp")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = PRESETS[args.preset]
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out or f"bench_results/compare-{args.preset}-{stamp}")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.model == DEFAULT_OUT:
+        make_qwen_shaped_model(args.model)
+    skip = set(filter(None, args.skip.split(",")))
+    started = dt.datetime.now(dt.timezone.utc)
+    docs: dict[str, dict] = {}
+    if "kvserve" not in skip:
+        docs.update(run_kvserve(plan, args.model, out))
+    if "transformers" not in skip:
+        docs.update(run_transformers(plan, args.model, out))
+    if "llamacpp" not in skip:
+        docs.update(run_llamacpp(plan, args.model, out, args.llamacpp_python))
+    rows = compare_rows(docs)
+    table = markdown_table(rows, docs)
+    wall_s = (dt.datetime.now(dt.timezone.utc) - started).total_seconds()
+    (out / "summary.md").write_text(f"preset {args.preset}, wall time {wall_s / 60:.1f} min\n\n" + table)
+    write_result(out / "summary.json", "compare", {"preset": args.preset, "plan": plan.__dict__, "wall_s": wall_s,
+                                                   "rows": rows, "runs": sorted(docs)}, collect_provenance(None))
+    print(table)
+    print(f"wall time {wall_s / 60:.1f} min; results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
