@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kvserve.engine.llm_engine import LLMEngine
@@ -104,12 +104,36 @@ class AsyncLLM(EngineClient):
     """
 
     def __init__(self, engine: LLMEngine, served_model_name: str, stats_consumers: list[Any] | None = None):
-        self.engine = engine
+        self._init_common(served_model_name, stats_consumers)
+        self._attach(engine)
+
+    @classmethod
+    def deferred(
+        cls,
+        factory: Callable[[], LLMEngine],
+        served_model_name: str,
+        *,
+        tokenizer: Any,
+        max_model_len: int,
+        vocab_size: int,
+        eos_token_ids: frozenset[int] = frozenset(),
+        stats_consumers: list[Any] | None = None,
+    ) -> AsyncLLM:
+        """An ``AsyncLLM`` whose engine is built by ``factory`` on the engine thread after
+        ``start()``, so the HTTP server can answer (``/health`` 503) while the weights load. The
+        facts the API layer needs before that are given up front. ``wait_until_loaded()`` blocks
+        until the engine is ready or failed."""
+        self = cls.__new__(cls)
+        self._init_common(served_model_name, stats_consumers)
+        self._factory = factory
+        self.max_model_len, self.vocab_size = max_model_len, vocab_size
+        self.tokenizer, self.eos_token_ids = tokenizer, eos_token_ids
+        return self
+
+    def _init_common(self, served_model_name: str, stats_consumers: list[Any] | None) -> None:
+        self.engine: LLMEngine | None = None
+        self._factory: Callable[[], LLMEngine] | None = None
         self.model_name = served_model_name
-        self.max_model_len = engine.max_model_len
-        self.vocab_size = engine.vocab_size
-        self.tokenizer = engine.tokenizer
-        self.eos_token_ids = engine.eos_token_ids
         self.stats_consumers = list(stats_consumers or [])
         self.metrics_registry: Any = None
         self.prometheus_metrics: Any = None
@@ -118,7 +142,17 @@ class AsyncLLM(EngineClient):
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
         self._stopping = False
-        self.snapshot: SchedulerStats = engine.core.make_stats()
+        self._loaded = threading.Event()
+        self.snapshot: SchedulerStats = SchedulerStats()
+
+    def _attach(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.vocab_size
+        self.tokenizer = engine.tokenizer
+        self.eos_token_ids = engine.eos_token_ids
+        self.snapshot = engine.core.make_stats()
+        self._loaded.set()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -133,7 +167,13 @@ class AsyncLLM(EngineClient):
 
     @property
     def is_ready(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self._dead is None
+        return (self._thread is not None and self._thread.is_alive() and self._dead is None
+                and self.engine is not None)
+
+    def wait_until_loaded(self, timeout: float | None = None) -> bool:
+        """Block until the engine is built (True) or failed / timed out (False)."""
+        self._loaded.wait(timeout)
+        return self.engine is not None and self._dead is None
 
     @property
     def num_unfinished_requests(self) -> int:
@@ -189,6 +229,14 @@ class AsyncLLM(EngineClient):
     # -- the engine thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.engine is None:
+            try:
+                self._attach(self._factory())
+            except BaseException as exc:
+                logger.exception("loading the engine failed")
+                self._dead = exc
+                self._loaded.set()
+                return
         try:
             while True:
                 block = not self.engine.has_unfinished_requests()
