@@ -10,6 +10,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -203,8 +204,9 @@ class AsyncLLM(EngineClient):
         loop = asyncio.get_running_loop()
         added: asyncio.Future = loop.create_future()
         stream = _Stream(loop)
+        # Arrival is when the API handed the request over, not when the engine thread gets to it.
         self._commands.put(("add", request_id, prompt_token_ids, sampling_params, prompt, priority, cache_salt,
-                            stream, added))
+                            time.time(), stream, added))
         await added  # raises the admission error, if any
         finished = False
         try:
@@ -276,10 +278,11 @@ class AsyncLLM(EngineClient):
                 for consumer in self.stats_consumers:
                     consumer.on_request_aborted(request_id)
             return
-        _, request_id, token_ids, params, prompt, priority, cache_salt, stream, added = command
+        _, request_id, token_ids, params, prompt, priority, cache_salt, arrival, stream, added = command
         try:
             state = self.engine.add_request(
-                request_id, token_ids, params, prompt=prompt, priority=priority, cache_salt=cache_salt
+                request_id, token_ids, params, prompt=prompt, priority=priority, cache_salt=cache_salt,
+                arrival_time=arrival,
             )
         except Exception as exc:
             stream.loop.call_soon_threadsafe(_set_exception, added, exc)

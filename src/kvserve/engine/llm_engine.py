@@ -57,6 +57,7 @@ class LLMEngine:
         prompt: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        arrival_time: float | None = None,
     ) -> RequestState:
         """Validate and queue a request (all its choices); nothing is queued when it raises.
 
@@ -67,7 +68,8 @@ class LLMEngine:
         if request_id in self.output_processor.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         requests = self.input_processor.make_requests(
-            request_id, prompt_token_ids, params, priority=priority, cache_salt=cache_salt
+            request_id, prompt_token_ids, params, priority=priority, cache_salt=cache_salt,
+            arrival_time=arrival_time,
         )
         added = []
         try:
