@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import random
 import re
@@ -291,6 +292,14 @@ def save(model, tok, out: Path, log: dict, words: list[str]) -> None:
     (out / "corpus_words.txt").write_text("\n".join(words) + "\n")
 
 
+def machine_info(threads: int) -> dict:
+    """Platform, CPU model name and count, torch version and threads used (for training_log)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = re.findall(r"model name\s*:\s*(.+)", cpuinfo.read_text()) if cpuinfo.exists() else []
+    return {"platform": platform.platform(), "cpu": names[0] if names else platform.processor(),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": threads}
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     t_start = time.time()
@@ -306,8 +315,7 @@ def main(argv=None) -> None:
     log = {"corpus": corpus, "seed": args.seed, "parameters": n_params,
            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
            **result, "wall_seconds": round(time.time() - t_start, 1),
-           "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                       "torch": torch.__version__, "threads": args.threads}}
+           "machine": machine_info(args.threads)}
     save(model, tok, args.out, log, words)
     print(f"saved to {args.out}; final val loss {result['val_curve'][-1]['val_loss']}", flush=True)
 
