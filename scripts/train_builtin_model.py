@@ -139,6 +139,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 
 def build_model(args, vocab_size: int, tok):
+    """A randomly initialised LlamaForCausalLM of the shape given by the flags (float32)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -172,6 +173,7 @@ def sample_batch(streams, weights, args, gen: torch.Generator) -> torch.Tensor:
 
 
 def loss_on(model, batch: torch.Tensor, autocast: bool) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) of a [B, T+1] int64 batch; scalar float32."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=batch[:, :-1]).logits
     return torch.nn.functional.cross_entropy(
@@ -180,6 +182,7 @@ def loss_on(model, batch: torch.Tensor, autocast: bool) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(model, val: torch.Tensor, args) -> float:
+    """Mean loss over the first ``--eval-windows`` consecutive windows of the held-out stream."""
     model.eval()
     n = args.context + 1
     windows = val[: (len(val) // n) * n].view(-1, n)[: args.eval_windows]
@@ -190,6 +193,7 @@ def evaluate(model, val: torch.Tensor, args) -> float:
 
 
 def train(model, streams, weights, val, args) -> dict:
+    """AdamW loop; returns steps, tokens seen, seconds and the loss and validation curves."""
     gen = torch.Generator().manual_seed(args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                             weight_decay=0.1, fused=False)
