@@ -51,10 +51,11 @@ def metadata_for(computed, new, block_tables):
     )
 
 
-def run_in_steps(steps, seqs, block_tables, window, batch_invariant=True):
+def run_in_steps(steps, seqs, block_tables, window, batch_invariant=True, backend=None):
     """Feed each sequence's tokens as ``steps`` says (list of per-request new-token counts per
-    step), returning the outputs of every token in order per request."""
-    backend = TorchAttentionBackend(batch_invariant=batch_invariant)
+    step), returning the outputs of every token in order per request (reference backend unless
+    ``backend`` is given)."""
+    backend = backend or TorchAttentionBackend(batch_invariant=batch_invariant)
     cache = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=seqs[0][0].dtype)
     done = [0] * len(seqs)
     outputs = [[] for _ in seqs]
@@ -153,5 +154,5 @@ def test_bfloat16_output_dtype_and_values():
 def test_registry():
     assert isinstance(get_attention_backend(), TorchAttentionBackend)
     assert get_attention_backend("torch").name == "torch"
-    with pytest.raises(InvalidRequestError, match="available: torch"):
+    with pytest.raises(InvalidRequestError, match="available: auto, cpu_paged, torch"):
         get_attention_backend("flash")

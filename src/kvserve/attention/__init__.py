@@ -1,30 +1,49 @@
 """Attention backends, by name. The portable ``torch`` backend is the reference every faster
-backend is tested against."""
+backend is tested against; ``cpu_paged`` is the C++ kernel for CPUs; ``auto`` picks the fastest
+one that works for a device."""
 
 from __future__ import annotations
 
+import torch
+
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
+from kvserve.attention.cpu_paged import CpuPagedAttentionBackend, cpu_paged_available
 from kvserve.attention.torch_backend import TorchAttentionBackend
 from kvserve.errors import InvalidRequestError
 
 _BACKENDS: dict[str, type[AttentionBackend]] = {
     TorchAttentionBackend.name: TorchAttentionBackend,
+    CpuPagedAttentionBackend.name: CpuPagedAttentionBackend,
 }
 
 
-def get_attention_backend(name: str = "torch") -> AttentionBackend:
+def get_attention_backend(name: str = "torch", device: str | torch.device = "cpu") -> AttentionBackend:
     """A new instance of the backend registered as ``name``.
+
+    ``auto``: ``cpu_paged`` on a CPU device when its kernel builds here, else ``torch``.
 
     Raises:
         InvalidRequestError: no backend has that name (the message lists the available ones).
+        RuntimeError: ``cpu_paged`` was asked for by name and its kernel cannot be built.
     """
+    if name == "auto":
+        on_cpu = torch.device(device).type == "cpu"
+        name = CpuPagedAttentionBackend.name if on_cpu and cpu_paged_available() else TorchAttentionBackend.name
     try:
-        return _BACKENDS[name]()
+        backend_cls = _BACKENDS[name]
     except KeyError:
         raise InvalidRequestError(
-            f"unknown attention backend {name!r}; available: {', '.join(sorted(_BACKENDS))}",
+            f"unknown attention backend {name!r}; available: auto, {', '.join(sorted(_BACKENDS))}",
             param="attention_backend",
         ) from None
+    return backend_cls()
 
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "TorchAttentionBackend", "get_attention_backend"]
+__all__ = [
+    "AttentionBackend",
+    "AttentionMetadata",
+    "CpuPagedAttentionBackend",
+    "TorchAttentionBackend",
+    "cpu_paged_available",
+    "get_attention_backend",
+]

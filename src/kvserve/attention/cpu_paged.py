@@ -1,0 +1,120 @@
+"""A fast paged-attention backend for CPUs: a small C++ kernel (``csrc/paged_attention.cpp``)
+that reads each request's K/V in place from the block cache.
+
+Why: the reference backend gathers every request's whole context into a new tensor each step and,
+to stay batch-invariant, makes one SDPA call per distinct context length; at batch 32 on the
+Qwen2.5-0.5B shape that was about half of a decode step (768 SDPA calls, 24 layers x 32 lengths,
+plus the gathers; see ``docs/benchmarks.md``). The kernel instead runs one task per (query row,
+KV head), walks the request's blocks in order of absolute position with an online softmax in
+float32 and never reads a padded or masked slot::
+
+    request r, KV head g:   block_table[r] = [b0, b1, b2]      seq_len = 37, block_size = 16
+                            K/V rows read:   b0[0:16] b1[0:16] b2[0:5]   (nothing else, no copy)
+
+so a request's result never depends on the rest of the batch (batch invariance by construction).
+
+Requests whose query is longer than ``max_kernel_query_len`` (prefill chunks) go through the
+reference path (one SDPA call per request: blocked matmuls are faster there). The kernel is built
+on first use with ``torch.utils.cpp_extension.load`` (g++ with OpenMP, ``-O3 -march=native``;
+cached under ``~/.cache/torch_extensions``); ``cpu_paged_available()`` says whether that worked,
+and ``get_attention_backend("auto")`` falls back to the portable torch backend when it did not.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+from kvserve.attention.backend import AttentionBackend, AttentionMetadata
+from kvserve.attention.torch_backend import _attend, _causal_mask, _gather_context, write_kv_cache
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
+
+
+@functools.cache
+def _extension():
+    """The compiled kernel module, or None when it cannot be built (no compiler, no headers)."""
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(
+            name="kvserve_paged_attention",
+            sources=[str(_SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except Exception as error:  # noqa: BLE001 - any build failure means "use the fallback"
+        logger.warning("paged attention kernel unavailable (%s); using the torch backend", error)
+        return None
+
+
+def cpu_paged_available() -> bool:
+    """True when the C++ kernel builds and loads on this machine (first call compiles, ~1 min)."""
+    return _extension() is not None
+
+
+class CpuPagedAttentionBackend(AttentionBackend):
+    """Paged attention with the C++ kernel for short queries (see module docstring).
+
+    Args:
+        max_kernel_query_len: requests with at most this many new tokens use the kernel; longer
+            ones (prefill chunks) use per-request SDPA as the reference backend does.
+
+    Raises:
+        RuntimeError: at construction, when the kernel cannot be built (use
+            ``get_attention_backend("auto")`` for a silent fallback).
+    """
+
+    name = "cpu_paged"
+
+    def __init__(self, max_kernel_query_len: int = 8):
+        self._ops = _extension()
+        if self._ops is None:
+            raise RuntimeError("the cpu_paged attention kernel could not be built (see the log)")
+        self.max_kernel_query_len = max_kernel_query_len
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        query = query.contiguous()
+        out = torch.empty_like(query)
+        self._ops.paged_attention(
+            out, query, kv_cache, metadata.block_tables, metadata.seq_lens_cpu, metadata.query_start_loc_cpu,
+            scale, sliding_window or 0, self.max_kernel_query_len,
+        )
+        if metadata.max_query_len > self.max_kernel_query_len:
+            self._long_queries(query, out, kv_cache, metadata, scale, sliding_window)
+        return out
+
+    def _long_queries(self, query, out, kv_cache, metadata, scale, sliding_window) -> None:
+        """Rows of requests with more than ``max_kernel_query_len`` new tokens: one causal SDPA
+        call per request over its gathered context (the reference path)."""
+        block_size = kv_cache.shape[2]
+        starts = metadata.query_start_loc_cpu.tolist()
+        for r, seq_len in enumerate(metadata.seq_lens_cpu.tolist()):
+            start, end = starts[r], starts[r + 1]
+            q_len = end - start
+            if q_len <= self.max_kernel_query_len:
+                continue
+            blocks = metadata.block_tables[r, : -(-seq_len // block_size)].long()
+            keys, values = _gather_context(kv_cache, blocks, seq_len)
+            mask = _causal_mask(q_len, seq_len, sliding_window, query.device)
+            out[start:end] = _attend(
+                query[None, start:end].transpose(1, 2), keys[None].transpose(1, 2), values[None].transpose(1, 2),
+                mask, scale, causal=mask is None,
+            )[0].transpose(0, 1)

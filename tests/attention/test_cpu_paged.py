@@ -1,0 +1,90 @@
+"""The C++ paged-attention backend against the dense float64 attention and the reference backend:
+decode, short and long queries, sliding windows, GQA, bfloat16, batch invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_torch_backend import BLOCK_TABLES, dense_attention, random_seqs, run_in_steps
+
+from kvserve.attention import CpuPagedAttentionBackend, TorchAttentionBackend, cpu_paged_available, get_attention_backend
+
+pytestmark = pytest.mark.skipif(not cpu_paged_available(), reason="no C++ compiler for the kernel")
+
+
+@pytest.mark.parametrize("window", [None, 3, 6])
+@pytest.mark.parametrize("max_kernel_query_len", [1, 8])
+def test_mixed_steps_match_dense(window, max_kernel_query_len):
+    """Prefill chunks of 5-10 tokens go through SDPA (limit 1) or the kernel (limit 8)."""
+    seqs = random_seqs([13, 12, 14])
+    steps = [[5, 10, 0], [6, 1, 9], [1, 1, 5], [1, 0, 0]]
+    backend = CpuPagedAttentionBackend(max_kernel_query_len=max_kernel_query_len)
+    outs, _ = run_in_steps(steps, seqs, BLOCK_TABLES, window, backend=backend)
+    for r, (q, k, v) in enumerate(seqs):
+        assert outs[r].shape[0] == q.shape[0]
+        torch.testing.assert_close(outs[r].double(), dense_attention(q, k, v, window), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_decode_matches_reference_backend_float32(window):
+    seqs = random_seqs([12, 7, 11], seed=1)
+    steps = [[9, 4, 8], [1, 1, 1], [1, 1, 1], [1, 1, 1]]
+    fast, cache_fast = run_in_steps(steps, seqs, BLOCK_TABLES, window, backend=CpuPagedAttentionBackend())
+    ref, cache_ref = run_in_steps(steps, seqs, BLOCK_TABLES, window, backend=TorchAttentionBackend())
+    assert torch.equal(cache_fast, cache_ref)
+    for a, b in zip(fast, ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_bfloat16_close_to_dense_and_batch_invariant(window):
+    """bfloat16: within bf16 rounding of the float64 attention, and a request's decode output is
+    bit-identical alone or in a batch (of any composition)."""
+    seqs = [tuple(t.to(torch.bfloat16) for t in s) for s in random_seqs([16, 9, 14, 9], seed=3)]
+    tables = BLOCK_TABLES + [[14, 15, 16]]
+    backend = CpuPagedAttentionBackend()
+    batched, _ = run_in_steps([[15, 8, 13, 8], [1, 1, 1, 1]], seqs, tables, window, backend=backend)
+    for r, (q, k, v) in enumerate(seqs):
+        assert batched[r].dtype == torch.bfloat16
+        ref = dense_attention(q, k, v, window)
+        torch.testing.assert_close(batched[r].double(), ref, atol=2e-2, rtol=2e-2)
+        alone, _ = run_in_steps([[len(q) - 1], [1]], [seqs[r]], [tables[r]], window, backend=backend)
+        assert torch.equal(batched[r][-1], alone[0][-1])
+    # The same request next to a different neighbour (other length, other blocks).
+    pair, _ = run_in_steps([[15, 3], [1, 1]], [seqs[0], seqs[1]], [tables[0], [20, 21]], window, backend=backend)
+    assert torch.equal(pair[0][-1], batched[0][-1])
+
+
+def test_many_heads_per_kv_head_and_long_context():
+    """GQA group 7 and head_dim 64 (the Qwen2.5-0.5B shape), 300 tokens over 19 blocks of 16."""
+    gen = torch.Generator().manual_seed(5)
+    num_heads, num_kv, dim, block, length = 14, 2, 64, 16, 300
+    q = torch.randn(length, num_heads, dim, generator=gen)
+    k = torch.randn(length, num_kv, dim, generator=gen)
+    v = torch.randn(length, num_kv, dim, generator=gen)
+    cache = torch.zeros(2, 40, block, num_kv, dim)
+    blocks = list(range(39, 20, -1))  # 19 blocks, reversed order
+    from test_torch_backend import metadata_for  # noqa: PLC0415 - block size differs from the module's
+
+    import test_torch_backend as helpers  # noqa: PLC0415
+
+    old = helpers.BLOCK_SIZE
+    helpers.BLOCK_SIZE = block
+    try:
+        prefill = metadata_for([0], [length - 1], [blocks])
+        decode = metadata_for([length - 1], [1], [blocks])
+    finally:
+        helpers.BLOCK_SIZE = old
+    backend = CpuPagedAttentionBackend()
+    backend.forward(q[:-1], k[:-1], v[:-1], cache, prefill, scale=dim**-0.5)
+    out = backend.forward(q[-1:], k[-1:], v[-1:], cache, decode, scale=dim**-0.5)
+    group = num_heads // num_kv
+    for h in range(num_heads):
+        scores = (k[:, h // group].double() @ q[-1, h].double()) * dim**-0.5
+        expected = torch.softmax(scores, 0) @ v[:, h // group].double()
+        torch.testing.assert_close(out[0, h].double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_picks_the_kernel_on_cpu():
+    assert isinstance(get_attention_backend("auto"), CpuPagedAttentionBackend)
+    assert isinstance(get_attention_backend("auto", device="meta"), TorchAttentionBackend)
