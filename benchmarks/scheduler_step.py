@@ -1,8 +1,10 @@
-"""Cost of the scheduler per engine step in steady decode.
+"""Cost of the scheduler and of input preparation per engine step in steady decode.
 
 Admits ``--num-requests`` requests, prefills them in one step, then times ``--steps`` decode steps
-of ``Scheduler.schedule()`` and ``Scheduler.update_from_output()`` with fake sampled tokens (no
-model). Prints microseconds per step (median and mean) for each half and the total.
+of ``Scheduler.schedule()``, the model runner's input preparation (``ModelRunner.prepare_inputs``:
+flat batch, positions, slot mapping, block tables, attention metadata) plus
+``SamplingMetadata.build``, and ``Scheduler.update_from_output()`` with fake sampled tokens (the
+forward pass itself is not run). Prints microseconds per step (median and mean) for each part.
 
     python benchmarks/scheduler_step.py --num-requests 256 --steps 300
 """
@@ -44,26 +46,54 @@ def fake_runner_output(scheduler_output, step: int) -> ModelRunnerOutput:
     return ModelRunnerOutput(sampled_token_ids=sampled)
 
 
+def make_input_preparer(scheduler: Scheduler, block_size: int):
+    """A model runner over a tiny random checkpoint (only its input preparation is timed) and a
+    function preparing one step's inputs and sampling metadata."""
+    import tempfile
+
+    from kvserve.model.loader import load_model
+    from kvserve.model.runner import ModelRunner
+    from kvserve.sample.metadata import SamplingMetadata
+    from kvserve.testing.checkpoints import build_checkpoint
+
+    folder = build_checkpoint(tempfile.mkdtemp(prefix="kvserve-bench-"), "LlamaForCausalLM", "bpe")
+    loaded = load_model(folder)
+    runner = ModelRunner(loaded, scheduler.kv_cache_manager.block_pool.num_blocks, block_size)
+
+    def prepare(scheduler_output) -> None:
+        runner.prepare_inputs(scheduler_output)
+        sampling = [s.request for s in scheduler_output.scheduled if s.samples]
+        SamplingMetadata.build(sampling, [None] * len(sampling), 32000, "cpu")
+
+    return prepare
+
+
 def run(args: argparse.Namespace) -> None:
     scheduler = build(args)
+    prepare = make_input_preparer(scheduler, args.block_size)
     first = scheduler.schedule()  # prefill of every request (not timed)
     scheduler.update_from_output(first, fake_runner_output(first, 0))
-    schedule_us, update_us = [], []
+    schedule_us, prepare_us, update_us = [], [], []
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
         scheduler_output = scheduler.schedule()
-        middle = time.perf_counter()
+        scheduled = time.perf_counter()
+        prepare(scheduler_output)
+        prepared = time.perf_counter()
         runner_output = fake_runner_output(scheduler_output, step)  # the model's share: not timed
         resumed = time.perf_counter()
         scheduler.update_from_output(scheduler_output, runner_output)
         end = time.perf_counter()
         assert len(scheduler_output.scheduled) == args.num_requests, "every request decodes every step"
-        schedule_us.append((middle - start) * 1e6)
+        schedule_us.append((scheduled - start) * 1e6)
+        prepare_us.append((prepared - scheduled) * 1e6)
         update_us.append((end - resumed) * 1e6)
-    total_us = [a + b for a, b in zip(schedule_us, update_us)]
+    total_us = [a + b + c for a, b, c in zip(schedule_us, prepare_us, update_us)]
     print(f"{args.num_requests} running requests, {args.steps} decode steps, block_size {args.block_size}, "
           f"prefix caching {'off' if args.no_prefix_caching else 'on'}")
-    for name, values in (("schedule()", schedule_us), ("update_from_output()", update_us), ("total", total_us)):
+    parts = (("schedule()", schedule_us), ("input preparation", prepare_us),
+             ("update_from_output()", update_us), ("total", total_us))
+    for name, values in parts:
         median, mean = statistics.median(values), statistics.fmean(values)
         print(f"  {name:22s} median {median:8.1f} us/step   mean {mean:8.1f} us/step")
 
