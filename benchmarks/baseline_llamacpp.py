@@ -15,20 +15,29 @@ llama-cpp-python's server runs one completion at a time (its ``Llama`` object ha
 so requests above 1 queue inside the server: TTFT grows, throughput stays the batch-1 rate.
 
 llama-cpp-python has no ``ignore_eos``; end-of-generation ids get a -100 ``logit_bias`` instead,
-so every request generates exactly ``--output-len`` tokens. Each result file is the bench tool's
-(with its provenance) plus a ``baseline`` block: llama-cpp-python and gguf versions, the GGUF
-file, the server command.
+so every request generates exactly ``--output-len`` tokens. Its streams carry no ``usage``, so the
+bench tool can only count output tokens by re-encoding the text, which undercounts (re-encoding
+merges tokens). So after the run one non-streamed request with the same settings checks that
+``usage.completion_tokens == --output-len``; when it does, every request's count is set to
+``--output-len`` and throughput and TPOT are recomputed (the tokenizer-counted figures are kept
+under ``metrics_tokenizer_counted``). Each result file is the bench tool's (with its provenance)
+plus a ``baseline`` block: llama-cpp-python and gguf versions, the GGUF file, the server command,
+the probe's usage.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 from servers import bench_serve, free_port, running_server
+
+from kvserve.bench.metrics import latency_stats
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PYTHON = "/tmp/llamacpp-venv/bin/python"
@@ -64,9 +73,34 @@ def eog_logit_bias(model: str) -> dict[str, float]:
     from kvserve.bench.prompts import load_tokenizer
 
     tokenizer = load_tokenizer(model)
-    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} - {None, tokenizer.unk_token_id}
-    ids.add(tokenizer.eos_token_id)
+    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} - {None}
     return {str(i): -100.0 for i in sorted(ids)}
+
+
+def probe_completion_tokens(base_url: str, prompt: str, output_len: int, logit_bias: dict) -> dict:
+    """``usage`` of one non-streamed completion with the benchmark's settings."""
+    body = {"model": "qwen-shaped", "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
+            "logit_bias": logit_bias}
+    response = httpx.post(base_url + "/v1/completions", json=body, timeout=600)
+    response.raise_for_status()
+    return response.json()["usage"]
+
+
+def correct_output_counts(doc: dict, output_len: int) -> None:
+    """Set every completed request's output count to ``output_len`` and recompute the figures
+    that depend on it (output/total throughput, TPOT), keeping the old ``metrics``."""
+    m = doc["metrics"]
+    doc["metrics_tokenizer_counted"] = json.loads(json.dumps(m))
+    done = [r for r in doc["requests"] if r["success"]]
+    for r in done:
+        r["output_tokens"], r["output_tokens_source"] = output_len, "probe-verified max_tokens"
+    m["total_output_tokens"] = output_len * len(done)
+    m["output_throughput"] = m["total_output_tokens"] / m["duration_s"]
+    m["total_token_throughput"] = (m["total_input_tokens"] + m["total_output_tokens"]) / m["duration_s"]
+    percentiles = [float(p) for p in m["tpot_ms"]["percentiles"]]
+    tpots = [(r["e2el_s"] - r["ttft_s"]) / (output_len - 1) for r in done] if output_len > 1 else []
+    m["tpot_ms"] = dataclasses.asdict(latency_stats(tpots, percentiles))
+    m["output_tokens_from_tokenizer"] = 0
 
 
 def run(args: argparse.Namespace) -> list[Path]:
@@ -77,7 +111,8 @@ def run(args: argparse.Namespace) -> list[Path]:
     command = server_command(args.llamacpp_python, gguf, port, args.n_threads, args.n_ctx)
     workload = ["--dataset-name", "random", "--input-len", str(args.input_len), "--output-len",
                 str(args.output_len), "--num-prompts", str(args.num_prompts), "--seed", str(args.seed)]
-    extra = ["--extra-body", json.dumps({"logit_bias": eog_logit_bias(args.model)})]
+    logit_bias = eog_logit_bias(args.model)
+    extra = ["--extra-body", json.dumps({"logit_bias": logit_bias})]
     result_dir = Path(args.result_dir)
     written = []
     with running_server(command, f"http://127.0.0.1:{port}/v1/models", result_dir / "llamacpp-server.log"):
@@ -85,8 +120,11 @@ def run(args: argparse.Namespace) -> list[Path]:
             path = result_dir / f"llamacpp-c{concurrency}.json"
             doc = bench_serve(f"http://127.0.0.1:{port}", args.model, path, workload, concurrency,
                               num_warmups=args.num_warmups, extra=extra)
+            usage = probe_completion_tokens(f"http://127.0.0.1:{port}", "probe " * 8, args.output_len, logit_bias)
+            if usage["completion_tokens"] == args.output_len and doc["metrics"]["output_tokens_from_tokenizer"]:
+                correct_output_counts(doc, args.output_len)
             doc["baseline"] = {"name": "llama.cpp", "versions": versions, "gguf": str(gguf),
-                               "outtype": args.outtype, "server_command": command}
+                               "outtype": args.outtype, "server_command": command, "probe_usage": usage}
             path.write_text(json.dumps(doc, indent=2) + "\n")
             written.append(path)
     return written

@@ -18,7 +18,8 @@ made if missing), random 128-token prompts and 128 output tokens with ignore_eos
 Each level draws its own prompts (seed 1000 + C) and its baseline draws the same ones. Every run
 writes its own result file (with provenance) under ``--out``; ``summary.json`` (with provenance)
 and ``summary.md`` hold the comparison table. Ratios are kvserve / baseline for throughput and
-baseline / kvserve for latencies, so > 1 always means kvserve is better.
+baseline / kvserve for latencies, so > 1 always means kvserve is better. Rerunning with the same
+``--out`` reuses the result files already there (delete them to measure again).
 """
 
 from __future__ import annotations
@@ -71,18 +72,33 @@ def shared_prefix_workload(plan: Plan) -> list[str]:
             "--system-prompt-len", str(s), "--question-len", str(q), "--output-len", str(o), "--seed", "2000"]
 
 
+def load_done(out: Path, names: list[str]) -> dict[str, dict] | None:
+    """The result files ``out/NAME.json`` when all exist (a rerun with the same ``--out`` resumes)."""
+    paths = [out / f"{name}.json" for name in names]
+    if not all(p.exists() for p in paths):
+        return None
+    print(f"reusing {', '.join(str(p) for p in paths)}")
+    return {name: json.loads(p.read_text()) for name, p in zip(names, paths)}
+
+
 def run_kvserve(plan: Plan, model: str, out: Path) -> dict[str, dict]:
     """kvserve's runs, keyed ``kvserve-cC``, ``kvserve-prefix-on``, ``kvserve-prefix-off``."""
-    docs = {}
-    with kvserve_server(model, out / "kvserve-server.log", prefix_caching=True) as url:
-        for c in plan.prompts:
-            docs[f"kvserve-c{c}"] = bench_serve(url, model, out / f"kvserve-c{c}.json", random_workload(plan, c), c)
-        docs["kvserve-prefix-on"] = bench_serve(url, model, out / "kvserve-prefix-on.json",
-                                                shared_prefix_workload(plan), 8)
-    with kvserve_server(model, out / "kvserve-server-noprefix.log", prefix_caching=False) as url:
-        docs["kvserve-prefix-off"] = bench_serve(url, model, out / "kvserve-prefix-off.json",
-                                                 shared_prefix_workload(plan), 8)
-    return docs
+    names = [f"kvserve-c{c}" for c in plan.prompts] + ["kvserve-prefix-on"]
+    docs = load_done(out, names)
+    if docs is None:
+        docs = {}
+        with kvserve_server(model, out / "kvserve-server.log", prefix_caching=True) as url:
+            for c in plan.prompts:
+                docs[f"kvserve-c{c}"] = bench_serve(url, model, out / f"kvserve-c{c}.json",
+                                                    random_workload(plan, c), c)
+            docs["kvserve-prefix-on"] = bench_serve(url, model, out / "kvserve-prefix-on.json",
+                                                    shared_prefix_workload(plan), 8)
+    off = load_done(out, ["kvserve-prefix-off"])
+    if off is None:
+        with kvserve_server(model, out / "kvserve-server-noprefix.log", prefix_caching=False) as url:
+            off = {"kvserve-prefix-off": bench_serve(url, model, out / "kvserve-prefix-off.json",
+                                                     shared_prefix_workload(plan), 8)}
+    return {**docs, **off}
 
 
 def run_script(args: list[str]) -> None:
@@ -94,10 +110,12 @@ def run_script(args: list[str]) -> None:
 def run_transformers(plan: Plan, model: str, out: Path) -> dict[str, dict]:
     common = [str(HERE / "baseline_transformers.py"), "--model", model, "--input-len", str(plan.input_len),
               "--output-len", str(plan.output_len)]
-    run_script([*common, "--mode", "sequential", "--num-prompts", str(plan.prompts[1]), "--seed", str(seed_of(1)),
-                "--result-file", str(out / "hf-sequential.json")])
-    run_script([*common, "--mode", "static", "--batch-size", "32", "--num-prompts", str(plan.prompts[32]),
-                "--seed", str(seed_of(32)), "--result-file", str(out / "hf-static32.json")])
+    if not load_done(out, ["hf-sequential"]):
+        run_script([*common, "--mode", "sequential", "--num-prompts", str(plan.prompts[1]),
+                    "--seed", str(seed_of(1)), "--result-file", str(out / "hf-sequential.json")])
+    if not load_done(out, ["hf-static32"]):
+        run_script([*common, "--mode", "static", "--batch-size", "32", "--num-prompts", str(plan.prompts[32]),
+                    "--seed", str(seed_of(32)), "--result-file", str(out / "hf-static32.json")])
     return {name: json.loads((out / f"{name}.json").read_text()) for name in ("hf-sequential", "hf-static32")}
 
 
@@ -107,6 +125,9 @@ def run_llamacpp(plan: Plan, model: str, out: Path, python: str) -> dict[str, di
         return {}
     docs = {}
     for c in (1, 8):  # one server per level so each level's seed and prompt count match kvserve's
+        if load_done(out, [f"llamacpp-c{c}"]):
+            docs[f"llamacpp-c{c}"] = json.loads((out / f"llamacpp-c{c}.json").read_text())
+            continue
         run_script([str(HERE / "baseline_llamacpp.py"), "--model", model, "--llamacpp-python", python,
                     "--concurrency", str(c), "--num-prompts", str(plan.prompts[c]), "--seed", str(seed_of(c)),
                     "--input-len", str(plan.input_len), "--output-len", str(plan.output_len),
