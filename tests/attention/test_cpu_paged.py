@@ -55,24 +55,21 @@ def test_bfloat16_close_to_dense_and_batch_invariant(window):
     assert torch.equal(pair[0][-1], batched[0][-1])
 
 
-def test_many_heads_per_kv_head_and_long_context():
-    """GQA group 7 and head_dim 64 (the Qwen2.5-0.5B shape), 300 tokens over 19 blocks of 16."""
+@pytest.mark.parametrize(("dtype", "dim", "tol"), [(torch.float32, 64, 1e-5), (torch.bfloat16, 64, 2e-2),
+                                                  (torch.bfloat16, 16, 2e-2), (torch.float16, 32, 5e-3)])
+def test_many_heads_per_kv_head_and_long_context(dtype, dim, tol):
+    """GQA group 7 (the Qwen2.5-0.5B shape), 300 tokens over 19 blocks of 16, against float64."""
+    import test_torch_backend as helpers  # noqa: PLC0415 - metadata_for reads its BLOCK_SIZE
+
     gen = torch.Generator().manual_seed(5)
-    num_heads, num_kv, dim, block, length = 14, 2, 64, 16, 300
-    q = torch.randn(length, num_heads, dim, generator=gen)
-    k = torch.randn(length, num_kv, dim, generator=gen)
-    v = torch.randn(length, num_kv, dim, generator=gen)
-    cache = torch.zeros(2, 40, block, num_kv, dim)
+    num_heads, num_kv, block, length = 14, 2, 16, 300
+    q, k, v = (torch.randn(length, n, dim, generator=gen).to(dtype) for n in (num_heads, num_kv, num_kv))
+    cache = torch.zeros(2, 40, block, num_kv, dim, dtype=dtype)
     blocks = list(range(39, 20, -1))  # 19 blocks, reversed order
-    from test_torch_backend import metadata_for  # noqa: PLC0415 - block size differs from the module's
-
-    import test_torch_backend as helpers  # noqa: PLC0415
-
-    old = helpers.BLOCK_SIZE
-    helpers.BLOCK_SIZE = block
+    old, helpers.BLOCK_SIZE = helpers.BLOCK_SIZE, block
     try:
-        prefill = metadata_for([0], [length - 1], [blocks])
-        decode = metadata_for([length - 1], [1], [blocks])
+        prefill = helpers.metadata_for([0], [length - 1], [blocks])
+        decode = helpers.metadata_for([length - 1], [1], [blocks])
     finally:
         helpers.BLOCK_SIZE = old
     backend = CpuPagedAttentionBackend()
@@ -82,7 +79,19 @@ def test_many_heads_per_kv_head_and_long_context():
     for h in range(num_heads):
         scores = (k[:, h // group].double() @ q[-1, h].double()) * dim**-0.5
         expected = torch.softmax(scores, 0) @ v[:, h // group].double()
-        torch.testing.assert_close(out[0, h].double(), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out[0, h].double(), expected, atol=tol, rtol=tol)
+
+
+def test_single_token_context_returns_its_value_exactly():
+    """softmax over one key is exactly 1: the output is V itself, in every dtype."""
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (torch.randn(3, n, 16).to(dtype) for n in (4, 2, 2))
+        import test_torch_backend as helpers  # noqa: PLC0415
+
+        meta = helpers.metadata_for([0, 0, 0], [1, 1, 1], [[0], [1], [2]])
+        cache = torch.zeros(2, 4, helpers.BLOCK_SIZE, 2, 16, dtype=dtype)
+        out = CpuPagedAttentionBackend().forward(q, k, v, cache, meta, scale=0.25)
+        assert torch.equal(out, v.repeat_interleave(2, dim=1))
 
 
 def test_auto_picks_the_kernel_on_cpu():

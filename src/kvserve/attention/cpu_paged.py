@@ -13,8 +13,13 @@ float32 and never reads a padded or masked slot::
 
 so a request's result never depends on the rest of the batch (batch invariance by construction).
 
-Requests whose query is longer than ``max_kernel_query_len`` (prefill chunks) go through the
-reference path (one SDPA call per request: blocked matmuls are faster there). The kernel is built
+Every query row goes through the kernel by default, prefill chunks included: a row's result
+then depends only on its position and the K/V values, not on how the prompt was chunked or how
+much of it came from the prefix cache (with bfloat16 weights, where SDPA's blocked kernels round
+differently for different chunkings, this is what keeps a prefix-cache hit from changing a
+sampled token). Measured cost on the Qwen2.5-0.5B shape, one thread: 8 x 128-token prefill
+3124 -> 3031 ms (noise), 1 x 1024 tokens 4078 -> 4774 ms (+17%). ``max_kernel_query_len``
+sends longer queries to per-request SDPA instead (the reference path). The kernel is built
 on first use with ``torch.utils.cpp_extension.load`` (g++ with OpenMP, ``-O3 -march=native``;
 cached under ``~/.cache/torch_extensions``); ``cpu_paged_available()`` says whether that worked,
 and ``get_attention_backend("auto")`` falls back to the portable torch backend when it did not.
@@ -45,7 +50,7 @@ def _extension():
         return load(
             name="kvserve_paged_attention",
             sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only"],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-fno-strict-aliasing"],
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )
@@ -63,8 +68,8 @@ class CpuPagedAttentionBackend(AttentionBackend):
     """Paged attention with the C++ kernel for short queries (see module docstring).
 
     Args:
-        max_kernel_query_len: requests with at most this many new tokens use the kernel; longer
-            ones (prefill chunks) use per-request SDPA as the reference backend does.
+        max_kernel_query_len: requests with at most this many new tokens use the kernel (default:
+            all); longer ones use per-request SDPA as the reference backend does.
 
     Raises:
         RuntimeError: at construction, when the kernel cannot be built (use
@@ -73,7 +78,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
 
     name = "cpu_paged"
 
-    def __init__(self, max_kernel_query_len: int = 8):
+    def __init__(self, max_kernel_query_len: int = 1 << 30):
         self._ops = _extension()
         if self._ops is None:
             raise RuntimeError("the cpu_paged attention kernel could not be built (see the log)")

@@ -37,10 +37,16 @@ inline void to_float(const scalar_t* src, float* dst, int64_t n) {
 // bfloat16 -> float is a 16-bit shift; written on the raw bits so the loop vectorizes.
 template <>
 inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+  // memcpy, not a pointer cast: writing floats through a uint32_t* breaks strict aliasing and
+  // -O3 then reads stale values.
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);  // char-like read of the raw bits
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;
+    float value;
+    __builtin_memcpy(&value, &word, sizeof(value));
+    dst[i] = value;
+  }
 }
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -64,11 +70,9 @@ inline float exp_nonpositive(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.f;
   p = p * r + 1.f;
-  int32_t e;
   const int32_t exponent = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
-  e = exponent;
-  __builtin_memcpy(&scale, &e, sizeof(scale));
+  __builtin_memcpy(&scale, &exponent, sizeof(scale));
   return x <= -87.f ? 0.f : p * scale;
 }
 
