@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,8 @@ from kvserve.config import EngineConfig
 from kvserve.engine.executor import ModelExecutor
 from kvserve.engine.kv_sizing import KVCachePlan, plan_kv_cache
 from kvserve.kv_cache.manager import KVCacheManager
-from kvserve.model.loader import LoadedModel, load_model
+from kvserve.attention import get_attention_backend
+from kvserve.model.loader import LoadedModel, default_dtype_for_device, load_model
 from kvserve.model.runner import ModelRunner, kv_cache_bytes_per_block
 from kvserve.outputs import EngineCoreOutput
 from kvserve.request import Request, RequestStatus
@@ -87,11 +89,16 @@ class EngineCore:
 
     def _load(self, config: EngineConfig) -> LoadedModel:
         start = time.perf_counter()
-        loaded = load_model(config.model.model, config.model.dtype, self.device)
+        dtype = config.model.dtype
+        if dtype == "auto":
+            dtype = default_dtype_for_device(config.model.model, self.device)
+        backend = get_attention_backend(os.environ.get("KVSERVE_ATTENTION_BACKEND", "auto"), self.device)
+        loaded = load_model(config.model.model, dtype, self.device, backend)
         num_params = sum(p.numel() for p in loaded.model.parameters())
         logger.info(
-            "Loaded %s (%s, %.1fM parameters, %s) on %s in %.2f s", config.model.model, loaded.arch.architecture,
-            num_params / 1e6, str(loaded.dtype).removeprefix("torch."), self.device, time.perf_counter() - start,
+            "Loaded %s (%s, %.1fM parameters, %s, %s attention) on %s in %.2f s", config.model.model,
+            loaded.arch.architecture, num_params / 1e6, str(loaded.dtype).removeprefix("torch."), backend.name,
+            self.device, time.perf_counter() - start,
         )
         return loaded
 

@@ -1,0 +1,55 @@
+"""bfloat16 engine (``--dtype auto`` on AMX CPUs) with the ``cpu_paged`` attention kernel: greedy
+outputs are bit-identical whatever the batch, the chunking, prefix-cache hits or preemption.
+
+This holds because each query row's attention is computed alone with a fixed reduction order and
+bfloat16 ``F.linear`` rows on oneDNN do not depend on the number of rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve import SamplingParams
+from kvserve.attention import CpuPagedAttentionBackend, cpu_paged_available
+from engine_helpers import assert_kv_clean, make_llm, random_prompts
+
+pytestmark = pytest.mark.skipif(not cpu_paged_available(), reason="no C++ compiler for the kernel")
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+PROMPTS = random_prompts(6, seed=7)
+
+
+def run(model_dir, prompts, **kwargs):
+    llm = make_llm(model_dir, dtype="bfloat16", **kwargs)
+    attention = llm.llm_engine.core.loaded.model.model.layers[0].self_attn.backend
+    assert isinstance(attention, CpuPagedAttentionBackend)
+    assert llm.llm_engine.core.loaded.dtype == torch.bfloat16
+    outputs = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert_kv_clean(llm)
+    return outputs, llm
+
+
+@pytest.fixture(scope="module")
+def solo(model_dir):
+    llm = make_llm(model_dir, dtype="bfloat16", enable_prefix_caching=False)
+    return [llm.generate([p], GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        pytest.param({}, id="batched"),
+        pytest.param({"max_num_batched_tokens": 8}, id="chunked-prefill-8"),
+        pytest.param({"num_gpu_blocks_override": 12, "max_num_batched_tokens": 16}, id="preempted-chunked"),
+    ],
+)
+def test_bf16_batched_chunked_preempted_equal_solo(model_dir, solo, engine_kwargs):
+    outputs, _ = run(model_dir, PROMPTS, **engine_kwargs)
+    assert outputs == solo
+
+
+def test_bf16_prefix_cache_hits_equal_solo(model_dir, solo):
+    _, llm = run(model_dir, PROMPTS)
+    again = llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in again] == solo
+    assert sum(o.num_cached_tokens for o in again) > 0
