@@ -175,13 +175,26 @@ def markdown_table(rows: list[dict], docs: dict[str, dict]) -> str:
         lines.append(f"| {r['comparison']} | {a['tok_s']:.1f} | {b['tok_s']:.1f} | **{r['throughput_ratio']:.2f}x** | "
                      f"{a['ttft_ms']:.0f} | {b['ttft_ms']:.0f} | {r['ttft_ratio']:.2f}x | {a['tpot_ms']:.0f} | "
                      f"{b['tpot_ms']:.0f} | {r['tpot_ratio']:.2f}x |")
-    lines += ["", "| kvserve run | requests | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | E2E p50 (ms) |",
+    lines += ["", "| run | requests | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | E2E p50 (ms) |",
               "|---|---|---|---|---|---|"]
     for name, doc in docs.items():
         f = figures(doc)
         lines.append(f"| {name} | {f['completed']} ok / {f['failed']} failed | {f['tok_s']:.1f} | "
                      f"{f['ttft_ms']:.0f} | {f['tpot_ms']:.0f} | {f['e2el_ms']:.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def environment_line(provenance, docs: dict[str, dict], preset: str, wall_s: float) -> str:
+    """Commit, versions and machine of the comparison, for the top of ``summary.md``."""
+    versions = {}
+    for doc in docs.values():
+        versions.update(doc.get("versions") or doc.get("baseline", {}).get("versions") or {})
+    libs = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v and k != "torch")
+    dirty = " (dirty tree)" if provenance.git_dirty else ""
+    return (f"preset {preset}, wall time {wall_s / 60:.1f} min; commit {provenance.git_commit}{dirty}; "
+            f"kvserve {provenance.kvserve_version}, python {provenance.python_version}, torch "
+            f"{provenance.torch_version}, {libs}; {provenance.cpu_model}, {provenance.cpu_count} CPUs; "
+            f"{provenance.timestamp}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -214,9 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = compare_rows(docs)
     table = markdown_table(rows, docs)
     wall_s = (dt.datetime.now(dt.timezone.utc) - started).total_seconds()
-    (out / "summary.md").write_text(f"preset {args.preset}, wall time {wall_s / 60:.1f} min\n\n" + table)
+    provenance = collect_provenance(None)
+    (out / "summary.md").write_text(environment_line(provenance, docs, args.preset, wall_s) + "\n\n" + table)
     write_result(out / "summary.json", "compare", {"preset": args.preset, "plan": plan.__dict__, "wall_s": wall_s,
-                                                   "rows": rows, "runs": sorted(docs)}, collect_provenance(None))
+                                                   "rows": rows, "runs": sorted(docs)}, provenance)
     print(table)
     print(f"wall time {wall_s / 60:.1f} min; results in {out}")
     return 0
