@@ -18,6 +18,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -76,6 +81,19 @@ inline float exp_nonpositive(float x) {
   return x <= -87.f ? 0.f : p * scale;
 }
 
+#if defined(__AVX512F__)
+// AVX-512 inner loops for head_dim % 16 == 0 (every model here): one K/V row is head_dim / 16
+// registers, converted once and used by every query head of the group.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#endif
+
 struct Task {
   int64_t row;       // query row in the flat batch
   int64_t request;   // request index
@@ -93,6 +111,23 @@ void score_chunk(const float (*q)[kMaxHeadDim], float (*s)[kChunk], const scalar
                  const int32_t* block_table, int64_t kv_head, int64_t start, int64_t end, const Shape& sh) {
   float kf[kMaxHeadDim];
   const int64_t token_stride = sh.num_kv_heads * sh.head_dim;
+#if defined(__AVX512F__)
+  if constexpr (!std::is_same_v<scalar_t, double>) if (sh.head_dim % 16 == 0) {
+    const int64_t nvec = sh.head_dim / 16;
+    __m512 k[kMaxHeadDim / 16];
+    for (int64_t t = start; t < end; ++t) {
+      const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
+      const scalar_t* row = key_cache + slot * token_stride + kv_head * sh.head_dim;
+      for (int64_t j = 0; j < nvec; ++j) k[j] = load16(row + 16 * j);
+      for (int64_t h = 0; h < sh.group; ++h) {
+        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(q[h]), k[0]);
+        for (int64_t j = 1; j < nvec; ++j) a = _mm512_fmadd_ps(_mm512_loadu_ps(q[h] + 16 * j), k[j], a);
+        s[h][t - start] = _mm512_reduce_add_ps(a);
+      }
+    }
+    return;
+  }
+#endif
   for (int64_t t = start; t < end; ++t) {
     const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
     to_float(key_cache + slot * token_stride + kv_head * sh.head_dim, kf, sh.head_dim);
@@ -100,11 +135,46 @@ void score_chunk(const float (*q)[kMaxHeadDim], float (*s)[kChunk], const scalar
   }
 }
 
+// acc[h] += sum over positions [start, end) of s[h][t - start] * V_t.
+template <typename scalar_t>
+void accumulate_chunk(const float (*s)[kChunk], float (*acc)[kMaxHeadDim], const scalar_t* value_cache,
+                      const int32_t* block_table, int64_t kv_head, int64_t start, int64_t end, const Shape& sh) {
+  const int64_t token_stride = sh.num_kv_heads * sh.head_dim, dim = sh.head_dim;
+#if defined(__AVX512F__)
+  if constexpr (!std::is_same_v<scalar_t, double>) if (dim % 16 == 0) {
+    const int64_t nvec = dim / 16;
+    __m512 v[kMaxHeadDim / 16];
+    for (int64_t t = start; t < end; ++t) {
+      const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
+      const scalar_t* row = value_cache + slot * token_stride + kv_head * dim;
+      for (int64_t j = 0; j < nvec; ++j) v[j] = load16(row + 16 * j);
+      for (int64_t h = 0; h < sh.group; ++h) {
+        const __m512 p = _mm512_set1_ps(s[h][t - start]);
+        for (int64_t j = 0; j < nvec; ++j)
+          _mm512_storeu_ps(acc[h] + 16 * j, _mm512_fmadd_ps(p, v[j], _mm512_loadu_ps(acc[h] + 16 * j)));
+      }
+    }
+    return;
+  }
+#endif
+  float vf[kMaxHeadDim];
+  for (int64_t t = start; t < end; ++t) {
+    const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
+    to_float(value_cache + slot * token_stride + kv_head * dim, vf, dim);
+    for (int64_t h = 0; h < sh.group; ++h) {
+      const float p = s[h][t - start];
+      float* a = acc[h];
+#pragma omp simd
+      for (int64_t d = 0; d < dim; ++d) a[d] += p * vf[d];
+    }
+  }
+}
+
 template <typename scalar_t>
 void attend_one(const Task& task, int64_t kv_head, const scalar_t* query, scalar_t* out, const scalar_t* key_cache,
                 const scalar_t* value_cache, const int32_t* block_table, const Shape& sh) {
   float q[kMaxGroup][kMaxHeadDim], acc[kMaxGroup][kMaxHeadDim], s[kMaxGroup][kChunk];
-  float m[kMaxGroup], l[kMaxGroup], vf[kMaxHeadDim];
+  float m[kMaxGroup], l[kMaxGroup];
   const int64_t first_head = kv_head * sh.group, dim = sh.head_dim;
   for (int64_t h = 0; h < sh.group; ++h) {
     to_float(query + (task.row * sh.num_heads + first_head + h) * dim, q[h], dim);
@@ -114,7 +184,6 @@ void attend_one(const Task& task, int64_t kv_head, const scalar_t* query, scalar
   }
   const int64_t lo = sh.window > 0 ? std::max<int64_t>(0, task.position - sh.window + 1) : 0;
   const int64_t hi = task.position + 1;  // exclusive
-  const int64_t token_stride = sh.num_kv_heads * dim;
   // Chunks are aligned to absolute positions (multiples of kChunk): the reduction order of a
   // request depends only on its own length.
   for (int64_t c = lo / kChunk; c * kChunk < hi; ++c) {
@@ -133,16 +202,7 @@ void attend_one(const Task& task, int64_t kv_head, const scalar_t* query, scalar
       m[h] = new_max;
       for (int64_t d = 0; d < dim; ++d) acc[h][d] *= alpha;
     }
-    for (int64_t t = start; t < end; ++t) {
-      const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
-      to_float(value_cache + slot * token_stride + kv_head * dim, vf, dim);
-      for (int64_t h = 0; h < sh.group; ++h) {
-        const float p = s[h][t - start];
-        float* a = acc[h];
-#pragma omp simd
-        for (int64_t d = 0; d < dim; ++d) a[d] += p * vf[d];
-      }
-    }
+    accumulate_chunk(s, acc, value_cache, block_table, kv_head, start, end, sh);
   }
   for (int64_t h = 0; h < sh.group; ++h) {
     scalar_t* dst = out + (task.row * sh.num_heads + first_head + h) * dim;
