@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--profile", action="store_true", help="print torch.profiler's top operators")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--no-prepack", action="store_true", help="keep plain F.linear weights")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.threads:
@@ -81,13 +82,13 @@ def main(argv: list[str] | None = None) -> None:
     for backend_name in backends:
         loaded = load_model(args.model, args.dtype, "cpu", get_attention_backend(backend_name))
         num_blocks = sum(-(-(args.context + i) // args.block_size) for i in range(max(batches))) + 1
-        runner = ModelRunner(loaded, num_blocks, args.block_size)
+        runner = ModelRunner(loaded, num_blocks, args.block_size, prepack_linears=not args.no_prepack)
         executor = ModelExecutor(runner, loaded.arch.vocab_size)
         for batch in batches:
             plan = decode_batch(batch, args.context, args.block_size)
             times = time_steps(executor, plan, args.steps)
             median = statistics.median(times)
-            print(f"backend={backend_name} dtype={loaded.dtype} batch={batch} context={args.context}: "
+            print(f"backend={backend_name} prepacked={runner.num_prepacked_linears} dtype={loaded.dtype} batch={batch} context={args.context}: "
                   f"step median {median * 1e3:.1f} ms (min {min(times) * 1e3:.1f}), "
                   f"{batch / median:.1f} tok/s", flush=True)
             if args.profile:

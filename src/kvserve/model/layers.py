@@ -121,3 +121,51 @@ class RotaryEmbedding(nn.Module):
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class PrepackedLinear(nn.Module):
+    """``y = x W^T + b`` with ``W`` stored once in oneDNN's blocked (AMX/VNNI) layout.
+
+    ``F.linear`` on a plain bfloat16 weight re-packs the weight on every call; at decode batch
+    sizes that repacking is most of the call (Qwen2.5-0.5B's gate_up at M=1: 3.47 -> 1.31 ms,
+    lm_head 59 -> 28 ms, measured side by side, one thread). Results are bit-identical to
+    ``F.linear`` for every number of rows (checked in ``tests/model/test_prepacked_linear.py``).
+
+    Input [..., in_features] bfloat16 -> [..., out_features] bfloat16. Built by
+    ``prepack_cpu_linears``; holds no ``nn.Parameter`` (weights are fixed for inference).
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self.packed, self.bias, "none", [None], "")
+        return out.reshape(*shape[:-1], self.out_features)
+
+
+def prepack_available() -> bool:
+    """True when this torch build has oneDNN's prepacked linear ops (CPU builds with mkldnn)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def prepack_cpu_linears(model: nn.Module) -> int:
+    """Replace every bfloat16 CPU ``nn.Linear`` of ``model`` (incl. ``MergedLinear`` and a tied
+    ``lm_head``; the embedding keeps its own plain weight) by a ``PrepackedLinear``, in place.
+    Call after the weights are loaded. Returns how many were replaced (0 when oneDNN's ops are
+    missing or no linear is bfloat16 on the CPU)."""
+    if not prepack_available():
+        return 0
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear) and child.weight.dtype == torch.bfloat16 and child.weight.device.type == "cpu"
+    ]
+    for parent, name, child in targets:
+        setattr(parent, name, PrepackedLinear(child))
+    return len(targets)

@@ -24,6 +24,7 @@ import torch
 
 from kvserve.attention.backend import AttentionMetadata
 from kvserve.model.arch_config import ModelArchConfig
+from kvserve.model.layers import prepack_cpu_linears
 from kvserve.model.loader import LoadedModel
 from kvserve.scheduler.output import SchedulerOutput
 
@@ -77,9 +78,18 @@ class ModelRunner:
         num_blocks: KV blocks to allocate (block ids 0 .. num_blocks - 1).
         block_size: tokens per block.
         device: device of the cache and of the batch tensors (the model's device).
+        prepack_linears: on the CPU, swap the model's bfloat16 linears for oneDNN-prepacked ones
+            (``kvserve.model.layers.prepack_cpu_linears``; bit-identical, faster at small batch).
     """
 
-    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_blocks: int,
+        block_size: int,
+        device: str | torch.device = "cpu",
+        prepack_linears: bool = True,
+    ):
         self.model = loaded.model
         self.arch = loaded.arch
         self.dtype = loaded.dtype
@@ -87,6 +97,9 @@ class ModelRunner:
         self.block_size = block_size
         self.device = torch.device(device)
         self.kv_caches = self._init_kv_caches()
+        # bf16 on CPU: weights packed once for oneDNN instead of on every call (bit-identical).
+        on_cpu = self.device.type == "cpu"
+        self.num_prepacked_linears = prepack_cpu_linears(self.model) if on_cpu and prepack_linears else 0
 
     def _init_kv_caches(self) -> list[torch.Tensor]:
         shape = (2, self.num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
