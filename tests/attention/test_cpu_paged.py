@@ -97,3 +97,17 @@ def test_single_token_context_returns_its_value_exactly():
 def test_auto_picks_the_kernel_on_cpu():
     assert isinstance(get_attention_backend("auto"), CpuPagedAttentionBackend)
     assert isinstance(get_attention_backend("auto", device="meta"), TorchAttentionBackend)
+
+
+def test_shapes_beyond_the_kernel_use_the_reference_path():
+    """32 query heads on one KV head (group 32 > 16): same result as the reference backend."""
+    import test_torch_backend as helpers  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(5, n, 8, generator=gen) for n in (32, 1, 1))
+    meta = helpers.metadata_for([0], [5], [[3, 1]])
+    assert not CpuPagedAttentionBackend.supports(32, 1, 8, q.device)
+    caches = [torch.zeros(2, 4, helpers.BLOCK_SIZE, 1, 8) for _ in range(2)]
+    fast = CpuPagedAttentionBackend().forward(q, k, v, caches[0], meta, scale=8**-0.5)
+    ref = TorchAttentionBackend().forward(q, k, v, caches[1], meta, scale=8**-0.5)
+    assert torch.equal(fast, ref) and torch.equal(caches[0], caches[1])

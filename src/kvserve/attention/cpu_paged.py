@@ -34,11 +34,18 @@ from pathlib import Path
 import torch
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
-from kvserve.attention.torch_backend import _attend, _causal_mask, _gather_context, write_kv_cache
+from kvserve.attention.torch_backend import (
+    TorchAttentionBackend,
+    _attend,
+    _causal_mask,
+    _gather_context,
+    write_kv_cache,
+)
 
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
+MAX_GROUP, MAX_HEAD_DIM = 16, 256  # kMaxGroup, kMaxHeadDim in the C++ source
 
 
 @functools.cache
@@ -83,6 +90,14 @@ class CpuPagedAttentionBackend(AttentionBackend):
         if self._ops is None:
             raise RuntimeError("the cpu_paged attention kernel could not be built (see the log)")
         self.max_kernel_query_len = max_kernel_query_len
+        self._reference = TorchAttentionBackend()
+
+    @staticmethod
+    def supports(num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device) -> bool:
+        """Shapes the kernel handles (others go to the reference backend): CPU tensors, at most
+        ``MAX_GROUP`` query heads per KV head and ``head_dim <= MAX_HEAD_DIM`` (its stack buffers)."""
+        group = num_heads // num_kv_heads
+        return device.type == "cpu" and group <= MAX_GROUP and head_dim <= MAX_HEAD_DIM
 
     def forward(
         self,
@@ -95,6 +110,9 @@ class CpuPagedAttentionBackend(AttentionBackend):
         scale: float,
         sliding_window: int | None = None,
     ) -> torch.Tensor:
+        if not self.supports(query.shape[1], kv_cache.shape[3], query.shape[2], query.device):
+            return self._reference.forward(query, key, value, kv_cache, metadata, scale=scale,
+                                           sliding_window=sliding_window)
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
         query = query.contiguous()
         out = torch.empty_like(query)
