@@ -66,8 +66,13 @@ def resolve_model(model: str | None) -> tuple[str, str]:
     its own name.
 
     Raises:
-        CheckpointError: the built-in model is asked for but missing.
+        CheckpointError: the built-in model is asked for but missing, or ``model`` is not a folder.
     """
     if model is None or is_builtin_model_name(model):
         return str(builtin_model_path()), BUILTIN_MODEL_NAME
+    if not Path(model).is_dir():
+        raise CheckpointError(
+            f"model folder {model!r} does not exist; give a Hugging Face model folder (config.json, "
+            f"*.safetensors, tokenizer files), or no argument for the built-in model"
+        )
     return model, Path(model).resolve().name

@@ -4,6 +4,7 @@ official ``openai`` client, streamed) or an engine in this process."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator
 
@@ -11,7 +12,11 @@ from collections.abc import Iterator
 def _remote_replies(args: argparse.Namespace) -> tuple[str, callable]:
     from openai import OpenAI
 
-    client = OpenAI(base_url=args.base_url, api_key=args.api_key or "EMPTY")
+    base_url = args.base_url.rstrip("/")
+    if not base_url.endswith("/v1"):
+        base_url += "/v1"
+    api_key = args.api_key or os.environ.get("KVSERVE_API_KEY") or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     model = client.models.list().data[0].id
 
     def reply(messages: list[dict]) -> Iterator[str]:
@@ -44,7 +49,13 @@ def _local_replies(args: argparse.Namespace) -> tuple[str, callable]:
 def run_chat(args: argparse.Namespace) -> int:
     """Read a line, print the streamed reply, repeat; ``/reset`` clears the history, ``/quit``,
     an empty line at EOF or Ctrl-D ends."""
-    model, reply = _remote_replies(args) if args.base_url else _local_replies(args)
+    from openai import OpenAIError
+
+    try:
+        model, reply = _remote_replies(args) if args.base_url else _local_replies(args)
+    except OpenAIError as exc:
+        print(f"kvserve chat: cannot reach {args.base_url}: {exc}", file=sys.stderr)
+        return 2
     print(f"Chatting with {model}. /reset clears the conversation, /quit or Ctrl-D exits.")
     messages: list[dict] = []
     while True:
@@ -57,15 +68,21 @@ def run_chat(args: argparse.Namespace) -> int:
             return 0
         if line == "/reset":
             messages.clear()
+            print("(conversation cleared)")
             continue
         if not line:
             continue
         messages.append({"role": "user", "content": line})
         print("assistant> ", end="", flush=True)
         parts = []
-        for piece in reply(messages):
-            parts.append(piece)
-            print(piece, end="", flush=True)
+        try:
+            for piece in reply(messages):
+                parts.append(piece)
+                print(piece, end="", flush=True)
+        except OpenAIError as exc:
+            print(f"\n[error: {exc}]")
+            messages.pop()
+            continue
         print()
         messages.append({"role": "assistant", "content": "".join(parts)})
     return 0

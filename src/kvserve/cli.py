@@ -8,7 +8,8 @@ import sys
 import time
 
 from kvserve import __version__
-from kvserve.engine.arg_utils import add_engine_args, engine_config_from_args
+from kvserve.engine.arg_utils import add_engine_args, engine_config_from_args, positive_int
+from kvserve.errors import KVServeError
 
 logger = logging.getLogger("kvserve")
 
@@ -41,17 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text for a prompt in this process")
     _model_arg(gen)
     gen.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
-    gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--max-tokens", type=positive_int, default=32, help="tokens to generate (default 32)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     add_engine_args(gen)
     _add_log_args(gen)
 
     chat = sub.add_parser("chat", help="chat in the terminal, in this process or with a running server")
     _model_arg(chat)
     chat.add_argument("--base-url", default=None, help="a running server's URL, e.g. http://127.0.0.1:8000/v1")
-    chat.add_argument("--api-key", default=None)
-    chat.add_argument("--max-tokens", type=int, default=128)
-    chat.add_argument("--temperature", type=float, default=0.7)
+    chat.add_argument("--api-key", default=None, help="the server's API key (default: $KVSERVE_API_KEY)")
+    chat.add_argument("--max-tokens", type=positive_int, default=128, help="reply length cap (default 128)")
+    chat.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
     add_engine_args(chat)
     _add_log_args(chat)
 
@@ -62,9 +63,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a ``kvserve`` command. A user's mistake (bad model folder, flag, prompt) ends with a
+    one-line ``kvserve: error: ...`` and exit status 2; ``--log-level debug`` adds the traceback."""
     args = build_parser().parse_args(argv)
     level = getattr(args, "log_level", "info").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "httpcore"):  # one INFO line per HTTP request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return _run(args)
+    except (KVServeError, ValueError, OSError) as exc:
+        if level == "DEBUG":
+            raise
+        message = getattr(exc, "message", None) or str(exc)
+        print(f"kvserve: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         from kvserve.api.launcher import run_server
 

@@ -3,6 +3,7 @@ OpenAI API."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from kvserve.errors import InvalidRequestError
@@ -79,6 +80,10 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             bad("n", f"n must be an integer >= 1, got {self.n!r}")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                bad(name, f"{name} must be a finite number, got {value!r}")
         if self.temperature < 0:
             bad("temperature", f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -107,7 +112,7 @@ class SamplingParams:
             for token_id, bias in self.logit_bias.items():
                 if not isinstance(token_id, int) or token_id < 0:
                     bad("logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {token_id!r}")
-                if not -100 <= bias <= 100:
+                if not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
                     bad("logit_bias", f"logit_bias values must be in [-100, 100], got {bias} for token {token_id}")
         if any(not s for s in self.stop):
             bad("stop", "stop strings must be non-empty")

@@ -223,4 +223,19 @@ def apply_chat_template(
         tools=tools,
         chat_template_kwargs=chat_template_kwargs,
     )
+    require_valid_unicode(text, "messages")
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def require_valid_unicode(text: str, param: str) -> None:
+    """Raises:
+    InvalidRequestError: ``text`` holds a lone UTF-16 surrogate (e.g. from a JSON ``"\\ud800"``
+        escape), which is not a Unicode scalar value and cannot be encoded as UTF-8.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            f"{param} is not valid Unicode: {text[exc.start:exc.end]!r} at character {exc.start} is a lone "
+            f"surrogate; send valid UTF-8 text", param=param,
+        ) from None

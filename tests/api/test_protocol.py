@@ -15,7 +15,8 @@ VOCAB = 1000
 
 def test_completion_defaults_follow_openai():
     request = CompletionRequest(prompt="hi")
-    assert request.max_tokens == 16 and request.n == 1 and request.echo is False
+    # None = OpenAI's default of 16, cut to what the context leaves (serving_completion).
+    assert request.max_tokens is None and request.n == 1 and request.echo is False
     params = request.build_sampling_params(max_tokens=16, logprobs=None, vocab_size=VOCAB)
     assert params == SamplingParams(max_tokens=16)
 

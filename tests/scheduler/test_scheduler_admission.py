@@ -5,15 +5,19 @@ from kvserve.request import RequestStatus
 
 
 def test_queue_full_rejection_changes_nothing(make_scheduler, make_request):
-    scheduler = make_scheduler(max_num_waiting=2)
-    scheduler.add_request(make_request("a", range(5)))
-    scheduler.add_request(make_request("b", range(5)))
+    # Two free running slots plus two queue places: the fifth request is refused.
+    scheduler = make_scheduler(max_num_waiting=2, max_num_seqs=2)
+    for name in "abcd":
+        scheduler.add_request(make_request(name, range(5)))
     with pytest.raises(RequestRejectedError) as info:
-        scheduler.add_request(make_request("c", range(5)))
+        scheduler.add_request(make_request("e", range(5)))
     assert info.value.reason == "queue_full"
-    assert "2 requests waiting, at most 2 allowed" in info.value.message
-    assert [r.request_id for r in scheduler.waiting] == ["a", "b"] and "c" not in scheduler.requests
-    assert scheduler.get_num_unfinished_requests() == 2
+    assert "2 requests queued, at most 2 allowed" in info.value.message
+    assert [r.request_id for r in scheduler.waiting] == list("abcd") and "e" not in scheduler.requests
+    assert scheduler.get_num_unfinished_requests() == 4
+    scheduler.schedule()  # a and b start: the queue holds c and d, still full
+    with pytest.raises(RequestRejectedError):
+        scheduler.add_request(make_request("e", range(5)))
 
 
 def test_too_long_rejection_changes_nothing(make_scheduler, make_request):

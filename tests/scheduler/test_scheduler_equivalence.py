@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from fake_model_runner import FakeModelRunner, reference_generate, run_steps
 
-from conftest import build_request, build_scheduler
+from scheduler_helpers import build_request, build_scheduler
 
 from kvserve.sampling_params import SamplingParams
 

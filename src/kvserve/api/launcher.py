@@ -67,6 +67,7 @@ def run_server(args: argparse.Namespace) -> int:
     from kvserve.builtin import resolve_model
     from kvserve.engine.arg_utils import engine_config_from_args
     from kvserve.engine.async_llm import AsyncLLM
+    from kvserve.engine.core import resolve_device
     from kvserve.engine.llm_engine import LLMEngine
     from kvserve.model.arch_config import ModelArchConfig
     from kvserve.tokenizer import eos_token_ids, load_tokenizer
@@ -82,8 +83,9 @@ def run_server(args: argparse.Namespace) -> int:
     served_name = settings.served_model_name or default_name
     consumers = build_stats_consumers(observability, served_name)  # fails early if tracing is missing
     config = engine_config_from_args(model, args)
+    resolve_device(config.model.device)  # fail before serving when the device is missing
+    arch = ModelArchConfig.from_file(Path(model) / "config.json")  # a bad folder fails here, first
     tokenizer = load_tokenizer(config.model.tokenizer or model, settings.chat_template)
-    arch = ModelArchConfig.from_file(Path(model) / "config.json")
     async_engine = AsyncLLM.deferred(
         lambda: LLMEngine(config, chat_template=settings.chat_template), served_name,
         tokenizer=tokenizer, max_model_len=args.max_model_len or arch.max_position_embeddings,

@@ -144,7 +144,8 @@ class CompletionRequest(SamplingRequest):
     each prompt gets ``n`` choices (choice index = prompt index * n + sample index)."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    # OpenAI's default is 16; when omitted it is cut to what the context leaves (see serving).
+    max_tokens: int | None = None
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None

@@ -27,6 +27,9 @@ from kvserve.errors import InvalidRequestError
 from kvserve.outputs import CompletionOutput, RequestOutput
 
 
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+
 @dataclasses.dataclass
 class _Prompt:
     text: str | None
@@ -76,7 +79,10 @@ class CompletionServing:
         engine = self.state.engine
         requests, charge = [], 0
         for i, prompt in enumerate(prompts):
-            max_tokens = resolve_max_tokens(len(prompt.token_ids), request.max_tokens, engine.max_model_len)
+            max_tokens = request.max_tokens
+            if max_tokens is None:  # OpenAI's default of 16, within what the context leaves
+                max_tokens = max(1, min(DEFAULT_COMPLETION_MAX_TOKENS, engine.max_model_len - len(prompt.token_ids)))
+            max_tokens = resolve_max_tokens(len(prompt.token_ids), max_tokens, engine.max_model_len)
             params = request.build_sampling_params(max_tokens=max_tokens, logprobs=request.logprobs,
                                                    vocab_size=engine.vocab_size)
             if request.echo and request.logprobs is not None:

@@ -47,19 +47,46 @@ class ServerSettings:
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     """Add the server's flags to ``parser`` (read back with :func:`settings_from_args`)."""
     group = parser.add_argument_group("OpenAI-compatible server")
-    group.add_argument("--host", default="127.0.0.1")
-    group.add_argument("--port", type=int, default=8000)
+    group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    group.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
     group.add_argument("--api-key", action="append", default=[], dest="api_key",
                        help=f"accepted API key; repeat or comma-separate for several (env {API_KEY_ENV})")
-    group.add_argument("--served-model-name", default=None)
+    group.add_argument("--served-model-name", default=None,
+                       help="the name clients send as `model` (default: the model folder's name)")
     group.add_argument("--chat-template", default=None,
                        help="path to a Jinja chat template file, or the template text itself")
-    group.add_argument("--requests-per-minute", type=float, default=None)
-    group.add_argument("--tokens-per-minute", type=float, default=None)
-    group.add_argument("--max-concurrent-requests", type=int, default=None)
-    group.add_argument("--shutdown-timeout", type=float, default=30.0,
+    group.add_argument("--requests-per-minute", type=_positive_float, default=None,
+                       help="per-key request rate limit (default: none)")
+    group.add_argument("--tokens-per-minute", type=_positive_float, default=None,
+                       help="per-key token rate limit, prompt + max_tokens (default: none)")
+    group.add_argument("--max-concurrent-requests", type=_positive_int, default=None,
+                       help="per-key cap on requests in flight (default: none)")
+    group.add_argument("--shutdown-timeout", type=_non_negative_float, default=30.0,
                        help="seconds running requests may take to finish after SIGTERM")
-    group.add_argument("--uvicorn-log-level", default="info", dest="uvicorn_log_level")
+    group.add_argument("--uvicorn-log-level", default="info", dest="uvicorn_log_level",
+                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+
+
+def _number(kind, minimum: float, inclusive: bool):
+    def parse(text: str):
+        value = kind(text)
+        if not (value >= minimum if inclusive else value > minimum) or value != value:
+            raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {minimum:g}, got {text}")
+        return value
+
+    return parse
+
+
+_positive_float = _number(float, 0, inclusive=False)
+_non_negative_float = _number(float, 0, inclusive=True)
+_positive_int = _number(int, 1, inclusive=True)
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port 0-65535, got {text}")
+    return value
 
 
 def parse_api_keys(values: list[str] | tuple[str, ...], env_value: str | None) -> tuple[str, ...]:

@@ -70,7 +70,9 @@ def _add_online_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g.add_argument("--base-url", default="http://127.0.0.1:8000")
     g.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS)
     g.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
-    g.add_argument("--tokenizer", required=True, help="local tokenizer folder of the served model")
+    g.add_argument("--tokenizer", default=None,
+                   help="local tokenizer folder of the served model (default: the built-in model's, "
+                        "when the server serves kvserve's built-in model)")
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of gaps; 1 = Poisson")
     g.add_argument("--num-warmups", type=int, default=0)
     g.add_argument("--duration", type=float, default=None, help="seconds to keep sending (instead of --num-prompts)")

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import dataclasses
 import sys
+from typing import Any
 
+import httpx
 from rich.console import Console
 
 from kvserve.bench.cli import (
@@ -22,6 +24,7 @@ from kvserve.bench.report import print_serve_table, serve_run_to_dict, write_res
 from kvserve.bench.runner import run_serve
 from kvserve.bench.sweep import plot_sweep, print_sweep_table, run_sweep, sweep_points
 from kvserve.bench.throughput import run_throughput
+from kvserve.errors import InvalidRequestError
 
 
 def _workload_args(args: argparse.Namespace) -> dict:
@@ -30,10 +33,34 @@ def _workload_args(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in keys}
 
 
+def online_tokenizer(args: argparse.Namespace) -> Any:
+    """``--tokenizer``, or the built-in model's when the server at ``--base-url`` serves it.
+
+    Raises:
+        InvalidRequestError: no ``--tokenizer`` and the server serves another model.
+    """
+    if args.tokenizer:
+        return load_tokenizer(args.tokenizer)
+    from kvserve.builtin import BUILTIN_MODEL_NAME, builtin_model_path
+
+    served = []
+    try:
+        response = httpx.get(args.base_url.rstrip("/") + "/v1/models", timeout=10)
+        served = [model["id"] for model in response.json().get("data", [])]
+    except (httpx.HTTPError, ValueError):
+        pass
+    if BUILTIN_MODEL_NAME in served and args.model in (None, BUILTIN_MODEL_NAME):
+        return load_tokenizer(str(builtin_model_path()))
+    raise InvalidRequestError(
+        f"--tokenizer is required: the server at {args.base_url} serves {served or 'an unknown model'}; "
+        f"give the local folder of that model's tokenizer", param="tokenizer",
+    )
+
+
 def serve_command(args: argparse.Namespace) -> int:
     """One online run; prints a table, writes ``--result-file`` if given. Exit 1 if any failed."""
     config = serve_config(args, request_rate=args.request_rate, max_concurrency=args.max_concurrency)
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer = online_tokenizer(args)
     samples = load_samples(args, tokenizer)
     run = asyncio.run(run_serve(config, samples, tokenizer, load_warmup_samples(args, tokenizer)))
     print_serve_table(run)
@@ -49,7 +76,7 @@ def sweep_command(args: argparse.Namespace) -> int:
     points = sweep_points(args.concurrency, args.request_rates)
     percentiles = tuple(sorted(set(args.percentiles) | {50.0, 99.0}))
     base = serve_config(args, percentiles=percentiles)
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer = online_tokenizer(args)
     sample_sets = load_sweep_samples(args, tokenizer, len(points))
     runs = asyncio.run(run_sweep(base, points, sample_sets, tokenizer, load_warmup_samples(args, tokenizer)))
     result_path = args.result_file or default_result_path("sweep")

@@ -17,34 +17,68 @@ def _parse_bytes(text: str) -> int:
     return int(float(lowered))
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number in (0, 1]."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def device_name(text: str) -> str:
+    if text not in ("auto", "cpu") and not text.startswith("cuda"):
+        raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Add the engine flags (model, cache, scheduler) to ``parser``."""
     model = parser.add_argument_group("model")
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="weights and activations dtype; auto = the checkpoint's torch_dtype "
                             "(bfloat16 on CPUs with AMX/AVX512-BF16, else float32, on CPU)")
-    model.add_argument("--max-model-len", type=int, default=None,
+    model.add_argument("--max-model-len", type=positive_int, default=None,
                        help="context length in tokens (prompt + output); default: the model's")
-    model.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    model.add_argument("--seed", type=int, default=0)
+    model.add_argument("--device", type=device_name, default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    model.add_argument("--seed", type=int, default=0, help="seed of requests without their own (default 0)")
     model.add_argument("--tokenizer", default=None, help="tokenizer folder if not the model's")
 
     cache = parser.add_argument_group("KV cache")
-    cache.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    cache.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
     cache.add_argument("--kv-cache-memory-bytes", type=_parse_bytes, default=None,
                        help="KV cache size (e.g. 2GiB); default on CPU: 25%% of available RAM")
-    cache.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    cache.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
+                       help="share of GPU memory the engine may use (default 0.9)")
     cache.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    cache.add_argument("--num-gpu-blocks-override", type=int, default=None, dest="num_blocks_override")
+    cache.add_argument("--num-gpu-blocks-override", type=positive_int, default=None, dest="num_blocks_override",
+                       help="exact number of KV blocks (overrides the memory budget)")
 
     sched = parser.add_argument_group("scheduler")
-    sched.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    sched.add_argument("--max-num-seqs", type=int, default=256)
-    sched.add_argument("--max-num-waiting", type=int, default=1024,
+    sched.add_argument("--max-num-batched-tokens", type=positive_int, default=2048,
+                       help="token budget of one engine step (default 2048)")
+    sched.add_argument("--max-num-seqs", type=positive_int, default=256,
+                       help="most requests running at once (default 256)")
+    sched.add_argument("--max-num-waiting", type=non_negative_int, default=1024,
                        help="waiting-queue bound; beyond it requests are rejected (429)")
     sched.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     sched.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
-    sched.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    sched.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=0,
+                       help="most prompt tokens one request may take in a step (0 = no limit)")
 
 
 def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfig:

@@ -82,7 +82,10 @@ class _Stream:
         self.queue: asyncio.Queue = asyncio.Queue()
 
     def put(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop is closed (server shut down): nobody is listening
+            pass
 
 
 class AsyncLLM(EngineClient):

@@ -55,9 +55,17 @@ class StepResult:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto`` = CUDA when available, else CPU.
+
+    Raises:
+        ValueError: CUDA was asked for but this torch build or machine has none.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available (torch {torch.__version__}); use --device cpu")
+    return device
 
 
 class EngineCore:

@@ -35,13 +35,17 @@ def validate_request(request: Request, config: SchedulerConfig, kv_cache_manager
         )
 
 
-def check_queue_capacity(num_waiting: int, config: SchedulerConfig) -> None:
-    """Raises:
-    RequestRejectedError: ``reason="queue_full"`` when ``max_num_waiting`` requests already wait.
+def check_queue_capacity(num_waiting: int, num_running: int, config: SchedulerConfig) -> None:
+    """Requests that will start at the next step (free ``max_num_seqs`` slots) do not count as
+    queued: the bound is ``max_num_waiting`` beyond those.
+
+    Raises:
+        RequestRejectedError: ``reason="queue_full"`` when that many requests already wait.
     """
-    if num_waiting >= config.max_num_waiting:
+    free_slots = max(0, config.max_num_seqs - num_running)
+    if num_waiting >= config.max_num_waiting + free_slots:
         raise RequestRejectedError(
-            f"the waiting queue is full ({num_waiting} requests waiting, at most "
+            f"the waiting queue is full ({num_waiting - free_slots} requests queued, at most "
             f"{config.max_num_waiting} allowed); retry later",
             reason="queue_full",
         )

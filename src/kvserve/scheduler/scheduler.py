@@ -94,7 +94,7 @@ class Scheduler:
         if request.request_id in self.requests:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use", param="request_id")
         validate_request(request, self.scheduler_config, self.kv_cache_manager)
-        check_queue_capacity(len(self.waiting), self.scheduler_config)
+        check_queue_capacity(len(self.waiting), len(self.running), self.scheduler_config)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.add(request)

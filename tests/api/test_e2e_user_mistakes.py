@@ -1,0 +1,48 @@
+"""Mistakes a new user made against a live server (found in QA): each is a 400 with OpenAI's
+error shape, the engine keeps serving, and nothing leaks."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+
+@pytest.fixture
+def http(live_server):
+    with httpx.Client(base_url=live_server.base_url, timeout=60,
+                      headers={"Authorization": f"Bearer {live_server.api_key}"}) as client:
+        yield client
+
+
+@pytest.mark.parametrize("field", ["temperature", "repetition_penalty", "top_p", "presence_penalty"])
+def test_nan_sampling_values_are_400_and_engine_survives(live_server, http, field):
+    raw = '{"model": "%s", "prompt": "Hi", "max_tokens": 3, "%s": NaN}' % (live_server.model, field)
+    response = http.post("/v1/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == field
+    ok = http.post("/v1/completions", json={"model": live_server.model, "prompt": "Hi", "max_tokens": 2,
+                                            "ignore_eos": True})
+    assert ok.status_code == 200 and http.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", '{"prompt": "\\ud800 hi", "max_tokens": 3}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\udfff"}], "max_tokens": 3}'),
+    ("/tokenize", '{"prompt": "\\ud800"}'),
+])
+def test_lone_surrogate_is_400(live_server, http, path, body):
+    response = http.post(path, content=body.replace("{", '{"model": "%s", ' % live_server.model, 1),
+                         headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert "surrogate" in response.json()["error"]["message"]
+
+
+def test_omitted_max_tokens_fits_what_the_context_leaves(live_server, http):
+    tokenizer = live_server.tokenizer
+    prompt_ids = tokenizer.encode("a b", add_special_tokens=False)[:1] * (live_server.max_model_len - 5)
+    response = http.post("/v1/completions", json={"model": live_server.model, "prompt": prompt_ids,
+                                                  "ignore_eos": True})
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 5  # min(16, 256 - 251)
+    short = http.post("/v1/completions", json={"model": live_server.model, "prompt": "Hi", "ignore_eos": True})
+    assert short.json()["usage"]["completion_tokens"] == 16  # OpenAI's default
