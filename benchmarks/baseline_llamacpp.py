@@ -13,6 +13,8 @@ file exists), start ``python -m llama_cpp.server`` from that venv with ``--n_thr
 then run the same ``kvserve bench serve`` workload as kvserve at each ``--concurrency``.
 llama-cpp-python's server runs one completion at a time (its ``Llama`` object has one sequence),
 so requests above 1 queue inside the server: TTFT grows, throughput stays the batch-1 rate.
+The server is started with ``--interrupt_requests False``: by default a new request cancels the
+one being generated (at concurrency 8 seven of eight requests were cut off that way).
 
 llama-cpp-python has no ``ignore_eos``; end-of-generation ids get a -100 ``logit_bias`` instead,
 so every request generates exactly ``--output-len`` tokens. Its streams carry no ``usage``, so the
@@ -65,7 +67,7 @@ def ensure_gguf(python: str, model: str, gguf: Path, outtype: str) -> Path:
 def server_command(python: str, gguf: Path, port: int, n_threads: int, n_ctx: int) -> list[str]:
     return [python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
             "--n_ctx", str(n_ctx), "--n_threads", str(n_threads), "--n_threads_batch", str(n_threads),
-            "--model_alias", "qwen-shaped"]
+            "--model_alias", "qwen-shaped", "--interrupt_requests", "False"]
 
 
 def eog_logit_bias(model: str) -> dict[str, float]:
