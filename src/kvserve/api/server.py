@@ -1,7 +1,7 @@
 """The FastAPI application of the OpenAI-compatible server.
 
     GET  /health                 200 when the engine is ready, else 503      (open)
-    GET  /version                {"version": ...}                            (open)
+    GET  /version                {"version": ..., "commit": ..., "dirty": ...} (open)
     GET  /metrics                Prometheus text format                      (open)
     GET  /v1/models              the served model
     POST /v1/completions         see serving_completion.py
@@ -55,6 +55,25 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
     return app
 
 
+def _build_info() -> dict:
+    """``/version``: the package version and, from a source checkout, the git commit the server
+    started on (``dirty`` when the tree had changes), so benchmark results name the code they ran."""
+    import subprocess
+    from pathlib import Path
+
+    info: dict = {"version": kvserve.__version__}
+    root = Path(kvserve.__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+        info.update(commit=commit, dirty=bool(dirty))
+    except (OSError, subprocess.SubprocessError):
+        pass  # an installed wheel: no checkout to ask
+    return info
+
+
 def _key_dependency(state: ServingState):
     def api_key(request: Request) -> str:
         return authenticate(request, state.settings.api_keys)
@@ -71,9 +90,11 @@ def _add_open_routes(app: FastAPI, state: ServingState) -> None:
             raise APIError(503, "The server is shutting down.", code="shutting_down")
         return Response(status_code=200)
 
+    build = _build_info()
+
     @app.get("/version")
     async def version() -> dict:
-        return {"version": kvserve.__version__}
+        return build
 
     @app.get("/metrics")
     async def metrics() -> Response:
