@@ -75,7 +75,7 @@ class ScriptedEngine(EngineClient):
                                       f"{self.max_model_len} including max_tokens", param="prompt")
 
     async def generate(self, prompt_token_ids, sampling_params, request_id, *, prompt=None,
-                       priority=0, cache_salt=None) -> AsyncIterator[RequestOutput]:
+                       priority=0, cache_salt=None, arrival_time=None) -> AsyncIterator[RequestOutput]:
         self._check(prompt_token_ids, sampling_params)
         self.calls.append((request_id, list(prompt_token_ids), sampling_params,
                            {"prompt": prompt, "priority": priority, "cache_salt": cache_salt}))

@@ -103,8 +103,8 @@ def test_priority_order_and_priority_preemption(make_scheduler, make_request):
 def test_abort_frees_every_block(make_scheduler, make_request):
     scheduler = make_scheduler(num_blocks=20, block_size=4, max_num_seqs=3)
     runner = FakeModelRunner(4)
-    for request_id in "abc":
-        scheduler.add_request(make_request(request_id, range(10), max_tokens=5))
+    for offset, request_id in enumerate("abc"):  # distinct prompts: no shared prefix to wait for
+        scheduler.add_request(make_request(request_id, range(100 * offset, 100 * offset + 10), max_tokens=5))
     scheduler.add_request(make_request("waiting", range(9), max_tokens=5))
     step(scheduler, runner)
     assert scheduler.requests["waiting"].status == RequestStatus.WAITING
@@ -148,7 +148,7 @@ def test_step_counters(make_scheduler, make_request):
     scheduler = make_scheduler()
     runner = FakeModelRunner(4)
     scheduler.add_request(make_request("a", range(5), max_tokens=3))
-    scheduler.add_request(make_request("b", range(9), max_tokens=1))
+    scheduler.add_request(make_request("b", range(100, 109), max_tokens=1))
     stats = scheduler.make_stats()
     assert (stats.num_waiting, stats.num_running, stats.num_steps) == (2, 0, 0)
     step(scheduler, runner)
@@ -160,3 +160,24 @@ def test_step_counters(make_scheduler, make_request):
     stats = scheduler.make_stats()
     assert (stats.num_steps, stats.num_scheduled_tokens, stats.num_generated_tokens) == (3, 16, 4)
     assert (stats.num_finished_requests, stats.num_preemptions, stats.kv_cache_usage) == (2, 0, 0.0)
+
+
+def test_request_waits_for_a_shared_prefix_in_flight(make_scheduler, make_request):
+    """Two requests with the same 48-token prompt arrive together: the second waits one step for
+    the first's blocks instead of computing the same prefix again; an unrelated request behind
+    it is scheduled meanwhile."""
+    from kvserve.outputs import ModelRunnerOutput
+
+    scheduler = make_scheduler(block_size=16, max_num_batched_tokens=256)
+    shared = list(range(100, 148))
+    scheduler.add_request(make_request("a", shared))
+    scheduler.add_request(make_request("b", shared))
+    scheduler.add_request(make_request("c", range(500, 520)))
+    first = scheduler.schedule()
+    assert [(s.request_id, s.num_new_tokens) for s in first.scheduled] == [("a", 48), ("c", 20)]
+    scheduler.update_from_output(first, ModelRunnerOutput(sampled_token_ids={"a": 1, "c": 2}))
+    second = scheduler.schedule()
+    planned = {s.request_id: (s.num_computed_tokens, s.num_new_tokens) for s in second.scheduled}
+    assert planned["b"] == (32, 16)  # two cached blocks; the last prompt token is always computed
+    assert scheduler.requests["b"].num_cached_tokens == 32
+    scheduler.kv_cache_manager.check_integrity()

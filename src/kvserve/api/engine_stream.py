@@ -12,6 +12,8 @@ cancellation that triggered it.
 
 from __future__ import annotations
 
+import time
+
 import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -44,7 +46,10 @@ class EngineRequest:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.sampling_params = sampling_params
-        self._generate_kwargs = {"prompt": prompt, "priority": priority, "cache_salt": cache_salt}
+        # Arrival for the metrics: when the API layer made the request, not when the engine
+        # thread got to it (the GIL and queued commands delay the latter under load).
+        self._generate_kwargs = {"prompt": prompt, "priority": priority, "cache_salt": cache_salt,
+                                 "arrival_time": time.time()}
         self._stream: AsyncIterator[RequestOutput] | None = None  # created by start()
         self._first: RequestOutput | None = None
         self.finished = False

@@ -46,6 +46,7 @@ class EngineClient(ABC):
         prompt: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream delta outputs of one request (all ``sampling_params.n`` choices).
 
@@ -56,6 +57,9 @@ class EngineClient(ABC):
         ``prompt_logprobs`` (if asked) and ``num_cached_tokens`` (prefix-cache hits, tokens). The
         iterator ends after every choice finished. Cancelling the consumer (client disconnect)
         aborts the request within one engine step.
+
+        ``arrival_time`` (``time.time()`` seconds) is when the caller received the request; it
+        starts the request's latency metrics (default: now).
 
         Raises (before the first yield):
             InvalidRequestError: prompt + max_tokens exceed ``max_model_len`` (message gives the
@@ -199,6 +203,7 @@ class AsyncLLM(EngineClient):
         prompt: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
         if self._dead is not None:
             raise RequestRejectedError(f"the engine is not running: {self._dead}", reason="engine_dead")
@@ -209,7 +214,7 @@ class AsyncLLM(EngineClient):
         stream = _Stream(loop)
         # Arrival is when the API handed the request over, not when the engine thread gets to it.
         self._commands.put(("add", request_id, prompt_token_ids, sampling_params, prompt, priority, cache_salt,
-                            time.time(), stream, added))
+                            arrival_time or time.time(), stream, added))
         await added  # raises the admission error, if any
         finished = False
         try:

@@ -163,11 +163,16 @@ class Scheduler:
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         max_num_seqs = self.scheduler_config.max_num_seqs
+        in_flight = self._in_flight_block_hashes()
+        deferred: list[Request] = []
         while self.waiting and plan.token_budget > 0 and len(self.running) < max_num_seqs:
             request = self.waiting.peek()
             if request.request_id in plan.preempted:
                 break  # preempted in this very step: memory is short, resume next step
             hit_blocks, num_cached = self.kv_cache_manager.get_computed_blocks(request)
+            if self._next_block_in_flight(request, len(hit_blocks), in_flight):
+                deferred.append(self.waiting.pop())
+                continue
             if self.scheduler_config.enable_chunked_prefill:
                 num_new = self._num_new_tokens(request, num_cached, plan.token_budget)
             else:
@@ -176,6 +181,38 @@ class Scheduler:
                     break
             if not self._admit(request, num_new, hit_blocks, num_cached, plan):
                 break
+            in_flight.update(self._uncomputed_prompt_hashes(request))
+        for request in reversed(deferred):  # back at the head, in their order
+            self.waiting.prepend(request)
+
+    # -- cache-aware admission ---------------------------------------------------------------
+    #
+    # Requests that share a prompt prefix often arrive together (n > 1, a system prompt). If the
+    # second were admitted while the first is still computing the shared blocks, it would find no
+    # cached block and compute the same prefix again. Such a request waits (in its place at the
+    # head of the queue) until the blocks are in the prefix cache, usually one step; requests
+    # behind it are scheduled meanwhile.
+
+    def _uncomputed_prompt_hashes(self, request: Request) -> list[int]:
+        block_size = self.kv_cache_manager.block_size
+        first = request.num_computed_tokens // block_size
+        return request.block_hashes[first : request.num_prompt_tokens // block_size]
+
+    def _in_flight_block_hashes(self) -> set[int]:
+        """Hashes of full prompt blocks that running requests are still computing."""
+        if not self.kv_cache_manager.enable_caching:
+            return set()
+        in_flight: set[int] = set()
+        for request in self.running:
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                in_flight.update(self._uncomputed_prompt_hashes(request))
+        return in_flight
+
+    @staticmethod
+    def _next_block_in_flight(request: Request, num_hit_blocks: int, in_flight: set[int]) -> bool:
+        """True when the first block ``request`` would compute is being computed by another."""
+        hashes = request.block_hashes
+        return bool(in_flight) and num_hit_blocks < len(hashes) and hashes[num_hit_blocks] in in_flight
 
     def _admit(
         self, request: Request, num_new: int, hit_blocks: list[KVCacheBlock], num_cached: int, plan: _StepPlan
