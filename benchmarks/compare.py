@@ -53,7 +53,7 @@ class Plan:
 
 PRESETS = {
     # The shared-prefix case: 16 groups sharing a 1,024-token system prompt.
-    "full": Plan({1: 4, 8: 16, 32: 64, 64: 128}, (16, 4, 1024, 64, 32)),
+    "full": Plan({1: 4, 8: 16, 32: 64, 64: 128}, (16, 4, 1024, 32, 32)),
     "quick": Plan({1: 2, 8: 8, 32: 32, 64: 64}, (2, 8, 512, 32, 16)),
 }
 
