@@ -46,3 +46,19 @@ def test_omitted_max_tokens_fits_what_the_context_leaves(live_server, http):
     assert response.json()["usage"]["completion_tokens"] == 5  # min(16, 256 - 251)
     short = http.post("/v1/completions", json={"model": live_server.model, "prompt": "Hi", "ignore_eos": True})
     assert short.json()["usage"]["completion_tokens"] == 16  # OpenAI's default
+
+
+def test_retrieve_model_and_unknown_model(live_server):
+    client = live_server.client
+    assert client.models.retrieve(live_server.model).id == live_server.model
+    import openai
+
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_chat_top_logprobs_out_of_range_names_the_field(live_server, http):
+    body = {"model": live_server.model, "messages": [{"role": "user", "content": "x"}], "logprobs": True,
+            "top_logprobs": 21}
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "top_logprobs"

@@ -215,6 +215,10 @@ class ChatCompletionRequest(SamplingRequest):
         super().check_http_fields()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= SamplingParams.MAX_LOGPROBS:
+            raise InvalidRequestError(
+                f"top_logprobs must be in [0, {SamplingParams.MAX_LOGPROBS}], got {self.top_logprobs}",
+                param="top_logprobs")
         if self.continue_final_message and self.add_generation_prompt:
             raise InvalidRequestError(
                 "continue_final_message and add_generation_prompt cannot both be true",

@@ -107,11 +107,18 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
     completions = CompletionServing(state)
     chat = ChatServing(state)
 
+    def model_card() -> ModelCard:
+        return ModelCard(id=state.model_name, root=state.engine.model_name,
+                         max_model_len=state.engine.max_model_len)
+
     @app.get("/v1/models")
     async def models(_: str = Depends(api_key)) -> ModelList:
-        engine = state.engine
-        return ModelList(data=[ModelCard(id=state.model_name, root=engine.model_name,
-                                         max_model_len=engine.max_model_len)])
+        return ModelList(data=[model_card()])
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str, _: str = Depends(api_key)) -> ModelCard:
+        state.check_model(model_id)  # 404 model_not_found for another name
+        return model_card()
 
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, request: Request,
