@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return _run(args)
-    except (KVServeError, ValueError, OSError) as exc:
+    except (KVServeError, ValueError, OSError, ImportError) as exc:
         if level == "DEBUG":
             raise
         message = getattr(exc, "message", None) or str(exc)

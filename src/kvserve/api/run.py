@@ -35,6 +35,7 @@ class DrainingServer(uvicorn.Server):
         self.state = state
         self.shutdown_timeout = shutdown_timeout
         self.drain_deadline: float | None = None
+        self.cut_off = False
         self.on_ready = on_ready
 
     async def startup(self, sockets=None) -> None:
@@ -56,7 +57,20 @@ class DrainingServer(uvicorn.Server):
             return True
         if self.drain_deadline is None:
             return False
-        return self.state.in_flight == 0 or time.monotonic() >= self.drain_deadline
+        if self.state.in_flight == 0:
+            return True
+        now = time.monotonic()
+        if now >= self.drain_deadline and not self.cut_off:
+            # Time is up: end the remaining streams with an error event and [DONE] (rather than
+            # a cut connection), then give the handlers a moment to send them.
+            logger.warning("shutdown timeout: ending %d running requests", self.state.in_flight)
+            abort_all = getattr(self.state.engine, "abort_all", None)
+            if abort_all is not None:
+                abort_all("the server shut down before this request finished")
+            self.cut_off = True
+            self.drain_deadline = now + 2.0
+            return False
+        return now >= self.drain_deadline
 
 
 def make_server(engine: EngineClient, settings: ServerSettings,

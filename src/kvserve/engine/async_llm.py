@@ -233,6 +233,11 @@ class AsyncLLM(EngineClient):
     async def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
+    def abort_all(self, message: str) -> None:
+        """Abort every running request; each stream ends with ``RequestRejectedError(message)``
+        (reason ``shutting_down``). Thread-safe."""
+        self._commands.put(("abort_all", message))
+
     def stop_admission(self) -> None:
         self._stopping = True
 
@@ -279,6 +284,12 @@ class AsyncLLM(EngineClient):
                 return True
 
     def _apply(self, command: tuple) -> None:
+        if command[0] == "abort_all":
+            for request_id, stream in list(self._streams.items()):
+                self.engine.abort_request(request_id)
+                stream.put(RequestRejectedError(command[1], reason="shutting_down"))
+            self._streams.clear()
+            return
         if command[0] == "abort":
             request_id = command[1]
             if self._streams.pop(request_id, None) is not None:
