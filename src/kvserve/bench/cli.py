@@ -189,7 +189,7 @@ def default_result_path(kind: str) -> Path:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run the parsed ``bench`` subcommand; returns the process exit code (0 ok, 1 some requests
-    failed, 2 invalid arguments, 3 the offline engine is not available)."""
+    failed, 2 invalid arguments)."""
     from kvserve.bench import commands
 
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import sys
 from typing import Any
 
 import httpx
@@ -94,14 +93,10 @@ def sweep_command(args: argparse.Namespace) -> int:
 
 
 def throughput_command(args: argparse.Namespace) -> int:
-    """Offline run through ``kvserve.engine.llm.LLM``; exit 3 if that engine is not built yet."""
+    """Offline run through ``kvserve.engine.llm.LLM`` (no HTTP)."""
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     samples = load_samples(args, tokenizer)
-    try:
-        result = run_throughput(args.model, samples, args.engine_kwargs, args.ignore_eos, args.temperature)
-    except ImportError as exc:
-        print(f"kvserve bench throughput: the offline engine is not available ({exc})", file=sys.stderr)
-        return 3
+    result = run_throughput(args.model, samples, args.engine_kwargs, args.ignore_eos, args.temperature)
     Console().print(result)
     if args.result_file:
         payload = {"workload": _workload_args(args), "model": args.model, "engine_kwargs": args.engine_kwargs,

@@ -1,6 +1,6 @@
 """Micro-benchmark of the sampler's random path, before/after ratios measured in one run.
 
-``python -m kvserve.sample.bench_sampler [--rows 32] [--vocab 151936] [--threads 2]``
+``python benchmarks/bench_sampler.py [--rows 32] [--vocab 151936] [--threads 2]``
 
 Compares, on the same logits:
 
