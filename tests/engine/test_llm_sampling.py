@@ -114,3 +114,17 @@ def test_chat_uses_template(llm):
 
     assert out.prompt_token_ids == apply_chat_template(llm.get_tokenizer(), messages, add_generation_prompt=True)
     assert len(out.outputs[0].token_ids) == 5
+
+
+def test_n_choices_compute_the_prompt_once(model_dir):
+    """The choices of an n > 1 request share their prompt blocks: the first computes them, the
+    others wait one step and hit the prefix cache (2 full blocks each of a 40-token prompt)."""
+    llm = make_llm(model_dir)
+    prompt = random_prompts(1, seed=21, min_len=40, max_len=40)[0]
+    before = llm.llm_engine.core.make_stats()
+    out = llm.generate([prompt], SamplingParams(n=3, temperature=1.0, max_tokens=4, seed=1, ignore_eos=True))[0]
+    after = llm.llm_engine.core.make_stats()
+    assert len(out.outputs) == 3
+    assert after.prefix_cache_hits - before.prefix_cache_hits == 2 * 32
+    assert after.num_scheduled_tokens - before.num_scheduled_tokens == 40 + 2 * 8 + 3 * 3
+    assert_kv_clean(llm)
