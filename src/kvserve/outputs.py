@@ -25,6 +25,14 @@ class TokenLogprobs(NamedTuple):
     top_logprobs: list[float]
 
 
+class PromptLogprobs(NamedTuple):
+    """Logprobs of consecutive prompt tokens: ``entries[j]`` scores the token at prompt position
+    ``first_position + j``."""
+
+    first_position: int
+    entries: list[TokenLogprobs]
+
+
 @dataclass
 class ModelRunnerOutput:
     """What one model step produced.
@@ -32,13 +40,14 @@ class ModelRunnerOutput:
     Attributes:
         sampled_token_ids: request id -> the sampled token, for each request that sampled.
         logprobs: request id -> logprobs of the sampled token (requests asking for logprobs).
-        prompt_logprobs: request id -> logprobs of the prompt tokens computed in this step; the
-            entry for prompt position i scores token i (position 0 has none and is skipped).
+        prompt_logprobs: request id -> logprobs of prompt tokens scored in this step, as
+            ``PromptLogprobs(first_position, entries)``: ``entries[j]`` scores the prompt token at
+            position ``first_position + j`` (position 0 has no context and is never scored).
     """
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
 
 
 @dataclass

@@ -128,3 +128,20 @@ def test_n_choices_compute_the_prompt_once(model_dir):
     assert after.prefix_cache_hits - before.prefix_cache_hits == 2 * 32
     assert after.num_scheduled_tokens - before.num_scheduled_tokens == 40 + 2 * 8 + 3 * 3
     assert_kv_clean(llm)
+
+
+@pytest.mark.parametrize("engine_kwargs", [{"max_num_batched_tokens": 8}, {"max_num_batched_tokens": 8, "block_size": 4}])
+def test_prompt_logprobs_of_a_chunked_prompt_equal_one_pass(model_dir, engine_kwargs):
+    """Every prompt position is scored exactly once whatever the chunking (a chunk of c..c+n
+    scores tokens c+1..c+n)."""
+    prompt = random_prompts(1, seed=22, min_len=30, max_len=30)[0]
+    params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1, ignore_eos=True)
+    whole = make_llm(model_dir).generate([prompt], params)[0].prompt_logprobs
+    chunked_llm = make_llm(model_dir, **engine_kwargs)
+    chunked = chunked_llm.generate([prompt], params)[0].prompt_logprobs
+    assert len(whole) == len(chunked) == len(prompt) and whole[0] is None and chunked[0] is None
+    for pos in range(1, len(prompt)):
+        assert chunked[pos].token_id == whole[pos].token_id == prompt[pos]
+        assert chunked[pos].rank == whole[pos].rank
+        assert math.isclose(chunked[pos].logprob, whole[pos].logprob, abs_tol=1e-5)
+    assert_kv_clean(chunked_llm)

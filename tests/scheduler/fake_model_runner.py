@@ -15,7 +15,7 @@ from array import array
 from typing import NamedTuple
 
 from kvserve.kv_cache.manager import KVCacheManager
-from kvserve.outputs import ModelRunnerOutput, TokenLogprobs
+from kvserve.outputs import ModelRunnerOutput, PromptLogprobs, TokenLogprobs
 from kvserve.request import Request, RequestStatus
 from kvserve.scheduler.output import SchedulerOutput
 from kvserve.scheduler.scheduler import Scheduler
@@ -80,9 +80,9 @@ class FakeModelRunner:
             if request.sampling_params.prompt_logprobs is not None:
                 first = max(scheduled.num_computed_tokens, 1)
                 last = min(end, request.num_prompt_tokens)
-                output.prompt_logprobs[request.request_id] = [
+                output.prompt_logprobs[request.request_id] = PromptLogprobs(first, [
                     TokenLogprobs(request.all_token_ids[p], -float(p), 1, [], []) for p in range(first, last)
-                ]
+                ])
             if not scheduled.samples:
                 continue
             values = [self.kv[self._slot(scheduled.block_ids, p)] for p in range(end)]

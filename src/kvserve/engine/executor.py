@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kvserve.model.runner import ModelRunner
-from kvserve.outputs import ModelRunnerOutput
+from kvserve.outputs import ModelRunnerOutput, PromptLogprobs
 from kvserve.request import Request
 from kvserve.sample.logprobs import prompt_logprobs_from_logits
 from kvserve.sample.metadata import SamplingMetadata
@@ -21,8 +21,9 @@ class ModelExecutor:
     whatever else is in the batch. Unseeded requests share one engine generator seeded with
     ``seed``.
 
-    Prompt logprobs are computed once per prompt position: ``_prompt_logprobs_done`` remembers how
-    far each request got, so a recompute after preemption does not repeat them.
+    Prompt logprobs: logits row ``i`` of a step computing tokens ``[c, c + n)`` scores prompt
+    token ``c + i + 1``; a recompute after preemption scores positions again, and the scheduler
+    passes each position on once.
     """
 
     def __init__(self, runner: ModelRunner, vocab_size: int, seed: int = 0):
@@ -31,13 +32,11 @@ class ModelExecutor:
         self.device = runner.device
         self.sampler = Sampler(generator=torch.Generator(device=self.device).manual_seed(seed))
         self._generators: dict[str, torch.Generator] = {}
-        self._prompt_logprobs_done: dict[str, int] = {}
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run the step; returns sampled tokens (and logprobs) keyed by request id."""
         for request_id in scheduler_output.finished_request_ids:
             self._generators.pop(request_id, None)
-            self._prompt_logprobs_done.pop(request_id, None)
         output = ModelRunnerOutput()
         if scheduler_output.is_empty:
             return output
@@ -74,26 +73,21 @@ class ModelExecutor:
             self._generators[request.request_id] = generator
         return generator
 
-    def _wanting_prompt_logprobs(self, scheduled: list[ScheduledRequest]) -> dict[str, ScheduledRequest]:
-        wanting = {}
-        for s in scheduled:
-            if s.request.sampling_params.prompt_logprobs is None:
-                continue
-            done = self._prompt_logprobs_done.get(s.request_id, 0)
-            if s.num_computed_tokens + s.num_new_tokens > done and done < s.request.num_prompt_tokens - 1:
-                wanting[s.request_id] = s
-        return wanting
+    @staticmethod
+    def _wanting_prompt_logprobs(scheduled: list[ScheduledRequest]) -> dict[str, ScheduledRequest]:
+        """Requests asking for prompt logprobs whose step scores at least one prompt token."""
+        return {
+            s.request_id: s for s in scheduled
+            if s.request.sampling_params.prompt_logprobs is not None
+            and s.num_computed_tokens < s.request.num_prompt_tokens - 1
+        }
 
-    def _prompt_logprobs(self, scheduled: ScheduledRequest, logits: torch.Tensor):
-        """Logits row i (position c + i) scores prompt token c + i + 1; keep the rows that score
-        prompt tokens not scored before."""
+    @staticmethod
+    def _prompt_logprobs(scheduled: ScheduledRequest, logits: torch.Tensor) -> PromptLogprobs:
+        """Logits row i (position c + i) scores prompt token c + i + 1, up to the last one."""
         request = scheduled.request
         start = scheduled.num_computed_tokens
-        done = max(self._prompt_logprobs_done.get(request.request_id, 0), start)
         end = min(start + scheduled.num_new_tokens, request.num_prompt_tokens - 1)
-        self._prompt_logprobs_done[request.request_id] = end
-        if end <= done:
-            return []
-        rows = logits[done - start : end - start]
-        targets = request.prompt_token_ids[done + 1 : end + 1]
-        return prompt_logprobs_from_logits(rows, targets, request.sampling_params.prompt_logprobs)
+        targets = request.prompt_token_ids[start + 1 : end + 1]
+        entries = prompt_logprobs_from_logits(logits[: end - start], targets, request.sampling_params.prompt_logprobs)
+        return PromptLogprobs(start + 1, entries)

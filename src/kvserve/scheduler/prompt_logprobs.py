@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from kvserve.outputs import TokenLogprobs
-from kvserve.request import Request
+from kvserve.outputs import PromptLogprobs, TokenLogprobs
 
 
 class PromptLogprobsTracker:
-    """Remembers, per request, up to which prompt position logprobs were returned.
-
-    A step that computes tokens ``[c, c + n)`` yields entries for prompt positions
-    ``max(c, 1) .. min(c + n, num_prompt_tokens) - 1`` (position 0 has no context). After a
-    preemption (recompute) the runner scores the same positions again; only new ones pass::
+    """Remembers, per request, up to which prompt position logprobs were returned. The runner says
+    which positions its entries score (``PromptLogprobs.first_position``); after a preemption
+    (recompute) it scores the same positions again and only new ones pass::
 
         returned so far:  pos 1 .. 5          preempted, recomputed: pos 1 .. 8
         passed on now:                 6 .. 8
@@ -20,15 +17,13 @@ class PromptLogprobsTracker:
     def __init__(self) -> None:
         self._num_sent: dict[str, int] = {}
 
-    def filter(self, request: Request, entries: list[TokenLogprobs] | None) -> list[TokenLogprobs] | None:
-        """The entries not returned before, given ``request.num_computed_tokens`` already advanced
-        past this step; ``None`` when nothing is new."""
-        if entries is None:
+    def filter(self, request_id: str, scored: PromptLogprobs | None) -> list[TokenLogprobs] | None:
+        """The entries of ``scored`` not returned before; ``None`` when nothing is new."""
+        if scored is None:
             return None
-        end = min(request.num_computed_tokens, request.num_prompt_tokens)
-        first_position = end - len(entries)
-        num_sent = self._num_sent.get(request.request_id, 1)
-        self._num_sent[request.request_id] = max(num_sent, end)
+        first_position, entries = scored
+        num_sent = self._num_sent.get(request_id, 1)
+        self._num_sent[request_id] = max(num_sent, first_position + len(entries))
         skip = max(0, num_sent - first_position)
         if skip == 0:
             return entries

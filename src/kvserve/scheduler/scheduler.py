@@ -297,7 +297,7 @@ class Scheduler:
             self.num_generated_tokens += 1
             finished = check_stop(request, self.scheduler_config.max_model_len)
         self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
-        prompt_logprobs = self.prompt_logprobs_tracker.filter(request, runner_output.prompt_logprobs.get(request_id))
+        prompt_logprobs = self.prompt_logprobs_tracker.filter(request_id, runner_output.prompt_logprobs.get(request_id))
         if finished:
             self.running.remove(request)
             self._release(request)
