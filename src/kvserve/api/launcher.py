@@ -67,7 +67,7 @@ def run_server(args: argparse.Namespace) -> int:
     from kvserve.builtin import resolve_model
     from kvserve.engine.arg_utils import engine_config_from_args
     from kvserve.engine.async_llm import AsyncLLM
-    from kvserve.engine.core import resolve_device
+    from kvserve.engine.core import resolve_device, resolve_max_model_len
     from kvserve.engine.llm_engine import LLMEngine
     from kvserve.model.arch_config import ModelArchConfig
     from kvserve.tokenizer import eos_token_ids, load_tokenizer
@@ -88,7 +88,7 @@ def run_server(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(config.model.tokenizer or model, settings.chat_template)
     async_engine = AsyncLLM.deferred(
         lambda: LLMEngine(config, chat_template=settings.chat_template), served_name,
-        tokenizer=tokenizer, max_model_len=args.max_model_len or arch.max_position_embeddings,
+        tokenizer=tokenizer, max_model_len=resolve_max_model_len(arch, config.model.max_model_len),
         vocab_size=arch.vocab_size, eos_token_ids=eos_token_ids(model, tokenizer), stats_consumers=consumers,
     )
     install_metrics(async_engine)

@@ -17,6 +17,7 @@ from kvserve.engine.executor import ModelExecutor
 from kvserve.engine.kv_sizing import KVCachePlan, plan_kv_cache
 from kvserve.kv_cache.manager import KVCacheManager
 from kvserve.attention import get_attention_backend
+from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.loader import LoadedModel, default_dtype_for_device, load_model
 from kvserve.model.runner import ModelRunner, kv_cache_bytes_per_block
 from kvserve.outputs import EngineCoreOutput
@@ -68,6 +69,20 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def resolve_max_model_len(arch: ModelArchConfig, wanted: int | None) -> int:
+    """The context length: ``--max-model-len`` or the checkpoint's ``max_position_embeddings``.
+
+    Raises:
+        ValueError: ``wanted`` exceeds the model's.
+    """
+    model_max = arch.max_position_embeddings
+    if wanted is None:
+        return model_max
+    if wanted > model_max:
+        raise ValueError(f"--max-model-len {wanted} exceeds the model's max_position_embeddings ({model_max})")
+    return wanted
+
+
 class EngineCore:
     """Loads the model, sizes the KV cache and runs engine steps.
 
@@ -83,7 +98,7 @@ class EngineCore:
     def __init__(self, config: EngineConfig):
         self.device = resolve_device(config.model.device)
         self.loaded = self._load(config)
-        self.max_model_len = self._resolve_max_model_len(config)
+        self.max_model_len = resolve_max_model_len(self.loaded.arch, config.model.max_model_len)
         self.config = dataclasses.replace(
             config, scheduler=dataclasses.replace(config.scheduler, max_model_len=self.max_model_len)
         )
@@ -109,15 +124,6 @@ class EngineCore:
             self.device, time.perf_counter() - start,
         )
         return loaded
-
-    def _resolve_max_model_len(self, config: EngineConfig) -> int:
-        model_max = self.loaded.arch.max_position_embeddings
-        wanted = config.model.max_model_len
-        if wanted is None:
-            return model_max
-        if wanted > model_max:
-            raise ValueError(f"--max-model-len {wanted} exceeds the model's max_position_embeddings ({model_max})")
-        return wanted
 
     def _plan_kv_cache(self) -> KVCachePlan:
         cache = self.config.cache

@@ -44,25 +44,21 @@ class InputProcessor:
             )
 
     def resolve_max_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
-        """``max_tokens`` or, when None, what is left of the context.
+        """``max_tokens`` or, when None, what is left of the context (a ``max_tokens`` that does
+        not fit is refused by the scheduler's admission check).
 
         Raises:
-            InvalidRequestError: prompt + max_tokens over ``max_model_len`` (message with the numbers).
+            InvalidRequestError: no ``max_tokens`` and the prompt fills the context.
         """
-        if params.max_tokens is None:
-            left = self.max_model_len - num_prompt_tokens
-            if left < 1:
-                raise InvalidRequestError(
-                    f"prompt has {num_prompt_tokens} tokens; this model accepts at most {self.max_model_len} "
-                    f"tokens, so no room is left to generate", param="prompt",
-                )
-            return left
-        if num_prompt_tokens + params.max_tokens > self.max_model_len:
+        if params.max_tokens is not None:
+            return params.max_tokens
+        left = self.max_model_len - num_prompt_tokens
+        if left < 1:
             raise InvalidRequestError(
-                f"prompt has {num_prompt_tokens} tokens and max_tokens={params.max_tokens}; this model accepts "
-                f"at most {self.max_model_len} tokens including max_tokens", param="max_tokens",
+                f"prompt has {num_prompt_tokens} tokens; this model accepts at most {self.max_model_len} "
+                f"tokens, so no room is left to generate", param="prompt",
             )
-        return params.max_tokens
+        return left
 
     def make_requests(
         self,
