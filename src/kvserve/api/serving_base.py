@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import Request
+from starlette.responses import JSONResponse, Response
 
+from kvserve.api.engine_stream import EngineRequest, start_all
 from kvserve.api.errors import APIError
 from kvserve.api.rate_limit import RateLimiter
 from kvserve.api.responses import PromptTokensDetails, UsageInfo
 from kvserve.api.settings import ServerSettings
+from kvserve.api.sse import SSEResponse
 from kvserve.api.tokenization import TokenText, make_token_text
 from kvserve.errors import InvalidRequestError
 
@@ -139,3 +142,27 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> tuple[bool, 
     if task.cancelled():
         return False, None
     return True, task.result()
+
+
+async def respond(state: ServingState, api_key: str, charge: int, engine_requests: list[EngineRequest],
+                  make_call: Callable, stream: bool, raw_request: Request) -> Response:
+    """Admit a call (rate limits charged ``charge`` tokens), start its engine requests, and
+    answer with an SSE stream or, non-streamed, one JSON body (499 if the client left first).
+
+    ``make_call(firsts)`` builds the endpoint's call object from each request's first output; it
+    has ``stream(api_key)`` and ``aggregate(api_key)``, which release the admission when done.
+    """
+    state.admit(api_key, charge)
+    try:
+        firsts = await start_all(engine_requests)
+    except BaseException:
+        state.finish(api_key)
+        raise
+    call = make_call(firsts)
+    if stream:
+        return SSEResponse(call.stream(api_key))
+    finished, body = await until_disconnect(raw_request, call.aggregate(api_key))
+    if not finished:
+        return Response(status_code=499)
+    return JSONResponse(body.model_dump(mode="json"))
+

@@ -14,18 +14,17 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from kvserve.api.engine_stream import EngineRequest, start_all
+from kvserve.api.engine_stream import EngineRequest
 from kvserve.api.errors import to_api_error
 from kvserve.api.logprobs import chat_logprobs, prompt_logprobs_json
 from kvserve.api.protocol import ChatCompletionRequest
 from kvserve.api.responses import (ChatChoiceLogprobs, ChatCompletionChoice, ChatCompletionResponse,
                                    ChatCompletionStreamChoice, ChatCompletionStreamResponse,
                                    ChatLogprobToken, ChatResponseMessage, DeltaMessage)
-from kvserve.api.serving_base import (ServingState, make_usage, new_request_id, resolve_max_tokens,
-                                      until_disconnect)
-from kvserve.api.sse import SSE_DONE, SSEResponse, format_sse
+from kvserve.api.serving_base import ServingState, make_usage, new_request_id, resolve_max_tokens, respond
+from kvserve.api.sse import SSE_DONE, format_sse
 from kvserve.api.tokenization import render_chat
 from kvserve.outputs import CompletionOutput, RequestOutput
 
@@ -78,19 +77,11 @@ class ChatServing:
         request_id = new_request_id("chatcmpl")
         engine_request = EngineRequest(engine, request_id, prompt_ids, params,
                                        priority=request.priority, cache_salt=request.cache_salt)
-        state.admit(api_key, len(prompt_ids) + params.n * max_tokens)
-        try:
-            (first,) = await start_all([engine_request])
-        except BaseException:
-            state.finish(api_key)
-            raise
-        call = _ChatCall(state, request, request_id, engine_request, first)
-        if request.stream:
-            return SSEResponse(call.stream(api_key))
-        finished, body = await until_disconnect(raw_request, call.aggregate(api_key))
-        if not finished:
-            return Response(status_code=499)
-        return JSONResponse(body.model_dump(mode="json"))
+        return await respond(
+            state, api_key, len(prompt_ids) + params.n * max_tokens, [engine_request],
+            lambda firsts: _ChatCall(state, request, request_id, engine_request, firsts[0]),
+            request.stream, raw_request,
+        )
 
 
 class _ChatCall:

@@ -10,9 +10,9 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from kvserve.api.engine_stream import EngineRequest, merge_outputs, start_all
+from kvserve.api.engine_stream import EngineRequest, merge_outputs
 from kvserve.api.errors import to_api_error
 from kvserve.api.logprobs import (CompletionLogprobsBuilder, merge_completion_logprobs,
                                   prompt_logprobs_json)
@@ -20,8 +20,8 @@ from kvserve.api.protocol import CompletionRequest
 from kvserve.api.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
                                    CompletionStreamResponse)
 from kvserve.api.serving_base import (ServingState, check_token_ids, make_usage, new_request_id,
-                                      resolve_max_tokens, until_disconnect)
-from kvserve.api.sse import SSE_DONE, SSEResponse, format_sse
+                                      resolve_max_tokens, respond)
+from kvserve.api.sse import SSE_DONE, format_sse
 from kvserve.api.tokenization import tokenize_prompt
 from kvserve.errors import InvalidRequestError
 from kvserve.outputs import CompletionOutput, RequestOutput
@@ -106,19 +106,11 @@ class CompletionServing:
         prompts = self._prompts(request)
         request_id = new_request_id("cmpl")
         engine_requests, charge = self._engine_requests(request, prompts, request_id)
-        self.state.admit(api_key, charge)
-        try:
-            firsts = await start_all(engine_requests)
-        except BaseException:
-            self.state.finish(api_key)
-            raise
-        call = _Call(self.state, request, request_id, prompts, engine_requests, firsts)
-        if request.stream:
-            return SSEResponse(call.stream(api_key))
-        finished, body = await until_disconnect(raw_request, call.aggregate(api_key))
-        if not finished:
-            return Response(status_code=499)
-        return JSONResponse(body.model_dump(mode="json"))
+        return await respond(
+            self.state, api_key, charge, engine_requests,
+            lambda firsts: _Call(self.state, request, request_id, prompts, engine_requests, firsts),
+            request.stream, raw_request,
+        )
 
 
 class _Call:
