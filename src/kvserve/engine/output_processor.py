@@ -141,9 +141,6 @@ class OutputProcessor:
                 continue
             completion = self._process_choice(state, choice, out, to_stop)
             _record_choice_times(choice, out, len(state.prompt_token_ids), now, iteration)
-            if out.new_token_ids:
-                state.times.first_token = state.times.first_token or now
-                state.times.last_token = now
             delta = deltas.get(parent_id)
             if delta is None:
                 delta = deltas[parent_id] = self._new_delta(state, out)
