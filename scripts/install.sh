@@ -16,7 +16,7 @@ if [ -n "$extras" ]; then
 else
     pip install -e .
 fi
-# Build the CPU paged-attention kernel now (about a minute, cached under ~/.cache/torch_extensions)
-# so that the first `kvserve serve` starts in seconds. Without a compiler kvserve falls back to
-# the portable torch attention backend.
-python -c "from kvserve.attention.cpu_paged import cpu_paged_available as ok; print('kvserve: CPU paged-attention kernel', 'ready' if ok() else 'unavailable; using the torch backend')"
+# Build the C++ CPU kernels (paged attention, greedy argmax) now (about a minute, cached under
+# ~/.cache/torch_extensions) so that the first `kvserve serve` starts in seconds. Without a
+# compiler kvserve falls back to portable torch code.
+python -c "from kvserve.kernels import cpu_kernels_available as ok; print('kvserve: CPU kernels', 'ready' if ok() else 'unavailable; using portable torch code')"

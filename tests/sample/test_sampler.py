@@ -145,11 +145,14 @@ def test_inverse_cdf_never_picks_zero_probability_tokens():
 
 
 def test_greedy_batch_runs_only_argmax(make_request, build):
-    """All-greedy without logprobs: no softmax, no copy of the logits (structure, not timing)."""
+    """All-greedy without logprobs: no softmax, no copy of the logits (structure, not timing);
+    bfloat16 logits are not upcast."""
     logits = random_logits(4, 11)
     metadata = build([make_request(temperature=0.0) for _ in range(4)], V)
-    with torch.profiler.profile() as profile:
-        Sampler()(logits, metadata)
-    ops = {event.key for event in profile.key_averages()}
-    assert "aten::argmax" in ops
-    assert not ops & {"aten::_softmax", "aten::_log_softmax", "aten::copy_", "aten::clone", "aten::sort"}
+    for dtype in (torch.float32, torch.bfloat16):
+        typed = logits.to(dtype)
+        with torch.profiler.profile() as profile:
+            sampled = Sampler()(typed, metadata).sampled_token_ids
+        assert torch.equal(sampled, typed.float().argmax(dim=1))
+        ops = {event.key for event in profile.key_averages()}
+        assert not ops & {"aten::_softmax", "aten::_log_softmax", "aten::copy_", "aten::clone", "aten::sort"}

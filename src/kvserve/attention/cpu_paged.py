@@ -1,4 +1,4 @@
-"""A fast paged-attention backend for CPUs: a small C++ kernel (``csrc/paged_attention.cpp``)
+"""A fast paged-attention backend for CPUs: a small C++ kernel (``kvserve/kernels/csrc/paged_attention.cpp``)
 that reads each request's K/V in place from the block cache.
 
 Why: the reference backend gathers every request's whole context into a new tensor each step and,
@@ -20,16 +20,11 @@ differently for different chunkings, this is what keeps a prefix-cache hit from 
 sampled token). Measured cost on the Qwen2.5-0.5B shape, one thread: 8 x 128-token prefill
 3124 -> 3031 ms (noise), 1 x 1024 tokens 4078 -> 4774 ms (+17%). ``max_kernel_query_len``
 sends longer queries to per-request SDPA instead (the reference path). The kernel is built
-on first use with ``torch.utils.cpp_extension.load`` (g++ with OpenMP, ``-O3 -march=native``;
-cached under ``~/.cache/torch_extensions``); ``cpu_paged_available()`` says whether that worked,
+on first use (``kvserve.kernels``); ``cpu_paged_available()`` says whether that worked,
 and ``get_attention_backend("auto")`` falls back to the portable torch backend when it did not.
 """
 
 from __future__ import annotations
-
-import functools
-import logging
-from pathlib import Path
 
 import torch
 
@@ -41,34 +36,14 @@ from kvserve.attention.torch_backend import (
     _gather_context,
     write_kv_cache,
 )
+from kvserve.kernels import cpu_kernels, cpu_kernels_available
 
-logger = logging.getLogger(__name__)
-
-_SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
 MAX_GROUP, MAX_HEAD_DIM = 16, 256  # kMaxGroup, kMaxHeadDim in the C++ source
-
-
-@functools.cache
-def _extension():
-    """The compiled kernel module, or None when it cannot be built (no compiler, no headers)."""
-    try:
-        from torch.utils.cpp_extension import load
-
-        return load(
-            name="kvserve_paged_attention",
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-fno-strict-aliasing"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-    except Exception as error:  # noqa: BLE001 - any build failure means "use the fallback"
-        logger.warning("paged attention kernel unavailable (%s); using the torch backend", error)
-        return None
 
 
 def cpu_paged_available() -> bool:
     """True when the C++ kernel builds and loads on this machine (first call compiles, ~1 min)."""
-    return _extension() is not None
+    return cpu_kernels_available()
 
 
 class CpuPagedAttentionBackend(AttentionBackend):
@@ -86,7 +61,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
     name = "cpu_paged"
 
     def __init__(self, max_kernel_query_len: int = 1 << 30):
-        self._ops = _extension()
+        self._ops = cpu_kernels()
         if self._ops is None:
             raise RuntimeError("the cpu_paged attention kernel could not be built (see the log)")
         self.max_kernel_query_len = max_kernel_query_len

@@ -57,8 +57,8 @@ class ModelStepOutput(NamedTuple):
     """Result of ``execute_model_with_prompt_logits``.
 
     Attributes:
-        logits: float32 [num_sampling_requests, vocab], as ``execute_model`` returns.
-        prompt_logits: request id -> float32 [num_new_tokens, vocab]; row i holds the logits
+        logits: [num_sampling_requests, vocab] in the model dtype, as ``execute_model`` returns.
+        prompt_logits: request id -> [num_new_tokens, vocab] (model dtype); row i holds the logits
             computed at position ``num_computed_tokens + i`` (they score the token at the next
             position).
     """
@@ -176,9 +176,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """Run one step: write the K/V of every scheduled token into the cache and return float32
-        logits [num_sampling_requests, vocab] for the requests whose ``samples`` is True, in
-        scheduled order (an empty [0, vocab] tensor when none samples)."""
+        """Run one step: write the K/V of every scheduled token into the cache and return the
+        logits [num_sampling_requests, vocab] (model dtype) of the requests whose ``samples`` is
+        True, in scheduled order (an empty [0, vocab] tensor when none samples)."""
         hidden, inputs = self._forward(scheduler_output)
         return self.model.compute_logits(hidden[inputs.logits_indices])
 

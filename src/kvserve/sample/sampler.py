@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 
 from kvserve.outputs import TokenLogprobs
+from kvserve.sample.greedy import greedy_argmax
 from kvserve.sample.logprobs import gather_logprobs
 from kvserve.sample.metadata import SamplingMetadata
 from kvserve.sample.penalties import apply_logit_bias, apply_min_tokens_mask, apply_penalties
@@ -61,8 +62,9 @@ class Sampler:
         """Sample one token per row.
 
         Args:
-            logits: float32 ``[N, V]``, row ``i`` for the i-th request of ``metadata``; not
-                modified.
+            logits: ``[N, V]`` in float32 or the model dtype (the LM head's output), row ``i``
+                for the i-th request of ``metadata``; not modified. Logprobs and every stage but
+                greedy argmax run on a float32 copy.
             metadata: the batch's ``SamplingMetadata`` (``N`` rows, vocabulary ``V``).
 
         Returns:
@@ -91,7 +93,8 @@ class Sampler:
 
     @staticmethod
     def _process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        """logit_bias, min_tokens and penalties on a float32 copy (the input is left as is)."""
+        """logit_bias, min_tokens and penalties on a float32 copy (the input is left as is); an
+        all-greedy batch without them keeps the input (argmax does not need float32)."""
         needs_copy = metadata.logit_bias is not None or metadata.min_tokens_mask is not None
         needs_copy = needs_copy or not metadata.no_penalties or not metadata.all_greedy
         if not needs_copy:
@@ -107,8 +110,8 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         if metadata.all_greedy:
-            return logits.argmax(dim=1)
-        greedy_ids = None if metadata.all_random else logits.argmax(dim=1)
+            return greedy_argmax(logits)
+        greedy_ids = None if metadata.all_random else greedy_argmax(logits)
         probs = self.processed_probs(logits, metadata)
         sampled = _inverse_cdf_sample(probs, self._uniforms(metadata, probs.device))
         if greedy_ids is not None:

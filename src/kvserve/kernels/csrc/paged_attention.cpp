@@ -258,7 +258,3 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_ca
     });
   });
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "paged attention for short queries (see the source header)");
-}

@@ -1,0 +1,21 @@
+"""Greedy decoding: the index of each row's largest logit.
+
+On the CPU, float32 and bfloat16 logits go through the C++ ``argmax_rows`` kernel
+(``kvserve/kernels/csrc/argmax.cpp``), which reads bfloat16 in place instead of upcasting a
+``[N, V]`` copy first; elsewhere ``torch.argmax``. Both return the first index of the maximum, a
+NaN counting as the maximum, so the choice is the same with or without the kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvserve.kernels import cpu_kernels
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """int64 ``[N]``: ``logits.argmax(dim=1)`` for ``[N, V]`` logits of any float dtype, device."""
+    kernels = cpu_kernels() if logits.device.type == "cpu" else None
+    if kernels is not None and logits.dtype in (torch.float32, torch.bfloat16) and logits.shape[1] > 0:
+        return kernels.argmax_rows(logits.contiguous())
+    return logits.argmax(dim=1)

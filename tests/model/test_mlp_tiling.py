@@ -1,0 +1,35 @@
+"""The MLP runs long prefill batches in row tiles on the CPU (``MLP_TILE_ROWS``); every row must
+come out as it does untiled and as it does alone (batch invariance of bfloat16 outputs)."""
+
+import pytest
+import torch
+
+from kvserve.model.arch_config import ModelArchConfig
+from kvserve.model.layers import prepack_available, prepack_cpu_linears
+from kvserve.model.llama import MLP_TILE_ROWS, LlamaMLP
+
+
+def _mlp(prepack: bool) -> LlamaMLP:
+    arch = ModelArchConfig.from_dict({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+        "intermediate_size": 160, "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 32,
+    })
+    torch.manual_seed(0)
+    mlp = LlamaMLP(arch).to(torch.bfloat16)
+    if prepack:
+        assert prepack_cpu_linears(mlp) == 2
+    return mlp
+
+
+@pytest.mark.parametrize("prepack", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not prepack_available(), reason="torch built without oneDNN"))])
+def test_tiled_rows_equal_untiled_and_alone(prepack):
+    mlp = _mlp(prepack)
+    rows = 2 * MLP_TILE_ROWS + 37
+    x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    with torch.inference_mode():
+        tiled = mlp(x)
+        assert tiled.shape == (rows, 64)
+        assert torch.equal(tiled, mlp._swiglu(x))
+        for row in (0, MLP_TILE_ROWS - 1, MLP_TILE_ROWS, rows - 1):
+            assert torch.equal(tiled[row : row + 1], mlp(x[row : row + 1]))
