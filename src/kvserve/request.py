@@ -58,6 +58,8 @@ class Request:
         num_cached_tokens: prompt tokens found in the prefix cache when first scheduled (-1 until).
         first_scheduled_time: seconds (``time.time()``) when the scheduler first admitted the
             request to running (its queue time ends); None until then. Kept across preemption.
+        bad_words_token_ids: ``sampling_params.bad_words`` as token-id sequences (filled by the
+            input processor, which has the tokenizer; see ``kvserve.sample.bad_words``).
     """
 
     request_id: str
@@ -76,6 +78,7 @@ class Request:
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     stop_reason: int | str | None = None
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
     # Hashes of the request's full blocks, filled incrementally by the KV-cache manager.
     block_hashes: list[int] = field(default_factory=list)
 

@@ -38,6 +38,18 @@ class SamplingParams:
         logprobs: number of top alternatives to return per generated token (0 = only the chosen).
         prompt_logprobs: the same for prompt tokens.
         skip_special_tokens: drop special tokens from the detokenized text.
+        allowed_token_ids: when set, only these token ids can be generated (every other logit is
+            -inf before sampling or argmax); a non-empty list of ids in the vocabulary (vLLM).
+        bad_words: words never generated (vLLM): each is tokenized with and without a leading
+            space, and the last token of such a sequence is banned whenever the generated tokens
+            end with the rest of it (a one-token word is always banned); see
+            ``kvserve.sample.bad_words``.
+        truncate_prompt_tokens: keep only the last this many prompt tokens (left truncation),
+            >= 1; None keeps the whole prompt (vLLM).
+
+    ``max_tokens=0`` generates nothing: the request computes its prompt only when it asks for
+    ``prompt_logprobs`` and finishes with ``length`` without sampling a token (the OpenAI API
+    allows it only with ``echo`` on ``/v1/completions``, for scoring prompts).
 
     Raises:
         InvalidRequestError: on any value outside the ranges above (``param`` names the field).
@@ -62,6 +74,9 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = field(default_factory=list)
+    truncate_prompt_tokens: int | None = None
 
     MAX_LOGPROBS = 20
 
@@ -70,6 +85,11 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
+        self.bad_words = list(self.bad_words or [])
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
@@ -98,8 +118,8 @@ class SamplingParams:
                 bad(name, f"{name} must be in [-2, 2], got {value}")
         if self.repetition_penalty <= 0:
             bad("repetition_penalty", f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            bad("max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
+            bad("max_tokens", f"max_tokens must be >= 0 (0 = score the prompt only), got {self.max_tokens!r}")
         if self.min_tokens < 0:
             bad("min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -116,17 +136,43 @@ class SamplingParams:
                     bad("logit_bias", f"logit_bias values must be in [-100, 100], got {bias} for token {token_id}")
         if any(not s for s in self.stop):
             bad("stop", "stop strings must be non-empty")
+        self._validate_token_restrictions(bad)
+
+    def _validate_token_restrictions(self, bad) -> None:
+        """allowed_token_ids, bad_words and truncate_prompt_tokens (vLLM's extensions)."""
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                bad("allowed_token_ids", "allowed_token_ids must not be empty (omit it to allow every token)")
+            wrong = [t for t in self.allowed_token_ids if not isinstance(t, int) or isinstance(t, bool) or t < 0]
+            if wrong:
+                bad("allowed_token_ids", f"allowed_token_ids must be token ids (integers >= 0), got {wrong[0]!r}")
+        for word in self.bad_words:
+            if not isinstance(word, str) or not word.strip():
+                bad("bad_words", f"bad_words entries must be non-empty words, got {word!r}")
+        check_truncate_prompt_tokens(self.truncate_prompt_tokens)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE_EPS
 
+    def truncated_prompt(self, prompt_token_ids: list[int]) -> list[int]:
+        """The prompt after ``truncate_prompt_tokens``: its last that many tokens (all of them
+        when None or when the prompt is shorter)."""
+        return truncate_prompt(prompt_token_ids, self.truncate_prompt_tokens)
+
     def validate_for_vocab(self, vocab_size: int) -> None:
         """Check token ids against the model's vocabulary.
 
         Raises:
-            InvalidRequestError: a ``logit_bias`` key or ``stop_token_ids`` entry >= vocab_size.
+            InvalidRequestError: a ``logit_bias`` key, ``stop_token_ids`` or ``allowed_token_ids``
+                entry >= vocab_size.
         """
+        for token_id in self.allowed_token_ids or ():
+            if token_id >= vocab_size:
+                raise InvalidRequestError(
+                    f"allowed_token_ids entry {token_id} is out of the vocabulary (token ids are 0..{vocab_size - 1})",
+                    param="allowed_token_ids",
+                )
         for token_id in (self.logit_bias or {}):
             if token_id >= vocab_size:
                 raise InvalidRequestError(
@@ -139,3 +185,21 @@ class SamplingParams:
                     f"stop_token_ids entry {token_id} is out of the vocabulary (0..{vocab_size - 1})",
                     param="stop_token_ids",
                 )
+
+
+def check_truncate_prompt_tokens(limit: int | None) -> None:
+    """Raises:
+    InvalidRequestError: ``limit`` is not None and not an integer >= 1.
+    """
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise InvalidRequestError(
+            f"truncate_prompt_tokens must be an integer >= 1 (the number of prompt tokens to keep, "
+            f"counted from the end), got {limit!r}", param="truncate_prompt_tokens")
+
+
+def truncate_prompt(prompt_token_ids: list[int], limit: int | None) -> list[int]:
+    """The last ``limit`` tokens of the prompt (left truncation, as vLLM's
+    ``truncate_prompt_tokens``); the whole prompt when ``limit`` is None or not smaller."""
+    if limit is None or len(prompt_token_ids) <= limit:
+        return list(prompt_token_ids)
+    return list(prompt_token_ids[-limit:])

@@ -9,6 +9,7 @@ from typing import Any
 from kvserve.engine.output_processor import child_request_id, child_sampling_params
 from kvserve.errors import InvalidRequestError
 from kvserve.request import Request
+from kvserve.sample.bad_words import tokenize_bad_words
 from kvserve.sampling_params import SamplingParams
 
 
@@ -70,17 +71,21 @@ class InputProcessor:
         cache_salt: str | None = None,
         arrival_time: float | None = None,
     ) -> list[Request]:
-        """One ``Request`` per choice (ids from ``child_request_id``).
+        """One ``Request`` per choice (ids from ``child_request_id``). The prompt is cut to its
+        last ``truncate_prompt_tokens`` tokens first; ``bad_words`` are tokenized once.
 
         Raises:
             InvalidRequestError: see ``validate_prompt``, ``resolve_max_tokens``; ``n`` above
-                ``max_n``; token ids in ``logit_bias`` / ``stop_token_ids`` outside the vocabulary.
+                ``max_n``; token ids in ``logit_bias`` / ``stop_token_ids`` /
+                ``allowed_token_ids`` outside the vocabulary; a bad word that encodes to nothing.
         """
+        prompt_token_ids = params.truncated_prompt(prompt_token_ids)
         self.validate_prompt(prompt_token_ids)
         if params.n > self.max_n:
             raise InvalidRequestError(f"n must be at most {self.max_n}, got {params.n}", param="n")
         params.validate_for_vocab(self.vocab_size)
         max_tokens = self.resolve_max_tokens(len(prompt_token_ids), params)
+        bad_words_token_ids = tokenize_bad_words(self.tokenizer, params.bad_words, self.vocab_size)
         arrival = time.time() if arrival_time is None else arrival_time
         return [
             Request(
@@ -92,6 +97,7 @@ class InputProcessor:
                 arrival_time=arrival,
                 priority=priority,
                 cache_salt=cache_salt,
+                bad_words_token_ids=bad_words_token_ids,
             )
             for i in range(params.n)
         ]

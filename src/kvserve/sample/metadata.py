@@ -14,6 +14,8 @@ import torch
 
 from kvserve.errors import InvalidRequestError
 from kvserve.request import Request
+from kvserve.sample.allowed_tokens import AllowedTokenMask, build_allowed_token_mask
+from kvserve.sample.bad_words import bad_words_pairs
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class SamplingMetadata:
             ``no_penalties``).
         num_logprobs: per row, how many top alternatives to return, or None (no logprobs).
         max_num_logprobs: the largest ``num_logprobs`` entry, or None when no row asks.
+        allowed_token_mask: the rows with ``allowed_token_ids`` and what each allows, or None.
+        bad_words_mask: ``SparseLogitUpdate`` of (row, token) pairs to set to ``-inf`` because
+            they would complete a bad word (see ``kvserve.sample.bad_words``), or None.
     """
 
     temperature: torch.Tensor
@@ -77,6 +82,8 @@ class SamplingMetadata:
     output_token_counts: torch.Tensor | None
     num_logprobs: list[int | None]
     max_num_logprobs: int | None
+    allowed_token_mask: AllowedTokenMask | None = None
+    bad_words_mask: SparseLogitUpdate | None = None
 
     @property
     def num_rows(self) -> int:
@@ -142,6 +149,8 @@ class SamplingMetadata:
             output_token_counts=output_counts,
             num_logprobs=num_logprobs,
             max_num_logprobs=max(wanted) if wanted else None,
+            allowed_token_mask=build_allowed_token_mask(requests, vocab_size, device),
+            bad_words_mask=_sparse([(row, t, 0.0) for row, t in bad_words_pairs(requests)], device),
         )
 
 

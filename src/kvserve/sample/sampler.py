@@ -4,7 +4,9 @@ Pipeline (each stage skipped when no row needs it)::
 
     logits [N, V] ─► raw log_softmax ───────────────────────────────► logprobs (if asked)
           │
-          └─► logit_bias ─► min_tokens mask ─► penalties ─┬─► argmax ─► greedy rows
+          └─► allowed_token_ids ─► bad_words ─► logit_bias ─► min_tokens mask ─► penalties
+                                                          │
+                                                          ├─► argmax ─► greedy rows
                                                           │
                                                           └─► / temperature ─► top-k ─► top-p
                                                               ─► min-p ─► softmax ─► cumsum
@@ -27,6 +29,8 @@ from typing import NamedTuple
 import torch
 
 from kvserve.outputs import TokenLogprobs
+from kvserve.sample.allowed_tokens import apply_allowed_token_mask
+from kvserve.sample.bad_words import apply_bad_words
 from kvserve.sample.greedy import greedy_argmax
 from kvserve.sample.logprobs import gather_logprobs
 from kvserve.sample.metadata import SamplingMetadata
@@ -97,9 +101,14 @@ class Sampler:
         all-greedy batch without them keeps the input (argmax does not need float32)."""
         needs_copy = metadata.logit_bias is not None or metadata.min_tokens_mask is not None
         needs_copy = needs_copy or not metadata.no_penalties or not metadata.all_greedy
+        needs_copy = needs_copy or metadata.allowed_token_mask is not None or metadata.bad_words_mask is not None
         if not needs_copy:
             return logits
         logits = logits.to(torch.float32, copy=True)
+        if metadata.allowed_token_mask is not None:  # allowed_token_ids, then bad_words: vLLM's order
+            apply_allowed_token_mask(logits, metadata.allowed_token_mask)
+        if metadata.bad_words_mask is not None:
+            apply_bad_words(logits, metadata.bad_words_mask)
         if metadata.logit_bias is not None:
             apply_logit_bias(logits, metadata.logit_bias)
         if metadata.min_tokens_mask is not None:

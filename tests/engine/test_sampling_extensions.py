@@ -1,0 +1,140 @@
+"""vLLM's sampling extensions through the whole engine, against transformers' logits (float32):
+``allowed_token_ids``, ``bad_words`` and ``truncate_prompt_tokens``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve import SamplingParams
+from kvserve.errors import InvalidRequestError
+from engine_helpers import assert_kv_clean, make_llm, random_prompts
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    return make_llm(model_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def reference_greedy(reference, prompt: list[int], max_tokens: int, banned_at) -> list[int]:
+    """Greedy decoding with transformers where ``banned_at(generated)`` gives the token ids that
+    may not come next (everything else competes as usual)."""
+    ids = list(prompt)
+    for _ in range(max_tokens):
+        with torch.no_grad():
+            logits = reference(torch.tensor([ids])).logits[0, -1].clone()
+        banned = banned_at(ids[len(prompt):])
+        if banned:
+            logits[list(banned)] = float("-inf")
+        ids.append(int(logits.argmax()))
+    return ids[len(prompt):]
+
+
+def greedy(max_tokens: int, **extra) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **extra)
+
+
+def test_allowed_token_ids_greedy_is_the_argmax_over_them(llm, reference):
+    prompt = random_prompts(1, seed=31, min_len=12, max_len=12)[0]
+    allowed = [7, 123, 256, 400, 512, 801]
+    vocab = range(llm.llm_engine.vocab_size)
+    ours = llm.generate([prompt], greedy(10, allowed_token_ids=allowed))[0].outputs[0].token_ids
+    expected = reference_greedy(reference, prompt, 10, lambda _: set(vocab) - set(allowed))
+    assert ours == expected
+    free = llm.generate([prompt], greedy(10))[0].outputs[0].token_ids
+    assert any(t not in allowed for t in free)  # so the restriction did something
+    assert_kv_clean(llm)
+
+
+def test_allowed_token_ids_random_and_beside_unrestricted(llm):
+    prompts = random_prompts(3, seed=32)
+    allowed = [11, 12, 13]
+    params = [SamplingParams(temperature=1.0, max_tokens=16, seed=s, ignore_eos=True,
+                             allowed_token_ids=allowed if s % 2 == 0 else None) for s in range(3)]
+    outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert set(outs[0]) <= set(allowed) and set(outs[2]) <= set(allowed)
+    assert not set(outs[1]) <= set(allowed)
+    alone = llm.generate([prompts[1]], params[1])[0].outputs[0].token_ids
+    assert outs[1] == alone  # the unrestricted row is unchanged by its neighbours' masks
+
+
+def single_token_word(tokenizer, token_ids):
+    """The first generated token that is a whole word by itself (encodes back to just it)."""
+    for position, token in enumerate(token_ids):
+        text = tokenizer.decode([token])
+        if "\ufffd" not in text and text.strip() and tokenizer.encode(text.lstrip(), add_special_tokens=False) == [token]:
+            return position, text.strip()
+    raise AssertionError(f"no single-token word in {token_ids}")
+
+
+def two_token_word(tokenizer, token_ids):
+    """The first two generated tokens whose text encodes back to exactly them."""
+    for position in range(len(token_ids) - 1):
+        pair = token_ids[position:position + 2]
+        text = tokenizer.decode(pair)
+        if "\ufffd" not in text and text == text.lstrip() and tokenizer.encode(text, add_special_tokens=False) == pair:
+            return position, text
+    raise AssertionError(f"no two-token word in {token_ids}")
+
+
+def vllm_sequences(tokenizer, word: str) -> list[list[int]]:
+    """vLLM's tokenization of a bad word, written out: as is, plus with a leading space when
+    that is a different token sequence of the same length."""
+    plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+    spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+    return [plain] + ([spaced] if spaced[0] != plain[0] and len(spaced) == len(plain) else [])
+
+
+def bans(sequences):
+    def banned_at(generated):
+        return {s[-1] for s in sequences if len(s) == 1 or generated[len(generated) - len(s) + 1:] == s[:-1]}
+    return banned_at
+
+
+@pytest.mark.parametrize("find_word", [single_token_word, two_token_word], ids=["one-token", "two-token"])
+def test_bad_words_never_generated_and_the_rest_is_greedy(llm, reference, find_word):
+    tokenizer = llm.get_tokenizer()
+    prompt = tokenizer.encode(PROMPT)
+    free = llm.generate([prompt], greedy(24))[0].outputs[0]
+    position, word = find_word(tokenizer, free.token_ids)
+    sequences = vllm_sequences(tokenizer, word)
+    out = llm.generate([prompt], greedy(24, bad_words=[word]))[0].outputs[0]
+    for sequence in sequences:
+        n = len(sequence)
+        assert not any(out.token_ids[i:i + n] == sequence for i in range(len(out.token_ids)))
+    assert any(free.token_ids[i:i + len(sequences[0])] == sequences[0] for i in range(24))  # without: there
+    assert out.token_ids[:position + len(sequences[0]) - 1] == free.token_ids[:position + len(sequences[0]) - 1]
+    assert out.token_ids == reference_greedy(reference, prompt, 24, bans(sequences))
+    assert_kv_clean(llm)
+
+
+def test_blank_bad_word_is_refused(llm):
+    with pytest.raises(InvalidRequestError) as info:
+        llm.generate(["hi"], SamplingParams(bad_words=[" "]))
+    assert info.value.param == "bad_words"
+    assert_kv_clean(llm)
+
+
+def test_truncate_prompt_tokens_equals_the_truncated_prompt(llm):
+    prompt = random_prompts(1, seed=33, min_len=40, max_len=40)[0]
+    cut = llm.generate([prompt], greedy(8, truncate_prompt_tokens=17, prompt_logprobs=0))[0]
+    direct = llm.generate([prompt[-17:]], greedy(8, prompt_logprobs=0))[0]
+    assert cut.prompt_token_ids == prompt[-17:] == direct.prompt_token_ids
+    assert cut.outputs[0].token_ids == direct.outputs[0].token_ids
+    assert [lp and lp.logprob for lp in cut.prompt_logprobs] == [lp and lp.logprob for lp in direct.prompt_logprobs]
+    whole = llm.generate([prompt], greedy(8, truncate_prompt_tokens=40))[0]
+    assert whole.prompt_token_ids == prompt  # a limit >= the prompt keeps it all
+    assert whole.outputs[0].token_ids != cut.outputs[0].token_ids
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(truncate_prompt_tokens=0)
+    assert info.value.param == "truncate_prompt_tokens"
+    assert_kv_clean(llm)
