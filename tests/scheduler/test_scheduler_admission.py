@@ -47,3 +47,19 @@ def test_request_larger_than_cache_is_rejected(make_scheduler, make_request):
 def test_chunked_prefill_off_needs_budget_for_max_model_len(make_scheduler):
     with pytest.raises(ValueError, match="max_num_batched_tokens \\(64\\) must be >= max_model_len \\(256\\)"):
         make_scheduler(enable_chunked_prefill=False)
+
+
+def test_group_capacity_is_checked_for_all_requests_at_once():
+    from kvserve.config import SchedulerConfig
+    from kvserve.scheduler.admission import check_queue_capacity
+
+    config = SchedulerConfig(max_model_len=64, max_num_seqs=2, max_num_waiting=3)
+    check_queue_capacity(0, 0, config, num_new=5)  # 2 start at once, 3 wait: fits exactly
+    with pytest.raises(RequestRejectedError) as info:
+        check_queue_capacity(1, 0, config, num_new=5)  # one already queued
+    assert info.value.reason == "queue_full" and "this request adds 5" in info.value.message
+    check_queue_capacity(3, 2, config, num_new=0)
+    with pytest.raises(InvalidRequestError) as never:
+        check_queue_capacity(0, 0, config, num_new=6, param="prompt")
+    assert never.value.param == "prompt"
+    assert never.value.message.startswith("this request needs 6 engine requests (prompts x n); at most 5")

@@ -7,6 +7,7 @@ outputs into per-request async streams of *delta* ``RequestOutput`` objects.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -15,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.llm_engine import GenerateRequest, LLMEngine
 from kvserve.errors import RequestRejectedError
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
@@ -67,6 +68,22 @@ class EngineClient(ABC):
             RequestRejectedError: the waiting queue is full (reason ``queue_full``) or the engine
                 is shutting down (reason ``shutting_down``).
         """
+
+    async def generate_many(self, requests: list[GenerateRequest]) -> list[AsyncIterator[RequestOutput]]:
+        """Start several requests as one unit (the prompts of one API call) and return their
+        streams, each as :meth:`generate`'s.
+
+        Implementations that can should admit all or none: every request is validated and the
+        waiting queue checked for all of them before any is queued, and the errors are raised
+        here. This default starts nothing itself; each stream is admitted on its first
+        ``__anext__`` (the caller must then abort the others when one fails).
+
+        Raises:
+            InvalidRequestError, RequestRejectedError: as :meth:`generate`, for any request.
+        """
+        return [self.generate(r.prompt_token_ids, r.sampling_params, r.request_id, prompt=r.prompt,
+                              priority=r.priority, cache_salt=r.cache_salt, arrival_time=r.arrival_time)
+                for r in requests]
 
     @abstractmethod
     async def abort(self, request_id: str) -> None:
@@ -205,17 +222,35 @@ class AsyncLLM(EngineClient):
         cache_salt: str | None = None,
         arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
+        item = GenerateRequest(request_id, prompt_token_ids, sampling_params, prompt, priority, cache_salt,
+                               arrival_time or time.time())
+        [stream] = await self._add([item])
+        async for output in self._iterate(request_id, stream):
+            yield output
+
+    async def generate_many(self, requests: list[GenerateRequest]) -> list[AsyncIterator[RequestOutput]]:
+        """All of ``requests`` are admitted by one engine-thread command (all or none)."""
+        now = time.time()
+        items = [r if r.arrival_time else dataclasses.replace(r, arrival_time=now) for r in requests]
+        streams = await self._add(items)
+        return [self._iterate(item.request_id, stream) for item, stream in zip(items, streams)]
+
+    async def _add(self, items: list[GenerateRequest]) -> list[_Stream]:
+        """Hand ``items`` to the engine thread as one command; raises its admission error."""
         if self._dead is not None:
             raise RequestRejectedError(f"the engine is not running: {self._dead}", reason="engine_dead")
         if self._stopping:
             raise RequestRejectedError("the server is shutting down", reason="shutting_down")
         loop = asyncio.get_running_loop()
         added: asyncio.Future = loop.create_future()
-        stream = _Stream(loop)
+        streams = [_Stream(loop) for _ in items]
         # Arrival is when the API handed the request over, not when the engine thread gets to it.
-        self._commands.put(("add", request_id, prompt_token_ids, sampling_params, prompt, priority, cache_salt,
-                            arrival_time or time.time(), stream, added))
+        self._commands.put(("add", items, streams, added))
         await added  # raises the admission error, if any
+        return streams
+
+    async def _iterate(self, request_id: str, stream: _Stream) -> AsyncIterator[RequestOutput]:
+        """The deltas of one admitted request; aborts it when the consumer stops early."""
         finished = False
         try:
             while True:
@@ -297,19 +332,18 @@ class AsyncLLM(EngineClient):
                 for consumer in self.stats_consumers:
                     consumer.on_request_aborted(request_id)
             return
-        _, request_id, token_ids, params, prompt, priority, cache_salt, arrival, stream, added = command
+        _, items, streams, added = command
+        loop = streams[0].loop
         try:
-            state = self.engine.add_request(
-                request_id, token_ids, params, prompt=prompt, priority=priority, cache_salt=cache_salt,
-                arrival_time=arrival,
-            )
+            states = self.engine.add_requests(items)
         except Exception as exc:
-            stream.loop.call_soon_threadsafe(_set_exception, added, exc)
+            loop.call_soon_threadsafe(_set_exception, added, exc)
             for consumer in self.stats_consumers:
                 consumer.on_request_rejected(exc)
             return
-        self._streams[request_id] = stream
-        stream.loop.call_soon_threadsafe(_set_result, added, state)
+        for item, stream in zip(items, streams):
+            self._streams[item.request_id] = stream
+        loop.call_soon_threadsafe(_set_result, added, states)
 
     def _step(self) -> None:
         deltas = self.engine.step()

@@ -22,6 +22,7 @@ from kvserve.model.loader import LoadedModel, default_dtype_for_device, load_mod
 from kvserve.model.runner import ModelRunner, kv_cache_bytes_per_block
 from kvserve.outputs import EngineCoreOutput
 from kvserve.request import Request, RequestStatus
+from kvserve.scheduler.admission import check_queue_capacity, validate_request
 from kvserve.scheduler.scheduler import Scheduler
 from kvserve.scheduler.stats import SchedulerStats
 
@@ -109,6 +110,9 @@ class EngineCore:
         self.scheduler = Scheduler(self.config.scheduler, self.kv_cache_manager)
         self.runner = ModelRunner(self.loaded, self.kv_plan.num_blocks, self.kv_plan.block_size, self.device)
         self.executor = ModelExecutor(self.runner, self.loaded.arch.vocab_size, config.model.seed)
+        # Requests with nothing to compute (max_tokens == 0, no prompt logprobs): finished on
+        # admission, reported by the next step() without touching the scheduler or the KV cache.
+        self._finished_on_admission: list[Request] = []
 
     def _load(self, config: EngineConfig) -> LoadedModel:
         start = time.perf_counter()
@@ -142,32 +146,66 @@ class EngineCore:
     def vocab_size(self) -> int:
         return self.loaded.arch.vocab_size
 
+    @staticmethod
+    def has_no_work(request: Request) -> bool:
+        """True for a request that neither generates (``max_tokens == 0``) nor scores its prompt:
+        it finishes at once, with ``length`` and no token."""
+        return request.max_tokens == 0 and request.sampling_params.prompt_logprobs is None
+
     def add_request(self, request: Request) -> None:
-        """Queue a request (see ``Scheduler.add_request`` for the errors raised)."""
+        """Queue a request (see ``Scheduler.add_request`` for the errors raised). A request with
+        no work (:meth:`has_no_work`) is checked the same way but never queued."""
         request.sampling_params.validate_for_vocab(self.vocab_size)
+        if self.has_no_work(request):
+            validate_request(request, self.config.scheduler, self.kv_cache_manager)
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            self._finished_on_admission.append(request)
+            return
         self.scheduler.add_request(request)
+
+    def check_capacity(self, requests: list[Request], param: str | None = None) -> None:
+        """Check that the waiting queue takes all of ``requests`` (one user request's choices
+        or prompts) before any is added, so a request is queued whole or not at all.
+
+        Raises:
+            InvalidRequestError: more requests than the queue can ever hold
+                (``max_num_waiting + max_num_seqs``); ``param`` names the field to blame.
+            RequestRejectedError: ``reason="queue_full"`` when they do not fit now.
+        """
+        num_new = sum(1 for r in requests if not self.has_no_work(r))
+        if num_new:
+            check_queue_capacity(len(self.scheduler.waiting), len(self.scheduler.running),
+                                 self.config.scheduler, num_new, param)
 
     def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         """Finish requests now (client gone, stop string found); their blocks are freed."""
+        if self._finished_on_admission:
+            dropped = set(request_ids)
+            self._finished_on_admission = [r for r in self._finished_on_admission if r.request_id not in dropped]
         self.scheduler.finish_requests(request_ids, status)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return bool(self._finished_on_admission) or self.scheduler.has_unfinished_requests()
+
+    def _take_finished_on_admission(self) -> list[EngineCoreOutput]:
+        finished, self._finished_on_admission = self._finished_on_admission, []
+        return [EngineCoreOutput(r.request_id, [], finish_reason=r.status.finish_reason) for r in finished]
 
     def step(self) -> StepResult:
         """Schedule, execute and update once. Returns the per-request outputs of the step and its
         stats (None when nothing was scheduled)."""
         start = time.perf_counter()
+        finished_on_admission = self._take_finished_on_admission()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             # Let the executor drop state of requests that finished while nothing ran.
             self.executor.execute(scheduler_output)
-            return StepResult([], None)
+            return StepResult(finished_on_admission, None)
         num_prefill = sum(
             s.num_new_tokens for s in scheduler_output.scheduled if s.num_computed_tokens < s.request.num_prompt_tokens
         )
         runner_output = self.executor.execute(scheduler_output)
-        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        outputs = finished_on_admission + self.scheduler.update_from_output(scheduler_output, runner_output)
         stats = StepStats(
             timestamp=time.time(),
             duration=time.perf_counter() - start,

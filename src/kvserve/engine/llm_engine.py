@@ -4,6 +4,7 @@ driven synchronously by the caller. ``LLM`` (offline) and ``AsyncLLM`` (server) 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from kvserve.config import EngineConfig
@@ -16,6 +17,28 @@ from kvserve.sampling_params import SamplingParams
 from kvserve.tokenizer import eos_token_ids, load_tokenizer
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One user request (all its ``sampling_params.n`` choices) handed to the engine.
+
+    Attributes:
+        request_id: unique id.
+        prompt_token_ids: the prompt, token ids.
+        sampling_params: how to sample.
+        prompt: the prompt text (for ``RequestOutput.prompt``), or None.
+        priority, cache_salt: scheduling priority; prefix-cache salt.
+        arrival_time: ``time.time()`` when the caller received the request (None: now).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    prompt: str | None = None
+    priority: int = 0
+    cache_salt: str | None = None
+    arrival_time: float | None = None
 
 
 class LLMEngine:
@@ -62,24 +85,46 @@ class LLMEngine:
         """Validate and queue a request (all its choices); nothing is queued when it raises.
 
         Raises:
-            InvalidRequestError, RequestRejectedError: see ``InputProcessor.make_requests`` and
-                ``Scheduler.add_request``.
+            InvalidRequestError, RequestRejectedError: see ``InputProcessor.make_requests``,
+                ``EngineCore.check_capacity`` and ``Scheduler.add_request``.
         """
-        if request_id in self.output_processor.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        requests = self.input_processor.make_requests(
-            request_id, prompt_token_ids, params, priority=priority, cache_salt=cache_salt,
-            arrival_time=arrival_time,
-        )
+        item = GenerateRequest(request_id, prompt_token_ids, params, prompt, priority, cache_salt, arrival_time)
+        return self.add_requests([item])[0]
+
+    def add_requests(self, items: list[GenerateRequest]) -> list[RequestState]:
+        """Validate and queue several requests as one unit (the prompts of one API call): every
+        prompt is validated and the waiting queue is checked for all their choices before the
+        first is queued, so either all are queued or none is.
+
+        Raises:
+            ValueError: a request id already in use (or given twice).
+            InvalidRequestError, RequestRejectedError: as :meth:`add_request`, for any item.
+        """
+        ids = [item.request_id for item in items]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"request ids repeat within one call: {ids}")
+        for request_id in ids:
+            if request_id in self.output_processor.requests:
+                raise ValueError(f"request id {request_id!r} is already in use")
+        groups = [
+            self.input_processor.make_requests(
+                item.request_id, item.prompt_token_ids, item.sampling_params, priority=item.priority,
+                cache_salt=item.cache_salt, arrival_time=item.arrival_time,
+            )
+            for item in items
+        ]
+        self.core.check_capacity([r for group in groups for r in group], param="prompt" if len(items) > 1 else "n")
         added = []
         try:
-            for request in requests:
-                self.core.add_request(request)
-                added.append(request.request_id)
+            for group in groups:
+                for request in group:
+                    self.core.add_request(request)
+                    added.append(request.request_id)
         except Exception:
             self.core.abort_requests(added)
             raise
-        return self.output_processor.add_request(request_id, prompt, requests)
+        return [self.output_processor.add_request(item.request_id, item.prompt, group)
+                for item, group in zip(items, groups)]
 
     def abort_request(self, request_id: str) -> None:
         """Abort every choice of ``request_id`` (unknown ids are ignored)."""

@@ -35,17 +35,35 @@ def validate_request(request: Request, config: SchedulerConfig, kv_cache_manager
         )
 
 
-def check_queue_capacity(num_waiting: int, num_running: int, config: SchedulerConfig) -> None:
-    """Requests that will start at the next step (free ``max_num_seqs`` slots) do not count as
-    queued: the bound is ``max_num_waiting`` beyond those.
+def check_queue_capacity(num_waiting: int, num_running: int, config: SchedulerConfig, num_new: int = 1,
+                         param: str | None = None) -> None:
+    """Check that ``num_new`` more requests fit in the waiting queue. Requests that will start at
+    the next step (free ``max_num_seqs`` slots) do not count as queued: the bound is
+    ``max_num_waiting`` beyond those.
+
+    Args:
+        num_waiting, num_running: the scheduler's queue lengths now.
+        config: the bounds.
+        num_new: requests about to be added together (all choices of all prompts of one call).
+        param: the request field to name when ``num_new`` can never fit (e.g. ``prompt``, ``n``).
 
     Raises:
-        RequestRejectedError: ``reason="queue_full"`` when that many requests already wait.
+        InvalidRequestError: ``num_new`` exceeds ``max_num_waiting + max_num_seqs``, so the
+            requests could not be queued even into an idle engine.
+        RequestRejectedError: ``reason="queue_full"`` when they do not fit now.
     """
+    most = config.max_num_waiting + config.max_num_seqs
+    if num_new > most:
+        raise InvalidRequestError(
+            f"this request needs {num_new} engine requests (prompts x n); at most {most} can be queued "
+            f"at once (max_num_waiting={config.max_num_waiting} + max_num_seqs={config.max_num_seqs}); "
+            "split it into smaller requests", param=param)
     free_slots = max(0, config.max_num_seqs - num_running)
-    if num_waiting >= config.max_num_waiting + free_slots:
+    if num_waiting + num_new > config.max_num_waiting + free_slots:
+        queued = max(0, num_waiting - free_slots)
+        extra = f"; this request adds {num_new}" if num_new > 1 else ""
         raise RequestRejectedError(
-            f"the waiting queue is full ({num_waiting - free_slots} requests queued, at most "
-            f"{config.max_num_waiting} allowed); retry later",
+            f"the waiting queue is full ({queued} requests queued, at most "
+            f"{config.max_num_waiting} allowed{extra}); retry later",
             reason="queue_full",
         )

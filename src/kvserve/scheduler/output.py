@@ -15,7 +15,8 @@ class ScheduledRequest:
     ``c .. c + num_new_tokens - 1`` where ``c = num_computed_tokens`` (the value *before* this step;
     the scheduler advances the request's counter after the runner returns), writing their K/V into
     the slots given by ``block_ids``. It samples a token when ``c + num_new_tokens ==
-    request.num_tokens`` (the request reached the end of its known tokens).
+    request.num_tokens`` (the request reached the end of its known tokens), unless the request
+    generates no token at all (``max_tokens == 0``: it only scores its prompt).
 
     Attributes:
         request: the request (same process: a reference, not a copy).
@@ -35,7 +36,8 @@ class ScheduledRequest:
 
     @property
     def samples(self) -> bool:
-        return self.num_computed_tokens + self.num_new_tokens >= self.request.num_tokens
+        return (self.num_computed_tokens + self.num_new_tokens >= self.request.num_tokens
+                and self.request.max_tokens > 0)
 
 
 @dataclass

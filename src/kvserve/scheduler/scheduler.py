@@ -34,7 +34,7 @@ from kvserve.scheduler.output import ScheduledRequest, SchedulerOutput
 from kvserve.scheduler.prompt_logprobs import PromptLogprobsTracker
 from kvserve.scheduler.request_queue import create_request_queue
 from kvserve.scheduler.stats import SchedulerStats
-from kvserve.scheduler.stop import check_stop
+from kvserve.scheduler.stop import check_prompt_only_done, check_stop
 
 
 @dataclass
@@ -296,12 +296,14 @@ class Scheduler:
             new_token_ids.append(token_id)
             self.num_generated_tokens += 1
             finished = check_stop(request, self.scheduler_config.max_model_len)
+        else:
+            finished = check_prompt_only_done(request)
         self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
         prompt_logprobs = self.prompt_logprobs_tracker.filter(request_id, runner_output.prompt_logprobs.get(request_id))
         if finished:
             self.running.remove(request)
             self._release(request)
-        if not new_token_ids and prompt_logprobs is None:
+        if not new_token_ids and prompt_logprobs is None and not finished:
             return None
         logprobs = runner_output.logprobs.get(request_id)
         return EngineCoreOutput(

@@ -32,3 +32,16 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
+
+
+def check_prompt_only_done(request: Request) -> bool:
+    """A request that generates no token (``max_tokens == 0``, scoring its prompt) finishes with
+    ``length`` once its whole prompt is computed; set its status if so.
+
+    Returns:
+        True when finished (status FINISHED_LENGTH_CAPPED).
+    """
+    if request.max_tokens == 0 and request.num_computed_tokens >= request.num_prompt_tokens:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False
