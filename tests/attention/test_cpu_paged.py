@@ -111,3 +111,54 @@ def test_shapes_beyond_the_kernel_use_the_reference_path():
     fast = CpuPagedAttentionBackend().forward(q, k, v, caches[0], meta, scale=8**-0.5)
     ref = TorchAttentionBackend().forward(q, k, v, caches[1], meta, scale=8**-0.5)
     assert torch.equal(fast, ref) and torch.equal(caches[0], caches[1])
+
+
+def _chunked_outputs(q, k, v, chunks, blocks, window, cache_blocks, neighbour=None):
+    """Feed one sequence in ``chunks`` (a neighbour request rides along in every call when given);
+    returns the sequence's output rows in order. Block size 16, as the engine's default."""
+    import test_torch_backend as helpers  # noqa: PLC0415 - metadata_for reads its BLOCK_SIZE
+
+    dim, num_kv = q.shape[2], k.shape[1]
+    cache = torch.zeros(2, cache_blocks, 16, num_kv, dim, dtype=q.dtype)
+    backend, outs, done = CpuPagedAttentionBackend(), [], 0
+    old, helpers.BLOCK_SIZE = helpers.BLOCK_SIZE, 16
+    try:
+        for n in chunks:
+            rows = [(q[done : done + n], k[done : done + n], v[done : done + n])]
+            computed, new, tables = [done], [n], [blocks]
+            if neighbour is not None:
+                nq, nk, nv, nblocks = neighbour
+                rows.append((nq, nk, nv))
+                computed, new, tables = [done, 0], [n, nq.shape[0]], [blocks, nblocks]
+            meta = helpers.metadata_for(computed, new, tables)
+            out = backend.forward(*(torch.cat(parts) for parts in zip(*rows)), cache, meta, scale=dim**-0.5,
+                                  sliding_window=window)
+            outs.append(out[:n])
+            done += n
+    finally:
+        helpers.BLOCK_SIZE = old
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("window", [None, 37])
+def test_bfloat16_rows_identical_however_the_prompt_is_chunked(dim, window):
+    """The bfloat16 path (AVX512-BF16 tiles of up to 8 rows where the CPU has it): a row's output
+    is bit-identical whether it is computed in one prefill, in chunks of any size, one token at a
+    time or next to another request, and close to float64 attention."""
+    gen = torch.Generator().manual_seed(dim)
+    length, num_heads, num_kv = 150, 14, 2
+    q, k, v = (torch.randn(length, n, dim, generator=gen).to(torch.bfloat16) for n in (num_heads, num_kv, num_kv))
+    blocks = list(range(20, 10, -1))  # 10 blocks of 16, out of order
+    whole = _chunked_outputs(q, k, v, [length], blocks, window, 32)
+    for chunks in ([61, 1, 40, 48], [3] * 50, [1] * 20 + [130]):
+        assert torch.equal(_chunked_outputs(q, k, v, chunks, blocks, window, 32), whole)
+    other = tuple(torch.randn(9, n, dim, generator=gen).to(torch.bfloat16) for n in (num_heads, num_kv, num_kv))
+    assert torch.equal(_chunked_outputs(q, k, v, [100, 50], blocks, window, 32, (*other, [1])), whole)
+    group = num_heads // num_kv
+    for i in (0, 7, 8, 63, 64, 149):
+        lo = 0 if window is None else max(0, i - window + 1)
+        for h in (0, 6, 13):
+            scores = (k[lo : i + 1, h // group].double() @ q[i, h].double()) * dim**-0.5
+            expected = torch.softmax(scores, 0) @ v[lo : i + 1, h // group].double()
+            torch.testing.assert_close(whole[i, h].double(), expected, atol=2e-2, rtol=2e-2)

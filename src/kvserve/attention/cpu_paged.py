@@ -4,9 +4,9 @@ that reads each request's K/V in place from the block cache.
 Why: the reference backend gathers every request's whole context into a new tensor each step and,
 to stay batch-invariant, makes one SDPA call per distinct context length; at batch 32 on the
 Qwen2.5-0.5B shape that was about half of a decode step (768 SDPA calls, 24 layers x 32 lengths,
-plus the gathers; see ``docs/benchmarks.md``). The kernel instead runs one task per (query row,
-KV head), walks the request's blocks in order of absolute position with an online softmax in
-float32 and never reads a padded or masked slot::
+plus the gathers; see ``docs/benchmarks.md``). The kernel instead runs one task per (tile of up
+to 8 query rows of a request, KV head), walks the request's blocks in order of absolute position
+with an online softmax in float32 and never reads a padded or masked slot::
 
     request r, KV head g:   block_table[r] = [b0, b1, b2]      seq_len = 37, block_size = 16
                             K/V rows read:   b0[0:16] b1[0:16] b2[0:5]   (nothing else, no copy)
@@ -17,8 +17,8 @@ Every query row goes through the kernel by default, prefill chunks included: a r
 then depends only on its position and the K/V values, not on how the prompt was chunked or how
 much of it came from the prefix cache (with bfloat16 weights, where SDPA's blocked kernels round
 differently for different chunkings, this is what keeps a prefix-cache hit from changing a
-sampled token). Measured cost on the Qwen2.5-0.5B shape, one thread: 8 x 128-token prefill
-3124 -> 3031 ms (noise), 1 x 1024 tokens 4078 -> 4774 ms (+17%). ``max_kernel_query_len``
+sampled token). In bfloat16 on CPUs with AVX512-BF16 the kernel uses ``vdpbf16ps`` for q.K and
+P.V (see the C++ source header). ``max_kernel_query_len``
 sends longer queries to per-request SDPA instead (the reference path). The kernel is built
 on first use (``kvserve.kernels``); ``cpu_paged_available()`` says whether that worked,
 and ``get_attention_backend("auto")`` falls back to the portable torch backend when it did not.

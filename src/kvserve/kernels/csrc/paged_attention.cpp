@@ -1,23 +1,32 @@
-// Paged attention for short queries (decode), reading K/V in place from the block cache.
+// Paged attention, reading K/V in place from the block cache (decode rows and prefill chunks).
 //
-// For every query row of a request with q_len <= max_q_len and every KV head, one task walks the
-// request's context in chunks of kChunk positions aligned to absolute position (K/V rows found
-// through the block table) and keeps an online softmax (Milakov & Gimelshein 2018;
-// FlashAttention's chunk-wise rescaling) in float32:
+// Work is split into tasks of (tile, KV head): a tile is up to kTileRows consecutive query rows of
+// one request (a decode row is a tile of one). A task walks the request's context in chunks
+// aligned to absolute positions (K/V rows found through the block table) and keeps an online
+// softmax (Milakov & Gimelshein 2018; FlashAttention's chunk-wise rescaling, Dao et al. 2022) in
+// float32 for every query head of the KV head's group:
 //
 //     for chunk c = 0, 1, ...:  s = q . K[c] * scale      (valid positions of the chunk only)
 //                               m' = max(m, max s);  a = exp(m - m')
 //                               l  = l * a + sum exp(s - m');  acc = acc * a + sum exp(s - m') V[c]
 //     out = acc / l
 //
-// A task reads only its own request's blocks and its reduction order is fixed by block position,
-// so a request's result never depends on the rest of the batch (batch invariance). Padded or
-// masked tokens are never read. Grouped-query heads sharing one KV head are done in one task so
-// each K/V row is converted to float once.
+// Two implementations of the same loop:
+// - attend_tile_bf16 (bfloat16, head_dim % 32 == 0, CPUs with AVX512-BF16): q.K with vdpbf16ps on
+//   the raw bf16 values, P rounded to bf16 for the P.V product (as FlashAttention-2 does) and
+//   V rows interleaved in pairs of positions for vdpbf16ps; K/V rows of a chunk serve every row
+//   and head of the tile;
+// - attend_one (any dtype and shape): one row at a time, K/V converted to float32.
+// A row's chunks, their valid ranges and the order of every sum depend only on its position and
+// the K/V values, never on the tile, the chunking of the prompt or the rest of the batch, so a
+// row's result is bit-identical alone, in a prefill chunk or in any batch (batch invariance).
+// Padded, masked and other requests' tokens are never read. Tasks are taken from a shared queue,
+// costliest first, so causal prefill rows of uneven cost keep every thread busy.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 #if defined(__AVX512F__)
@@ -99,6 +108,17 @@ struct Task {
   int64_t request;   // request index
   int64_t position;  // absolute position of the query token
 };
+
+// Consecutive query rows of one request (a decode row alone, or up to kTileRows rows of a
+// prefill chunk), attended together so that K/V rows read from the cache serve every row.
+struct Tile {
+  int64_t row0;       // first query row in the flat batch
+  int64_t rows;       // 1 .. kTileRows
+  int64_t request;    // request index
+  int64_t position0;  // absolute position of row0 (row i sits at position0 + i)
+};
+
+constexpr int64_t kTileRows = 8;
 
 struct Shape {
   int64_t num_heads, group, head_dim, block_size, num_kv_heads, window;
@@ -211,16 +231,182 @@ void attend_one(const Task& task, int64_t kv_head, const scalar_t* query, scalar
   }
 }
 
-std::vector<Task> make_tasks(const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens, int64_t max_q_len) {
+
+#if defined(__AVX512BF16__)
+// ---------------------------------------------------------------------------------------------
+// bfloat16 fast path (AVX512-BF16, head_dim % 32 == 0): scores with vdpbf16ps on the raw bf16 q
+// and K rows (products exact, float32 accumulation), 16 positions' partial sums reduced at once
+// by a fixed transpose-add tree, P.V in float32 FMAs. Chunks of kChunkBf16 positions aligned to
+// absolute positions; every operation a row sees (its chunks, their valid ranges, the order of
+// each sum) depends only on its own position and K/V, never on the tile or the batch, so the
+// result of a row is the same alone, in a prefill tile or in any batch.
+
+constexpr int64_t kChunkBf16 = 64;
+alignas(64) const uint16_t kZeroRow[kMaxHeadDim] = {};
+
+// out[j] = sum of the 16 lanes of v[j], j = 0..15, by a fixed tree (pairs within 128-bit lanes,
+// then 128-bit lanes).
+inline __m512 sum16(const __m512 (&v)[16]) {
+  __m512 w[8], z[4];
+  for (int k = 0; k < 8; ++k)
+    w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  for (int k = 0; k < 4; ++k)
+    z[k] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44), _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0xEE));
+  const __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88), _mm512_shuffle_f32x4(z[0], z[1], 0xDD));
+  const __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x88), _mm512_shuffle_f32x4(z[2], z[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88), _mm512_shuffle_f32x4(u0, u1, 0xDD));
+}
+
+inline __m512bh load_bh(const void* p) { return (__m512bh)_mm512_loadu_si512(p); }
+
+void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* query, c10::BFloat16* out,
+                      const c10::BFloat16* key_cache, const c10::BFloat16* value_cache, const int32_t* block_table,
+                      const Shape& sh) {
+  constexpr int64_t C = kChunkBf16;
+  const int64_t G = sh.group, D = sh.head_dim, nq = D / 32, nv = D / 16, R = tile.rows;
+  const int64_t token_stride = sh.num_kv_heads * D;
+  alignas(64) float s[kTileRows * kMaxGroup][C];
+  // acc lanes follow the interleaved V layout (see below); un-permuted when written out.
+  alignas(64) float acc[kTileRows * kMaxGroup][kMaxHeadDim];
+  // V rows of positions (2k, 2k + 1) of the chunk interleaved per dimension, as vdpbf16ps pairs:
+  // for each 32-dim block, 32 bf16 pairs of unpacklo then 32 of unpackhi.
+  alignas(64) uint16_t vpairs[C / 2][2 * kMaxHeadDim];
+  alignas(64) uint32_t ppairs[C / 2 + 16];  // + one vector of slack for the last group
+  float m[kTileRows * kMaxGroup], l[kTileRows * kMaxGroup];
+  const void* kptr[C];
+  const void* vptr[C];
+  int64_t lo[kTileRows], hi[kTileRows];
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t position = tile.position0 + i;
+    lo[i] = sh.window > 0 ? std::max<int64_t>(0, position - sh.window + 1) : 0;
+    hi[i] = position + 1;  // exclusive
+  }
+  for (int64_t r = 0; r < R * G; ++r) {
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.f;
+    for (int64_t d = 0; d < D; ++d) acc[r][d] = 0.f;
+  }
+  const __m512 scale = _mm512_set1_ps(sh.scale);
+  for (int64_t c = lo[0] / C; c * C < hi[R - 1]; ++c) {
+    const int64_t cs = c * C, first = std::max(lo[0], cs), last = std::min(hi[R - 1], cs + C);  // [first, last)
+    for (int64_t t = cs; t < cs + C; ++t) {
+      if (t < first || t >= last) { kptr[t - cs] = vptr[t - cs] = kZeroRow; continue; }
+      const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
+      kptr[t - cs] = key_cache + slot * token_stride + kv_head * D;
+      vptr[t - cs] = value_cache + slot * token_stride + kv_head * D;
+    }
+    for (int64_t k = (first - cs) / 2; k < (last - cs + 1) / 2; ++k) {
+      const uint16_t* r0 = static_cast<const uint16_t*>(vptr[2 * k]);
+      const uint16_t* r1 = static_cast<const uint16_t*>(vptr[2 * k + 1]);
+      for (int64_t j = 0; j < nq; ++j) {
+        const __m512i a = _mm512_loadu_si512(r0 + 32 * j), b = _mm512_loadu_si512(r1 + 32 * j);
+        _mm512_store_si512(vpairs[k] + 64 * j, _mm512_unpacklo_epi16(a, b));
+        _mm512_store_si512(vpairs[k] + 64 * j + 32, _mm512_unpackhi_epi16(a, b));
+      }
+    }
+    for (int64_t i = 0; i < R; ++i) {
+      const int64_t a = std::max(lo[i], cs), b = std::min(hi[i], cs + C);
+      if (a >= b) continue;
+      const int64_t g_begin = (a - cs) / 16 * 16, g_end = (b - cs + 15) / 16 * 16;  // 16-aligned cover of [a, b)
+      for (int64_t h = 0; h < G; ++h) {
+        const int64_t r = i * G + h;
+        const c10::BFloat16* qrow = query + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D;
+        __m512bh qv[kMaxHeadDim / 32];
+        for (int64_t j = 0; j < nq; ++j) qv[j] = load_bh(qrow + 32 * j);
+        // Scores of the 16-position groups covering [a, b) (positions outside are computed on
+        // K rows or zeros and never used).
+        for (int64_t g = g_begin; g < g_end; g += 16) {
+          __m512 part[16];
+          for (int j = 0; j < 16; ++j) {
+            const c10::BFloat16* krow = static_cast<const c10::BFloat16*>(kptr[g + j]);
+            __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], load_bh(krow));
+            for (int64_t k = 1; k < nq; ++k) dot = _mm512_dpbf16_ps(dot, qv[k], load_bh(krow + 32 * k));
+            part[j] = dot;
+          }
+          _mm512_store_ps(s[r] + g, _mm512_mul_ps(sum16(part), scale));
+        }
+        // Online softmax over this chunk's valid scores; probabilities outside [a, b) set to 0.
+        float* row = s[r] + (a - cs);
+        const int64_t n = b - a;
+        float chunk_max = row[0];
+        for (int64_t t = 1; t < n; ++t) chunk_max = std::max(chunk_max, row[t]);
+        const float new_max = std::max(m[r], chunk_max);
+        const float alpha = exp_nonpositive(m[r] - new_max);
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < n; ++t) { row[t] = exp_nonpositive(row[t] - new_max); sum += row[t]; }
+        l[r] = l[r] * alpha + sum;
+        m[r] = new_max;
+        for (int64_t t = g_begin; t < a - cs; ++t) s[r][t] = 0.f;
+        for (int64_t t = b - cs; t < g_end; ++t) s[r][t] = 0.f;
+        // P as bf16 pairs of positions (2k, 2k + 1), as flash attention rounds P for the PV product.
+        for (int64_t g = g_begin; g < g_end; g += 32) {
+          const __m512 p0 = _mm512_load_ps(s[r] + g);
+          const __m512 p1 = g + 16 < g_end ? _mm512_load_ps(s[r] + g + 16) : _mm512_setzero_ps();
+          _mm512_storeu_si512(ppairs + g / 2, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+        }
+        // acc = acc * alpha + sum over pairs of (p_2k V_2k + p_2k+1 V_2k+1), in registers.
+        __m512 av[kMaxHeadDim / 16];
+        const __m512 alpha_v = _mm512_set1_ps(alpha);
+        for (int64_t j = 0; j < nv; ++j) av[j] = _mm512_mul_ps(_mm512_load_ps(acc[r] + 16 * j), alpha_v);
+        for (int64_t k = (a - cs) / 2; k < (b - cs + 1) / 2; ++k) {
+          const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(ppairs[k]));
+          for (int64_t j = 0; j < nv; ++j) av[j] = _mm512_dpbf16_ps(av[j], load_bh(vpairs[k] + 32 * j), p);
+        }
+        for (int64_t j = 0; j < nv; ++j) _mm512_store_ps(acc[r] + 16 * j, av[j]);
+      }
+    }
+  }
+  // acc lane order per 32-dim block: [unpacklo | unpackhi]; unpacklo holds dims 8L + 0..3 of each
+  // 128-bit lane L, unpackhi dims 8L + 4..7.
+  for (int64_t i = 0; i < R; ++i) {
+    for (int64_t h = 0; h < G; ++h) {
+      const int64_t r = i * G + h;
+      c10::BFloat16* dst = out + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D;
+      const float inv = 1.f / l[r];
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t block = d / 32, lane = (d % 32) / 8, e = d % 8;
+        const int64_t src = 32 * block + (e < 4 ? 0 : 16) + 4 * lane + e % 4;
+        dst[d] = static_cast<c10::BFloat16>(acc[r][src] * inv);
+      }
+    }
+  }
+}
+#endif
+
+// Tiles of up to kTileRows consecutive rows per request with 1 <= q_len <= max_q_len, costliest
+// (most positions to attend) first so the work queue ends with small tasks.
+std::vector<Tile> make_tiles(const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens, int64_t max_q_len) {
   auto qsl = query_start_loc.accessor<int32_t, 1>();
   auto lens = seq_lens.accessor<int32_t, 1>();
-  std::vector<Task> tasks;
+  std::vector<Tile> tiles;
   for (int64_t r = 0; r + 1 < qsl.size(0); ++r) {
     const int64_t q_len = qsl[r + 1] - qsl[r];
     if (q_len == 0 || q_len > max_q_len) continue;
-    for (int64_t i = 0; i < q_len; ++i) tasks.push_back({qsl[r] + i, r, lens[r] - q_len + i});
+    for (int64_t i = 0; i < q_len; i += kTileRows)
+      tiles.push_back({qsl[r] + i, std::min(kTileRows, q_len - i), r, lens[r] - q_len + i});
   }
-  return tasks;
+  std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& x, const Tile& y) {
+    return x.rows * (x.position0 + x.rows) > y.rows * (y.position0 + y.rows);
+  });
+  return tiles;
+}
+
+// One tile for one KV head: the bfloat16 fast path where it applies, else row by row.
+template <typename scalar_t>
+void run_tile(const Tile& tile, int64_t kv_head, const scalar_t* query, scalar_t* out, const scalar_t* key_cache,
+              const scalar_t* value_cache, const int32_t* block_table, const Shape& sh) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (sh.head_dim % 32 == 0) {
+      attend_tile_bf16(tile, kv_head, query, out, key_cache, value_cache, block_table, sh);
+      return;
+    }
+  }
+#endif
+  for (int64_t r = 0; r < tile.rows; ++r)
+    attend_one<scalar_t>({tile.row0 + r, tile.request, tile.position0 + r}, kv_head, query, out, key_cache, value_cache,
+                         block_table, sh);
 }
 
 }  // namespace
@@ -241,19 +427,24 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_ca
   TORCH_CHECK(group * num_kv_heads == num_heads && group <= kMaxGroup && head_dim <= kMaxHeadDim &&
               kv_cache.size(4) == head_dim);
   const Shape shape{num_heads, group, head_dim, block_size, num_kv_heads, window, static_cast<float>(scale)};
-  const std::vector<Task> tasks = make_tasks(query_start_loc, seq_lens, max_q_len);
+  const std::vector<Tile> tiles = make_tiles(query_start_loc, seq_lens, max_q_len);
   const int64_t width = block_tables.size(1);
+  const int64_t num_tasks = static_cast<int64_t>(tiles.size()) * num_kv_heads;
+  // A shared work queue: tasks differ in cost (context lengths, causal prefill rows), so each
+  // thread takes the next one when it is free instead of a fixed contiguous share.
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_tasks));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
     const scalar_t* q = query.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     const scalar_t* keys = kv_cache.data_ptr<scalar_t>();
     const scalar_t* values = keys + kv_cache.stride(0);
     const int32_t* tables = block_tables.data_ptr<int32_t>();
-    const int64_t num_tasks = static_cast<int64_t>(tasks.size()) * num_kv_heads;
-    at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const Task& task = tasks[i / num_kv_heads];
-        attend_one<scalar_t>(task, i % num_kv_heads, q, o, keys, values, tables + task.request * width, shape);
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+      for (int64_t i = next.fetch_add(1); i < num_tasks; i = next.fetch_add(1)) {
+        const Tile& tile = tiles[i / num_kv_heads];
+        const int64_t kv_head = i % num_kv_heads;
+        run_tile<scalar_t>(tile, kv_head, q, o, keys, values, tables + tile.request * width, shape);
       }
     });
   });
