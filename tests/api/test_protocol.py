@@ -28,6 +28,7 @@ def test_every_sampling_field_is_carried_over():
         "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 2, "ignore_eos": True,
         "stop_token_ids": [3, 4], "include_stop_str_in_output": True, "skip_special_tokens": False,
         "prompt_logprobs": 2, "priority": -1, "cache_salt": "tenant-a", "user": "u1",
+        "allowed_token_ids": [3, 9, 27], "bad_words": ["foo", "bar baz"], "truncate_prompt_tokens": 50,
     }
     request = CompletionRequest.model_validate(body)
     params = request.build_sampling_params(max_tokens=30, logprobs=3, vocab_size=VOCAB)
@@ -35,7 +36,8 @@ def test_every_sampling_field_is_carried_over():
         n=2, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5,
         frequency_penalty=-0.25, repetition_penalty=1.1, logit_bias={5: 10.0, 7: -100.0}, seed=11,
         max_tokens=30, min_tokens=2, stop=["END"], stop_token_ids=[3, 4], ignore_eos=True,
-        include_stop_str_in_output=True, logprobs=3, prompt_logprobs=2, skip_special_tokens=False)
+        include_stop_str_in_output=True, logprobs=3, prompt_logprobs=2, skip_special_tokens=False,
+        allowed_token_ids=[3, 9, 27], bad_words=["foo", "bar baz"], truncate_prompt_tokens=50)
 
 
 def test_temperature_zero_and_top_k_minus_one():
@@ -127,6 +129,25 @@ def test_chat_content_parts_are_joined_and_non_text_rejected():
     with pytest.raises(InvalidRequestError) as info:
         image.to_template_dict(2)
     assert info.value.param == "messages.2.content.0.type"
+
+
+def test_chat_tool_history_reaches_the_template():
+    call = {"id": "call_1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+    message = ChatMessage(role="assistant", content=None, tool_calls=[call])
+    assert message.to_template_dict(0) == {"role": "assistant", "content": "", "tool_calls": [call]}
+    reply = ChatMessage(role="tool", content="12:00", tool_call_id="call_1")
+    assert reply.to_template_dict(1) == {"role": "tool", "content": "12:00", "tool_call_id": "call_1"}
+
+
+def test_tool_choice_none_or_omitted_only():
+    messages = [{"role": "user", "content": "x"}]
+    tools = [{"type": "function", "function": {"name": "now"}}]
+    ChatCompletionRequest(messages=messages, tools=tools).check_http_fields()
+    ChatCompletionRequest(messages=messages, tools=tools, tool_choice="none").check_http_fields()
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "now"}}):
+        with pytest.raises(InvalidRequestError) as info:
+            ChatCompletionRequest(messages=messages, tools=tools, tool_choice=choice).check_http_fields()
+        assert info.value.param == "tool_choice"
 
 
 def test_chat_needs_messages_and_known_roles():

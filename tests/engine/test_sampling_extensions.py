@@ -8,6 +8,7 @@ import torch
 
 from kvserve import SamplingParams
 from kvserve.errors import InvalidRequestError
+from kvserve.testing.reference import bad_words_ban, reference_greedy, single_token_word, vllm_bad_word_sequences
 from engine_helpers import assert_kv_clean, make_llm, random_prompts
 
 PROMPT = "The quick brown fox"
@@ -23,20 +24,6 @@ def reference(model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-
-
-def reference_greedy(reference, prompt: list[int], max_tokens: int, banned_at) -> list[int]:
-    """Greedy decoding with transformers where ``banned_at(generated)`` gives the token ids that
-    may not come next (everything else competes as usual)."""
-    ids = list(prompt)
-    for _ in range(max_tokens):
-        with torch.no_grad():
-            logits = reference(torch.tensor([ids])).logits[0, -1].clone()
-        banned = banned_at(ids[len(prompt):])
-        if banned:
-            logits[list(banned)] = float("-inf")
-        ids.append(int(logits.argmax()))
-    return ids[len(prompt):]
 
 
 def greedy(max_tokens: int, **extra) -> SamplingParams:
@@ -67,15 +54,6 @@ def test_allowed_token_ids_random_and_beside_unrestricted(llm):
     assert outs[1] == alone  # the unrestricted row is unchanged by its neighbours' masks
 
 
-def single_token_word(tokenizer, token_ids):
-    """The first generated token that is a whole word by itself (encodes back to just it)."""
-    for position, token in enumerate(token_ids):
-        text = tokenizer.decode([token])
-        if "\ufffd" not in text and text.strip() and tokenizer.encode(text.lstrip(), add_special_tokens=False) == [token]:
-            return position, text.strip()
-    raise AssertionError(f"no single-token word in {token_ids}")
-
-
 def two_token_word(tokenizer, token_ids):
     """The first two generated tokens whose text encodes back to exactly them."""
     for position in range(len(token_ids) - 1):
@@ -86,34 +64,20 @@ def two_token_word(tokenizer, token_ids):
     raise AssertionError(f"no two-token word in {token_ids}")
 
 
-def vllm_sequences(tokenizer, word: str) -> list[list[int]]:
-    """vLLM's tokenization of a bad word, written out: as is, plus with a leading space when
-    that is a different token sequence of the same length."""
-    plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
-    spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
-    return [plain] + ([spaced] if spaced[0] != plain[0] and len(spaced) == len(plain) else [])
-
-
-def bans(sequences):
-    def banned_at(generated):
-        return {s[-1] for s in sequences if len(s) == 1 or generated[len(generated) - len(s) + 1:] == s[:-1]}
-    return banned_at
-
-
 @pytest.mark.parametrize("find_word", [single_token_word, two_token_word], ids=["one-token", "two-token"])
 def test_bad_words_never_generated_and_the_rest_is_greedy(llm, reference, find_word):
     tokenizer = llm.get_tokenizer()
     prompt = tokenizer.encode(PROMPT)
     free = llm.generate([prompt], greedy(24))[0].outputs[0]
     position, word = find_word(tokenizer, free.token_ids)
-    sequences = vllm_sequences(tokenizer, word)
+    sequences = vllm_bad_word_sequences(tokenizer, word)
     out = llm.generate([prompt], greedy(24, bad_words=[word]))[0].outputs[0]
     for sequence in sequences:
         n = len(sequence)
         assert not any(out.token_ids[i:i + n] == sequence for i in range(len(out.token_ids)))
     assert any(free.token_ids[i:i + len(sequences[0])] == sequences[0] for i in range(24))  # without: there
     assert out.token_ids[:position + len(sequences[0]) - 1] == free.token_ids[:position + len(sequences[0]) - 1]
-    assert out.token_ids == reference_greedy(reference, prompt, 24, bans(sequences))
+    assert out.token_ids == reference_greedy(reference, prompt, 24, bad_words_ban(sequences))
     assert_kv_clean(llm)
 
 

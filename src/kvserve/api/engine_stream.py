@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from kvserve.engine.llm_engine import GenerateRequest
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 
@@ -50,10 +51,14 @@ class EngineRequest:
         # thread got to it (the GIL and queued commands delay the latter under load).
         self._generate_kwargs = {"prompt": prompt, "priority": priority, "cache_salt": cache_salt,
                                  "arrival_time": time.time()}
-        self._stream: AsyncIterator[RequestOutput] | None = None  # created by start()
+        self._stream: AsyncIterator[RequestOutput] | None = None  # created by start() or start_all()
         self._first: RequestOutput | None = None
         self.finished = False
         self._closed = False
+
+    def as_generate_request(self) -> GenerateRequest:
+        return GenerateRequest(self.request_id, self.prompt_token_ids, self.sampling_params,
+                               **self._generate_kwargs)
 
     async def start(self) -> RequestOutput | None:
         """Wait for the first output (None if the stream ended without one).
@@ -61,8 +66,9 @@ class EngineRequest:
         Raises:
             InvalidRequestError, RequestRejectedError: from the engine, before anything is sent.
         """
-        self._stream = self.engine.generate(self.prompt_token_ids, self.sampling_params,
-                                            self.request_id, **self._generate_kwargs)
+        if self._stream is None:
+            self._stream = self.engine.generate(self.prompt_token_ids, self.sampling_params,
+                                                self.request_id, **self._generate_kwargs)
         try:
             self._first = await self._stream.__anext__()
         except StopAsyncIteration:
@@ -102,7 +108,16 @@ class EngineRequest:
 
 
 async def start_all(requests: list[EngineRequest]) -> list[RequestOutput | None]:
-    """Start every request; if one fails, close them all and re-raise its error."""
+    """Start every request; if one fails, close them all and re-raise its error.
+
+    Several requests (the prompts of one call) are admitted together by
+    ``EngineClient.generate_many``: the engine checks the waiting queue for all of them before
+    queueing any, so a call too large for the queue is refused whole, never partly queued.
+    """
+    if len(requests) > 1:
+        streams = await requests[0].engine.generate_many([r.as_generate_request() for r in requests])
+        for request, stream in zip(requests, streams):
+            request._stream = stream
     try:
         return list(await asyncio.gather(*(request.start() for request in requests)))
     except BaseException:

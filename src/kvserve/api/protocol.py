@@ -4,7 +4,9 @@ conversion to :class:`kvserve.sampling_params.SamplingParams`.
 
 Unknown fields are ignored, as OpenAI's server tolerates them. Range checks live in
 ``SamplingParams`` (one place); this module checks what only the HTTP layer knows: ``logit_bias``
-keys are token-id strings, ``response_format`` is text, ``stream_options`` needs ``stream``.
+keys are token-id strings, ``response_format`` is text, ``stream_options`` needs ``stream``
+(and ``continuous_usage_stats`` needs ``include_usage``), ``tool_choice`` asks for no tool
+calls (this server has no tool-call parser).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvserve.errors import InvalidRequestError
-from kvserve.sampling_params import SamplingParams
+from kvserve.sampling_params import SamplingParams, check_truncate_prompt_tokens
 
 
 class OpenAIBaseModel(BaseModel):
@@ -22,7 +24,11 @@ class OpenAIBaseModel(BaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
+    """``include_usage``: a last chunk with the usage. ``continuous_usage_stats`` (vLLM): every
+    chunk also carries the running usage (needs ``include_usage``)."""
+
     include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
 
 
 class ResponseFormat(OpenAIBaseModel):
@@ -58,18 +64,29 @@ class SamplingRequest(OpenAIBaseModel):
     priority: int = 0
     cache_salt: str | None = None
     prompt_logprobs: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
 
     @property
     def include_usage(self) -> bool:
         """Whether a streamed response ends with a usage chunk."""
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every streamed chunk carries the running usage (vLLM's
+        ``continuous_usage_stats``)."""
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
+
     def check_http_fields(self) -> None:
         """Checks only the HTTP layer can make.
 
         Raises:
             InvalidRequestError: ``response_format`` other than text, ``stream_options`` without
-                ``stream``, a seed beyond 64 bits, or ``cache_salt`` empty.
+                ``stream``, ``continuous_usage_stats`` without ``include_usage``,
+                ``truncate_prompt_tokens`` below 1, a seed beyond 64 bits, or ``cache_salt``
+                empty.
         """
         if self.response_format is not None and self.response_format.type != "text":
             raise InvalidRequestError(
@@ -78,6 +95,12 @@ class SamplingRequest(OpenAIBaseModel):
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true",
                                       param="stream_options")
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats \
+                and not self.stream_options.include_usage:
+            raise InvalidRequestError(
+                "stream_options.continuous_usage_stats needs stream_options.include_usage to be true",
+                param="stream_options.continuous_usage_stats")
+        check_truncate_prompt_tokens(self.truncate_prompt_tokens)
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise InvalidRequestError(f"seed must fit in 64 bits, got {self.seed}", param="seed")
         if self.cache_salt is not None and not self.cache_salt:
@@ -115,6 +138,9 @@ class SamplingRequest(OpenAIBaseModel):
             logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            allowed_token_ids=self.allowed_token_ids,
+            bad_words=list(self.bad_words or []),
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
         )
         params.validate_for_vocab(vocab_size)
         return params
@@ -158,6 +184,37 @@ class CompletionRequest(SamplingRequest):
             raise InvalidRequestError("prompt must not be an empty list", param="prompt")
 
 
+class FunctionDefinition(OpenAIBaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+
+
+class ChatCompletionTool(OpenAIBaseModel):
+    """A tool the model may be told about (OpenAI's function tool)."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+def tools_for_template(tools: list[ChatCompletionTool] | None) -> list[dict] | None:
+    """``tools`` as a chat template receives them (OpenAI's JSON), or None when there are none."""
+    if not tools:
+        return None
+    return [tool.model_dump(exclude_none=True) for tool in tools]
+
+
+class NamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    """``tool_choice`` naming one function: ``{"type": "function", "function": {"name": ...}}``."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
 class TextContentPart(OpenAIBaseModel):
     type: str
     text: str | None = None
@@ -168,6 +225,7 @@ class ChatMessage(OpenAIBaseModel):
     content: str | list[TextContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[dict] | None = None  # an assistant turn's earlier calls, for the template
 
     def to_template_dict(self, index: int) -> dict:
         """The message as chat templates expect it: list content is joined into one string.
@@ -186,7 +244,7 @@ class ChatMessage(OpenAIBaseModel):
                 texts.append(part.text)
             content = "\n".join(texts)
         message = {"role": self.role, "content": content or ""}
-        for key in ("name", "tool_call_id"):
+        for key in ("name", "tool_call_id", "tool_calls"):
             if getattr(self, key) is not None:
                 message[key] = getattr(self, key)
         return message
@@ -201,6 +259,8 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    tools: list[ChatCompletionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -223,6 +283,27 @@ class ChatCompletionRequest(SamplingRequest):
             raise InvalidRequestError(
                 "continue_final_message and add_generation_prompt cannot both be true",
                 param="continue_final_message")
+        self._check_tool_choice()
+
+    def _check_tool_choice(self) -> None:
+        """``tools`` are rendered into the chat template; returning tool calls needs a parser of
+        the model's tool-call format, which this server does not have (vLLM likewise refuses
+        ``"auto"`` without ``--enable-auto-tool-choice``).
+
+        Raises:
+            InvalidRequestError: ``tool_choice`` other than ``"none"`` (or omitted).
+        """
+        if self.tool_choice is None or self.tool_choice == "none":
+            return
+        if isinstance(self.tool_choice, NamedToolChoice):
+            shown = f"a named function ({self.tool_choice.function.name!r})"
+        else:
+            shown = repr(self.tool_choice)
+        raise InvalidRequestError(
+            f"tool_choice {shown} is not supported: tool calling (parsing tool calls out of the "
+            "model's output) is not supported by this server. Use tool_choice 'none' or omit it; "
+            "tools are then passed to the chat template and the reply is plain text.",
+            param="tool_choice")
 
 
 class TokenizeRequest(OpenAIBaseModel):
@@ -235,6 +316,7 @@ class TokenizeRequest(OpenAIBaseModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool = False
+    tools: list[ChatCompletionTool] | None = None
 
 
 class DetokenizeRequest(OpenAIBaseModel):

@@ -81,21 +81,35 @@ def new_request_id(prefix: str) -> str:
 
 
 def resolve_max_tokens(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int,
-                       param: str = "max_tokens") -> int:
+                       param: str = "max_tokens", allow_zero: bool = False) -> int:
     """The output cap in tokens: ``max_tokens`` or what is left of the context.
 
+    Args:
+        allow_zero: accept ``max_tokens=0`` (completions with ``echo``: the prompt is only
+            scored, so it may fill the whole context).
+
     Raises:
-        InvalidRequestError: the prompt fills the context, or prompt + max_tokens exceed it
-            (the message gives the numbers).
+        InvalidRequestError: ``max_tokens`` below 1 (below 0 with ``allow_zero``), the prompt
+            fills the context, or prompt + max_tokens exceed it (the message gives the numbers).
     """
+    least = 0 if allow_zero else 1
+    if max_tokens is not None and max_tokens < least:
+        raise InvalidRequestError(f"{param} must be >= {least}, got {max_tokens}", param=param)
+    prompt_param = "prompt" if param == "max_tokens" else "messages"
+    if max_tokens == 0:
+        if num_prompt_tokens > max_model_len:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
+                f"{num_prompt_tokens} tokens. Please shorten the prompt.", param=prompt_param)
+        return 0
     if num_prompt_tokens >= max_model_len:
         raise InvalidRequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
             f"{num_prompt_tokens} tokens, which leaves no room for output. Please shorten the prompt.",
-            param="prompt" if param == "max_tokens" else "messages")
+            param=prompt_param)
     if max_tokens is None:
         return max_model_len - num_prompt_tokens
-    if max_tokens >= 1 and num_prompt_tokens + max_tokens > max_model_len:
+    if num_prompt_tokens + max_tokens > max_model_len:
         raise InvalidRequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} "

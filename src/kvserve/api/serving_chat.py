@@ -19,7 +19,7 @@ from starlette.responses import Response
 from kvserve.api.engine_stream import EngineRequest
 from kvserve.api.errors import to_api_error
 from kvserve.api.logprobs import chat_logprobs, prompt_logprobs_json
-from kvserve.api.protocol import ChatCompletionRequest
+from kvserve.api.protocol import ChatCompletionRequest, tools_for_template
 from kvserve.api.responses import (ChatChoiceLogprobs, ChatCompletionChoice, ChatCompletionResponse,
                                    ChatCompletionStreamChoice, ChatCompletionStreamResponse,
                                    ChatLogprobToken, ChatResponseMessage, DeltaMessage)
@@ -27,6 +27,7 @@ from kvserve.api.serving_base import ServingState, make_usage, new_request_id, r
 from kvserve.api.sse import SSE_DONE, format_sse
 from kvserve.api.tokenization import render_chat
 from kvserve.outputs import CompletionOutput, RequestOutput
+from kvserve.sampling_params import truncate_prompt
 
 
 @dataclasses.dataclass
@@ -40,7 +41,8 @@ class _Choice:
 
 
 def render_messages(state: ServingState, request) -> list[int]:
-    """Prompt token ids for ``request.messages`` (chat template of the server or tokenizer).
+    """Prompt token ids for ``request.messages`` and ``request.tools`` (chat template of the
+    server or tokenizer).
 
     Raises:
         InvalidRequestError: a non-text content part, or the template failed.
@@ -49,7 +51,7 @@ def render_messages(state: ServingState, request) -> list[int]:
     return render_chat(state.engine.tokenizer, messages,
                        add_generation_prompt=request.add_generation_prompt,
                        continue_final_message=request.continue_final_message,
-                       chat_template=state.settings.chat_template)
+                       chat_template=state.settings.chat_template, tools=tools_for_template(request.tools))
 
 
 class ChatServing:
@@ -68,7 +70,7 @@ class ChatServing:
         state.check_ready()
         state.check_model(request.model)
         request.check_http_fields()
-        prompt_ids = render_messages(state, request)
+        prompt_ids = truncate_prompt(render_messages(state, request), request.truncate_prompt_tokens)
         param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         max_tokens = resolve_max_tokens(len(prompt_ids), request.requested_max_tokens,
                                         engine.max_model_len, param=param)
@@ -123,8 +125,9 @@ class _ChatCall:
                           sum(c.num_tokens for c in self.choices), self.cached_tokens)
 
     def _chunk(self, choices: list[ChatCompletionStreamChoice], exclude) -> str:
+        usage = self._usage() if self.request.continuous_usage else None
         chunk = ChatCompletionStreamResponse(id=self.request_id, model=self.state.model_name,
-                                             choices=choices)
+                                             choices=choices, usage=usage)
         return format_sse(chunk.model_dump(mode="json", exclude=exclude))
 
     async def _close(self, api_key: str) -> None:
@@ -132,7 +135,9 @@ class _ChatCall:
         self.state.finish(api_key)
 
     async def stream(self, api_key: str) -> AsyncIterator[str]:
-        """SSE events: a role delta per choice, content deltas, usage chunk if asked, ``[DONE]``."""
+        """SSE events: a role delta per choice, content deltas, usage chunk if asked, ``[DONE]``.
+        With ``continuous_usage_stats`` every chunk carries the running usage (all choices so
+        far; 0 completion tokens on the role chunks)."""
         exclude = None if self.request.include_usage else {"usage"}
         try:
             for choice in self.choices:

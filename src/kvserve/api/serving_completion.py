@@ -1,7 +1,13 @@
 """``POST /v1/completions``: prompts in, text choices out (streamed as SSE or aggregated).
 
 Each prompt is one engine request with ``n`` choices; the response numbers choices
-``prompt_index * n + choice_index``, as the OpenAI API does for a list of prompts.
+``prompt_index * n + choice_index``, as the OpenAI API does for a list of prompts. All prompts
+of a call are admitted together (``start_all``): a list too long for the waiting queue is
+refused whole (429, or 400 when it could never fit), with nothing queued.
+
+``echo`` with ``max_tokens=0`` scores the prompt without generating (lm-eval-harness's
+``loglikelihood``): the text is the prompt, ``logprobs`` (if set) cover its tokens,
+``finish_reason`` is ``length`` and ``completion_tokens`` 0.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from kvserve.api.sse import SSE_DONE, format_sse
 from kvserve.api.tokenization import tokenize_prompt
 from kvserve.errors import InvalidRequestError
 from kvserve.outputs import CompletionOutput, RequestOutput
+from kvserve.sampling_params import truncate_prompt
 
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -66,23 +73,32 @@ class CompletionServing:
         prompts = []
         for item in raw:
             if isinstance(item, str):
-                prompts.append(_Prompt(item, tokenize_prompt(engine.tokenizer, item)))
+                prompt = _Prompt(item, tokenize_prompt(engine.tokenizer, item))
             else:
                 if not item:
                     raise InvalidRequestError("prompt must not be empty", param="prompt")
                 check_token_ids(item, engine.vocab_size)
-                prompts.append(_Prompt(None, list(item)))
+                prompt = _Prompt(None, list(item))
+            kept = truncate_prompt(prompt.token_ids, request.truncate_prompt_tokens)
+            if len(kept) < len(prompt.token_ids):  # echo shows what the model saw
+                prompt = _Prompt(None, kept)
+            prompts.append(prompt)
         return prompts
 
     def _engine_requests(self, request: CompletionRequest, prompts: list[_Prompt],
                          request_id: str) -> tuple[list[EngineRequest], int]:
         engine = self.state.engine
+        if request.max_tokens == 0 and not request.echo:
+            raise InvalidRequestError(
+                "max_tokens must be >= 1, got 0; max_tokens=0 is allowed only with echo=true (the prompt "
+                "is returned, with its logprobs when logprobs is set)", param="max_tokens")
         requests, charge = [], 0
         for i, prompt in enumerate(prompts):
             max_tokens = request.max_tokens
             if max_tokens is None:  # OpenAI's default of 16, within what the context leaves
                 max_tokens = max(1, min(DEFAULT_COMPLETION_MAX_TOKENS, engine.max_model_len - len(prompt.token_ids)))
-            max_tokens = resolve_max_tokens(len(prompt.token_ids), max_tokens, engine.max_model_len)
+            max_tokens = resolve_max_tokens(len(prompt.token_ids), max_tokens, engine.max_model_len,
+                                            allow_zero=request.echo)
             params = request.build_sampling_params(max_tokens=max_tokens, logprobs=request.logprobs,
                                                    vocab_size=engine.vocab_size)
             if request.echo and request.logprobs is not None:
@@ -174,7 +190,9 @@ class _Call:
         self.state.finish(api_key)
 
     async def stream(self, api_key: str) -> AsyncIterator[str]:
-        """SSE events: one chunk per choice delta, the usage chunk if asked, ``[DONE]``."""
+        """SSE events: one chunk per choice delta, the usage chunk if asked, ``[DONE]``. With
+        ``continuous_usage_stats`` every chunk carries the call's running usage (all prompts and
+        choices so far), so the last choice chunk's equals the usage chunk's."""
         model = self.state.model_name
         exclude = None if self.request.include_usage else {"usage"}
         try:
@@ -182,7 +200,9 @@ class _Call:
                 for delta in output.outputs:
                     choice = self._delta(prompt_index, delta)
                     if choice is not None:
-                        chunk = CompletionStreamResponse(id=self.request_id, model=model, choices=[choice])
+                        usage = self._usage() if self.request.continuous_usage else None
+                        chunk = CompletionStreamResponse(id=self.request_id, model=model, choices=[choice],
+                                                         usage=usage)
                         yield format_sse(chunk.model_dump(mode="json", exclude=exclude))
             if self.request.include_usage:
                 chunk = CompletionStreamResponse(id=self.request_id, model=model, choices=[],
