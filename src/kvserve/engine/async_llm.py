@@ -237,6 +237,8 @@ class AsyncLLM(EngineClient):
 
     async def _add(self, items: list[GenerateRequest]) -> list[_Stream]:
         """Hand ``items`` to the engine thread as one command; raises its admission error."""
+        if not items:
+            return []
         if self._dead is not None:
             raise RequestRejectedError(f"the engine is not running: {self._dead}", reason="engine_dead")
         if self._stopping:
