@@ -13,9 +13,9 @@
 //
 // Two implementations of the same loop:
 // - attend_tile_bf16 (bfloat16, head_dim % 32 == 0, CPUs with AVX512-BF16): q.K with vdpbf16ps on
-//   the raw bf16 values, P rounded to bf16 for the P.V product (as FlashAttention-2 does) and
-//   V rows interleaved in pairs of positions for vdpbf16ps; K/V rows of a chunk serve every row
-//   and head of the tile;
+//   the raw bf16 values against K transposed per 16 positions, P rounded to bf16 for the P.V
+//   product (as FlashAttention-2 does) with V rows interleaved in pairs of positions; the K/V
+//   rows of a chunk are read and rearranged once for every row and head of the tile;
 // - attend_one (any dtype and shape): one row at a time, K/V converted to float32.
 // A row's chunks, their valid ranges and the order of every sum depend only on its position and
 // the K/V values, never on the tile, the chunking of the prompt or the rest of the batch, so a
@@ -234,9 +234,10 @@ void attend_one(const Task& task, int64_t kv_head, const scalar_t* query, scalar
 
 #if defined(__AVX512BF16__)
 // ---------------------------------------------------------------------------------------------
-// bfloat16 fast path (AVX512-BF16, head_dim % 32 == 0): scores with vdpbf16ps on the raw bf16 q
-// and K rows (products exact, float32 accumulation), 16 positions' partial sums reduced at once
-// by a fixed transpose-add tree, P.V in float32 FMAs. Chunks of kChunkBf16 positions aligned to
+// bfloat16 fast path (AVX512-BF16, head_dim % 32 == 0): q.K with vdpbf16ps on the raw bf16 values
+// (products exact, float32 accumulation) against K transposed per 16-position group, so one
+// instruction scores 16 positions for a pair of dimensions; P.V with vdpbf16ps on V rows
+// interleaved in pairs of positions. Chunks of kChunkBf16 positions aligned to
 // absolute positions; every operation a row sees (its chunks, their valid ranges, the order of
 // each sum) depends only on its own position and K/V, never on the tile or the batch, so the
 // result of a row is the same alone, in a prefill tile or in any batch.
@@ -244,20 +245,59 @@ void attend_one(const Task& task, int64_t kv_head, const scalar_t* query, scalar
 constexpr int64_t kChunkBf16 = 64;
 alignas(64) const uint16_t kZeroRow[kMaxHeadDim] = {};
 
-// out[j] = sum of the 16 lanes of v[j], j = 0..15, by a fixed tree (pairs within 128-bit lanes,
-// then 128-bit lanes).
-inline __m512 sum16(const __m512 (&v)[16]) {
-  __m512 w[8], z[4];
-  for (int k = 0; k < 8; ++k)
-    w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
-  for (int k = 0; k < 4; ++k)
-    z[k] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44), _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0xEE));
-  const __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88), _mm512_shuffle_f32x4(z[0], z[1], 0xDD));
-  const __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x88), _mm512_shuffle_f32x4(z[2], z[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88), _mm512_shuffle_f32x4(u0, u1, 0xDD));
+inline __m512bh load_bh(const void* p) { return (__m512bh)_mm512_loadu_si512(p); }
+
+// In-register transpose of a 16 x 16 matrix of 32-bit elements: rows in, columns out
+// (unpack 32-bit, unpack 64-bit, then two rounds of 128-bit lane shuffles).
+inline void transpose16x16(const __m512i (&in)[16], __m512i (&out)[16]) {
+  __m512i b[16], c[16];
+  for (int i = 0; i < 8; ++i) {
+    b[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    b[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // c[4i + e], 128-bit lane L: column 4L + e of rows 4i .. 4i + 3
+    c[4 * i + 0] = _mm512_unpacklo_epi64(b[4 * i], b[4 * i + 2]);
+    c[4 * i + 1] = _mm512_unpackhi_epi64(b[4 * i], b[4 * i + 2]);
+    c[4 * i + 2] = _mm512_unpacklo_epi64(b[4 * i + 1], b[4 * i + 3]);
+    c[4 * i + 3] = _mm512_unpackhi_epi64(b[4 * i + 1], b[4 * i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {
+    const __m512i d0 = _mm512_shuffle_i32x4(c[e], c[4 + e], 0x44), d1 = _mm512_shuffle_i32x4(c[e], c[4 + e], 0xEE);
+    const __m512i d2 = _mm512_shuffle_i32x4(c[8 + e], c[12 + e], 0x44), d3 = _mm512_shuffle_i32x4(c[8 + e], c[12 + e], 0xEE);
+    out[0 + e] = _mm512_shuffle_i32x4(d0, d2, 0x88);
+    out[4 + e] = _mm512_shuffle_i32x4(d0, d2, 0xDD);
+    out[8 + e] = _mm512_shuffle_i32x4(d1, d3, 0x88);
+    out[12 + e] = _mm512_shuffle_i32x4(d1, d3, 0xDD);
+  }
 }
 
-inline __m512bh load_bh(const void* p) { return (__m512bh)_mm512_loadu_si512(p); }
+// s_h[0..16) = scale * (q_h . K) for NH heads over one 16-position group of transposed K; each
+// head's sum runs over the dimension pairs in order (fixed, whatever else is computed with it).
+template <int NH>
+inline void score_heads_n(const __m512i* kg, const uint32_t* q, int64_t pairs, __m512 scale, float* const* out) {
+  __m512 dot[NH];
+  for (int h = 0; h < NH; ++h) dot[h] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m512bh k = (__m512bh)_mm512_load_si512(kg + p);
+    for (int h = 0; h < NH; ++h)
+      dot[h] = _mm512_dpbf16_ps(dot[h], k, (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(q[h * pairs + p])));
+  }
+  for (int h = 0; h < NH; ++h) _mm512_store_ps(out[h], _mm512_mul_ps(dot[h], scale));
+}
+
+inline void score_heads(int64_t nh, const __m512i* kg, const uint32_t* q, int64_t pairs, __m512 scale,
+                        float* const* out) {
+  switch (nh) {
+    case 1: score_heads_n<1>(kg, q, pairs, scale, out); break;
+    case 2: score_heads_n<2>(kg, q, pairs, scale, out); break;
+    case 3: score_heads_n<3>(kg, q, pairs, scale, out); break;
+    case 4: score_heads_n<4>(kg, q, pairs, scale, out); break;
+    case 5: score_heads_n<5>(kg, q, pairs, scale, out); break;
+    case 6: score_heads_n<6>(kg, q, pairs, scale, out); break;
+    case 7: score_heads_n<7>(kg, q, pairs, scale, out); break;
+    default: score_heads_n<8>(kg, q, pairs, scale, out); break;
+  }
+}
 
 void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* query, c10::BFloat16* out,
                       const c10::BFloat16* key_cache, const c10::BFloat16* value_cache, const int32_t* block_table,
@@ -272,6 +312,9 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
   // for each 32-dim block, 32 bf16 pairs of unpacklo then 32 of unpackhi.
   alignas(64) uint16_t vpairs[C / 2][2 * kMaxHeadDim];
   alignas(64) uint32_t ppairs[C / 2 + 16];  // + one vector of slack for the last group
+  // K of the chunk transposed per 16-position group: kt[group][p] holds the bf16 pair (2p, 2p + 1)
+  // of the 16 positions, so q.K is one vdpbf16ps per pair of dimensions with q broadcast.
+  alignas(64) __m512i kt[C / 16][kMaxHeadDim / 2];
   float m[kTileRows * kMaxGroup], l[kTileRows * kMaxGroup];
   const void* kptr[C];
   const void* vptr[C];
@@ -304,27 +347,33 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
         _mm512_store_si512(vpairs[k] + 64 * j + 32, _mm512_unpackhi_epi16(a, b));
       }
     }
+    for (int64_t g = (first - cs) / 16; g * 16 < last - cs; ++g) {
+      for (int64_t z = 0; z < nq; ++z) {  // dims 32z .. 32z + 31 = dword pairs 16z .. 16z + 15
+        __m512i rows[16], cols[16];
+        for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(static_cast<const c10::BFloat16*>(kptr[16 * g + j]) + 32 * z);
+        transpose16x16(rows, cols);
+        for (int j = 0; j < 16; ++j) kt[g][16 * z + j] = cols[j];
+      }
+    }
     for (int64_t i = 0; i < R; ++i) {
       const int64_t a = std::max(lo[i], cs), b = std::min(hi[i], cs + C);
       if (a >= b) continue;
       const int64_t g_begin = (a - cs) / 16 * 16, g_end = (b - cs + 15) / 16 * 16;  // 16-aligned cover of [a, b)
+      // Scores of every head of row i for the 16-position groups covering [a, b) (positions
+      // outside are computed on K rows or zeros and never used): one accumulation per head, over
+      // the dimension pairs in order, up to 8 heads at once.
+      const uint32_t* qrow = reinterpret_cast<const uint32_t*>(query + ((tile.row0 + i) * sh.num_heads + kv_head * G) * D);
+      for (int64_t g = g_begin; g < g_end; g += 16) {
+        const __m512i* kg = kt[g / 16];
+        for (int64_t h0 = 0; h0 < G; h0 += 8) {
+          float* out_rows[8];
+          const int64_t nh = std::min<int64_t>(8, G - h0);
+          for (int64_t h = 0; h < nh; ++h) out_rows[h] = s[i * G + h0 + h] + g;
+          score_heads(nh, kg, qrow + h0 * (D / 2), D / 2, scale, out_rows);
+        }
+      }
       for (int64_t h = 0; h < G; ++h) {
         const int64_t r = i * G + h;
-        const c10::BFloat16* qrow = query + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D;
-        __m512bh qv[kMaxHeadDim / 32];
-        for (int64_t j = 0; j < nq; ++j) qv[j] = load_bh(qrow + 32 * j);
-        // Scores of the 16-position groups covering [a, b) (positions outside are computed on
-        // K rows or zeros and never used).
-        for (int64_t g = g_begin; g < g_end; g += 16) {
-          __m512 part[16];
-          for (int j = 0; j < 16; ++j) {
-            const c10::BFloat16* krow = static_cast<const c10::BFloat16*>(kptr[g + j]);
-            __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], load_bh(krow));
-            for (int64_t k = 1; k < nq; ++k) dot = _mm512_dpbf16_ps(dot, qv[k], load_bh(krow + 32 * k));
-            part[j] = dot;
-          }
-          _mm512_store_ps(s[r] + g, _mm512_mul_ps(sum16(part), scale));
-        }
         // Online softmax over this chunk's valid scores; probabilities outside [a, b) set to 0.
         float* row = s[r] + (a - cs);
         const int64_t n = b - a;
