@@ -129,7 +129,14 @@ class PrepackedLinear(nn.Module):
     ``F.linear`` on a plain bfloat16 weight re-packs the weight on every call; at decode batch
     sizes that repacking is most of the call (Qwen2.5-0.5B's gate_up at M=1: 3.47 -> 1.31 ms,
     lm_head 59 -> 28 ms, measured side by side, one thread). Results are bit-identical to
-    ``F.linear`` for every number of rows (checked in ``tests/model/test_prepacked_linear.py``).
+    ``F.linear`` for two or more rows (checked in ``tests/model/test_prepacked_linear.py``).
+
+    A single row is computed as a two-row product: oneDNN's one-row (gemv) kernel sums
+    ``in_features > 1024`` in another order than its kernels for two or more rows (the Qwen2.5-0.5B
+    down_proj, 4,864 inputs: about 1 output in 6,000 differs by a bf16 ulp), so a request decoding
+    alone would not match the same request decoding in a batch. The weights are read once either
+    way: two rows cost the same as one on the MLP and attention shapes, and 6.2 -> 6.5 ms on the
+    896 x 151,936 LM head (two threads, medians of 6 runs).
 
     Input [..., in_features] bfloat16 -> [..., out_features] bfloat16. Built by
     ``prepack_cpu_linears``; holds no ``nn.Parameter`` (weights are fixed for inference).
@@ -144,8 +151,12 @@ class PrepackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self.packed, self.bias, "none", [None], "")
-        return out.reshape(*shape[:-1], self.out_features)
+        rows = x.reshape(-1, shape[-1])
+        num_rows = rows.shape[0]
+        if num_rows == 1:  # never oneDNN's one-row kernel (see the class docstring)
+            rows = rows.expand(2, -1).contiguous()
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [None], "")
+        return out[:num_rows].reshape(*shape[:-1], self.out_features)
 
 
 def prepack_available() -> bool:
