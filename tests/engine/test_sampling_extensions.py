@@ -102,3 +102,17 @@ def test_truncate_prompt_tokens_equals_the_truncated_prompt(llm):
         SamplingParams(truncate_prompt_tokens=0)
     assert info.value.param == "truncate_prompt_tokens"
     assert_kv_clean(llm)
+
+
+def test_every_token_masked_neither_crashes_nor_leaks_an_id(model_dir):
+    """``allowed_token_ids=[eos]`` with ``min_tokens`` masks the whole vocabulary while EOS is
+    banned: a random request must still get in-vocabulary tokens (here the greedy fallback), and
+    the engine must keep serving (an id equal to the vocabulary size used to reach the embedding
+    on the next step and fail every later step)."""
+    llm = make_llm(model_dir)
+    eos = min(llm.llm_engine.eos_token_ids)
+    params = SamplingParams(temperature=0.8, seed=3, allowed_token_ids=[eos], min_tokens=2, max_tokens=3)
+    out = llm.generate([[5, 6, 7]], params)[0].outputs[0]
+    assert all(0 <= t < llm.llm_engine.vocab_size for t in out.token_ids)
+    assert llm.generate([[5, 6, 7]], greedy(2))[0].outputs[0].token_ids
+    assert_kv_clean(llm)

@@ -156,3 +156,22 @@ def test_greedy_batch_runs_only_argmax(make_request, build):
         assert torch.equal(sampled, typed.float().argmax(dim=1))
         ops = {event.key for event in profile.key_averages()}
         assert not ops & {"aten::_softmax", "aten::_log_softmax", "aten::copy_", "aten::clone", "aten::sort"}
+
+
+def test_random_rows_without_a_distribution_stay_in_the_vocabulary(make_request, build):
+    """A random row whose probabilities are undefined (a +inf or NaN logit, or every token at
+    -inf, e.g. ``allowed_token_ids=[eos]`` with ``min_tokens``) has no CDF to search: it takes
+    the argmax, as a greedy row would, instead of the out-of-range id ``V``; the other rows of the
+    batch keep their draws."""
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = random_logits(4, 12).to(dtype)
+        logits[0, 9] = float("inf")
+        logits[1, 30], logits[1, 20] = float("nan"), float("nan")
+        logits[2] = float("-inf")
+        requests = [make_request(temperature=t, top_k=k, top_p=p, min_p=mp, logprobs=0)
+                    for t, k, p, mp in ((1.0, 5, 0.9, 0.1), (0.7, 0, 1.0, 0.0), (1.3, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0))]
+        metadata = build(requests, V)
+        sampled = Sampler(torch.Generator().manual_seed(0))(logits, metadata).sampled_token_ids
+        assert sampled[:3].tolist() == [9, 20, 0]
+        fine = Sampler(torch.Generator().manual_seed(0))(logits[3:], build(requests[3:], V)).sampled_token_ids
+        assert 0 <= sampled[3].item() < V and fine.tolist() == [sampled[3].item()]

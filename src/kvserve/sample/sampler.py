@@ -123,6 +123,14 @@ class Sampler:
         greedy_ids = None if metadata.all_random else greedy_argmax(logits)
         probs = self.processed_probs(logits, metadata)
         sampled = _inverse_cdf_sample(probs, self._uniforms(metadata, probs.device))
+        # A row without a distribution (a +inf or NaN logit, or every token at -inf, e.g.
+        # allowed_token_ids=[eos] with min_tokens) has NaN probabilities and its search returns
+        # V, past the vocabulary: it takes the argmax of its logits as a greedy row would (the
+        # +inf token, the first NaN, or token 0). Truncation only sets -inf and never drops the
+        # largest logit, so the argmax after it is the argmax before.
+        undefined = sampled >= probs.shape[1]
+        if bool(undefined.any()):
+            sampled = torch.where(undefined, greedy_argmax(logits), sampled)
         if greedy_ids is not None:
             sampled = torch.where(metadata.greedy_mask, greedy_ids, sampled)
         return sampled
