@@ -8,7 +8,8 @@ Sources (``csrc/``):
 - ``bindings.cpp``: the Python module.
 
 The build uses ``torch.utils.cpp_extension.load`` (g++ with OpenMP, ``-O3 -march=native``; about a
-minute, cached under ``~/.cache/torch_extensions``; ``scripts/install.sh`` warms it). Where no
+minute, cached under ``~/.cache/torch_extensions`` per CPU model and flags (``cpu_tag``);
+``scripts/install.sh`` warms it). Where no
 compiler or headers are available, ``cpu_kernels()`` returns None and every caller falls back to
 portable PyTorch code.
 """
@@ -16,7 +17,9 @@ portable PyTorch code.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
+import platform
 from pathlib import Path
 from types import ModuleType
 
@@ -24,6 +27,20 @@ logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("paged_attention.cpp", "argmax.cpp", "bindings.cpp")
+
+
+def cpu_tag() -> str:
+    """A short hash of this CPU's model name and instruction-set flags. The kernels are compiled
+    with ``-march=native``, and torch caches a build by name, sources and flags only: the tag in
+    the module name keeps a cache shared between machines (one home directory, a container image)
+    from loading a build made for another CPU (which could die with an illegal instruction)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next((line for line in lines if line.startswith("model name")), "")
+        flags = next((line for line in lines if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        model, flags = platform.processor(), platform.machine()
+    return hashlib.sha256(f"{model}|{flags}".encode()).hexdigest()[:12]
 
 
 @functools.cache
@@ -34,7 +51,7 @@ def cpu_kernels() -> ModuleType | None:
         from torch.utils.cpp_extension import load
 
         return load(
-            name="kvserve_cpu_kernels",
+            name=f"kvserve_cpu_kernels_{cpu_tag()}",
             sources=[str(_CSRC / name) for name in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
                           "-fno-strict-aliasing"],
