@@ -123,6 +123,11 @@ class RotaryEmbedding(nn.Module):
         return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+# Widest input oneDNN's one-row bf16 kernel sums in the same order as its multi-row kernels
+# (observed with oneDNN 3.12 on AVX512-BF16; see PrepackedLinear).
+SINGLE_ROW_MAX_IN_FEATURES = 1024
+
+
 class PrepackedLinear(nn.Module):
     """``y = x W^T + b`` with ``W`` stored once in oneDNN's blocked (AMX/VNNI) layout.
 
@@ -131,12 +136,14 @@ class PrepackedLinear(nn.Module):
     lm_head 59 -> 28 ms, measured side by side, one thread). Results are bit-identical to
     ``F.linear`` for two or more rows (checked in ``tests/model/test_prepacked_linear.py``).
 
-    A single row is computed as a two-row product: oneDNN's one-row (gemv) kernel sums
-    ``in_features > 1024`` in another order than its kernels for two or more rows (the Qwen2.5-0.5B
-    down_proj, 4,864 inputs: about 1 output in 6,000 differs by a bf16 ulp), so a request decoding
-    alone would not match the same request decoding in a batch. The weights are read once either
-    way: two rows cost the same as one on the MLP and attention shapes, and 6.2 -> 6.5 ms on the
-    896 x 151,936 LM head (two threads, medians of 6 runs).
+    Where ``in_features > SINGLE_ROW_MAX_IN_FEATURES`` a single row is computed as a two-row
+    product: oneDNN's one-row (gemv) kernel sums more than 1,024 inputs in another order than its
+    kernels for two or more rows (the Qwen2.5-0.5B down_proj, 4,864 inputs: about 1 output in
+    6,000 differs by a bf16 ulp), so a request decoding alone would not match the same request
+    decoding in a batch. Up to 1,024 inputs the orders agree (both sides of the threshold are
+    checked in ``tests/model/test_single_row_linear.py``), and padding there would only cost time:
+    the whole batch-1 decode step of the Qwen2.5-0.5B shape was 3-5% slower with every linear
+    padded (34.5 -> 35.5 ms, same process, alternating).
 
     Input [..., in_features] bfloat16 -> [..., out_features] bfloat16. Built by
     ``prepack_cpu_linears``; holds no ``nn.Parameter`` (weights are fixed for inference).
@@ -153,7 +160,7 @@ class PrepackedLinear(nn.Module):
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
         num_rows = rows.shape[0]
-        if num_rows == 1:  # never oneDNN's one-row kernel (see the class docstring)
+        if num_rows == 1 and self.in_features > SINGLE_ROW_MAX_IN_FEATURES:  # see the class docstring
             rows = rows.expand(2, -1).contiguous()
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [None], "")
         return out[:num_rows].reshape(*shape[:-1], self.out_features)
