@@ -315,3 +315,18 @@ def test_malformed_tools_are_400(http):
     response = http.post("/v1/chat/completions", json={"model": "tiny-f32", "messages": MESSAGES,
                                                        "tool_choice": "sometimes"})
     assert response.status_code == 400 and response.json()["error"]["param"].startswith("tool_choice")
+
+
+# -- best_of --------------------------------------------------------------------------------------
+
+
+def test_best_of_other_than_1_or_n_is_refused(http):
+    """As vLLM V1: no server-side ranking of extra candidates; 1 or n (what clients send by
+    default) is the plain n-choice request."""
+    for best_of, n in ((1, 1), (1, 2), (2, 2)):
+        out = completion(http, prompt="a b", max_tokens=2, n=n, best_of=best_of)
+        assert len(out["choices"]) == n
+    for best_of, n in ((3, 1), (2, 1), (4, 2)):
+        body = {"model": "tiny-f32", "prompt": "a b", "max_tokens": 2, "n": n, "best_of": best_of}
+        message = error(http.post("/v1/completions", json=body), "best_of")
+        assert f"best_of={best_of} is not supported" in message

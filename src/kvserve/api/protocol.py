@@ -175,11 +175,17 @@ class CompletionRequest(SamplingRequest):
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
+    best_of: int | None = None
 
     def check_http_fields(self) -> None:
         super().check_http_fields()
         if self.suffix:
             raise InvalidRequestError("suffix is not supported", param="suffix")
+        if self.best_of is not None and self.best_of not in (1, self.n):
+            # As vLLM V1: generating extra candidates and ranking them is not supported.
+            raise InvalidRequestError(
+                f"best_of={self.best_of} is not supported (only 1 or n={self.n}); ask for n completions "
+                "with logprobs and choose among them", param="best_of")
         if isinstance(self.prompt, list) and not self.prompt:
             raise InvalidRequestError("prompt must not be an empty list", param="prompt")
 
