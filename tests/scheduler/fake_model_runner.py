@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from kvserve.kv_cache.manager import KVCacheManager
 from kvserve.outputs import ModelRunnerOutput, PromptLogprobs, TokenLogprobs
-from kvserve.request import Request, RequestStatus
+from kvserve.request import RequestStatus
 from kvserve.scheduler.output import SchedulerOutput
 from kvserve.scheduler.scheduler import Scheduler
 

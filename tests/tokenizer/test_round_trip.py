@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from kvserve.testing.tokenizer_kinds import sentencepiece_model_path
-from kvserve.tokenizer import load_tokenizer
 
 ARCHITECTURES = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
 KINDS = ["bpe", "sentencepiece", "tekken"]
