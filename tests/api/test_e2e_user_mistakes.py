@@ -62,3 +62,31 @@ def test_chat_top_logprobs_out_of_range_names_the_field(live_server, http):
             "top_logprobs": 21}
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 400 and response.json()["error"]["param"] == "top_logprobs"
+
+
+# A lone surrogate where the request's text is not checked up front: a bad word (tokenized on the
+# engine thread) and strings an error message quotes back (model name, content part type,
+# response_format type). Each was a 500 whose body could not be encoded as UTF-8.
+@pytest.mark.parametrize("path,body,status,param", [
+    ("/v1/completions", '{"prompt": "Hi", "max_tokens": 2, "bad_words": ["ok", "\\ud800"]}', 400, "bad_words"),
+    ("/v1/chat/completions",
+     '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "bad_words": ["\\udfff x"]}', 400,
+     "bad_words"),
+    ("/v1/completions", '{"model": "\\ud800", "prompt": "Hi", "max_tokens": 2}', 404, "model"),
+    ("/v1/completions", '{"model": "\\ud800", "prompt": "Hi", "max_tokens": 2, "stream": true}', 404, "model"),
+    ("/v1/chat/completions", '{"model": "m\\ud800", "messages": [{"role": "user", "content": "Hi"}]}', 404,
+     "model"),
+    ("/tokenize", '{"model": "\\ud800", "prompt": "Hi"}', 404, "model"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "\\ud800"}]}]}', 400,
+     "messages.0.content.0.type"),
+    ("/v1/completions", '{"prompt": "Hi", "response_format": {"type": "\\ud800"}}', 400, "response_format"),
+])
+def test_lone_surrogate_in_other_fields_is_4xx_not_500(live_server, http, path, body, status, param):
+    if '"model"' not in body:
+        body = body.replace("{", f'{{"model": "{live_server.model}", ', 1)
+    response = http.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    ok = http.post("/v1/completions", json={"model": live_server.model, "prompt": "Hi", "max_tokens": 2})
+    assert ok.status_code == 200 and http.get("/health").status_code == 200

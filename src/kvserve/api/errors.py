@@ -64,8 +64,19 @@ class APIError(Exception):
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
-    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``.
+
+    A lone UTF-16 surrogate that a message or param quotes from the request (a JSON ``"\\ud800"``
+    escape in a model name, say) is written as its ``\\ud800`` escape: it cannot be encoded as
+    UTF-8, so the response itself would fail with a 500."""
+    return {"error": {"message": _utf8_safe(message), "type": type, "param": _utf8_safe(param),
+                      "code": code}}
+
+
+def _utf8_safe(text: str | None) -> str | None:
+    if text is None:
+        return None
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def to_api_error(exc: BaseException) -> APIError:

@@ -25,6 +25,7 @@ import torch
 
 from kvserve.errors import InvalidRequestError
 from kvserve.request import Request
+from kvserve.tokenizer import require_valid_unicode
 
 if TYPE_CHECKING:
     from kvserve.sample.metadata import SparseLogitUpdate
@@ -34,11 +35,12 @@ def tokenize_bad_words(tokenizer: Any, bad_words: list[str], vocab_size: int) ->
     """Token-id sequences of ``bad_words`` (see the module docstring), in word order.
 
     Raises:
-        InvalidRequestError: a word that encodes to no token, or to an id outside the model's
-            vocabulary (``param="bad_words"``).
+        InvalidRequestError: a word that is not valid Unicode (a lone surrogate), that encodes
+            to no token, or to an id outside the model's vocabulary (``param="bad_words"``).
     """
     sequences: list[list[int]] = []
     for word in bad_words:
+        require_valid_unicode(word, "bad_words")
         plain = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
         if not plain:
             raise InvalidRequestError(f"bad word {word!r} encodes to no token", param="bad_words")
