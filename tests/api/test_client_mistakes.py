@@ -78,3 +78,21 @@ def test_unknown_route_and_method_use_error_shape(server):
         assert missing.status_code == 404 and set(missing.json()["error"]) == {"message", "type", "param", "code"}
         wrong = http.get("/v1/completions")
         assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 0, "echo": True}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+])
+def test_prompt_logprobs_with_stream_is_400(server, path, body):
+    """A streamed response has no field for prompt_logprobs: they were silently dropped (and
+    computed for nothing). vLLM refuses a value > 0 with stream=True; 0 stays allowed."""
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        base = {"model": "scripted-model", "stream": True, **body}
+        refused = http.post(path, json={**base, "prompt_logprobs": 2})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "prompt_logprobs"
+        check(http.post(path, json={**base, "prompt_logprobs": 0}))
+        assert http.post(path, json={**base, "prompt_logprobs": 0}).status_code == 200
+    assert server.state.in_flight == 0

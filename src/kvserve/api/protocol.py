@@ -85,6 +85,7 @@ class SamplingRequest(OpenAIBaseModel):
         Raises:
             InvalidRequestError: ``response_format`` other than text, ``stream_options`` without
                 ``stream``, ``continuous_usage_stats`` without ``include_usage``,
+                ``prompt_logprobs`` above 0 with ``stream``,
                 ``truncate_prompt_tokens`` below 1, a seed beyond 64 bits, or ``cache_salt``
                 empty.
         """
@@ -100,6 +101,10 @@ class SamplingRequest(OpenAIBaseModel):
             raise InvalidRequestError(
                 "stream_options.continuous_usage_stats needs stream_options.include_usage to be true",
                 param="stream_options.continuous_usage_stats")
+        if self.stream and self.prompt_logprobs is not None and self.prompt_logprobs > 0:
+            # A chunk has no field for them (vLLM refuses the same), so they would be dropped.
+            raise InvalidRequestError("prompt_logprobs are not available when stream is true; "
+                                      "send the request without stream", param="prompt_logprobs")
         check_truncate_prompt_tokens(self.truncate_prompt_tokens)
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise InvalidRequestError(f"seed must fit in 64 bits, got {self.seed}", param="seed")
