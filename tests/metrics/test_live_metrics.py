@@ -88,7 +88,11 @@ def test_streamed_requests_fill_histograms_and_counters(server):
     assert delta(after, before, "kvserve:request_prompt_tokens_sum") == sum(u.prompt_tokens for u in usages)
     client_ttft = sum(ttft for ttft, _ in results)
     server_ttft = delta(after, before, "kvserve:time_to_first_token_seconds_sum")
-    assert abs(server_ttft - client_ttft) <= 0.5 * client_ttft, (server_ttft, client_ttft)
+    # The server's interval (arrival -> first token out of the engine) lies inside the client's
+    # (send -> first chunk read), so its sum is at most the client's; the client's adds HTTP and
+    # its own threads, which on a busy 2-core machine can be most of a small TTFT, so the lower
+    # bound only catches a wrong unit or a wrong start (a tenth of the client's).
+    assert client_ttft / 10 <= server_ttft <= client_ttft * 1.02 + 0.01, (server_ttft, client_ttft)
     # queue + prefill = TTFT and TTFT + decode = e2e for every request, so the sums agree too
     parts = sum(delta(after, before, f"kvserve:request_{p}_time_seconds_sum") for p in ("queue", "prefill"))
     assert parts == pytest.approx(server_ttft, abs=1e-6)
