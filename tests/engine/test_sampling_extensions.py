@@ -101,6 +101,21 @@ def test_truncate_prompt_tokens_equals_the_truncated_prompt(llm):
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(truncate_prompt_tokens=0)
     assert info.value.param == "truncate_prompt_tokens"
+    context = llm.llm_engine.core.max_model_len
+    with pytest.raises(InvalidRequestError) as info:  # as vLLM: more than the context can hold
+        llm.generate([prompt], greedy(8, truncate_prompt_tokens=context + 1))
+    assert info.value.param == "truncate_prompt_tokens" and str(context) in str(info.value)
+    assert_kv_clean(llm)
+
+
+def test_priority_needs_priority_scheduling(llm):
+    """Under the default fcfs policy a non-zero priority would be ignored: refused instead (as
+    vLLM); 0 is the default and fine."""
+    prompt = random_prompts(1, seed=35, min_len=8, max_len=8)[0]
+    assert llm.generate([prompt], greedy(2), priority=[0])[0].outputs[0].token_ids
+    with pytest.raises(InvalidRequestError) as info:
+        llm.generate([prompt], greedy(2), priority=[3])
+    assert info.value.param == "priority" and "--scheduling-policy priority" in str(info.value)
     assert_kv_clean(llm)
 
 

@@ -20,14 +20,18 @@ class InputProcessor:
     max_model_len: context length in tokens.
     eos_token_ids: ids that end generation unless ``ignore_eos``.
     max_n: largest ``n`` accepted.
+    priority_scheduling: whether the scheduler orders by ``priority`` (else a non-zero priority
+        is refused, as vLLM does, rather than silently ignored).
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, eos_token_ids: frozenset[int], max_n: int = 128):
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, eos_token_ids: frozenset[int],
+                 max_n: int = 128, priority_scheduling: bool = False):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.max_n = max_n
+        self.priority_scheduling = priority_scheduling
 
     def tokenize(self, prompt: str) -> list[int]:
         return list(self.tokenizer.encode(prompt))
@@ -76,9 +80,18 @@ class InputProcessor:
 
         Raises:
             InvalidRequestError: see ``validate_prompt``, ``resolve_max_tokens``; ``n`` above
-                ``max_n``; token ids in ``logit_bias`` / ``stop_token_ids`` /
+                ``max_n``; ``truncate_prompt_tokens`` above the context length; a non-zero
+                ``priority`` without priority scheduling; token ids in ``logit_bias`` / ``stop_token_ids`` /
                 ``allowed_token_ids`` outside the vocabulary; a bad word that encodes to nothing.
         """
+        if params.truncate_prompt_tokens is not None and params.truncate_prompt_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"truncate_prompt_tokens ({params.truncate_prompt_tokens}) is greater than the context length "
+                f"({self.max_model_len} tokens); choose a smaller truncation", param="truncate_prompt_tokens")
+        if priority != 0 and not self.priority_scheduling:
+            raise InvalidRequestError(
+                f"priority {priority} needs priority scheduling, which this server does not use "
+                "(start it with --scheduling-policy priority); omit priority or send 0", param="priority")
         prompt_token_ids = params.truncated_prompt(prompt_token_ids)
         self.validate_prompt(prompt_token_ids)
         if params.n > self.max_n:

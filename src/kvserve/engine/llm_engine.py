@@ -57,7 +57,8 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(tokenizer_dir, chat_template)
         self.eos_token_ids = eos_token_ids(config.model.model, self.tokenizer)
         self.input_processor = InputProcessor(
-            self.tokenizer, self.core.vocab_size, self.core.max_model_len, self.eos_token_ids
+            self.tokenizer, self.core.vocab_size, self.core.max_model_len, self.eos_token_ids,
+            priority_scheduling=config.scheduler.policy == "priority",
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.last_step_stats: StepStats | None = None
