@@ -330,3 +330,24 @@ def test_best_of_other_than_1_or_n_is_refused(http):
         body = {"model": "tiny-f32", "prompt": "a b", "max_tokens": 2, "n": n, "best_of": best_of}
         message = error(http.post("/v1/completions", json=body), "best_of")
         assert f"best_of={best_of} is not supported" in message
+
+
+# -- return_tokens_as_token_ids ---------------------------------------------------------------------
+
+
+def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(server, http):
+    """vLLM's field: logprobs name each token ``token_id:<id>``; the same request without it names
+    them by text, and the ids are the tokens of that text."""
+    body = {"prompt": [5, 6, 7], "max_tokens": 4, "logprobs": 2, "echo": True}
+    by_id = completion(http, return_tokens_as_token_ids=True, **body)["choices"][0]
+    by_text = completion(http, **body)["choices"][0]
+    ids = [int(t.removeprefix("token_id:")) for t in by_id["logprobs"]["tokens"]]
+    assert all(t.startswith("token_id:") for t in by_id["logprobs"]["tokens"])
+    assert ids[:3] == [5, 6, 7]
+    assert server.tokenizer.decode(ids) == by_text["text"] == by_id["text"]
+    assert by_id["logprobs"]["token_logprobs"] == by_text["logprobs"]["token_logprobs"]
+    assert all(k.startswith("token_id:") for top in by_id["logprobs"]["top_logprobs"][1:] for k in top)
+    out = chat(http, max_tokens=3, logprobs=True, top_logprobs=1, return_tokens_as_token_ids=True)
+    entries = out["choices"][0]["logprobs"]["content"]
+    assert len(entries) == 3 and all(e["token"].startswith("token_id:") for e in entries)
+    assert all(e["top_logprobs"][0]["token"].startswith("token_id:") for e in entries)

@@ -67,6 +67,7 @@ class SamplingRequest(OpenAIBaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
+    return_tokens_as_token_ids: bool = False
 
     @property
     def include_usage(self) -> bool:

@@ -19,10 +19,11 @@ from kvserve.api.rate_limit import RateLimiter
 from kvserve.api.responses import PromptTokensDetails, UsageInfo
 from kvserve.api.settings import ServerSettings
 from kvserve.api.sse import SSEResponse
-from kvserve.api.tokenization import TokenText, make_token_text
+from kvserve.api.tokenization import TokenText, make_token_text, token_id_text
 from kvserve.errors import InvalidRequestError
 
 if TYPE_CHECKING:
+    from kvserve.api.protocol import SamplingRequest
     from kvserve.engine.async_llm import EngineClient
 
 T = TypeVar("T")
@@ -47,6 +48,11 @@ class ServingState:
     def __post_init__(self) -> None:
         self._served_names = frozenset({self.model_name, self.engine.model_name})
         self.token_text = make_token_text(self.engine.tokenizer)
+
+    def logprob_token_text(self, request: SamplingRequest) -> TokenText:
+        """How the logprobs of ``request`` name tokens: their text, or ``token_id:<id>`` with
+        ``return_tokens_as_token_ids``."""
+        return token_id_text if request.return_tokens_as_token_ids else self.token_text
 
     @property
     def model_name(self) -> str:

@@ -104,7 +104,7 @@ class _ChatCall:
         choice = self.choices[output.index]
         logprobs = None
         if self.request.logprobs:
-            entries = chat_logprobs(self.state.token_text, list(output.logprobs or []),
+            entries = chat_logprobs(self.state.logprob_token_text(self.request), list(output.logprobs or []),
                                     self.request.top_logprobs or 0)
             choice.logprobs += entries
             logprobs = ChatChoiceLogprobs(content=entries) if entries else None

@@ -142,7 +142,7 @@ class _Call:
         self.engine_requests = engine_requests
         n = request.n
         self.choices = [_Choice(i, None if request.logprobs is None else
-                                CompletionLogprobsBuilder(state.token_text, request.logprobs))
+                                CompletionLogprobsBuilder(state.logprob_token_text(request), request.logprobs))
                         for i in range(len(prompts) * n)]
         self.cached_tokens = sum(f.num_cached_tokens for f in firsts if f is not None)
         self.prompt_logprobs = [f.prompt_logprobs if f is not None else None for f in firsts]

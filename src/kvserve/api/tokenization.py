@@ -50,3 +50,11 @@ def make_token_text(tokenizer: Any) -> TokenText:
     """A function ``token_id -> (text, raw UTF-8 bytes)`` of one token, for logprobs (bytes may
     be a partial character; text then has U+FFFD). Build once per server: it caches per token."""
     return TokenDetokenizer(tokenizer)
+
+
+def token_id_text(token_id: int) -> tuple[str, bytes]:
+    """``("token_id:<id>", its bytes)``: how logprobs name tokens when a request sets vLLM's
+    ``return_tokens_as_token_ids`` (so that tokens that are not valid UTF-8 alone can be told
+    apart)."""
+    text = f"token_id:{token_id}"
+    return text, text.encode()
