@@ -143,6 +143,11 @@ PAIRS = (
     ("batch 1: vs llama.cpp", "kvserve-c1", "llamacpp-c1"),
     ("8 concurrent: vs llama.cpp (serializes)", "kvserve-c8", "llamacpp-c8"),
     ("32 concurrent: vs transformers static batch 32", "kvserve-c32", "hf-static32"),
+    # The issue's concurrency-64 targets: transformers' static batches of 32 over the same kind of
+    # requests, and llama.cpp at its own concurrency 1 and 8 (it serves one request at a time).
+    ("64 concurrent: vs transformers static batch 32", "kvserve-c64", "hf-static32"),
+    ("64 concurrent: vs llama.cpp at 1", "kvserve-c64", "llamacpp-c1"),
+    ("64 concurrent: vs llama.cpp at 8", "kvserve-c64", "llamacpp-c8"),
     ("shared prefix c8: prefix caching on vs off", "kvserve-prefix-on", "kvserve-prefix-off"),
 )
 
