@@ -29,13 +29,7 @@ from __future__ import annotations
 import torch
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
-from kvserve.attention.torch_backend import (
-    TorchAttentionBackend,
-    _attend,
-    _causal_mask,
-    _gather_context,
-    write_kv_cache,
-)
+from kvserve.attention.torch_backend import TorchAttentionBackend, _varlen_attention, write_kv_cache
 from kvserve.kernels import cpu_kernels, cpu_kernels_available
 
 MAX_GROUP, MAX_HEAD_DIM = 16, 256  # kMaxGroup, kMaxHeadDim in the C++ source
@@ -95,24 +89,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
             out, query, kv_cache, metadata.block_tables, metadata.seq_lens_cpu, metadata.query_start_loc_cpu,
             scale, sliding_window or 0, self.max_kernel_query_len,
         )
-        if metadata.max_query_len > self.max_kernel_query_len:
-            self._long_queries(query, out, kv_cache, metadata, scale, sliding_window)
+        if metadata.max_query_len > self.max_kernel_query_len:  # the rest: per-request SDPA
+            _varlen_attention(query, kv_cache, metadata, scale, sliding_window, out=out,
+                              min_query_len=self.max_kernel_query_len + 1)
         return out
-
-    def _long_queries(self, query, out, kv_cache, metadata, scale, sliding_window) -> None:
-        """Rows of requests with more than ``max_kernel_query_len`` new tokens: one causal SDPA
-        call per request over its gathered context (the reference path)."""
-        block_size = kv_cache.shape[2]
-        starts = metadata.query_start_loc_cpu.tolist()
-        for r, seq_len in enumerate(metadata.seq_lens_cpu.tolist()):
-            start, end = starts[r], starts[r + 1]
-            q_len = end - start
-            if q_len <= self.max_kernel_query_len:
-                continue
-            blocks = metadata.block_tables[r, : -(-seq_len // block_size)].long()
-            keys, values = _gather_context(kv_cache, blocks, seq_len)
-            mask = _causal_mask(q_len, seq_len, sliding_window, query.device)
-            out[start:end] = _attend(
-                query[None, start:end].transpose(1, 2), keys[None].transpose(1, 2), values[None].transpose(1, 2),
-                mask, scale, causal=mask is None,
-            )[0].transpose(0, 1)

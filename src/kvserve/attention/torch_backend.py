@@ -84,6 +84,14 @@ def _gather_context(kv_cache: torch.Tensor, block_ids: torch.Tensor, length: int
     return keys.reshape(shape)[..., :length, :, :], values.reshape(shape)[..., :length, :, :]
 
 
+def _gather_padded_contexts(kv_cache: torch.Tensor, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every request's K and V, padded to ``max_seq_len``: two [B, H_kv, max_seq_len, D] tensors."""
+    max_len = metadata.max_seq_len
+    blocks = metadata.block_tables[:, : -(-max_len // kv_cache.shape[2])].long()
+    keys, values = _gather_context(kv_cache, blocks, max_len)
+    return keys.transpose(1, 2), values.transpose(1, 2)
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool):
     """q [B, H, Lq, D], k/v [B, H_kv, Lk, D] -> [B, H, Lq, D] in q's dtype; mask broadcastable to
     [B, H, Lq, Lk] (True = attend). 4-D inputs select the same fused kernels transformers uses."""
@@ -102,10 +110,7 @@ def _grouped_decode_attention(
     The contexts are gathered once, padded to max_seq_len; each call then reads an unpadded view
     ``[rows, :, :seq_len]`` of them, so no padding reaches the kernel.
     """
-    block_size = kv_cache.shape[2]
-    max_len = metadata.max_seq_len
-    keys, values = _gather_context(kv_cache, metadata.block_tables[:, : -(-max_len // block_size)].long(), max_len)
-    keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, H_kv, max_len, D]
+    keys, values = _gather_padded_contexts(kv_cache, metadata)  # [B, H_kv, max_len, D]
     queries = query[:, :, None, :]  # [B, H, 1, D]
     out = torch.empty_like(queries)
     groups: dict[int, list[int]] = {}
@@ -131,19 +136,16 @@ def _padded_decode_attention(
     sliding_window: int | None,
 ) -> torch.Tensor:
     """One query per request: query [B, H, D] -> [B, H, D]; contexts padded to max_seq_len."""
-    block_size = kv_cache.shape[2]
-    max_len = metadata.max_seq_len
-    num_blocks = -(-max_len // block_size)
-    keys, values = _gather_context(kv_cache, metadata.block_tables[:, :num_blocks].long(), max_len)
-    key_pos = torch.arange(max_len, device=query.device)[None, :]
+    keys, values = _gather_padded_contexts(kv_cache, metadata)  # [B, H_kv, max_len, D]
+    key_pos = torch.arange(metadata.max_seq_len, device=query.device)[None, :]
     seq_lens = metadata.seq_lens.to(torch.long)[:, None]
     mask = key_pos < seq_lens  # [B, max_len]
     if sliding_window is not None:
         mask &= key_pos > seq_lens - 1 - sliding_window
     out = _attend(
         query[:, :, None, :],  # [B, H, 1, D]
-        keys.transpose(1, 2),  # [B, H_kv, max_len, D]
-        values.transpose(1, 2),
+        keys,
+        values,
         mask[:, None, None, :],
         scale,
         causal=False,
@@ -157,16 +159,22 @@ def _varlen_attention(
     metadata: AttentionMetadata,
     scale: float,
     sliding_window: int | None,
+    out: torch.Tensor | None = None,
+    min_query_len: int = 1,
 ) -> torch.Tensor:
-    """Requests of any query length, one at a time: query [T, H, D] -> [T, H, D]."""
+    """Requests of any query length, one causal SDPA call each: query [T, H, D] -> [T, H, D].
+
+    Only requests with at least ``min_query_len`` (>= 1) new tokens are computed, into ``out`` when
+    given (its other rows are left as they are), else into a new tensor.
+    """
     block_size = kv_cache.shape[2]
-    out = torch.empty_like(query)
+    out = torch.empty_like(query) if out is None else out
     starts = metadata.query_start_loc_cpu.tolist()
     seq_lens = metadata.seq_lens_cpu.tolist()
     for r, seq_len in enumerate(seq_lens):
         start, end = starts[r], starts[r + 1]
         q_len = end - start
-        if q_len == 0:
+        if q_len < min_query_len:
             continue
         blocks = metadata.block_tables[r, : -(-seq_len // block_size)].long()
         keys, values = _gather_context(kv_cache, blocks, seq_len)
