@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
+from timing import time_calls
 
 from kvserve.request import Request
 from kvserve.sample.metadata import SamplingMetadata
@@ -30,13 +30,7 @@ from kvserve.sampling_params import SamplingParams
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return statistics.median(time_calls(fn, repeats)) * 1e3
 
 
 def exponential_race(probs: torch.Tensor) -> torch.Tensor:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from timing import time_calls
 
 from kvserve.attention import get_attention_backend
 from kvserve.engine.executor import ModelExecutor
@@ -46,13 +46,7 @@ def decode_batch(batch: int, context: int, block_size: int) -> SchedulerOutput:
 
 def time_steps(executor: ModelExecutor, plan: SchedulerOutput, steps: int) -> list[float]:
     """Wall time of ``steps`` decode steps (the same plan re-run; the cache is overwritten in place)."""
-    executor.execute(plan)  # warm-up
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        executor.execute(plan)
-        times.append(time.perf_counter() - start)
-    return times
+    return time_calls(lambda: executor.execute(plan), steps)
 
 
 def profile_step(executor: ModelExecutor, plan: SchedulerOutput, top: int) -> str:

@@ -29,11 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+from timing import time_calls
 
 from kvserve.model.arch_config import ModelArchConfig
 
@@ -52,13 +52,7 @@ class MachinePeaks:
 
 def _best_time(fn, repeats: int) -> float:
     """Fastest of ``repeats`` calls, seconds (the least disturbed by other processes)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(time_calls(fn, repeats))
 
 
 def measure_bandwidth(size_bytes: int = 256 * 2**20, repeats: int = 8) -> tuple[float, float]:
