@@ -130,7 +130,7 @@ class Sampler:
         # largest logit, so the argmax after it is the argmax before.
         undefined = sampled >= probs.shape[1]
         if bool(undefined.any()):
-            sampled = torch.where(undefined, greedy_argmax(logits), sampled)
+            sampled = torch.where(undefined, greedy_argmax(logits) if greedy_ids is None else greedy_ids, sampled)
         if greedy_ids is not None:
             sampled = torch.where(metadata.greedy_mask, greedy_ids, sampled)
         return sampled
