@@ -19,16 +19,11 @@ The same text spelled by other tokens (``[b][ig]``) is not caught, as in vLLM (w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import Any
 
 from kvserve.errors import InvalidRequestError
 from kvserve.request import Request
 from kvserve.tokenizer import require_valid_unicode
-
-if TYPE_CHECKING:
-    from kvserve.sample.metadata import SparseLogitUpdate
 
 
 def tokenize_bad_words(tokenizer: Any, bad_words: list[str], vocab_size: int) -> list[list[int]]:
@@ -77,12 +72,3 @@ def bad_words_pairs(requests: list[Request]) -> list[tuple[int, int]]:
             pairs.extend((row, t) for t in banned_token_ids(request.bad_words_token_ids, request.output_token_ids))
     return pairs
 
-
-def apply_bad_words(logits: torch.Tensor, banned: SparseLogitUpdate) -> None:
-    """Set ``logits[row, token] = -inf`` for every banned pair.
-
-    Args:
-        logits: float32 ``[N, V]``, modified in place.
-        banned: the (row, token) pairs; ``banned.values`` is ignored.
-    """
-    logits.index_put_((banned.rows, banned.token_ids), torch.tensor(float("-inf"), device=logits.device))

@@ -19,15 +19,16 @@ def apply_logit_bias(logits: torch.Tensor, logit_bias: SparseLogitUpdate) -> Non
     logits.index_put_((logit_bias.rows, logit_bias.token_ids), logit_bias.values, accumulate=True)
 
 
-def apply_min_tokens_mask(logits: torch.Tensor, mask: SparseLogitUpdate) -> None:
-    """Set ``logits[row, token] = -inf`` for every pair in ``mask`` (EOS and stop token ids of
-    requests below ``min_tokens``), so they cannot be sampled.
+def ban_tokens(logits: torch.Tensor, banned: SparseLogitUpdate) -> None:
+    """Set ``logits[row, token] = -inf`` for every pair in ``banned``, so they cannot be sampled:
+    the EOS and stop token ids of requests below ``min_tokens``, and the tokens that would
+    complete a bad word (``kvserve.sample.bad_words``).
 
     Args:
         logits: float32 ``[N, V]``, modified in place.
-        mask: the (row, token) pairs; ``mask.values`` is ignored.
+        banned: the (row, token) pairs; ``banned.values`` is ignored.
     """
-    logits.index_put_((mask.rows, mask.token_ids), torch.tensor(float("-inf"), device=logits.device))
+    logits.index_put_((banned.rows, banned.token_ids), torch.tensor(float("-inf"), device=logits.device))
 
 
 def apply_penalties(logits: torch.Tensor, metadata: SamplingMetadata) -> None:

@@ -30,11 +30,10 @@ import torch
 
 from kvserve.outputs import TokenLogprobs
 from kvserve.sample.allowed_tokens import apply_allowed_token_mask
-from kvserve.sample.bad_words import apply_bad_words
 from kvserve.sample.greedy import greedy_argmax
 from kvserve.sample.logprobs import gather_logprobs
 from kvserve.sample.metadata import SamplingMetadata
-from kvserve.sample.penalties import apply_logit_bias, apply_min_tokens_mask, apply_penalties
+from kvserve.sample.penalties import apply_logit_bias, apply_penalties, ban_tokens
 from kvserve.sample.top_k_top_p import apply_min_p, apply_top_k_top_p
 
 
@@ -108,11 +107,11 @@ class Sampler:
         if metadata.allowed_token_mask is not None:  # allowed_token_ids, then bad_words: vLLM's order
             apply_allowed_token_mask(logits, metadata.allowed_token_mask)
         if metadata.bad_words_mask is not None:
-            apply_bad_words(logits, metadata.bad_words_mask)
+            ban_tokens(logits, metadata.bad_words_mask)
         if metadata.logit_bias is not None:
             apply_logit_bias(logits, metadata.logit_bias)
         if metadata.min_tokens_mask is not None:
-            apply_min_tokens_mask(logits, metadata.min_tokens_mask)
+            ban_tokens(logits, metadata.min_tokens_mask)
         if not metadata.no_penalties:
             apply_penalties(logits, metadata)
         return logits
