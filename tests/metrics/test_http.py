@@ -54,7 +54,7 @@ def test_middleware_counts_only_refused_generation_requests():
     client.post("/v1/completions?status=200")
     client.post("/v1/completions?status=500")
     client.post("/tokenize")
-    assert sample(registry, "kvserve:request_rejected_total", model_name="m", reason="queue_full") == 2
-    assert sample(registry, "kvserve:request_rejected_total", model_name="m", reason="invalid_request") == 1
-    assert sample(registry, "kvserve:request_rejected_total", model_name="m", reason="x") == 0
-    assert sample(registry, "kvserve:request_rejected_total", model_name="m", reason="500") == 0
+    assert sample(registry, "kvserve:request_rejected_total", model_name="m", engine="0", reason="queue_full") == 2
+    assert sample(registry, "kvserve:request_rejected_total", model_name="m", engine="0", reason="invalid_request") == 1
+    assert sample(registry, "kvserve:request_rejected_total", model_name="m", engine="0", reason="x") == 0
+    assert sample(registry, "kvserve:request_rejected_total", model_name="m", engine="0", reason="500") == 0

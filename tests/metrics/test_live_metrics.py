@@ -42,7 +42,7 @@ def scrape(srv) -> dict:
 
 
 def value(metrics: dict, name: str, **labels) -> float:
-    return metrics.get((name, frozenset({"model_name": MODEL, **labels}.items())), 0.0)
+    return metrics.get((name, frozenset({"model_name": MODEL, "engine": "0", **labels}.items())), 0.0)
 
 
 def delta(after: dict, before: dict, name: str, **labels) -> float:

@@ -29,7 +29,7 @@ def scrape(srv) -> dict:
 
 
 def delta(after: dict, before: dict, name: str, **labels) -> float:
-    key = (name, frozenset({"model_name": MODEL, **labels}.items()))
+    key = (name, frozenset({"model_name": MODEL, "engine": "0", **labels}.items()))
     return after.get(key, 0.0) - before.get(key, 0.0)
 
 

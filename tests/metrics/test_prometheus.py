@@ -13,7 +13,7 @@ from kvserve.metrics.stats import IterationStats
 from kvserve.scheduler.stats import SchedulerStats
 from metrics_helpers import make_state, parse_metrics, sample
 
-M = {"model_name": "m"}
+M = {"model_name": "m", "engine": "0"}
 
 
 @pytest.fixture
@@ -45,6 +45,54 @@ def test_iteration_counts_tokens_ttft_and_itl(registry, metrics):
     assert sample(registry, "kvserve:inter_token_latency_seconds_bucket", le="0.01", **M) == 1
     assert sample(registry, "kvserve:inter_token_latency_seconds_bucket", le="0.04", **M) == 2
     assert sample(registry, "kvserve:inter_token_latency_seconds_bucket", le="0.25", **M) == 3
+
+
+def test_iteration_tokens_per_step_that_ran_and_deprecated_tpot_twin(registry, metrics):
+    ran = object()  # the step's StepStats: only whether a step ran matters here
+    metrics.on_step(ran, [], IterationStats(7, 3, [0.5], [0.01, 0.2]))
+    metrics.on_step(ran, [], IterationStats(0, 2, [], [0.03, 0.03]))
+    metrics.on_step(None, [], IterationStats())  # nothing ran: no iteration observed
+    # vLLM's iteration_tokens_total: prompt + generation tokens of the step's IterationStats
+    assert sample(registry, "kvserve:iteration_tokens_total_count", **M) == 2
+    assert sample(registry, "kvserve:iteration_tokens_total_sum", **M) == 12
+    assert sample(registry, "kvserve:iteration_tokens_total_bucket", le="1.0", **M) == 0
+    assert sample(registry, "kvserve:iteration_tokens_total_bucket", le="8.0", **M) == 1
+    assert sample(registry, "kvserve:iteration_tokens_total_bucket", le="16.0", **M) == 2
+    # vLLM's deprecated time_per_output_token_seconds holds the per-token ITL observations
+    for suffix in ("_count", "_sum", "_bucket"):
+        labels = {"le": "0.04"} if suffix == "_bucket" else {}
+        assert sample(registry, "kvserve:time_per_output_token_seconds" + suffix, **labels, **M) == \
+            sample(registry, "kvserve:inter_token_latency_seconds" + suffix, **labels, **M)
+    assert sample(registry, "kvserve:time_per_output_token_seconds_count", **M) == 4
+    assert sample(registry, "kvserve:time_per_output_token_seconds_sum", **M) == pytest.approx(0.27)
+
+
+def test_request_parameters_once_per_request_and_max_tokens_per_choice(registry, metrics):
+    two = make_state("a", choices=[("length", 4, RequestTimes(100.0, 100.2, 100.8, 100.8, 100.1)),
+                                   ("stop", 1, RequestTimes(100.0, 100.3, 100.3, 100.3, 100.1))])
+    one = make_state("b", choices=[("stop", 9, RequestTimes(100.0, 100.2, 100.9, 100.9, 100.1))])
+    metrics.on_step(None, [two, one], None)  # both asked max_tokens=16
+    assert sample(registry, "kvserve:request_params_n_count", **M) == 2
+    assert sample(registry, "kvserve:request_params_n_sum", **M) == 3
+    assert sample(registry, "kvserve:request_params_n_bucket", le="1.0", **M) == 1
+    assert sample(registry, "kvserve:request_params_n_bucket", le="2.0", **M) == 2
+    # the longest choice of each request: 4 and 9
+    assert sample(registry, "kvserve:request_max_num_generation_tokens_count", **M) == 2
+    assert sample(registry, "kvserve:request_max_num_generation_tokens_sum", **M) == 13
+    assert sample(registry, "kvserve:request_max_num_generation_tokens_bucket", le="5.0", **M) == 1
+    # max_tokens per finished choice (3 choices)
+    assert sample(registry, "kvserve:request_params_max_tokens_count", **M) == 3
+    assert sample(registry, "kvserve:request_params_max_tokens_sum", **M) == 48
+    # inference = first scheduled -> finished = prefill + decode
+    assert sample(registry, "kvserve:request_inference_time_seconds_sum", **M) == pytest.approx(0.7 + 0.2 + 0.8)
+
+
+def test_max_tokens_none_is_not_observed(registry, metrics):
+    state = make_state("c")
+    state.params.max_tokens = None
+    metrics.on_step(None, [state], None)
+    assert sample(registry, "kvserve:request_params_max_tokens_count", **M) == 0
+    assert sample(registry, "kvserve:request_params_n_count", **M) == 1
 
 
 def test_finished_requests_fill_histograms_per_choice(registry, metrics):
@@ -97,6 +145,7 @@ def test_scheduler_collector_reads_the_latest_snapshot(registry):
     assert values[("kvserve:num_requests_running", m)] == 3
     assert values[("kvserve:num_requests_waiting", m)] == 2
     assert values[("kvserve:kv_cache_usage_perc", m)] == 0.25
+    assert values[("kvserve:gpu_cache_usage_perc", m)] == 0.25  # vLLM's deprecated name, same value
     assert values[("kvserve:prefix_cache_queries_total", m)] == 64
     assert values[("kvserve:prefix_cache_hits_total", m)] == 32
     assert values[("kvserve:num_preemptions_total", m)] == 4
@@ -114,8 +163,9 @@ def test_exposed_names_are_exactly_the_issue_names(registry, metrics):
                     "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
         assert "kvserve:" + counter in names, counter
     assert not any(n.endswith("_total_total") for n in names)
-    # every sample carries model_name
-    assert all('model_name="m"' in s for s in text.splitlines() if s and not s.startswith("#"))
+    # every sample carries vLLM's label set: model_name and engine
+    samples = [s for s in text.splitlines() if s and not s.startswith("#")]
+    assert all('model_name="m"' in s and 'engine="0"' in s for s in samples)
 
 
 def test_two_registries_do_not_clash():
