@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kvserve.generation_config import SamplingDefaults
+
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
 
@@ -26,6 +28,9 @@ class ModelConfig:
         seed: seed of the engine-wide random generator (requests without a ``seed``).
         served_model_name: the name clients use in ``model``; defaults to the folder name.
         tokenizer: tokenizer folder, when it differs from ``model``.
+        sampling_defaults: sampling values for requests that omit them, from the model's
+            generation_config.json and ``--generation-config`` / ``--override-generation-config``
+            (``kvserve.generation_config``); empty = the API's own defaults.
     """
 
     model: str
@@ -35,6 +40,7 @@ class ModelConfig:
     seed: int = 0
     served_model_name: str | None = None
     tokenizer: str | None = None
+    sampling_defaults: SamplingDefaults = SamplingDefaults()
 
 
 @dataclass(frozen=True)
