@@ -36,7 +36,9 @@ def _local_replies(args: argparse.Namespace) -> tuple[str, callable]:
     from kvserve.engine.llm import LLM
     from kvserve.sampling_params import SamplingParams
 
-    model, name = resolve_model(args.model)
+    from kvserve.engine.arg_utils import model_from_args
+
+    model, name = resolve_model(model_from_args(args))
     llm = LLM.from_config(engine_config_from_args(model, args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
 

@@ -14,9 +14,16 @@ from kvserve.errors import KVServeError
 logger = logging.getLogger("kvserve")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (``kvserve serve: error: argument --quantization/-q: ...``)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _model_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None,
-                        help="Hugging Face model folder; default: the built-in model")
+                        help="Hugging Face model folder (or --model); default: the built-in model")
 
 
 def _add_log_args(parser: argparse.ArgumentParser) -> None:
@@ -24,11 +31,14 @@ def _add_log_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvserve", description="kvserve: an LLM serving engine on PyTorch")
+    parser = _Parser(prog="kvserve", description="kvserve: an LLM serving engine on PyTorch")
     parser.add_argument("--version", action="version", version=f"kvserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server",
+                           description="Serve a model over the OpenAI API. Flags follow `vllm serve` and its "
+                                       "groups; vLLM flags kvserve does not implement are refused by name "
+                                       "(docs/vllm_compat.md lists them).")
     _model_arg(serve)
     add_engine_args(serve)
     from kvserve.api.settings import add_server_args
@@ -71,15 +81,25 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "httpx2", "httpcore"):  # one INFO line per HTTP request otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
+        if hasattr(args, "cpu_threads") and not getattr(args, "base_url", None):
+            from kvserve.cpu_threads import apply_cpu_threads
+
+            apply_cpu_threads(args.cpu_threads)  # before torch is imported: see kvserve.cpu_threads
         return _run(args)
     except (KVServeError, ValueError, OSError, ImportError) as exc:
         if level == "DEBUG":
             raise
-        message = getattr(exc, "message", None) or str(exc)
-        print(f"kvserve: error: {message}", file=sys.stderr)
+        print(f"kvserve: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    message = getattr(exc, "message", None)
+    if message is None and isinstance(exc, OSError) and exc.strerror and exc.filename is None:
+        message = exc.strerror  # no "[Errno 98]" prefix on our own socket messages
+    return " ".join(str(message or exc).split())
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -103,8 +123,9 @@ def _generate(args: argparse.Namespace) -> int:
     from kvserve.sampling_params import SamplingParams
 
     from kvserve.builtin import resolve_model
+    from kvserve.engine.arg_utils import model_from_args
 
-    model, _ = resolve_model(args.model)
+    model, _ = resolve_model(model_from_args(args))
     llm = LLM.from_config(engine_config_from_args(model, args))
     start = time.perf_counter()
     outputs = llm.generate(args.prompt, SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens))

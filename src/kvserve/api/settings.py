@@ -1,17 +1,27 @@
 """HTTP server settings: one frozen dataclass built once from the command line (and environment).
 
-Flag names follow vLLM's OpenAI server where one exists (``--host``, ``--port``, ``--api-key``,
-``--served-model-name``, ``--chat-template``).
+Flag names and meanings follow ``vllm serve``'s ``Frontend`` group (``--host``, ``--port``,
+``--api-key``, ``--allowed-origins``, ``--root-path``, ``--ssl-keyfile``, ...); vLLM frontend flags
+kvserve does not implement are refused by name (``kvserve.vllm_compat``). kvserve's own flags
+(rate limits, drain timeout, request-size and read-time limits) are in the ``kvserve`` group.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvserve.vllm_compat import FRONTEND_REFUSED_FLAGS, add_refused_flags
+
 API_KEY_ENV = "KVSERVE_API_KEY"
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
+DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 2**20
+"""32 MiB: a 128k-token prompt as a JSON array of ids is under 1 MiB; this leaves room for batches."""
+H11_MAX_INCOMPLETE_EVENT_SIZE = 4 * 2**20  # vLLM's default (bytes of a header block being parsed)
+H11_MAX_HEADER_COUNT = 256  # vLLM's default
 
 
 @dataclass(frozen=True)
@@ -19,42 +29,137 @@ class ServerSettings:
     """How the OpenAI-compatible server listens, authenticates and limits clients.
 
     Attributes:
-        host, port: where uvicorn listens.
+        host, port: where uvicorn listens (``kvserve serve`` defaults to ``0.0.0.0``, all IPv4
+            interfaces, as ``vllm serve``; this dataclass, used by tests and embedders, to loopback).
         api_keys: accepted ``Authorization: Bearer`` keys; empty = no authentication.
-        served_model_name: the name clients send in ``model``; ``None`` = the engine's
+        api_key_env: the environment variable a key came from (for the printed curl hint), or None.
+        served_model_name: the name responses report as ``model``; ``None`` = the engine's
             ``model_name``.
+        served_model_aliases: further names clients may send as ``model`` (vLLM's
+            ``--served-model-name a b``: ``a`` is reported, ``a`` and ``b`` accepted).
         chat_template: a Jinja chat template overriding the tokenizer's (the text, not a path).
-        requests_per_minute: per-key request rate limit; ``None`` = unlimited.
-        tokens_per_minute: per-key token rate limit (prompt + max_tokens charged at admission);
-            ``None`` = unlimited.
-        max_concurrent_requests: per-key cap on requests in flight; ``None`` = unlimited.
+        response_role: the assistant message's role in chat responses.
+        requests_per_minute, tokens_per_minute, max_concurrent_requests: per-key limits (None =
+            unlimited; tokens are prompt + max_tokens, charged at admission).
         shutdown_timeout: seconds running requests may take to finish after SIGTERM.
-        log_level: uvicorn's log level.
+        log_level: uvicorn's log level; ``access_log``: uvicorn's access lines on or off.
+        root_path: the path prefix a proxy strips (FastAPI ``root_path``), e.g. ``/llm``.
+        allowed_origins, allowed_methods, allowed_headers, allow_credentials: CORS (vLLM's defaults:
+            every origin, method and header; no credentials).
+        ssl_keyfile, ssl_certfile, ssl_ca_certs, ssl_cert_reqs, ssl_ciphers: TLS (uvicorn's).
+        disable_fastapi_docs: no ``/docs``, ``/redoc``, ``/openapi.json`` (otherwise they need the
+            API key when one is set).
+        max_request_body_bytes: larger request bodies get 413.
+        header_read_timeout: seconds a client may take to send a request's headers (then 408 and
+            the connection closes), counted from the connection or the request's first byte.
+        body_read_timeout: seconds a client may take to send a request's body once its headers
+            are in (then 408).
+        timeout_keep_alive: seconds an idle keep-alive connection stays open.
+        h11_max_incomplete_event_size: most bytes of a header block being parsed (then 400).
+        h11_max_header_count: most headers in one request (then 431).
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: tuple[str, ...] = ()
+    api_key_env: str | None = None
     served_model_name: str | None = None
+    served_model_aliases: tuple[str, ...] = ()
     chat_template: str | None = None
+    response_role: str = "assistant"
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
     max_concurrent_requests: int | None = None
     shutdown_timeout: float = 30.0
     log_level: str = "info"
+    access_log: bool = True
+    root_path: str = ""
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0
+    ssl_ciphers: str | None = None
+    disable_fastapi_docs: bool = False
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    header_read_timeout: float = 30.0
+    body_read_timeout: float = 60.0
+    timeout_keep_alive: float = 5.0
+    h11_max_incomplete_event_size: int = H11_MAX_INCOMPLETE_EVENT_SIZE
+    h11_max_header_count: int = H11_MAX_HEADER_COUNT
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """Every name clients may send as ``model`` (the reported one first)."""
+        return ((self.served_model_name,) if self.served_model_name else ()) + self.served_model_aliases
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_certfile else "http"
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     """Add the server's flags to ``parser`` (read back with :func:`settings_from_args`)."""
-    group = parser.add_argument_group("OpenAI-compatible server")
-    group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    frontend = parser.add_argument_group("Frontend")
+    _add_listen_args(frontend)
+    _add_cors_and_tls_args(frontend)
+    _add_compat_args(frontend)
+    add_refused_flags({"Frontend": frontend}, parser, FRONTEND_REFUSED_FLAGS)
+    _add_kvserve_args(parser.add_argument_group("kvserve (limits of this server)"))
+
+
+def _add_listen_args(group) -> None:
+    group.add_argument("--host", default="0.0.0.0",
+                       help="address to listen on (default 0.0.0.0: every IPv4 interface, as vLLM)")
     group.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
-    group.add_argument("--api-key", action="append", default=[], dest="api_key",
-                       help=f"accepted API key; repeat or comma-separate for several (env {API_KEY_ENV})")
-    group.add_argument("--served-model-name", default=None,
-                       help="the name clients send as `model` (default: the model folder's name)")
+    group.add_argument("--api-key", nargs="+", action="extend", default=[], dest="api_key", metavar="KEY",
+                       help=f"accepted API key(s), also comma-separated (env {API_KEY_ENV}, {VLLM_API_KEY_ENV})")
     group.add_argument("--chat-template", default=None,
                        help="path to a Jinja chat template file, or the template text itself")
+    group.add_argument("--response-role", default="assistant",
+                       help="role of the reply message in chat responses (default assistant)")
+    group.add_argument("--root-path", default="",
+                       help="path prefix stripped by a proxy in front (FastAPI root_path), e.g. /llm")
+    group.add_argument("--uvicorn-log-level", default="info", dest="uvicorn_log_level",
+                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+    group.add_argument("--disable-uvicorn-access-log", action="store_true", help="no access log lines")
+    group.add_argument("--disable-fastapi-docs", action="store_true",
+                       help="no /docs, /redoc, /openapi.json (with an API key they need it)")
+    group.add_argument("--h11-max-incomplete-event-size", type=_positive_int, default=H11_MAX_INCOMPLETE_EVENT_SIZE,
+                       help="most bytes of a request's header block (default 4 MiB, as vLLM)")
+    group.add_argument("--h11-max-header-count", type=_positive_int, default=H11_MAX_HEADER_COUNT,
+                       help="most headers in one request (default 256, as vLLM)")
+
+
+def _add_cors_and_tls_args(group) -> None:
+    for name in ("origins", "methods", "headers"):
+        group.add_argument(f"--allowed-{name}", type=_json_list, default=["*"], metavar="JSON",
+                           help=f"CORS allowed {name}, a JSON list (default [\"*\"])")
+    group.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    group.add_argument("--ssl-keyfile", default=None, help="TLS private key file (PEM)")
+    group.add_argument("--ssl-certfile", default=None, help="TLS certificate file (PEM)")
+    group.add_argument("--ssl-ca-certs", default=None, help="CA certificates to check client certificates")
+    group.add_argument("--ssl-cert-reqs", type=int, choices=[0, 1, 2], default=0,
+                       help="client certificates: 0 none, 1 optional, 2 required (Python's ssl.CERT_*)")
+    group.add_argument("--ssl-ciphers", default=None, help="TLS 1.2 cipher suites (OpenSSL syntax)")
+
+
+def _add_compat_args(group) -> None:
+    """vLLM flags whose meaning is kvserve's behaviour already, or that map onto its own flags."""
+    group.add_argument("--enable-request-id-headers", action="store_true",
+                       help="accepted for vLLM compatibility: kvserve always answers with X-Request-Id")
+    group.add_argument("--disable-frontend-multiprocessing", action="store_true",
+                       help="accepted for vLLM compatibility: kvserve's frontend always runs in the engine's process")
+    group.add_argument("--disable-log-requests", action="store_false", dest="enable_log_requests",
+                       default=argparse.SUPPRESS, help="no per-request log lines (the default; vLLM's old flag)")
+    group.add_argument("--disable-log-stats", action="store_const", const=0.0, dest="log_stats_interval",
+                       default=argparse.SUPPRESS, help="no periodic engine summary lines (= --log-stats-interval 0)")
+
+
+def _add_kvserve_args(group) -> None:
     group.add_argument("--requests-per-minute", type=_positive_float, default=None,
                        help="per-key request rate limit (default: none)")
     group.add_argument("--tokens-per-minute", type=_positive_float, default=None,
@@ -63,8 +168,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                        help="per-key cap on requests in flight (default: none)")
     group.add_argument("--shutdown-timeout", type=_non_negative_float, default=30.0,
                        help="seconds running requests may take to finish after SIGTERM")
-    group.add_argument("--uvicorn-log-level", default="info", dest="uvicorn_log_level",
-                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+    group.add_argument("--max-request-body-bytes", type=_positive_int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                       help="larger request bodies get 413 (default 32 MiB)")
+    group.add_argument("--header-read-timeout", type=_positive_float, default=30.0,
+                       help="seconds a client may take to send request headers (default 30)")
+    group.add_argument("--body-read-timeout", type=_positive_float, default=60.0,
+                       help="seconds a client may take to send a request body (default 60)")
+    group.add_argument("--timeout-keep-alive", type=_positive_float, default=5.0,
+                       help="seconds an idle keep-alive connection stays open (default 5)")
 
 
 def _number(kind, minimum: float, inclusive: bool):
@@ -89,6 +200,17 @@ def _port(text: str) -> int:
     return value
 
 
+def _json_list(text: str) -> list[str]:
+    """vLLM's form, a JSON list of strings (``'["https://a.example"]'``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings such as '[\"*\"]', got {text!r}")
+    return value
+
+
 def parse_api_keys(values: list[str] | tuple[str, ...], env_value: str | None) -> tuple[str, ...]:
     """Split repeated and comma-separated keys, add the environment's, drop blanks and repeats."""
     keys: list[str] = []
@@ -100,6 +222,24 @@ def parse_api_keys(values: list[str] | tuple[str, ...], env_value: str | None) -
     return tuple(keys)
 
 
+def _api_keys(flag_values: list[str]) -> tuple[tuple[str, ...], str | None]:
+    """Keys from ``--api-key`` and the environment, and the variable a key came from.
+
+    Raises:
+        ValueError: ``--api-key`` was given with no key in it (``--api-key ""``), which would
+            otherwise serve without authentication.
+    """
+    if flag_values and not parse_api_keys(flag_values, None):
+        raise ValueError("--api-key is empty; give a key, or leave the flag out to serve without authentication")
+    keys, env_name = parse_api_keys(flag_values, None), None
+    for name in (API_KEY_ENV, VLLM_API_KEY_ENV):
+        from_env = parse_api_keys([], os.environ.get(name))
+        if from_env and env_name is None:
+            env_name = name
+        keys = tuple(dict.fromkeys(keys + from_env))
+    return keys, env_name
+
+
 def _read_chat_template(value: str | None) -> str | None:
     if value is None:
         return None
@@ -109,17 +249,46 @@ def _read_chat_template(value: str | None) -> str | None:
     return value
 
 
+def _check_tls(keyfile: str | None, certfile: str | None) -> None:
+    if (keyfile is None) != (certfile is None):
+        raise ValueError("--ssl-keyfile and --ssl-certfile go together; give both for HTTPS")
+    for flag, path in (("--ssl-keyfile", keyfile), ("--ssl-certfile", certfile)):
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"{flag} {path!r} is not a file")
+
+
+def _check_response_role(role: str) -> str:
+    # Wired in the chat handlers by the API's owner; until then only the default is honest.
+    if role != "assistant":
+        raise ValueError(f"--response-role {role!r} is not supported yet: chat replies use the role 'assistant'")
+    return role
+
+
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    """Build :class:`ServerSettings` from parsed flags and ``KVSERVE_API_KEY``."""
+    """Build :class:`ServerSettings` from parsed flags, ``KVSERVE_API_KEY`` and ``VLLM_API_KEY``.
+
+    Raises:
+        ValueError: an empty ``--api-key``, a lone ``--ssl-keyfile``/``--ssl-certfile`` or a
+            missing file, an empty ``--served-model-name``.
+    """
+    from kvserve.engine.arg_utils import served_model_names
+
+    keys, env_name = _api_keys(args.api_key)
+    _check_tls(args.ssl_keyfile, args.ssl_certfile)
+    names = served_model_names(getattr(args, "served_model_name", None))
     return ServerSettings(
-        host=args.host,
-        port=args.port,
-        api_keys=parse_api_keys(args.api_key, os.environ.get(API_KEY_ENV)),
-        served_model_name=args.served_model_name,
-        chat_template=_read_chat_template(args.chat_template),
-        requests_per_minute=args.requests_per_minute,
-        tokens_per_minute=args.tokens_per_minute,
-        max_concurrent_requests=args.max_concurrent_requests,
-        shutdown_timeout=args.shutdown_timeout,
-        log_level=args.uvicorn_log_level,
+        host=args.host, port=args.port, api_keys=keys, api_key_env=env_name,
+        served_model_name=names[0] if names else None, served_model_aliases=names[1:],
+        chat_template=_read_chat_template(args.chat_template), response_role=_check_response_role(args.response_role),
+        requests_per_minute=args.requests_per_minute, tokens_per_minute=args.tokens_per_minute,
+        max_concurrent_requests=args.max_concurrent_requests, shutdown_timeout=args.shutdown_timeout,
+        log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
+        root_path=args.root_path.rstrip("/"), allowed_origins=tuple(args.allowed_origins),
+        allowed_methods=tuple(args.allowed_methods), allowed_headers=tuple(args.allowed_headers),
+        allow_credentials=args.allow_credentials, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+        ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs, ssl_ciphers=args.ssl_ciphers,
+        disable_fastapi_docs=args.disable_fastapi_docs, max_request_body_bytes=args.max_request_body_bytes,
+        header_read_timeout=args.header_read_timeout, body_read_timeout=args.body_read_timeout,
+        timeout_keep_alive=args.timeout_keep_alive, h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
+        h11_max_header_count=args.h11_max_header_count,
     )

@@ -3,12 +3,49 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from kvserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from kvserve.generation_config import MODES, default_sampling_values, parse_override
+from kvserve.vllm_compat import REFUSED_FLAGS, add_refused_flags, check_refused_kwargs
+
+
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def human_readable_int(text: str) -> int:
+    """argparse type for token counts, as vLLM parses them: ``4k`` = 4,000, ``4K`` = 4,096,
+    ``25.6k`` = 25,600, ``1m`` = 1,000,000, ``1M`` = 1,048,576, ``g``/``G`` likewise; decimals
+    only with the lower-case (decimal) suffixes; otherwise a plain integer."""
+    value = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG])", value)
+    if match is None:
+        try:
+            return int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer such as 4096, 4k (4,000) or 4K (4,096), got {text!r}") from None
+    number, suffix = match.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    if "." in number:
+        raise argparse.ArgumentTypeError(
+            f"decimals are not allowed with the binary suffix {suffix} in {text!r}; did you mean {number}{suffix.lower()}?")
+    return int(number) * _BINARY[suffix]
+
+
+def human_readable_positive_int(text: str) -> int:
+    value = human_readable_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
 
 
 def _parse_bytes(text: str) -> int:
-    """``4GiB``, ``512MiB``, ``2e9`` or a plain integer -> bytes."""
+    """``4GiB``, ``512MiB``, ``2e9``, a plain integer, or vLLM's ``4G`` (GiB) / ``4g`` (10^9)."""
+    if re.fullmatch(r"\s*\d+(?:\.\d+)?[kKmMgG]\s*", text):
+        return human_readable_int(text)
     units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
     lowered = text.strip().lower()
     for suffix, factor in units.items():
@@ -46,30 +83,95 @@ def device_name(text: str) -> str:
     return text
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Add the engine flags (model, cache, scheduler) to ``parser``."""
-    model = parser.add_argument_group("model")
-    model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                       help="weights and activations dtype; auto = the checkpoint's torch_dtype "
-                            "(bfloat16 on CPUs with AMX/AVX512-BF16, else float32, on CPU)")
-    model.add_argument("--max-model-len", type=positive_int, default=None,
-                       help="context length in tokens (prompt + output); default: the model's")
-    model.add_argument("--device", type=device_name, default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    model.add_argument("--seed", type=int, default=0, help="seed of requests without their own (default 0)")
-    model.add_argument("--tokenizer", default=None, help="tokenizer folder if not the model's")
+_DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
-    cache = parser.add_argument_group("KV cache")
+
+def dtype_name(text: str) -> str:
+    """argparse type for ``--dtype``: vLLM's names, ``half``/``float`` as aliases."""
+    name = _DTYPE_ALIASES.get(text, text)
+    if name not in ("auto", "float32", "bfloat16", "float16"):
+        raise argparse.ArgumentTypeError(f"must be auto, float32 (float), bfloat16 or float16 (half), got {text!r}")
+    return name
+
+
+def generation_config_mode(text: str) -> str:
+    """argparse type for ``--generation-config``: ``auto``, ``vllm`` or a folder."""
+    if text in MODES:
+        return text
+    from pathlib import Path
+
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"must be 'auto', 'vllm' or a folder holding generation_config.json, got {text!r}")
+    return text
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Add the engine flags to ``parser``, in vLLM's groups (``ModelConfig``, ``CacheConfig``, ...),
+    and register the vLLM engine flags kvserve refuses (``kvserve.vllm_compat``)."""
+    groups = {title: parser.add_argument_group(title) for title in (
+        "ModelConfig", "LoadConfig", "DeviceConfig", "ParallelConfig", "CacheConfig", "SchedulerConfig")}
+    _add_model_args(groups["ModelConfig"])
+    _add_device_args(groups["DeviceConfig"])
+    groups["ParallelConfig"].add_argument(
+        "--disable-custom-all-reduce", action="store_true",
+        help="accepted for vLLM compatibility: one device has no all-reduce, so this changes nothing")
+    _add_cache_args(groups["CacheConfig"])
+    _add_scheduler_args(groups["SchedulerConfig"])
+    add_refused_flags(groups, parser)
+
+
+def _add_model_args(model) -> None:
+    model.add_argument("--model", default=None, dest="model_option",
+                       help="Hugging Face model folder (the same as the positional MODEL)")
+    model.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                       help="names clients may send as `model` (default: the folder's name); the "
+                            "first is the one responses report")
+    model.add_argument("--tokenizer", default=None, help="tokenizer folder if not the model's")
+    model.add_argument("--dtype", type=dtype_name, default="auto",
+                       help="auto, float32 (float), bfloat16, float16 (half); auto = the checkpoint's "
+                            "torch_dtype (on CPU: bfloat16 with AMX/AVX512-BF16, else float32)")
+    model.add_argument("--seed", type=int, default=0, help="seed of requests without their own (default 0)")
+    model.add_argument("--max-model-len", type=human_readable_positive_int, default=None,
+                       help="context length in tokens (prompt + output), e.g. 4096, 4k (4,000) or 4K "
+                            "(4,096); default: the model's")
+    model.add_argument("--generation-config", type=generation_config_mode, default="auto",
+                       help="sampling defaults for requests that omit them: auto = the model's "
+                            "generation_config.json (default), vllm = none, or a folder holding the file")
+    model.add_argument("--override-generation-config", default=None, metavar="JSON",
+                       help="JSON object laid over those defaults, e.g. '{\"temperature\": 0.5}' "
+                            "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens)")
+    model.add_argument("--trust-remote-code", action="store_true",
+                       help="accepted for vLLM compatibility; changes nothing: kvserve never runs "
+                            "Python code shipped in a model folder (architectures are its own)")
+    model.add_argument("--enforce-eager", action="store_true",
+                       help="accepted for vLLM compatibility; changes nothing: kvserve always runs "
+                            "eagerly (no CUDA graphs, no torch.compile)")
+    model.add_argument("--disable-cascade-attn", action="store_true",
+                       help="accepted for vLLM compatibility; changes nothing: kvserve has no cascade attention")
+
+
+def _add_device_args(device) -> None:
+    from kvserve.cpu_threads import cpu_threads_arg
+
+    device.add_argument("--device", type=device_name, default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    device.add_argument("--cpu-threads", type=cpu_threads_arg, default="auto", metavar="N|auto",
+                        help="threads for CPU kernels (vLLM CPU: VLLM_CPU_OMP_THREADS_BIND); auto = the "
+                             "cores this process may use (affinity and cgroup quota), see the README")
+
+
+def _add_cache_args(cache) -> None:
     cache.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
     cache.add_argument("--kv-cache-memory-bytes", type=_parse_bytes, default=None,
-                       help="KV cache size (e.g. 2GiB); default on CPU: 25%% of available RAM")
+                       help="KV cache size (e.g. 2GiB, 2G, 2e9); default on CPU: 25%% of available RAM")
     cache.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
                        help="share of GPU memory the engine may use (default 0.9)")
     cache.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     cache.add_argument("--num-gpu-blocks-override", type=positive_int, default=None, dest="num_blocks_override",
                        help="exact number of KV blocks (overrides the memory budget)")
 
-    sched = parser.add_argument_group("scheduler")
-    sched.add_argument("--max-num-batched-tokens", type=positive_int, default=2048,
+
+def _add_scheduler_args(sched) -> None:
+    sched.add_argument("--max-num-batched-tokens", type=human_readable_positive_int, default=2048,
                        help="token budget of one engine step (default 2048)")
     sched.add_argument("--max-num-seqs", type=positive_int, default=256,
                        help="most requests running at once (default 256)")
@@ -79,6 +181,30 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     sched.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     sched.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=0,
                        help="most prompt tokens one request may take in a step (0 = no limit)")
+
+
+def model_from_args(args: argparse.Namespace) -> str | None:
+    """The model named by the positional ``MODEL`` or ``--model`` (None = the built-in model).
+
+    Raises:
+        ValueError: both are given and differ.
+    """
+    positional, option = getattr(args, "model", None), getattr(args, "model_option", None)
+    if positional is not None and option is not None and positional != option:
+        raise ValueError(f"the model is given twice, as {positional!r} and --model {option!r}; give one")
+    return positional if positional is not None else option
+
+
+def served_model_names(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """``--served-model-name`` as a tuple (a lone string is one name; empty names are refused).
+
+    Raises:
+        ValueError: an empty or blank name.
+    """
+    names = (value,) if isinstance(value, str) else tuple(value or ())
+    if any(not name.strip() for name in names):
+        raise ValueError("--served-model-name has an empty name; give non-empty names")
+    return names
 
 
 def _default_dtype(model: str, dtype: str) -> str:
@@ -101,10 +227,19 @@ def _default_dtype(model: str, dtype: str) -> str:
 
 def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfig:
     """Build the frozen :class:`EngineConfig` from parsed flags (``max_model_len`` is resolved
-    against the checkpoint later, when the model is loaded)."""
+    against the checkpoint later, when the model is loaded); the sampling defaults are read from
+    the model folder here (``kvserve.generation_config``).
+
+    Raises:
+        GenerationConfigError: bad ``--generation-config`` / ``--override-generation-config``.
+    """
+    names = served_model_names(getattr(args, "served_model_name", None))
+    override = args.override_generation_config
+    override = override if isinstance(override, dict) else parse_override(override)
     model_config = ModelConfig(
         model=model, dtype=_default_dtype(model, args.dtype), max_model_len=args.max_model_len, device=args.device,
-        seed=args.seed, served_model_name=getattr(args, "served_model_name", None), tokenizer=args.tokenizer,
+        seed=args.seed, served_model_name=names[0] if names else None, tokenizer=args.tokenizer,
+        sampling_defaults=default_sampling_values(model, args.generation_config, override),
     )
     cache_config = CacheConfig(
         block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
@@ -122,19 +257,28 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
 
 def engine_config_from_kwargs(model: str, **kwargs) -> EngineConfig:
     """The offline ``LLM(model, **kwargs)`` path: the same names as the flags, with underscores
-    (``max_model_len=512``, ``enable_prefix_caching=False``, ``block_size=16``, ...).
+    (``max_model_len=512``, ``enable_prefix_caching=False``, ``generation_config="vllm"``,
+    ``override_generation_config={"temperature": 0.5}``, ...). ``cpu_threads`` sets this
+    process's thread count at once (``kvserve.cpu_threads``).
 
     Raises:
         TypeError: an unknown keyword (the message lists the accepted ones).
+        ValueError: a vLLM keyword kvserve refuses (``quantization="awq"``, ...), with why.
     """
     parser = argparse.ArgumentParser(add_help=False)
     add_engine_args(parser)
     args = parser.parse_args([])
     known = vars(args)
+    refused = {flag.dest for flag in REFUSED_FLAGS}
     aliases = {"num_gpu_blocks_override": "num_blocks_override", "num_blocks": "num_blocks_override"}
+    kwargs = {aliases.get(key, key): value for key, value in kwargs.items()}
+    check_refused_kwargs(kwargs)
     for key, value in kwargs.items():
-        key = aliases.get(key, key)
-        if key not in known:
+        if key not in known and key not in refused:
             raise TypeError(f"unknown engine argument {key!r}; accepted: {', '.join(sorted(known))}")
         setattr(args, key, value)
+    if "cpu_threads" in kwargs:
+        from kvserve.cpu_threads import apply_cpu_threads
+
+        apply_cpu_threads(kwargs["cpu_threads"])
     return engine_config_from_args(model, args)

@@ -1,0 +1,114 @@
+"""How many threads the CPU kernels use: ``--cpu-threads N|auto``.
+
+``auto`` (the default) counts the CPUs this process may actually run on: its affinity mask
+(``taskset``, ``docker --cpuset-cpus``) bounded by the cgroup CPU quota (``docker --cpus``,
+Kubernetes CPU limits; cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``),
+rounded up. ``os.cpu_count()`` counts the host's CPUs, which over-subscribes a limited container.
+vLLM's CPU backend does the same job with ``VLLM_CPU_OMP_THREADS_BIND`` (a core list, ``auto`` by
+default); kvserve takes a count and leaves placement to the OS.
+
+The thread count is set before torch is imported (``OMP_NUM_THREADS``) when kvserve is started
+from the command line, and with ``torch.set_num_threads`` otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+_CGROUP = Path("/sys/fs/cgroup")
+
+
+def cpu_threads_arg(text: str) -> str | int:
+    """argparse type for ``--cpu-threads``: ``auto`` or an integer >= 1."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {text!r}")
+    return value
+
+
+def cgroup_cpu_limit(root: Path = _CGROUP, self_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (``2.5`` = 250 ms per 100 ms), or None
+    when there is none or it cannot be read."""
+    for directory in _cgroup_dirs(root, self_cgroup):
+        v2 = directory / "cpu.max"
+        if v2.is_file():
+            quota, _, period = v2.read_text().strip().partition(" ")
+            if quota != "max" and period:
+                return int(quota) / int(period)
+        quota_file, period_file = directory / "cpu.cfs_quota_us", directory / "cpu.cfs_period_us"
+        if quota_file.is_file() and period_file.is_file():
+            quota = int(quota_file.read_text())
+            if quota > 0:
+                return quota / int(period_file.read_text())
+    return None
+
+
+def _cgroup_dirs(root: Path, self_cgroup: Path) -> list[Path]:
+    """This process's cgroup folder(s) (v2 ``0::/path``, v1 ``N:cpu,cpuacct:/path``), then the root."""
+    dirs = []
+    try:
+        for line in self_cgroup.read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "" or "cpu" in controllers.split(","):
+                for base in (root, root / "cpu", root / "cpu,cpuacct"):
+                    dirs.append(base / path.lstrip("/"))
+    except (OSError, ValueError):
+        pass
+    return [*dirs, root, root / "cpu", root / "cpu,cpuacct"]
+
+
+def available_cpus() -> int:
+    """CPUs this process may use: affinity mask, bounded by the cgroup quota (rounded up), >= 1."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    try:
+        limit = cgroup_cpu_limit()
+    except (OSError, ValueError):
+        limit = None
+    if limit is not None:
+        count = min(count, max(1, math.ceil(limit)))
+    return max(1, count)
+
+
+def resolve_cpu_threads(value: str | int | None) -> int:
+    """``auto``/None -> :func:`available_cpus`; an integer is taken as given.
+
+    Raises:
+        ValueError: not ``auto`` and not an integer >= 1.
+    """
+    if value in (None, "auto"):
+        return available_cpus()
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"cpu_threads must be 'auto' or an integer >= 1, got {value!r}")
+    return value
+
+
+def apply_cpu_threads(value: str | int | None = "auto") -> int:
+    """Use ``value`` threads for this process's CPU kernels; returns the count.
+
+    Before torch is imported this sets ``OMP_NUM_THREADS`` (read once by libgomp when it loads);
+    afterwards it calls ``torch.set_num_threads``. An explicit ``OMP_NUM_THREADS`` in the environment wins over ``auto``.
+    """
+    import sys
+
+    if value in (None, "auto") and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        threads = int(os.environ["OMP_NUM_THREADS"])
+    else:
+        threads = resolve_cpu_threads(value)
+    if "torch" not in sys.modules:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    else:
+        import torch
+
+        torch.set_num_threads(threads)
+    return threads

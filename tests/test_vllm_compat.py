@@ -1,0 +1,190 @@
+"""`vllm serve` command lines, written here from vLLM's documentation, given to `kvserve serve`:
+every flag lands in the configs with vLLM's meaning, or the start stops with one line naming the
+flag and why (exit status 2). vLLM facts used: ``human_readable_int`` (1k = 1,000, 1K = 1,024,
+no decimals with binary suffixes), ``--host`` unset = every interface, ``--served-model-name``
+takes several names (the first is reported), ``--allowed-origins`` is a JSON list."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from kvserve.api.settings import ServerSettings, settings_from_args
+from kvserve.cli import build_parser
+from kvserve.engine.arg_utils import engine_config_from_args, engine_config_from_kwargs, model_from_args
+from kvserve.generation_config import SamplingDefaults
+from kvserve.metrics.wiring import observability_config_from_args
+from kvserve.vllm_compat import FRONTEND_REFUSED_FLAGS, REFUSED_FLAGS
+
+
+@pytest.fixture(autouse=True)
+def no_key_env(monkeypatch):
+    monkeypatch.delenv("KVSERVE_API_KEY", raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+
+
+def configs(command: str, model_dir) -> tuple:
+    """Parse ``vllm serve ...`` as ``kvserve serve ...`` (``MODEL`` = the tiny checkpoint)."""
+    argv = shlex.split(command.replace("MODEL", str(model_dir)))
+    assert argv[:2] == ["vllm", "serve"]
+    args = build_parser().parse_args(["serve", *argv[2:]])
+    model = model_from_args(args)
+    return engine_config_from_args(model, args), settings_from_args(args), observability_config_from_args(args)
+
+
+def refusal(command: str, model_dir, capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        configs(command, model_dir)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # one line
+    return err
+
+
+def test_quickstart_command_defaults(tiny_llama):
+    engine, server, observability = configs("vllm serve MODEL", tiny_llama)
+    assert engine.model.model == str(tiny_llama) and engine.model.max_model_len is None
+    assert server.host == "0.0.0.0" and server.port == 8000 and server.api_keys == ()
+    assert server.allowed_origins == ("*",) and server.root_path == "" and not server.disable_fastapi_docs
+    assert observability.enable_log_requests is False and observability.log_stats_interval == 10.0
+
+
+def test_openai_server_docs_command(tiny_llama):
+    # docs.vllm.ai "OpenAI-Compatible Server": vllm serve NousResearch/Meta-Llama-3-8B-Instruct --dtype auto --api-key token-abc123
+    engine, server, _ = configs("vllm serve MODEL --dtype auto --api-key token-abc123", tiny_llama)
+    assert engine.model.dtype == "auto" and server.api_keys == ("token-abc123",) and server.api_key_env is None
+
+
+def test_every_listed_flag_lands_in_the_configs(tiny_llama, tmp_path):
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    key.write_text("k"), cert.write_text("c")
+    engine, server, observability = configs(
+        f"vllm serve --model MODEL --served-model-name my-model alias-b --trust-remote-code "
+        f"--tensor-parallel-size 1 -tp 1 --enforce-eager --disable-log-requests --disable-log-stats "
+        f"--generation-config vllm --override-generation-config '{{\"temperature\": 0.5, \"top_p\": 0.9}}' "
+        f"--response-role assistant --root-path /llm/ --allowed-origins '[\"https://a.example\"]' "
+        f"--allowed-methods '[\"GET\", \"POST\"]' --allowed-headers '[\"Authorization\"]' --allow-credentials "
+        f"--ssl-keyfile {key} --ssl-certfile {cert} --max-model-len 4k --max-num-batched-tokens 8K "
+        f"--kv-cache-memory-bytes 2G --dtype half --chat-template {template} --host 10.1.2.3 --port 8080 "
+        f"--uvicorn-log-level warning --disable-fastapi-docs --enable-request-id-headers "
+        f"--max-num-seqs 128 --block-size 32 --seed 42 --no-enable-prefix-caching --kv-cache-dtype auto "
+        f"--load-format safetensors --max-logprobs 20 --pipeline-parallel-size 1 --no-enable-lora", tiny_llama)
+    model = engine.model
+    assert (model.model, model.served_model_name, model.dtype, model.seed) == (str(tiny_llama), "my-model", "float16", 42)
+    assert model.max_model_len == 4000 and engine.scheduler.max_num_batched_tokens == 8192
+    assert engine.cache.kv_cache_memory_bytes == 2 * 2**30 and engine.cache.block_size == 32
+    assert engine.cache.enable_prefix_caching is False and engine.scheduler.max_num_seqs == 128
+    assert model.sampling_defaults == SamplingDefaults(temperature=0.5, top_p=0.9,
+                                                       source="vllm + --override-generation-config")
+    assert server.served_model_name == "my-model" and server.served_model_aliases == ("alias-b",)
+    assert server.served_model_names == ("my-model", "alias-b")
+    assert (server.host, server.port, server.log_level) == ("10.1.2.3", 8080, "warning")
+    assert server.root_path == "/llm" and server.response_role == "assistant"
+    assert server.allowed_origins == ("https://a.example",) and server.allowed_methods == ("GET", "POST")
+    assert server.allowed_headers == ("Authorization",) and server.allow_credentials is True
+    assert (server.ssl_keyfile, server.ssl_certfile, server.scheme) == (str(key), str(cert), "https")
+    assert server.chat_template == template.read_text() and server.disable_fastapi_docs is True
+    assert observability.enable_log_requests is False and observability.log_stats_interval == 0.0
+
+
+@pytest.mark.parametrize("value, tokens", [("4096", 4096), ("4k", 4000), ("4K", 4096), ("25.6k", 25600),
+                                           ("1m", 1_000_000), ("1M", 1_048_576), ("2g", 2 * 10**9)])
+def test_max_model_len_suffixes_as_vllm(tiny_llama, value, tokens):
+    engine, _, _ = configs(f"vllm serve MODEL --max-model-len {value}", tiny_llama)
+    assert engine.model.max_model_len == tokens
+
+
+@pytest.mark.parametrize("command, flag, words", [
+    ("vllm serve MODEL --tensor-parallel-size 4", "--tensor-parallel-size/-tp", "'4' is not supported: kvserve runs one engine on one device"),
+    ("vllm serve MODEL -tp 2", "--tensor-parallel-size/-tp", "(accepted: 1)"),
+    ("vllm serve MODEL --pipeline-parallel-size 2", "--pipeline-parallel-size/-pp", "one device"),
+    ("vllm serve MODEL --quantization awq", "--quantization/-q", "quantized weights are not implemented yet"),
+    ("vllm serve MODEL --kv-cache-dtype fp8", "--kv-cache-dtype", "no fp8 KV cache yet"),
+    ("vllm serve MODEL --enable-lora --lora-modules sql-lora=/adapters/sql", "--enable-lora", "LoRA adapters are not implemented yet"),
+    ("vllm serve MODEL --speculative-config '{\"model\": \"ngram\", \"num_speculative_tokens\": 5}'", "--speculative-config",
+     "speculative decoding is not implemented yet"),
+    ("vllm serve MODEL --enable-auto-tool-choice --tool-call-parser hermes", "--enable-auto-tool-choice", "tool-call"),
+    ("vllm serve MODEL --reasoning-parser deepseek_r1", "--reasoning-parser", "parsers are not implemented yet"),
+    ("vllm serve MODEL --revision main", "--revision", "a local folder has no revisions"),
+    ("vllm serve MODEL --max-model-len 1.5K", "--max-model-len", "did you mean 1.5k?"),
+    ("vllm serve MODEL --swap-space 16", "--swap-space", "recomputation"),
+    ("vllm serve MODEL --load-format pt", "--load-format", "safetensors weights only"),
+    ("vllm serve MODEL --limit-mm-per-prompt '{\"image\": 2}'", "--limit-mm-per-prompt", "text-only"),
+    ("vllm serve MODEL --compilation-config '{\"level\": 3}'", "--compilation-config/-O", "runs eagerly"),
+    ("vllm serve MODEL --data-parallel-size 2", "--data-parallel-size/-dp", "load balancer"),
+])
+def test_unimplemented_flags_are_refused_by_name(tiny_llama, capsys, command, flag, words):
+    err = refusal(command, tiny_llama, capsys)
+    assert err.startswith(f"kvserve serve: error: argument {flag}: "), err
+    assert words in err
+
+
+def test_config_level_refusals_are_one_line(tiny_llama, capsys, monkeypatch):
+    for command, message in [
+        ("vllm serve MODEL --response-role bot", "--response-role 'bot' is not supported yet"),
+        ("vllm serve MODEL --api-key ''", "--api-key is empty"),
+        ("vllm serve MODEL --ssl-keyfile key.pem", "--ssl-keyfile and --ssl-certfile go together"),
+        ("vllm serve MODEL --model other", "the model is given twice"),
+        ("vllm serve MODEL --override-generation-config '{\"temp\": 1}'", "unknown key(s) temp"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            configs(command, tiny_llama)
+        assert message in str(info.value)
+
+
+def test_api_keys_from_flags_and_both_environment_variables(tiny_llama, monkeypatch):
+    _, server, _ = configs("vllm serve MODEL --api-key k1 k2,k3", tiny_llama)
+    assert server.api_keys == ("k1", "k2", "k3")
+    monkeypatch.setenv("VLLM_API_KEY", "from-vllm")
+    _, server, _ = configs("vllm serve MODEL", tiny_llama)
+    assert server.api_keys == ("from-vllm",) and server.api_key_env == "VLLM_API_KEY"
+    monkeypatch.setenv("KVSERVE_API_KEY", "from-kvserve")
+    _, server, _ = configs("vllm serve MODEL --api-key k1", tiny_llama)
+    assert server.api_keys == ("k1", "from-kvserve", "from-vllm") and server.api_key_env == "KVSERVE_API_KEY"
+
+
+def test_no_op_flags_and_accepted_values_change_nothing(tiny_llama):
+    plain = configs("vllm serve MODEL", tiny_llama)
+    same = configs("vllm serve MODEL --trust-remote-code --enforce-eager --disable-custom-all-reduce "
+                   "--disable-cascade-attn --disable-frontend-multiprocessing --enable-request-id-headers "
+                   "-tp 1 -pp 1 -dp 1 --kv-cache-dtype auto --quantization None --tokenizer-mode auto "
+                   "--no-enable-lora --no-enable-expert-parallel --api-server-count 1", tiny_llama)
+    assert same == plain
+
+
+def test_offline_llm_keywords_are_refused_the_same_way(tiny_llama):
+    assert engine_config_from_kwargs(str(tiny_llama), tensor_parallel_size=1, quantization=None,
+                                     enforce_eager=True).model.model == str(tiny_llama)
+    with pytest.raises(ValueError, match="quantization='awq': 'awq' is not supported: quantized weights"):
+        engine_config_from_kwargs(str(tiny_llama), quantization="awq")
+    with pytest.raises(ValueError, match="enable_lora=True: not supported: LoRA"):
+        engine_config_from_kwargs(str(tiny_llama), enable_lora=True)
+    config = engine_config_from_kwargs(str(tiny_llama), override_generation_config={"temperature": 0.3})
+    assert config.model.sampling_defaults.temperature == 0.3
+
+
+def test_refused_table_has_unique_flags_and_reasons():
+    flags = [flag for refused in (*REFUSED_FLAGS, *FRONTEND_REFUSED_FLAGS) for flag in refused.flags]
+    assert len(flags) == len(set(flags))
+    parser_flags = {opt for action in build_parser()._subparsers._group_actions[0].choices["serve"]._actions
+                    for opt in action.option_strings}
+    assert set(flags) <= parser_flags
+    assert all(refused.reason for refused in (*REFUSED_FLAGS, *FRONTEND_REFUSED_FLAGS))
+
+
+def test_help_groups_flags_as_vllm(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    out = capsys.readouterr().out
+    positions = [out.index(f"\n{title}:\n") for title in
+                 ("ModelConfig", "LoadConfig", "ParallelConfig", "CacheConfig", "SchedulerConfig", "Frontend")]
+    assert positions == sorted(positions)
+    assert "--quantization" not in out  # refused flags without an accepted value stay out of --help
+    assert "--tensor-parallel-size" in out and "accepted: 1" in out
+
+
+def test_server_settings_default_is_loopback_for_embedders():
+    assert ServerSettings().host == "127.0.0.1"
