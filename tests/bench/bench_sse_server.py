@@ -8,7 +8,8 @@ role-only chunk first, then the same words as ``delta.content``. Both end with a
 words hold U+2028, U+0085, U+2029 and an emoji, sent unescaped (legal JSON) with CRLF line ends,
 each event in two network writes cut inside a multi-byte character. The first content
 chunk is sent as a multi-line SSE event with a comment line before it, which a correct parser
-must join. Every received JSON body is kept in ``ScriptedServer.received``.
+must join. Every received JSON body is kept in ``ScriptedServer.received``, its headers in
+``ScriptedServer.headers``.
 """
 
 from __future__ import annotations
@@ -28,9 +29,17 @@ PROMPT_TOKENS = 17  # what the scripted server claims in usage.prompt_tokens
 UNICODE_WORDS = [" a\u2028b", " c\x85d", " \U0001F642", " e\u2029"]
 
 
+def prompt_text(body: dict, chat: bool) -> str:
+    """The prompt of a completions body, or the last message's text (a string or text parts)."""
+    if not chat:
+        return body["prompt"]
+    content = body["messages"][-1]["content"]
+    return content if isinstance(content, str) else "".join(part["text"] for part in content)
+
+
 def _events(body: dict, chat: bool):
     words = [f" w{i}" for i in range(body.get("max_completion_tokens") or body.get("max_tokens") or 16)]
-    text = body["messages"][-1]["content"] if chat else body["prompt"]
+    text = prompt_text(body, chat)
     if "UNICODE" in text:
         words = UNICODE_WORDS
     if chat:
@@ -47,7 +56,7 @@ def _events(body: dict, chat: bool):
                                         "total_tokens": PROMPT_TOKENS + n}}
 
 
-def make_app(received: list[dict], with_version: bool = True, delay_s: float = 0.002) -> FastAPI:
+def make_app(received: list[dict], headers: list[dict], with_version: bool = True, delay_s: float = 0.002) -> FastAPI:
     app = FastAPI()
 
     if with_version:
@@ -62,7 +71,8 @@ def make_app(received: list[dict], with_version: bool = True, delay_s: float = 0
     async def stream(request: Request, chat: bool):
         body = await request.json()
         received.append(body)
-        prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+        headers.append(dict(request.headers))
+        prompt = prompt_text(body, chat)
         if "FAIL" in prompt:
             return JSONResponse({"error": {"message": "scripted 500", "type": "server_error"}}, status_code=500)
 
@@ -113,7 +123,8 @@ class ScriptedServer:
 
     def __init__(self, with_version: bool = True, timeout_s: float = 10.0):
         self.received: list[dict] = []
-        config = uvicorn.Config(make_app(self.received, with_version), host="127.0.0.1", port=0,
+        self.headers: list[dict] = []  # the headers of each received body, same order
+        config = uvicorn.Config(make_app(self.received, self.headers, with_version), host="127.0.0.1", port=0,
                                 log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from kvserve.bench.arrivals import arrival_gaps, arrival_offsets
+from kvserve.bench.arrivals import RampUp, arrival_gaps, arrival_offsets, arrival_schedule
 from kvserve.errors import InvalidRequestError
 
 
@@ -47,7 +47,30 @@ def test_poisson_counts_per_window():
     assert counts.var() == pytest.approx(5.0, rel=0.06)
 
 
-@pytest.mark.parametrize("rate,burstiness", [(0.0, 1.0), (-1.0, 1.0), (math.nan, 1.0), (1.0, 0.0), (1.0, math.inf)])
+@pytest.mark.parametrize("rate,burstiness", [(0.0, 1.0), (-1.0, 1.0), (math.nan, 1.0), (1.0, 0.0), (1.0, math.nan)])
 def test_invalid_parameters(rate, burstiness):
     with pytest.raises(InvalidRequestError):
         next(arrival_gaps(rate, burstiness, 0))
+
+
+def test_schedule_ends_exactly_at_count_over_rate():
+    # vLLM's get_request rescales the cumulative gaps so the last send is at count / rate.
+    offsets, rates = arrival_schedule(50, 4.0, 1.0, 3)
+    assert offsets[-1] == pytest.approx(12.5, rel=1e-12) and rates == [4.0] * 50
+    assert all(b > a for a, b in zip(offsets, offsets[1:]))
+    assert arrival_schedule(50, 4.0, 1.0, 3) == (offsets, rates)  # seeded
+    assert arrival_schedule(4, 2.0, math.inf, 0)[0] == pytest.approx([0.5, 1.0, 1.5, 2.0])  # constant gaps
+    assert arrival_schedule(3, math.inf, 1.0, 0)[0] == [0.0, 0.0, 0.0]
+
+
+def test_ramp_up_rates():
+    assert arrival_schedule(3, math.inf, 1.0, 0, RampUp("linear", 1, 3))[1] == [1.0, 2.0, 3.0]
+    assert arrival_schedule(3, math.inf, 1.0, 0, RampUp("exponential", 1, 4))[1] == [1.0, 2.0, 4.0]
+    with pytest.raises(InvalidRequestError, match="rate of 0"):
+        arrival_schedule(3, math.inf, 1.0, 0, RampUp("linear", 0, 3))
+    with pytest.raises(InvalidRequestError, match="drop --request-rate"):
+        RampUp("linear", 1, 3).validate(5.0)
+    with pytest.raises(InvalidRequestError, match="start <= end"):
+        RampUp("linear", 4, 3).validate(math.inf)
+    with pytest.raises(InvalidRequestError, match="cannot start at 0"):
+        RampUp("exponential", 0, 3).validate(math.inf)

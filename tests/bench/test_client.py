@@ -19,6 +19,8 @@ def server():
 
 
 def send(server, **kwargs) -> tuple:
+    if kwargs.get("endpoint") == "/v1/chat/completions":
+        kwargs["api"] = "chat"
     request = RequestFuncInput(**{"prompt": "hello", "prompt_len": 3, "output_len": 4, "model": "m", **kwargs})
 
     async def go():
@@ -27,18 +29,25 @@ def send(server, **kwargs) -> tuple:
 
     n = len(server.received)
     out = asyncio.run(go())
+    send.headers = server.headers[n:]
     return out, server.received[n:]
 
 
 def test_completions_stream(server):
-    out, bodies = send(server, ignore_eos=True, temperature=0.5, extra_body={"top_k": 3})
+    out, bodies = send(server, ignore_eos=True, extra_body={"temperature": 0.5, "top_k": 3},
+                       headers={"Authorization": "Bearer k1", "x-extra": "v"}, request_id="bench-ab-7")
     assert out.success, out.error
     assert out.generated_text == " w0 w1 w2 w3"
     assert (out.output_tokens, out.output_tokens_source, out.prompt_len) == (4, "usage", PROMPT_TOKENS)
     assert len(out.itl) == 3 and 0 < out.ttft <= out.latency
     assert out.end_time - out.start_time == out.latency
-    assert bodies == [{"model": "m", "temperature": 0.5, "stream": True, "stream_options": {"include_usage": True},
-                       "prompt": "hello", "max_tokens": 4, "ignore_eos": True, "top_k": 3}]
+    # vLLM's completions payload (vllm/benchmarks/lib/endpoint_request_func.py), in its order
+    assert [list(b.items()) for b in bodies] == [[
+        ("model", "m"), ("prompt", "hello"), ("repetition_penalty", 1.0), ("max_tokens", 4), ("logprobs", None),
+        ("stream", True), ("stream_options", {"include_usage": True}), ("ignore_eos", True),
+        ("temperature", 0.5), ("top_k", 3)]]
+    (headers,) = send.headers
+    assert (headers["authorization"], headers["x-extra"], headers["x-request-id"]) == ("Bearer k1", "v", "bench-ab-7")
 
 
 def test_chat_stream(server):
@@ -47,8 +56,9 @@ def test_chat_stream(server):
     assert out.generated_text == " w0 w1 w2"
     assert len(out.itl) == 2  # the role-only chunk is not a token
     assert out.output_tokens == 3
-    assert bodies[0]["messages"] == [{"role": "user", "content": "hello"}]
-    assert bodies[0]["max_completion_tokens"] == 3 and "max_tokens" not in bodies[0]
+    assert bodies[0] == {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}],
+                         "max_completion_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    assert "x-request-id" not in send.headers[0]
 
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kvserve.bench.datasets import DATASETS, RandomDataset, SharedPrefixDataset, get_dataset
-from kvserve.bench.file_datasets import JsonlDataset, ShareGPTDataset
+from kvserve.bench.datasets import (DATASETS, PrefixRepetitionDataset, RandomDataset, SharedPrefixDataset,
+                                    get_dataset, parse_range_ratio)
+from kvserve.bench.file_datasets import CustomDataset, JsonlDataset, ShareGPTDataset, SpecBenchDataset
 from kvserve.bench.prompts import ExactLengthPrompter
 from kvserve.errors import InvalidRequestError
 
@@ -21,7 +22,8 @@ def reencode(tokenizer, text: str) -> list[int]:
 
 
 def test_registry_names():
-    assert set(DATASETS) == {"random", "shared-prefix", "sharegpt", "jsonl"}
+    assert set(DATASETS) == {"random", "shared-prefix", "sharegpt", "jsonl", "prefix_repetition", "custom",
+                             "spec_bench"}
     with pytest.raises(InvalidRequestError, match="choose one of"):
         get_dataset(SimpleNamespace(dataset_name="nope"))
 
@@ -53,6 +55,61 @@ def test_random_dataset_range_ratio(tokenizer):
     assert len({s.prompt_len for s in samples}) > 5
     with pytest.raises(InvalidRequestError, match=r"\[0, 1\)"):
         RandomDataset(40, 20, range_ratio=1.0)
+
+
+def test_random_dataset_vllm_bounds_prefix_and_ratio_object(tokenizer):
+    # vLLM: input in [floor(40 * 0.75), ceil(40 * 1.25)] = [30, 50], output in [floor(10 * 0.5), ceil(10 * 1.5)]
+    ds = RandomDataset(40, 10, range_ratio='{"input": 0.25, "output": 0.5}', prefix_len=6)
+    samples = ds.sample(tokenizer, 40, np.random.default_rng(3))
+    prefix = samples[0].prompt_token_ids[:6]
+    for s in samples:
+        assert s.prompt_token_ids[:6] == prefix  # one fixed random prefix
+        assert 6 + 30 <= s.prompt_len <= 6 + 50 and 5 <= s.expected_output_len <= 15
+        assert reencode(tokenizer, s.prompt) == s.prompt_token_ids
+    assert {s.prompt_len for s in samples} > {36} and min(s.expected_output_len for s in samples) >= 5
+    assert parse_range_ratio("0.3") == (0.3, 0.3) and parse_range_ratio('{"output": 0.5}') == (0.0, 0.5)
+    for bad in ("1.0", '{"inputs": 0.1}', "x"):
+        with pytest.raises(InvalidRequestError, match="random_range_ratio"):
+            parse_range_ratio(bad)
+    assert RandomDataset(1, 1, 0.0).sample(tokenizer, 2, np.random.default_rng(0))[0].expected_output_len == 1
+    with pytest.raises(InvalidRequestError, match="random-input-len"):
+        RandomDataset(1, 1, 0.5).sample(tokenizer, 2, np.random.default_rng(0))  # floor(0.5) = 0 tokens
+
+
+def test_prefix_repetition_is_vllm_shaped(tokenizer):
+    # vLLM: num_prefixes prefixes x (num_requests // num_prefixes) suffixes, shuffled
+    samples = PrefixRepetitionDataset(12, 5, 3, 7).sample(tokenizer, 10, np.random.default_rng(0))
+    assert len(samples) == 9 and all(s.prompt_len == 17 and s.expected_output_len == 7 for s in samples)
+    assert sorted(Counter(tuple(s.prompt_token_ids[:12]) for s in samples).values()) == [3, 3, 3]
+    ordered = PrefixRepetitionDataset(12, 5, 3, 7, shuffle=False).sample(tokenizer, 6, np.random.default_rng(0))
+    assert [s.prompt_token_ids[:12] for s in ordered][::2] == [s.prompt_token_ids[:12] for s in ordered][1::2]
+    with pytest.raises(InvalidRequestError, match="num-prefixes"):
+        PrefixRepetitionDataset(12, 5, 3, 7).sample(tokenizer, 2, np.random.default_rng(0))
+
+
+def test_custom_and_spec_bench_files(tokenizer, tmp_path, monkeypatch):
+    template = "{% for m in messages %}<s>user: {{ m['content'] }}\n{% endfor %}assistant:"
+    monkeypatch.setattr(tokenizer, "chat_template", template, raising=False)
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"prompt": "what does the cache keep"}\n{"prompt": "prefix caching reuses blocks"}\n')
+    plain = CustomDataset(str(path), 5, skip_chat_template=True, shuffle=False).sample(tokenizer, 0,
+                                                                                      np.random.default_rng(0))
+    assert [(s.prompt, s.expected_output_len) for s in plain] == [("what does the cache keep", 5),
+                                                                   ("prefix caching reuses blocks", 5)]
+    templated = CustomDataset(str(path), 5, shuffle=False).sample(tokenizer, 3, np.random.default_rng(0))
+    assert templated[0].prompt == "<s>user: what does the cache keep\nassistant:"
+    assert templated[0].prompt_token_ids == tokenizer(templated[0].prompt)["input_ids"]  # vLLM's count
+    assert len(templated) == 3 and templated[2].prompt in {t.prompt for t in templated[:2]}  # oversampled
+    spec = tmp_path / "question.jsonl"
+    spec.write_text('{"category": "math", "turns": ["two plus two", "and three"]}\n'
+                    '{"category": "qa", "turns": ["who wrote it"]}\n')
+    math_only = SpecBenchDataset(str(spec), 9, skip_chat_template=True, category="math", oversample=False)
+    assert [s.prompt for s in math_only.sample(tokenizer, -1, np.random.default_rng(0))] == ["two plus two"]
+    path.write_text('{"text": "no prompt"}\n')
+    with pytest.raises(InvalidRequestError, match='"prompt"'):
+        CustomDataset(str(path), 5).sample(tokenizer, 1, np.random.default_rng(0))
+    with pytest.raises(InvalidRequestError, match="-1"):
+        CustomDataset(str(path), -1)
 
 
 def test_shared_prefix_groups(tokenizer):
@@ -88,8 +145,13 @@ def test_sharegpt_file(tokenizer, tmp_path):
     assert {s.prompt: (s.prompt_token_ids, s.expected_output_len) for s in samples} == expected
     fixed = ShareGPTDataset(str(path), output_len=9).sample(tokenizer, 2, np.random.default_rng(0))
     assert [s.expected_output_len for s in fixed] == [9, 9]
-    with pytest.raises(InvalidRequestError, match="3 usable prompts but 5"):
-        ShareGPTDataset(str(path), output_len=9).sample(tokenizer, 5, np.random.default_rng(0))
+    # vLLM filters short prompts even with a fixed output length ("hi" stays out); fewer usable
+    # prompts than asked: its oversampling repeats seeded random ones, unless turned off
+    five = ShareGPTDataset(str(path), output_len=9).sample(tokenizer, 5, np.random.default_rng(0))
+    assert len(five) == 5 and {s.prompt for s in five} == set(expected) and five[:2] == fixed
+    assert len(ShareGPTDataset(str(path), 9, oversample=False).sample(tokenizer, 5, np.random.default_rng(0))) == 2
+    in_order = ShareGPTDataset(str(path), shuffle=False).sample(tokenizer, None, np.random.default_rng(0))
+    assert [s.prompt for s in in_order] == list(expected)  # file order
 
 
 def test_jsonl_file(tokenizer, tmp_path):

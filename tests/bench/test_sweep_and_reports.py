@@ -43,6 +43,21 @@ def test_sweep_writes_runs_and_plot(tokenizer_dir, tmp_path, monkeypatch):
     assert doc["plot_file"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_sweep_without_matplotlib_keeps_its_results(tokenizer_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    result = tmp_path / "sweep.json"
+    with ScriptedServer() as server:
+        argv = ["bench", "sweep", "--base-url", server.base_url, "--tokenizer", tokenizer_dir, "--concurrency", "2",
+                "--input-len", "4", "--output-len", "2", "--num-prompts", "2", "--disable-tqdm",
+                "--result-file", str(result)]
+        monkeypatch.setattr(sys, "argv", ["kvserve", *argv])
+        assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "plot skipped: matplotlib is not installed (pip install matplotlib)" in out
+    assert json.loads(result.read_text())["runs"][0]["metrics"]["completed"] == 2
+    assert not (tmp_path / "sweep.png").exists()
+
+
 def test_sweep_points():
     assert sweep_points([1, 8], []) == [SweepPoint(1, math.inf), SweepPoint(8, math.inf)]
     assert sweep_points([], [2.0, 4.0]) == [SweepPoint(None, 2.0), SweepPoint(None, 4.0)]
@@ -101,6 +116,21 @@ def test_throughput_command_with_stand_in_engine(tokenizer_dir, tmp_path, monkey
     assert 25 <= m["total_input_tokens"] <= 75 and m["elapsed_s"] > 0
     assert m["output_throughput"] == pytest.approx(m["total_output_tokens"] / m["elapsed_s"])
     assert doc["provenance"]["server"] is None and doc["provenance"]["command"] == ["kvserve", *argv]
+
+
+def test_throughput_defaults_to_the_builtin_model_and_prints_a_summary(tmp_path, monkeypatch, capsys):
+    from kvserve.builtin import builtin_model_path
+
+    monkeypatch.setitem(sys.modules, "kvserve.engine.llm", types.SimpleNamespace(LLM=FakeLLM))
+    argv = ["bench", "throughput", "--input-len", "10", "--output-len", "4", "--num-prompts", "3"]
+    monkeypatch.setattr(sys, "argv", ["kvserve", *argv])
+    assert main(argv) == 0
+    assert FakeLLM.calls[-1] == (str(builtin_model_path()), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("Throughput: ") and lines[0].endswith(" output tokens/s")
+    assert lines[1] == "Total num prompt tokens:  30"
+    assert lines[2] == "Total num output tokens:  12 (asked for 12)"
+    assert not any("ThroughputResult(" in line for line in lines)
 
 
 @pytest.mark.slow

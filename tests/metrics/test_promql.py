@@ -22,11 +22,13 @@ x:done_total{model_name="other",reason="stop"} 5.0
 # TYPE x:running gauge
 x:running{model_name="m"} 3.0
 """
-AFTER = BEFORE.replace('le="1.0"} 1.0', 'le="1.0"} 3.0').replace('le="2.0"} 2.0', 'le="2.0"} 7.0') \
-    .replace('le="+Inf"} 2.0', 'le="+Inf"} 9.0').replace("_count{model_name=\"m\"} 2.0", "_count{model_name=\"m\"} 9.0") \
-    .replace("_sum{model_name=\"m\"} 2.5", "_sum{model_name=\"m\"} 16.5") \
-    .replace('reason="length"} 0.0', 'reason="length"} 4.0').replace('x:running{model_name="m"} 3.0',
-                                                                     'x:running{model_name="m"} 1.0')
+CHANGES = {'le="1.0"} 1.0': 'le="1.0"} 3.0', 'le="2.0"} 2.0': 'le="2.0"} 7.0', 'le="+Inf"} 2.0': 'le="+Inf"} 9.0',
+           '_count{model_name="m"} 2.0': '_count{model_name="m"} 9.0',
+           '_sum{model_name="m"} 2.5': '_sum{model_name="m"} 16.5', 'reason="length"} 0.0': 'reason="length"} 4.0',
+           'x:running{model_name="m"} 3.0': 'x:running{model_name="m"} 1.0'}
+AFTER = BEFORE
+for old, new in CHANGES.items():
+    AFTER = AFTER.replace(old, new)
 
 
 @pytest.fixture

@@ -1,23 +1,26 @@
 """``kvserve bench``: an honest load generator and report for OpenAI-compatible servers.
 
-    kvserve bench serve --base-url http://127.0.0.1:8000 --tokenizer MODEL_DIR \
-        --dataset-name random --input-len 512 --output-len 128 --num-prompts 200 \
-        --request-rate 4 --burstiness 1 --max-concurrency 32 --num-warmups 4 \
-        --goodput ttft:500 tpot:100 --result-file bench_results/serve.json
+    kvserve bench serve --backend vllm --model MODEL --endpoint /v1/completions \
+        --dataset-name random --random-input-len 512 --random-output-len 128 --num-prompts 200 \
+        --request-rate 4 --max-concurrency 32 --goodput ttft:500 tpot:100 \
+        --save-result --result-dir bench_results          # any `vllm bench serve` command line
     kvserve bench sweep --base-url ... --tokenizer MODEL_DIR --concurrency 1,8,32 \
         --result-file bench_results/sweep.json           # + sweep.png (throughput vs TTFT/TPOT)
-    kvserve bench throughput --model MODEL_DIR --input-len 512 --output-len 128 --num-prompts 64
+    kvserve bench throughput --input-len 512 --output-len 128 --num-prompts 64   # built-in model
 
 Modules:
-    arrivals   seeded Poisson / gamma inter-arrival gaps
-    datasets   workload registry (random, shared-prefix) + file_datasets (sharegpt, jsonl)
+    flags, refused  vLLM's ``bench serve`` flags (implemented / refused by name) and kvserve's
+    cli, commands   parsing to a ``ServeConfig`` (``add_bench_parser``, ``run_bench``), command bodies
+    arrivals   seeded Poisson / gamma arrivals, vLLM's rescaled fixed-count schedule and ramp-up
+    datasets   workload registry (random, prefix_repetition, shared-prefix) + file_datasets
+               (sharegpt, custom, spec_bench, jsonl)
     prompts    exact-token-length prompt text under the target tokenizer
-    client     one streamed request (httpx), payloads for completions and chat
+    client     one streamed request (httpx) with vLLM's payloads and headers
     stream     SSE framing and per-request timing (TTFT, ITL, E2E)
     metrics    summary statistics, throughput, goodput, peak concurrency
-    runner     the online loop: warmups, arrivals, concurrency cap, duration
+    runner     the online loop: ready check, warmups, arrivals, concurrency cap, duration
+    vllm_result  vLLM's flat result keys, printed summary and file name
     sweep      several load levels, plot and table
     throughput offline run through ``kvserve.engine.llm.LLM``
     provenance command line, git, versions, machine, server; report writes result files
-    cli, commands   argument parsing (``add_bench_parser``, ``run_bench``) and command bodies
 """

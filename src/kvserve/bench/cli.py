@@ -1,103 +1,37 @@
-"""``kvserve bench {serve,sweep,throughput}``: argument parsing and the three commands.
+"""``kvserve bench {serve,sweep,throughput}``: argument parsing and the flags-to-config step.
 
-Flag names follow vLLM's ``vllm bench`` where one exists (``--request-rate``, ``--burstiness``,
-``--max-concurrency``, ``--goodput``, ``--percentile-metrics`` aside).
+``serve`` accepts ``vllm bench serve`` command lines unchanged (flags in :mod:`kvserve.bench.flags`,
+refusals in :mod:`kvserve.bench.refused`); the command bodies are in :mod:`kvserve.bench.commands`.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import math
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kvserve.bench.client import ENDPOINTS
-from kvserve.bench.datasets import DATASETS, SampleRequest, get_dataset
+from kvserve.bench.arrivals import RampUp
+from kvserve.bench.datasets import SampleRequest, get_dataset
+from kvserve.bench.flags import DEFAULT_NUM_PROMPTS, add_dataset_args, add_online_args, add_refused_args, \
+    add_throughput_args
 from kvserve.bench.metrics import parse_goodput
+from kvserve.bench.refused import CHAT_BACKENDS, COMPLETIONS_BACKENDS, check_refused
 from kvserve.bench.runner import ServeConfig
+from kvserve.bench.vllm_result import parse_key_values
 from kvserve.errors import InvalidRequestError
 
-
-def _float_list(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
-    return value
-
-
-def _add_dataset_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("workload")
-    g.add_argument("--dataset-name", default="random", choices=sorted(DATASETS))
-    g.add_argument("--dataset-path", help="ShareGPT JSON or JSONL file")
-    g.add_argument("--num-prompts", type=int, default=None, help="requests (default: the dataset's own size)")
-    g.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=1024)
-    g.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=128)
-    g.add_argument("--random-range-ratio", type=float, default=0.0)
-    g.add_argument("--num-groups", type=int, default=4, help="shared-prefix: G")
-    g.add_argument("--prompts-per-group", type=int, default=8, help="shared-prefix: P")
-    g.add_argument("--system-prompt-len", type=int, default=512, help="shared-prefix: S tokens")
-    g.add_argument("--question-len", type=int, default=64, help="shared-prefix: Q tokens")
-    g.add_argument("--sharegpt-output-len", type=int, default=None)
-    g.add_argument("--ignore-eos", action="store_true", help="generate exactly the output length")
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=0)
-
-
-def _add_online_args(p: argparse.ArgumentParser, sweep: bool) -> None:
-    g = p.add_argument_group("server and load")
-    g.add_argument("--base-url", default="http://127.0.0.1:8000")
-    g.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS)
-    g.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
-    g.add_argument("--tokenizer", default=None,
-                   help="local tokenizer folder of the served model (default: the built-in model's, "
-                        "when the server serves kvserve's built-in model)")
-    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of gaps; 1 = Poisson")
-    g.add_argument("--num-warmups", type=int, default=0)
-    g.add_argument("--duration", type=float, default=None, help="seconds to keep sending (instead of --num-prompts)")
-    g.add_argument("--percentiles", type=_float_list, default=[50.0, 90.0, 99.0])
-    g.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
-    g.add_argument("--extra-body", type=_json_object, default={}, help="JSON merged into every request")
-    g.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
-    g.add_argument("--disable-tqdm", action="store_true")
-    if sweep:
-        g.add_argument("--concurrency", type=_int_list, default=[], help="e.g. 1,8,32")
-        g.add_argument("--request-rates", type=_float_list, default=[], help="e.g. 1,4,inf")
-        g.add_argument("--result-file", default=None, help="JSON (default bench_results/sweep-TIME.json)")
-        g.add_argument("--plot-file", default=None, help="PNG (default: the result file with .png)")
-    else:
-        g.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf = all at once")
-        g.add_argument("--max-concurrency", type=int, default=None)
-        g.add_argument("--result-file", default=None, help="write the result JSON here")
-
-
-def _add_throughput_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", required=True, help="local model folder")
-    g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --model)")
-    g.add_argument("--engine-kwargs", type=_json_object, default={}, help='JSON, e.g. {"max_num_seqs": 32}')
-    g.add_argument("--result-file", default=None, help="write the result JSON here")
+SAMPLING_FLAGS = ("top_p", "top_k", "min_p", "temperature", "frequency_penalty", "presence_penalty",
+                  "repetition_penalty")
+OUTPUT_LEN_DESTS = ("random_output_len", "sharegpt_output_len", "custom_output_len", "spec_bench_output_len",
+                    "prefix_repetition_output_len")
+FILE_DATASETS = ("jsonl", "sharegpt", "custom", "spec_bench")
+SWEEP_SEED_STRIDE = 100  # point i of a sweep draws its prompts with seed --seed + 100 * i
 
 
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -105,15 +39,17 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     the parsed namespace's ``bench_command`` names the subcommand. Run it with :func:`run_bench`."""
     bench = subparsers.add_parser("bench", help="benchmark a server (serve, sweep) or the engine (throughput)")
     sub = bench.add_subparsers(dest="bench_command", required=True)
-    for name, help_text in (("serve", "one online run against an OpenAI-compatible server"),
+    for name, help_text in (("serve", "one online run against an OpenAI-compatible server "
+                                      "(takes vllm bench serve's flags)"),
                             ("sweep", "online runs over several concurrencies / request rates"),
                             ("throughput", "offline: the in-process engine, all prompts at once")):
         p = sub.add_parser(name, help=help_text)
         if name == "throughput":
-            _add_throughput_args(p)
+            add_throughput_args(p)
         else:
-            _add_online_args(p, sweep=name == "sweep")
-        _add_dataset_args(p)
+            add_online_args(p, sweep=name == "sweep")
+            add_refused_args(p)
+        add_dataset_args(p)
     return bench
 
 
@@ -124,8 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-FILE_DATASETS = ("jsonl", "sharegpt")
-SWEEP_SEED_STRIDE = 100  # point i of a sweep draws its prompts with seed --seed + 100 * i
+def apply_length_flags(args: argparse.Namespace) -> None:
+    """vLLM's general length flags: ``--input-len`` sets ``--random-input-len``, ``--output-len``
+    every dataset's output length; ``--num-prompts`` defaults to 1000 except for kvserve's jsonl
+    (the whole file) and shared-prefix (its G x P prompts)."""
+    if args.input_len is not None:
+        args.random_input_len = args.input_len
+    if args.output_len is not None:
+        for dest in OUTPUT_LEN_DESTS:
+            setattr(args, dest, args.output_len)
+    if args.num_prompts is None and args.dataset_name not in ("jsonl", "shared-prefix"):
+        args.num_prompts = DEFAULT_NUM_PROMPTS
 
 
 def load_samples(args: argparse.Namespace, tokenizer: Any, seed_offset: int = 0) -> list[SampleRequest]:
@@ -145,9 +90,8 @@ def load_sweep_samples(args: argparse.Namespace, tokenizer: Any, num_points: int
 
 def load_warmup_samples(args: argparse.Namespace, tokenizer: Any) -> list[SampleRequest] | None:
     """``--num-warmups`` prompts of the same workload drawn with seed ``--seed + 1``, so that
-    generated workloads (random, shared-prefix) do not warm the server's prefix cache for the
-    measured prompts. File workloads give their prompts in file order, so there the first
-    measured prompts are reused (their prefixes may be cached). None when no warmups."""
+    generated workloads do not warm the server's prefix cache for the measured prompts. File
+    workloads reuse their first prompts (whose prefixes may then be cached). None when no warmups."""
     if args.num_warmups <= 0:
         return None
     dataset = get_dataset(args)
@@ -157,29 +101,118 @@ def load_warmup_samples(args: argparse.Namespace, tokenizer: Any) -> list[Sample
     return dataset.sample(tokenizer, args.num_warmups, rng)
 
 
-def serve_config(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
-    """A :class:`ServeConfig` from parsed flags.
+def base_url(args: argparse.Namespace) -> str:
+    """``--base-url``, else ``http://HOST:PORT`` (an IPv6 host in brackets)."""
+    if args.base_url:
+        return args.base_url.rstrip("/")
+    host = f"[{args.host}]" if ":" in args.host and not args.host.startswith("[") else args.host
+    return f"http://{host}:{args.port}"
+
+
+def backend_api(args: argparse.Namespace) -> tuple[str, str]:
+    """``(backend, api)``: ``--backend`` (default: ``openai-chat`` for a chat endpoint, else
+    ``openai``) and the payload it sends.
 
     Raises:
-        InvalidRequestError: bad percentiles, SLOs or counts.
+        InvalidRequestError: an unknown backend, or an endpoint the backend cannot post to (vLLM's
+            check: completions backends need a path ending in ``completions``, chat ones
+            ``chat/completions``).
     """
-    if any(not 0 <= p <= 100 for p in args.percentiles):
-        raise InvalidRequestError(f"percentiles must be in [0, 100], got {args.percentiles}", "percentiles")
+    backend = args.backend or ("openai-chat" if args.endpoint.rstrip("/").endswith("chat/completions") else "openai")
+    if backend in CHAT_BACKENDS:
+        api, suffix = "chat", "chat/completions"
+    elif backend in COMPLETIONS_BACKENDS:
+        api, suffix = "completions", "completions"
+    else:
+        known = ", ".join(COMPLETIONS_BACKENDS + CHAT_BACKENDS)
+        raise InvalidRequestError(f"unknown --backend {backend!r}; kvserve bench serve takes {known}", "backend")
+    if not args.endpoint.rstrip("/").endswith(suffix):
+        raise InvalidRequestError(f"--backend {backend} posts to an endpoint ending in {suffix}, got --endpoint "
+                                  f"{args.endpoint}", "endpoint")
+    return backend, api
+
+
+def request_headers(args: argparse.Namespace, api_key: str | None) -> dict[str, str]:
+    """``Authorization: Bearer`` with ``api_key`` (vLLM reads ``OPENAI_API_KEY``), then
+    ``--header KEY=VALUE`` pairs, which win."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers.update(parse_key_values(args.header, "--header"))
+    return headers
+
+
+def extra_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags that were given, then ``--extra-body`` (which wins), as vLLM."""
+    sampling = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
+    return {**sampling, **(args.extra_body or {})}
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    if any(not 0 <= p <= 100 for p in args.metric_percentiles):
+        raise InvalidRequestError(f"percentiles must be in [0, 100], got {args.metric_percentiles}",
+                                  "metric_percentiles")
     if args.num_warmups < 0:
         raise InvalidRequestError(f"--num-warmups must be >= 0, got {args.num_warmups}", "num_warmups")
     if args.duration is not None and not args.duration > 0:
         raise InvalidRequestError(f"--duration must be > 0 seconds, got {args.duration}", "duration")
+
+
+def _ramp_up(args: argparse.Namespace) -> RampUp | None:
+    strategy = getattr(args, "ramp_up_strategy", None)
+    if strategy is None:
+        return None
+    if args.ramp_up_start_rps is None or args.ramp_up_end_rps is None:
+        raise InvalidRequestError("--ramp-up-strategy needs --ramp-up-start-rps and --ramp-up-end-rps",
+                                  "ramp_up_strategy")
+    ramp = RampUp(strategy, args.ramp_up_start_rps, args.ramp_up_end_rps)
+    ramp.validate(args.request_rate)
+    return ramp
+
+
+def serve_config(args: argparse.Namespace, model: str | None, headers: dict[str, str],
+                 **overrides: Any) -> ServeConfig:
+    """A :class:`ServeConfig` from parsed flags; ``model`` is the ``model`` field to send.
+
+    Raises:
+        InvalidRequestError: bad percentiles, SLOs, counts, backend/endpoint or ramp-up flags.
+    """
+    _check_counts(args)
+    _, api = backend_api(args)
     values = dict(
-        base_url=args.base_url.rstrip("/"), endpoint=args.endpoint, model=args.model,
-        burstiness=args.burstiness, num_warmups=args.num_warmups, seed=args.seed, duration_s=args.duration,
-        ignore_eos=args.ignore_eos, temperature=args.temperature, extra_body=args.extra_body,
-        percentiles=tuple(args.percentiles), goodput_slos_ms=parse_goodput(args.goodput),
-        request_timeout_s=args.request_timeout, disable_tqdm=args.disable_tqdm,
+        base_url=base_url(args), endpoint=args.endpoint, api=api, model=model, headers=headers,
+        verify_tls=not args.insecure, burstiness=args.burstiness, num_warmups=args.num_warmups, seed=args.seed,
+        duration_s=args.duration, ignore_eos=args.ignore_eos, extra_body=extra_body(args), logprobs=args.logprobs,
+        request_id_prefix=args.request_id_prefix if args.request_id_prefix is not None
+        else f"bench-{uuid.uuid4().hex[:8]}-",
+        lora_modules=tuple(args.lora_modules or ()), lora_assignment=args.lora_assignment,
+        ready_check_timeout_s=float(args.ready_check_timeout_sec), percentiles=tuple(args.metric_percentiles),
+        goodput_slos_ms=parse_goodput(args.goodput), request_timeout_s=args.request_timeout,
+        disable_tqdm=args.disable_tqdm,
     )
+    if hasattr(args, "request_rate"):
+        values.update(request_rate=args.request_rate, max_concurrency=args.max_concurrency, ramp_up=_ramp_up(args))
     values.update(overrides)
     if values.get("max_concurrency") is not None and values["max_concurrency"] < 1:
         raise InvalidRequestError(f"--max-concurrency must be >= 1, got {values['max_concurrency']}", "max_concurrency")
     return ServeConfig(**values)
+
+
+def prepare_online_args(args: argparse.Namespace) -> None:
+    """Refusals, then vLLM's defaults: lengths and counts, and ``ignore_eos`` for the random
+    dataset (vLLM ignores EOS there so every request generates its output length).
+
+    Raises:
+        InvalidRequestError: a refused flag, backend, dataset or tokenizer mode.
+    """
+    check_refused(args)
+    if args.dataset_name in ("random", "prefix_repetition", "shared-prefix") and args.dataset_path is not None:
+        raise InvalidRequestError(f"--dataset-name {args.dataset_name} generates its prompts and takes no "
+                                  f"--dataset-path; name the file's format (sharegpt, custom, spec_bench, jsonl)",
+                                  "dataset_path")
+    apply_length_flags(args)
+    if args.dataset_name == "random":
+        args.ignore_eos = True
+    if math.isnan(args.burstiness):
+        raise InvalidRequestError("--burstiness must be a number > 0", "burstiness")
 
 
 def default_result_path(kind: str) -> Path:

@@ -1,9 +1,12 @@
 """HTTP side of the online benchmark: one streamed request to an OpenAI-compatible server.
 
-Payloads follow the OpenAI API: ``/v1/completions`` gets ``prompt`` and ``max_tokens``,
-``/v1/chat/completions`` gets one user message and ``max_completion_tokens``; both ask for
-``stream: true`` and ``stream_options.include_usage`` so the server reports exact token counts.
-``ignore_eos`` is the vLLM extension that keeps generating to ``max_tokens``.
+Payloads are those of vLLM's ``vllm bench serve`` (``vllm/benchmarks/lib/endpoint_request_func.py``)
+so a server sees the same requests from either tool: ``/v1/completions`` gets ``prompt``,
+``max_tokens``, ``repetition_penalty: 1.0`` and ``logprobs``; ``/v1/chat/completions`` gets one user
+message with one text part and ``max_completion_tokens``; both ask for ``stream: true`` and
+``stream_options.include_usage`` (exact token counts), then ``ignore_eos`` when asked and the extra
+body (sampling flags, ``--extra-body``) last. Headers: the caller's (API key, ``--header``), then
+``x-request-id``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import httpx
 
 from kvserve.bench.stream import RequestFuncOutput, SSELineSplitter, SSEParser, StreamAccumulator
 
-Endpoint = Literal["/v1/completions", "/v1/chat/completions"]
+Api = Literal["completions", "chat"]
 ENDPOINTS: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions")
 
 
@@ -29,10 +32,13 @@ class RequestFuncInput:
         prompt_len: its length in tokens by the benchmark's tokenizer.
         output_len: ``max_tokens`` to ask for.
         model: the ``model`` field.
-        endpoint: ``/v1/completions`` or ``/v1/chat/completions``.
+        endpoint: the path posted to (``/v1/completions``, ``/v1/chat/completions``, ...).
+        api: ``completions`` or ``chat``: the payload's shape.
         ignore_eos: send vLLM's ``ignore_eos`` so exactly ``output_len`` tokens are generated.
-        temperature: sampling temperature (0 = greedy).
+        logprobs: completions' ``logprobs`` (None is sent as null, as vLLM).
         extra_body: more JSON fields merged into the payload last (they win).
+        headers: HTTP headers of this request (``x-request-id`` added from ``request_id``).
+        request_id: sent as ``x-request-id`` when set.
     """
 
     prompt: str
@@ -40,29 +46,35 @@ class RequestFuncInput:
     output_len: int
     model: str
     endpoint: str = "/v1/completions"
+    api: Api = "completions"
     ignore_eos: bool = False
-    temperature: float = 0.0
+    logprobs: int | None = None
     extra_body: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    request_id: str | None = None
 
 
 def build_payload(request: RequestFuncInput) -> dict[str, Any]:
-    """The JSON body for ``request.endpoint``."""
-    payload: dict[str, Any] = {
-        "model": request.model,
-        "temperature": request.temperature,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if request.endpoint == "/v1/chat/completions":
-        payload["messages"] = [{"role": "user", "content": request.prompt}]
+    """The JSON body for ``request.api``."""
+    payload: dict[str, Any] = {"model": request.model}
+    if request.api == "chat":
+        payload["messages"] = [{"role": "user", "content": [{"type": "text", "text": request.prompt}]}]
         payload["max_completion_tokens"] = request.output_len
     else:
-        payload["prompt"] = request.prompt
-        payload["max_tokens"] = request.output_len
+        payload.update(prompt=request.prompt, repetition_penalty=1.0, max_tokens=request.output_len,
+                       logprobs=request.logprobs)
+    payload.update(stream=True, stream_options={"include_usage": True})
     if request.ignore_eos:
         payload["ignore_eos"] = True
     payload.update(request.extra_body)
     return payload
+
+
+def build_headers(request: RequestFuncInput) -> dict[str, str]:
+    headers = dict(request.headers)
+    if request.request_id:
+        headers["x-request-id"] = request.request_id
+    return headers
 
 
 async def send_request(client: httpx.AsyncClient, request: RequestFuncInput) -> RequestFuncOutput:
@@ -83,7 +95,8 @@ async def send_request(client: httpx.AsyncClient, request: RequestFuncInput) -> 
                 acc.on_data(data, now)
 
     try:
-        async with client.stream("POST", request.endpoint, json=build_payload(request)) as response:
+        async with client.stream("POST", request.endpoint, json=build_payload(request),
+                                 headers=build_headers(request)) as response:
             if response.status_code != 200:
                 body = (await response.aread()).decode("utf-8", "replace")
                 return acc.finish(time.perf_counter(), f"HTTP {response.status_code}: {body[:500]}")

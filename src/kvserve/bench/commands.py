@@ -1,105 +1,204 @@
-"""The bodies of ``kvserve bench serve``, ``sweep`` and ``throughput`` (parsing is in ``cli``)."""
+"""The bodies of ``kvserve bench serve``, ``sweep`` and ``throughput`` (parsing is in ``cli``).
+
+The environment is read here, once: ``OPENAI_API_KEY`` becomes the ``Authorization`` header, as
+in vLLM's benchmark.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
+import os
+from pathlib import Path
 from typing import Any
 
 import httpx
-from rich.console import Console
 
 from kvserve.bench.cli import (
+    apply_length_flags,
+    backend_api,
+    base_url,
     default_result_path,
     load_samples,
     load_sweep_samples,
     load_warmup_samples,
+    prepare_online_args,
+    request_headers,
     serve_config,
 )
 from kvserve.bench.prompts import load_tokenizer
 from kvserve.bench.provenance import collect_provenance
-from kvserve.bench.report import print_serve_table, serve_run_to_dict, write_result
-from kvserve.bench.runner import run_serve
+from kvserve.bench.report import print_notes, serve_run_to_dict, write_result
+from kvserve.bench.runner import ServeRun, run_serve
 from kvserve.bench.sweep import plot_sweep, print_sweep_table, run_sweep, sweep_points
-from kvserve.bench.throughput import run_throughput
+from kvserve.bench.throughput import format_throughput, run_throughput
+from kvserve.bench.vllm_result import (
+    ResultHeader,
+    flat_result,
+    format_summary,
+    parse_key_values,
+    parse_percentile_metrics,
+    result_filename,
+)
 from kvserve.errors import InvalidRequestError
+
+API_KEY_ENV = "OPENAI_API_KEY"
 
 
 def _workload_args(args: argparse.Namespace) -> dict:
-    keys = ("dataset_name", "dataset_path", "num_prompts", "input_len", "output_len", "random_range_ratio",
-            "num_groups", "prompts_per_group", "system_prompt_len", "question_len", "sharegpt_output_len", "seed")
+    keys = ("dataset_name", "dataset_path", "num_prompts", "random_input_len", "random_output_len",
+            "random_range_ratio", "random_prefix_len", "num_groups", "prompts_per_group", "system_prompt_len",
+            "question_len", "sharegpt_output_len", "custom_output_len", "seed")
     return {k: getattr(args, k) for k in keys}
 
 
-def online_tokenizer(args: argparse.Namespace) -> Any:
-    """``--tokenizer``, or the built-in model's when the server at ``--base-url`` serves it.
+def first_served_model(url: str, headers: dict[str, str], verify: bool) -> tuple[str, str]:
+    """``(id, root)`` of the first model of ``GET /v1/models`` (root falls back to id).
 
     Raises:
-        InvalidRequestError: no ``--tokenizer`` and the server serves another model.
+        InvalidRequestError: the server cannot be reached or lists no model.
     """
+    try:
+        response = httpx.get(url + "/v1/models", headers=headers, timeout=30, verify=verify)
+        response.raise_for_status()
+        card = response.json()["data"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise InvalidRequestError(f"no --model given and the first model of {url}/v1/models could not be read: "
+                                  f"{type(exc).__name__}: {exc}", "model") from exc
+    return card["id"], card.get("root") or card["id"]
+
+
+def resolve_model(args: argparse.Namespace, headers: dict[str, str]) -> tuple[str, str]:
+    """vLLM's model resolution: ``(model_id, model name sent)``. With ``--model``: that, and
+    ``--served-model-name`` or ``--model`` as the name; without: the server's first model (its
+    ``root`` as the id, its ``id`` as the name)."""
+    if args.model:
+        return args.model, args.served_model_name or args.model
+    print("Model not specified, fetching first model from server...")
+    name, model_id = first_served_model(base_url(args), headers, not args.insecure)
+    print(f"First model name: {name}, first model id: {model_id}")
+    return model_id, name
+
+
+def online_tokenizer(args: argparse.Namespace, model_id: str) -> tuple[Any, str]:
+    """``(tokenizer, tokenizer_id)``: ``--tokenizer``, else the model id when it is a local folder,
+    else the built-in model's tokenizer when the server serves kvserve's built-in model.
+
+    Raises:
+        InvalidRequestError: no local tokenizer could be found (the message says which flag to give).
+    """
+    options = {"trust_remote_code": args.trust_remote_code, "use_fast": args.tokenizer_mode != "slow"}
     if args.tokenizer:
-        return load_tokenizer(args.tokenizer)
+        return load_tokenizer(args.tokenizer, **options), args.tokenizer
+    if Path(model_id).is_dir():
+        return load_tokenizer(model_id, **options), model_id
     from kvserve.builtin import BUILTIN_MODEL_NAME, builtin_model_path
 
-    served = []
-    try:
-        response = httpx.get(args.base_url.rstrip("/") + "/v1/models", timeout=10)
-        served = [model["id"] for model in response.json().get("data", [])]
-    except (httpx.HTTPError, ValueError):
-        pass
-    if BUILTIN_MODEL_NAME in served and args.model in (None, BUILTIN_MODEL_NAME):
-        return load_tokenizer(str(builtin_model_path()))
+    if BUILTIN_MODEL_NAME in (model_id, Path(model_id).name):
+        return load_tokenizer(str(builtin_model_path()), **options), model_id
     raise InvalidRequestError(
-        f"--tokenizer is required: the server at {args.base_url} serves {served or 'an unknown model'}; "
-        f"give the local folder of that model's tokenizer", param="tokenizer",
+        f"--tokenizer is required: the model {model_id!r} is not a local folder; give the local folder of the "
+        "served model's tokenizer", param="tokenizer",
     )
 
 
-def serve_command(args: argparse.Namespace) -> int:
-    """One online run; prints a table, writes ``--result-file`` if given. Exit 1 if any failed."""
-    config = serve_config(args, request_rate=args.request_rate, max_concurrency=args.max_concurrency)
-    tokenizer = online_tokenizer(args)
-    samples = load_samples(args, tokenizer)
-    run = asyncio.run(run_serve(config, samples, tokenizer, load_warmup_samples(args, tokenizer)))
-    print_serve_table(run)
+def _print_plan(args: argparse.Namespace) -> None:
+    if "temperature" not in (args.extra_body or {}) and args.temperature is None:
+        print("WARNING: vllm bench serve no longer sets temperature==0 (greedy) in requests by default. The default "
+              "will be determined on the server side and can be model/API specific. For the old behavior, include "
+              "--temperature=0.")
+    if args.ramp_up_strategy is not None:
+        print(f"Traffic ramp-up strategy: {args.ramp_up_strategy}.")
+        print(f"Will increase RPS from {args.ramp_up_start_rps} to {args.ramp_up_end_rps} RPS over the duration "
+              "of the benchmark.")
+    else:
+        print(f"Traffic request rate: {args.request_rate}")
+    distribution = "Poisson process" if args.burstiness == 1.0 else "Gamma distribution"
+    print(f"Burstiness factor: {args.burstiness} ({distribution})")
+    print(f"Maximum request concurrency: {args.max_concurrency}")
+
+
+def _save_path(args: argparse.Namespace, header: ResultHeader, run: ServeRun) -> str | None:
     if args.result_file:
-        payload = {"workload": _workload_args(args), **serve_run_to_dict(run)}
-        path = write_result(args.result_file, "serve", payload, collect_provenance(run.server))
-        print(f"result written to {path}")
+        return args.result_file
+    if args.save_result or args.append_result:
+        return result_filename(header, run, args.result_dir, args.result_filename)
+    return None
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """One online run: vLLM's summary, the result file (vLLM's flat keys + kvserve's), exit 1 if
+    any request failed."""
+    prepare_online_args(args)
+    selected = parse_percentile_metrics(args.percentile_metrics)
+    metadata = parse_key_values(args.metadata, "--metadata")
+    headers = request_headers(args, os.environ.get(API_KEY_ENV))
+    backend, _ = backend_api(args)
+    model_id, model_name = resolve_model(args, headers)
+    config = serve_config(args, model_name, headers)
+    tokenizer, tokenizer_id = online_tokenizer(args, model_id)
+    samples = load_samples(args, tokenizer)
+    _print_plan(args)
+    run = asyncio.run(run_serve(config, samples, tokenizer, load_warmup_samples(args, tokenizer)))
+    num_prompts = args.num_prompts if args.num_prompts is not None and args.num_prompts > 0 else len(samples)
+    header = ResultHeader(backend, args.label, model_id, tokenizer_id, num_prompts, metadata)
+    result = flat_result(run, header, selected, args.metric_percentiles, args.save_detailed)
+    print(format_summary(result, selected, args.metric_percentiles))
+    print_notes(run)
+    path = _save_path(args, header, run)
+    if path:
+        payload = {**result, "workload": _workload_args(args), **serve_run_to_dict(run)}
+        written = write_result(path, "serve", payload, collect_provenance(run.server), append=args.append_result)
+        print(f"result written to {written}")
     return 1 if run.metrics.failed else 0
 
 
 def sweep_command(args: argparse.Namespace) -> int:
-    """Online runs over the load levels; one JSON with every run, a PNG, a table."""
+    """Online runs over the load levels; one JSON with every run (written first), then a PNG
+    (skipped with one line when matplotlib is missing), then a table."""
+    prepare_online_args(args)
     points = sweep_points(args.concurrency, args.request_rates)
-    percentiles = tuple(sorted(set(args.percentiles) | {50.0, 99.0}))
-    base = serve_config(args, percentiles=percentiles)
-    tokenizer = online_tokenizer(args)
+    args.metric_percentiles = sorted(set(args.metric_percentiles) | {50.0, 99.0})
+    headers = request_headers(args, os.environ.get(API_KEY_ENV))
+    model_id, model_name = resolve_model(args, headers)
+    base = serve_config(args, model_name, headers)
+    tokenizer, _ = online_tokenizer(args, model_id)
     sample_sets = load_sweep_samples(args, tokenizer, len(points))
     runs = asyncio.run(run_sweep(base, points, sample_sets, tokenizer, load_warmup_samples(args, tokenizer)))
-    result_path = args.result_file or default_result_path("sweep")
-    plot_path = args.plot_file or str(result_path).rsplit(".", 1)[0] + ".png"
-    plot_sweep(runs, points, plot_path)
+    result_path = Path(args.result_file or default_result_path("sweep"))
+    plot_path = Path(args.plot_file or result_path.with_suffix(".png"))
     payload = {
         "workload": _workload_args(args),
         "plot_file": str(plot_path),
         "runs": [{"point": dataclasses.asdict(p), **serve_run_to_dict(r)} for p, r in zip(points, runs)],
     }
     write_result(result_path, "sweep", payload, collect_provenance(runs[0].server))
+    print(f"result written to {result_path}")
+    try:
+        plot_sweep(runs, points, plot_path)
+        print(f"plot written to {plot_path}")
+    except ImportError:
+        print("plot skipped: matplotlib is not installed (pip install matplotlib)")
     print_sweep_table(runs, points)
-    print(f"result written to {result_path}, plot to {plot_path}")
     return 1 if any(r.metrics.failed for r in runs) else 0
 
 
 def throughput_command(args: argparse.Namespace) -> int:
-    """Offline run through ``kvserve.engine.llm.LLM`` (no HTTP)."""
-    tokenizer = load_tokenizer(args.tokenizer or args.model)
+    """Offline run through ``kvserve.engine.llm.LLM`` (no HTTP); the built-in model without
+    ``--model``."""
+    apply_length_flags(args)
+    model = args.model
+    if model is None:
+        from kvserve.builtin import builtin_model_path
+
+        model = str(builtin_model_path())
+    tokenizer = load_tokenizer(args.tokenizer or model, trust_remote_code=args.trust_remote_code)
     samples = load_samples(args, tokenizer)
-    result = run_throughput(args.model, samples, args.engine_kwargs, args.ignore_eos, args.temperature)
-    Console().print(result)
+    result = run_throughput(model, samples, args.engine_kwargs, args.ignore_eos, args.temperature)
+    print(format_throughput(result))
     if args.result_file:
-        payload = {"workload": _workload_args(args), "model": args.model, "engine_kwargs": args.engine_kwargs,
+        payload = {"workload": _workload_args(args), "model": model, "engine_kwargs": args.engine_kwargs,
                    "metrics": dataclasses.asdict(result)}
         path = write_result(args.result_file, "throughput", payload, collect_provenance(None))
         print(f"result written to {path}")

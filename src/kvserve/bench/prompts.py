@@ -20,8 +20,9 @@ MAX_ADJUST_STEPS = 64
 MAX_RESTARTS = 16
 
 
-def load_tokenizer(path: str) -> Any:
-    """A ``transformers.AutoTokenizer`` from a local folder (no network).
+def load_tokenizer(path: str, trust_remote_code: bool = False, use_fast: bool = True) -> Any:
+    """A ``transformers.AutoTokenizer`` from a local folder (no network); ``trust_remote_code``
+    and ``use_fast=False`` as vLLM's ``--trust-remote-code`` and ``--tokenizer-mode slow``.
 
     Raises:
         InvalidRequestError: the folder does not hold a loadable tokenizer.
@@ -29,7 +30,8 @@ def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code,
+                                             use_fast=use_fast)
     except (OSError, ValueError) as exc:
         raise InvalidRequestError(
             f"cannot load a tokenizer from {path!r} ({exc}); --tokenizer must be a local folder "

@@ -39,7 +39,7 @@ class Provenance:
     """Command line, code, software and machine of one result.
 
     Attributes:
-        command: ``sys.argv`` as run.
+        command: ``sys.argv`` as run, ``--header`` values redacted.
         timestamp: UTC, ISO 8601.
         git_commit: ``git rev-parse HEAD`` of the cwd's repository (None with ``git_error``).
         git_dirty: whether tracked files differ from ``HEAD`` (``git status --porcelain
@@ -116,13 +116,28 @@ async def server_info(client: httpx.AsyncClient) -> ServerInfo:
     return ServerInfo(str(client.base_url), version, version_error, model, models_error)
 
 
+def redact_command(argv: list[str]) -> list[str]:
+    """``argv`` with the values of ``--header KEY=VALUE`` items replaced (they may hold API keys;
+    vLLM redacts ``header`` too)."""
+    out, in_header = [], False
+    for arg in argv:
+        if arg.startswith("-"):
+            in_header = arg == "--header"
+            out.append(arg)
+        elif in_header and "=" in arg:
+            out.append(arg.split("=", 1)[0] + "=<redacted>")
+        else:
+            out.append(arg)
+    return out
+
+
 def collect_provenance(server: ServerInfo | None) -> Provenance:
     """Provenance of a run started now by this process."""
     import kvserve
 
     commit, dirty, git_error = git_state()
     return Provenance(
-        command=list(sys.argv),
+        command=redact_command(list(sys.argv)),
         timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         git_commit=commit,
         git_dirty=dirty,

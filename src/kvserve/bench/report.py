@@ -1,4 +1,4 @@
-"""Result files and console tables.
+"""Result files and console notes.
 
 A result file is JSON: ``{"provenance": {...}, "kind": "serve" | "sweep" | "throughput", ...}``.
 :func:`write_result` is the only writer and takes a :class:`Provenance`, so no result can be saved
@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
-from kvserve.bench.metrics import BenchmarkMetrics, LatencyStats
+from kvserve.bench.metrics import BenchmarkMetrics
 from kvserve.bench.provenance import Provenance
 from kvserve.bench.runner import ServeRun
 
+REDACTED = "<redacted>"
 REQUIRED_PROVENANCE = (
     "command", "timestamp", "git_commit", "git_dirty", "kvserve_version", "python_version",
     "torch_version", "cpu_model", "cpu_count",
@@ -43,8 +43,10 @@ def metrics_to_dict(metrics: BenchmarkMetrics) -> dict[str, Any]:
 
 def serve_run_to_dict(run: ServeRun, detailed: bool = True) -> dict[str, Any]:
     """One online run as JSON-ready data; ``detailed`` adds every request's numbers (seconds)."""
+    config = dataclasses.asdict(run.config)
+    config["headers"] = {key: REDACTED for key in config["headers"]}  # API keys stay out of files
     result: dict[str, Any] = {
-        "config": dataclasses.asdict(run.config),
+        "config": config,
         "model": run.model,
         "num_warmups": run.config.num_warmups,
         "warmup_failed": run.warmup_failed,
@@ -65,8 +67,10 @@ def serve_run_to_dict(run: ServeRun, detailed: bool = True) -> dict[str, Any]:
     return result
 
 
-def write_result(path: str | Path, kind: str, payload: dict[str, Any], provenance: Provenance) -> Path:
-    """Write ``payload`` with its provenance to ``path`` (parents created).
+def write_result(path: str | Path, kind: str, payload: dict[str, Any], provenance: Provenance,
+                 append: bool = False) -> Path:
+    """Write ``payload`` with its provenance to ``path`` (parents created); ``append`` adds it as
+    one JSON line after what the file holds (vLLM's ``--append-result``).
 
     Raises:
         TypeError: ``provenance`` is not a :class:`Provenance`.
@@ -83,8 +87,14 @@ def write_result(path: str | Path, kind: str, payload: dict[str, Any], provenanc
         raise ValueError(f"refusing to write a result without provenance fields: {', '.join(missing)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"kind": kind, "provenance": prov, **payload}
-    path.write_text(json.dumps(_jsonable(document), indent=2) + "\n", encoding="utf-8")
+    document = _jsonable({"kind": kind, "provenance": prov, **payload})
+    if append:
+        with path.open("a+", encoding="utf-8") as f:
+            if f.tell() != 0:
+                f.write("\n")
+            f.write(json.dumps(document))
+    else:
+        path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return path
 
 
@@ -95,46 +105,18 @@ def _explained(prov: dict[str, Any], key: str) -> bool:
     return False
 
 
-def _stats_row(name: str, stats: LatencyStats) -> list[str]:
-    pcts = "  ".join(f"p{p:g} {v:.2f}" for p, v in stats.percentiles.items())
-    return [name, f"{stats.mean:.2f}", f"{stats.median:.2f}", pcts]
-
-
-def print_serve_table(run: ServeRun, console: Console | None = None) -> None:
-    """A compact summary of one online run."""
-    m = run.metrics
-    console = console or Console(stderr=False)
-    table = Table(title=f"kvserve bench serve: {run.model} @ {run.config.base_url}{run.config.endpoint}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    rows = [
-        ("completed / failed", f"{m.completed} / {m.failed}"),
-        ("duration (s)", f"{m.duration_s:.2f}"),
-        ("input / output tokens", f"{m.total_input_tokens} / {m.total_output_tokens}"),
-        ("request throughput (req/s)", f"{m.request_throughput:.2f}"),
-        ("input throughput (tok/s)", f"{m.input_throughput:.2f}"),
-        ("output throughput (tok/s)", f"{m.output_throughput:.2f}"),
-        ("total token throughput (tok/s)", f"{m.total_token_throughput:.2f}"),
-        ("peak concurrency", str(m.peak_concurrency)),
-    ]
-    if m.goodput is not None:
-        slos = " ".join(f"{k}<={v:g}ms" for k, v in m.goodput_slos_ms.items())
-        rows.append((f"goodput (req/s; {slos})", f"{m.goodput:.2f}"))
-    if m.output_tokens_from_tokenizer:
-        rows.append(("outputs counted by tokenizer (no usage)", str(m.output_tokens_from_tokenizer)))
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    lat = Table(title="latency (ms)")
-    for col in ("metric", "mean", "median", "percentiles"):
-        lat.add_column(col)
-    for name in ("ttft", "tpot", "itl", "e2el"):
-        lat.add_row(*_stats_row(name.upper(), getattr(m, f"{name}_ms")))
-    console.print(lat)
-    if m.failed:
-        console.print(f"[red]{m.failed} requests failed; first error: {m.first_error}[/red]")
+def print_notes(run: ServeRun, console: Console | None = None) -> None:
+    """What the summary does not say: failed requests (vLLM's first ten errors), prompts reused by
+    a ``--duration`` run, failed warmups."""
+    console = console or Console(stderr=False, highlight=False)
+    failed = [o for o in run.outputs if not o.success]
+    if failed:
+        console.print("Failed requests during benchmark run detected (capping to 10):", markup=False)
+        for i, out in enumerate(failed[:10]):
+            console.print(f"Error {i}: {out.error}", markup=False)
     if run.num_distinct_prompts < len(run.outputs):
         console.print(f"[yellow]{len(run.outputs)} requests reused {run.num_distinct_prompts} distinct prompts; "
                       "a prefix cache may have served the repeats (raise --num-prompts)[/yellow]")
     if run.warmup_failed:
-        console.print(f"[yellow]{run.warmup_failed} warmup requests failed: {run.warmup_first_error}[/yellow]")
+        console.print(f"[yellow]{run.warmup_failed} warmup requests failed: {run.warmup_first_error}[/yellow]",
+                      markup=False)

@@ -41,6 +41,8 @@ class RequestFuncOutput:
         itl: seconds between consecutive content chunks (len = content chunks - 1).
         latency: end-to-end seconds from send to the end of the stream.
         start_time, end_time: absolute ``perf_counter`` seconds of send and stream end.
+        client_queue_time: seconds from the request's arrival time to its send (waiting for a
+            ``max_concurrency`` slot), vLLM's ``client_queue_time``.
     """
 
     success: bool = False
@@ -54,6 +56,7 @@ class RequestFuncOutput:
     latency: float = 0.0
     start_time: float = 0.0
     end_time: float = 0.0
+    client_queue_time: float = 0.0
 
 
 class SSELineSplitter:

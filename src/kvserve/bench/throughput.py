@@ -68,6 +68,18 @@ def summarize(samples: Sequence[SampleRequest], outputs: Sequence[Any], elapsed_
     )
 
 
+def format_throughput(result: ThroughputResult) -> str:
+    """A summary in the words of vLLM's ``vllm bench throughput``, plus kvserve's timings."""
+    return "\n".join([
+        f"Throughput: {result.request_throughput:.2f} requests/s, {result.total_token_throughput:.2f} total tokens/s, "
+        f"{result.output_throughput:.2f} output tokens/s",
+        f"Total num prompt tokens:  {result.total_input_tokens}",
+        f"Total num output tokens:  {result.total_output_tokens} (asked for {result.expected_output_tokens})",
+        f"Requests: {result.num_requests}, generate time: {result.elapsed_s:.2f} s, engine start-up: "
+        f"{result.load_s:.2f} s",
+    ])
+
+
 def run_throughput(model: str, samples: Sequence[SampleRequest], engine_kwargs: dict[str, Any],
                    ignore_eos: bool = False, temperature: float = 0.0) -> ThroughputResult:
     """Load ``LLM(model=model, **engine_kwargs)`` and generate every sample at once.
