@@ -16,7 +16,8 @@ if [ -n "$extras" ]; then
 else
     pip install -e .
 fi
-# Build the C++ CPU kernels (paged attention, greedy argmax) now (about a minute, cached under
-# ~/.cache/torch_extensions) so that the first `kvserve serve` starts in seconds. Without a
-# compiler kvserve falls back to portable torch code.
+# Build the C++ CPU kernels now (about a minute; into ~/.cache/kvserve/kernels/<this install>-<cpu>,
+# a folder of this install's own) so that the first `kvserve serve` starts in seconds. A later
+# build (sources changed, torch upgraded) says so on stderr. Without a compiler kvserve falls back
+# to portable torch code.
 python -c "from kvserve.kernels import cpu_kernels_available as ok; print('kvserve: CPU kernels', 'ready' if ok() else 'unavailable; using portable torch code')"

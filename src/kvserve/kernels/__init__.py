@@ -8,10 +8,13 @@ Sources (``csrc/``):
 - ``bindings.cpp``: the Python module.
 
 The build uses ``torch.utils.cpp_extension.load`` (g++ with OpenMP, ``-O3 -march=native``; about a
-minute, cached under ``~/.cache/torch_extensions`` per CPU model and flags (``cpu_tag``);
-``scripts/install.sh`` warms it). Where no
-compiler or headers are available, ``cpu_kernels()`` returns None and every caller falls back to
-portable PyTorch code.
+minute) into a folder of this install's own, per CPU (:func:`build_directory`:
+``~/.cache/kvserve/kernels/<hash of the package path>-<cpu_tag>``), so two installs on one machine
+never rebuild each other's build (torch's default, ``~/.cache/torch_extensions``, is shared by
+every install, and its ``build.ninja`` holds absolute source paths). ``scripts/install.sh`` builds
+it at install; a build at run time (first start, sources changed, torch upgraded) prints one line
+to stderr when it starts and one when it ends. Where no compiler or headers are available,
+``cpu_kernels()`` returns None and every caller falls back to portable PyTorch code.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import platform
+import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -43,21 +49,60 @@ def cpu_tag() -> str:
     return hashlib.sha256(f"{model}|{flags}".encode()).hexdigest()[:12]
 
 
+def build_directory() -> Path:
+    """Where this install builds its kernels: ``$XDG_CACHE_HOME/kvserve/kernels`` (default
+    ``~/.cache``), in a folder named by a hash of this package's path and :func:`cpu_tag`."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    install = hashlib.sha256(str(Path(__file__).resolve().parent).encode()).hexdigest()[:12]
+    return cache / "kvserve" / "kernels" / f"{install}-{cpu_tag()}"
+
+
+def _stamp_file(directory: Path) -> Path:
+    return directory / "kvserve_build_stamp"
+
+
+def _build_stamp(directory: Path) -> str:
+    """A digest of what the build depends on (sources, this file's flags, torch, Python, the
+    folder): when the stamp of the last build differs, a build is coming and is announced."""
+    import torch
+
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    for name in SOURCES:
+        digest.update(name.encode() + (_CSRC / name).read_bytes())
+    for path in sorted(_CSRC.glob("*.h")):
+        digest.update(path.name.encode() + path.read_bytes())
+    digest.update(f"{torch.__version__}|{sys.version}|{directory}".encode())
+    return digest.hexdigest()
+
+
 @functools.cache
 def cpu_kernels() -> ModuleType | None:
     """The compiled module (``paged_attention``, ``argmax_rows``), or None when it cannot be
     built here (the reason is logged once as a warning)."""
+    directory = build_directory()
     try:
         from torch.utils.cpp_extension import load
 
-        return load(
+        directory.mkdir(parents=True, exist_ok=True)
+        stamp = _build_stamp(directory)
+        announce = _stamp_file(directory).read_text() != stamp if _stamp_file(directory).is_file() else True
+        if announce:
+            print(f"kvserve: building the C++ CPU kernels in {directory} (once per install and CPU, about a "
+                  "minute) ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        module = load(
             name=f"kvserve_cpu_kernels_{cpu_tag()}",
             sources=[str(_CSRC / name) for name in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
                           "-fno-strict-aliasing"],
             extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
             verbose=False,
         )
+        if announce:
+            _stamp_file(directory).write_text(stamp)
+            print(f"kvserve: CPU kernels built in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        return module
     except Exception as error:  # noqa: BLE001 - any build failure means "use the fallback"
         logger.warning("CPU kernels unavailable (%s); using portable torch code", error)
         return None
