@@ -144,8 +144,8 @@ def serve_command(args: argparse.Namespace) -> int:
     num_prompts = args.num_prompts if args.num_prompts is not None and args.num_prompts > 0 else len(samples)
     header = ResultHeader(backend, args.label, model_id, tokenizer_id, num_prompts, metadata)
     result = flat_result(run, header, selected, args.metric_percentiles, args.save_detailed)
+    print_notes(run)  # failures first, as vLLM prints them before its summary
     print(format_summary(result, selected, args.metric_percentiles))
-    print_notes(run)
     path = _save_path(args, header, run)
     if path:
         payload = {**result, "workload": _workload_args(args), **serve_run_to_dict(run)}

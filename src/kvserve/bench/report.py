@@ -110,10 +110,10 @@ def print_notes(run: ServeRun, console: Console | None = None) -> None:
     a ``--duration`` run, failed warmups."""
     console = console or Console(stderr=False, highlight=False)
     failed = [o for o in run.outputs if not o.success]
-    if failed:
-        console.print("Failed requests during benchmark run detected (capping to 10):", markup=False)
+    if failed:  # plain print: error bodies are not re-wrapped to the terminal's width
+        print("Failed requests during benchmark run detected (capping to 10):")
         for i, out in enumerate(failed[:10]):
-            console.print(f"Error {i}: {out.error}", markup=False)
+            print(f"Error {i}: {out.error}")
     if run.num_distinct_prompts < len(run.outputs):
         console.print(f"[yellow]{len(run.outputs)} requests reused {run.num_distinct_prompts} distinct prompts; "
                       "a prefix cache may have served the repeats (raise --num-prompts)[/yellow]")
