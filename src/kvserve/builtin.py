@@ -11,6 +11,7 @@ assistant. Provenance, licence and loss curve: ``docs/builtin_model.md`` and the
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -71,8 +72,16 @@ def resolve_model(model: str | None) -> tuple[str, str]:
     if model is None or is_builtin_model_name(model):
         return str(builtin_model_path()), BUILTIN_MODEL_NAME
     if not Path(model).is_dir():
-        raise CheckpointError(
-            f"model folder {model!r} does not exist; give a Hugging Face model folder (config.json, "
-            f"*.safetensors, tokenizer files), or no argument for the built-in model"
-        )
+        raise CheckpointError(_not_a_folder_message(model))
     return model, Path(model).resolve().name
+
+
+def _not_a_folder_message(model: str) -> str:
+    """Why ``model`` cannot be served; a Hub id (``org/name``) gets the download command."""
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", model) and not Path(model).exists():
+        local = model.split("/")[1]
+        return (f"{model!r} is not a folder here; kvserve loads local model folders and downloads nothing. "
+                f"If it is a Hugging Face Hub id, download it first: hf download {model} --local-dir ./{local} "
+                f"(pip install huggingface_hub), then: kvserve serve ./{local}")
+    return (f"model folder {model!r} does not exist; give a Hugging Face model folder (config.json, "
+            f"*.safetensors, tokenizer files), or no argument for the built-in model")

@@ -84,7 +84,7 @@ def test_generation_config_read(tiny_checkpoint, tmp_path):
 
 
 def test_missing_config(tmp_path):
-    with pytest.raises(CheckpointError, match="config.json not found"):
+    with pytest.raises(CheckpointError, match="has no config.json; a Hugging Face model folder holds config.json"):
         load_model(tmp_path)
 
 
@@ -93,15 +93,15 @@ def test_unknown_architecture_lists_supported(tiny_checkpoint, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config["architectures"] = ["GPT2LMHeadModel"]
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"'GPT2LMHeadModel'; supported: LlamaForCausalLM, MistralForCausalLM, "
-                                              r"Qwen2ForCausalLM, Qwen3ForCausalLM"):
+    with pytest.raises(CheckpointError, match=r"architecture GPT2LMHeadModel .*is not supported; kvserve runs "
+                                              r"LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
         load_model(folder)
 
 
 def test_no_safetensors(tiny_checkpoint, tmp_path):
     folder = copy_of(tiny_checkpoint, tmp_path)
     (folder / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="no safetensors weights .*model.safetensors"):
+    with pytest.raises(CheckpointError, match="no weights in .*: expected model.safetensors"):
         load_model(folder)
 
 

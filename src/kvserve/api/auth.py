@@ -1,6 +1,7 @@
 """API-key authentication: ``Authorization: Bearer <key>``, compared in constant time.
 
-``/health``, ``/version`` and ``/metrics`` stay open so probes and scrapers need no key.
+``/health``, ``/version`` and ``/metrics`` stay open so probes and scrapers need no key; the API
+routes and the docs (``/docs``, ``/redoc``, ``/openapi.json``) need it when keys are set.
 """
 
 from __future__ import annotations

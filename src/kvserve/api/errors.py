@@ -6,6 +6,8 @@ API reference's error object) with the matching status:
     400 invalid_request_error   bad parameters (ours, the engine's, or pydantic's validation)
     401 invalid_request_error   missing or wrong API key (code ``invalid_api_key``)
     404 invalid_request_error   unknown model (code ``model_not_found``) or route
+    405 invalid_request_error   method not allowed on the route (+ ``Allow``)
+    408/413/431                 body or headers too slow, too large, too many (``kvserve.api.middleware``)
     429 rate_limit_exceeded     rate limits, concurrency cap, full engine queue (+ ``Retry-After``)
     503 service_unavailable     engine not ready or shutting down
     500 server_error            anything else; the message is generic and the exception is logged
@@ -31,6 +33,9 @@ _TYPE_BY_STATUS = {
     403: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_exceeded",
     503: "service_unavailable",
 }
@@ -46,11 +51,12 @@ class APIError(Exception):
         param: the offending request field, or None.
         code: OpenAI error ``code`` (``invalid_api_key``, ``model_not_found``, ...), or None.
         retry_after: seconds for a ``Retry-After`` header (429/503), or None.
+        headers: further response headers (``Allow`` on a 405), or None.
     """
 
     def __init__(self, status_code: int, message: str, *, type: str | None = None,
                  param: str | None = None, code: str | None = None,
-                 retry_after: float | None = None):
+                 retry_after: float | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status_code = status_code
         self.message = message
@@ -58,6 +64,7 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.retry_after = retry_after
+        self.headers = headers
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
@@ -96,10 +103,10 @@ def to_api_error(exc: BaseException) -> APIError:
 def error_response(exc: BaseException) -> JSONResponse:
     """A JSON response for ``exc`` (status, OpenAI body, ``Retry-After`` when known)."""
     error = to_api_error(exc)
-    headers = None
+    headers = dict(error.headers or {})
     if error.retry_after is not None:
-        headers = {"Retry-After": str(max(1, math.ceil(error.retry_after)))}
-    return JSONResponse(error.body(), status_code=error.status_code, headers=headers)
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
+    return JSONResponse(error.body(), status_code=error.status_code, headers=headers or None)
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:
@@ -128,7 +135,12 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(_validation_error(exc))
 
     async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(APIError(exc.status_code, str(exc.detail)))
+        headers = dict(exc.headers or {})  # Starlette's 405 names the allowed methods in Allow
+        message = str(exc.detail)
+        if exc.status_code == 405 and "allow" in {k.lower() for k in headers}:
+            allowed = next(v for k, v in headers.items() if k.lower() == "allow")
+            message = f"Method Not Allowed; this route accepts {allowed}."
+        return error_response(APIError(exc.status_code, message, headers=headers))
 
     app.add_exception_handler(APIError, on_error)
     app.add_exception_handler(InvalidRequestError, on_error)

@@ -1,42 +1,106 @@
-"""``kvserve serve``: build the engine from the command line, run the server, stop the engine.
+"""``kvserve serve``: check the command line and the model folder, bind the port, load the engine,
+serve, stop the engine.
 
-    flags ──► EngineConfig ──► LLMEngine ──► AsyncLLM.start() ──► serve() ──► AsyncLLM.shutdown()
-          └─► ServerSettings ─────────────────────────────────────────┘
+    flags ──► ServerSettings ──► bind the port (taken? one line, nothing loaded)
+          └─► EngineConfig ──► start-up checks (architecture, weights, KV budget: one line each)
+                           ──► AsyncLLM.deferred ──► serve(sock) ──► "serving ..." once loaded and listening
+
+Every mistake a user can make on the command line ends before "serving" is printed, with one
+``kvserve: error: ...`` line (``kvserve.cli``).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import socket
+import sys
 import threading
-from pathlib import Path
 import time
+from pathlib import Path
 
 from kvserve.api.run import make_server
-from kvserve.api.settings import settings_from_args
+from kvserve.api.settings import ServerSettings, settings_from_args
 
 logger = logging.getLogger(__name__)
 
 
-def ready_message(served_name: str, settings, seconds: float) -> str:
-    """What ``kvserve serve`` prints once it listens: where, and a request to try."""
-    base = f"http://{settings.host}:{settings.port}"
-    auth = " -H 'Authorization: Bearer $KVSERVE_API_KEY'" if settings.api_keys else ""
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not yet listening), as vLLM binds before loading.
+
+    Raises:
+        OSError: the port is taken, not allowed, or the address is not this machine's (one line
+            that says which and what to do).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        where = f"{host}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            raise OSError(exc.errno, f"port {port} is already in use on {host} (another server listens there); "
+                                     f"stop it or choose another --port") from None
+        if exc.errno == errno.EACCES:
+            raise OSError(exc.errno, f"not allowed to listen on {where} (ports below 1024 need privileges); "
+                                     f"choose another --port") from None
+        raise OSError(exc.errno, f"cannot listen on {where}: {exc.strerror}; check --host") from None
+    return sock
+
+
+def ready_message(served_name: str, settings: ServerSettings, seconds: float) -> str:
+    """What ``kvserve serve`` prints once it listens with the model loaded: where, and a request
+    to paste (the key header in double quotes, so ``$KVSERVE_API_KEY`` expands in a shell)."""
+    wildcard = settings.host in ("0.0.0.0", "::", "")
+    shown_host = "localhost" if wildcard else (f"[{settings.host}]" if ":" in settings.host else settings.host)
+    listen = f"{settings.scheme}://{settings.host}:{settings.port}{settings.root_path}"
+    base = f"{settings.scheme}://{shown_host}:{settings.port}{settings.root_path}"
+    variable = settings.api_key_env or "KVSERVE_API_KEY"
+    auth = f' -H "Authorization: Bearer ${variable}"' if settings.api_keys else ""
     body = json.dumps({"model": served_name, "prompt": "It is a truth universally acknowledged", "max_tokens": 32})
-    return (
-        f"kvserve: serving {served_name!r} at {base}/v1 (ready in {seconds:.1f} s)\n"
-        f"  try:  curl {base}/v1/completions -H 'Content-Type: application/json'{auth} -d '{body}'\n"
-        f"  chat: kvserve chat --base-url {base}/v1"
-    )
+    lines = [
+        f"kvserve: serving {served_name!r} at {listen}/v1{' (all interfaces)' if wildcard else ''} "
+        f"(ready in {seconds:.1f} s)",
+        f"  try:  curl {base}/v1/completions -H \"Content-Type: application/json\"{auth} -d '{body}'",
+        f"  chat: kvserve chat --base-url {base}/v1",
+    ]
+    if settings.api_keys and settings.api_key_env is None:
+        lines.append("  (the key came from --api-key: export KVSERVE_API_KEY=<that key> in the client's shell)")
+    return "\n".join(lines)
+
+
+class _LoadFailure:
+    """Remembers why the engine factory failed, so it can be reported in one line."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+    def wrap(self, factory):
+        def build_engine():
+            try:
+                return factory()
+            except BaseException as exc:
+                self.error = exc
+                raise
+
+        return build_engine
+
+    def message(self) -> str:
+        return getattr(self.error, "message", None) or str(self.error or "unknown error")
 
 
 class _Announcer:
-    """Prints the ready message once both the socket listens and the weights are loaded."""
+    """Prints the ready message once both the socket listens and the weights are loaded; when the
+    load fails, prints one error line and stops the server."""
 
-    def __init__(self, message, served_name: str, settings, start: float, engine) -> None:
-        self.message, self.served_name, self.settings, self.start = message, served_name, settings, start
-        self.engine = engine
+    def __init__(self, served_name: str, settings: ServerSettings, start: float, engine,
+                 failure: _LoadFailure) -> None:
+        self.served_name, self.settings, self.start, self.engine = served_name, settings, start, engine
+        self.failure = failure
         self.server = None
         self.failed = False
 
@@ -46,14 +110,16 @@ class _Announcer:
     def _wait_and_print(self) -> None:
         if self.engine.wait_until_loaded():
             seconds = time.perf_counter() - self.start
-            print(self.message(self.served_name, self.settings, seconds), flush=True)
-        else:  # the model could not be loaded: nothing to serve, exit with the error logged
-            self.failed = True
-            self.server.should_exit = True
+            print(ready_message(self.served_name, self.settings, seconds), flush=True)
+            return
+        self.failed = True  # the model could not be loaded: nothing to serve
+        print(f"kvserve: error: the model could not be loaded: {self.failure.message()}", file=sys.stderr, flush=True)
+        self.server.should_exit = True
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """Serve the model named by ``args`` until SIGTERM/SIGINT; returns the exit status (0).
+    """Serve the model named by ``args`` until SIGTERM/SIGINT; returns the exit status (0, or 2
+    when the model failed to load on the engine thread).
 
     ``args`` comes from the ``serve`` sub-command's parser (engine flags from
     ``kvserve.engine.arg_utils.add_engine_args``, server flags from
@@ -61,45 +127,89 @@ def run_server(args: argparse.Namespace) -> int:
     ``kvserve.metrics.wiring.add_observability_args``, optional positional ``model``).
 
     Raises:
-        CheckpointError: the model folder cannot be loaded.
+        CheckpointError: the model folder is missing, unsupported or has no safetensors weights.
+        ValueError: a flag is inconsistent (KV budget too small, empty --api-key, ...).
+        OSError: the port cannot be bound.
         ImportError: ``--otlp-traces-endpoint`` given but OpenTelemetry is not installed.
     """
     from kvserve.builtin import resolve_model
-    from kvserve.engine.arg_utils import engine_config_from_args
-    from kvserve.engine.async_llm import AsyncLLM
-    from kvserve.engine.core import resolve_device, resolve_max_model_len
-    from kvserve.engine.llm_engine import LLMEngine
-    from kvserve.model.arch_config import ModelArchConfig
-    from kvserve.tokenizer import eos_token_ids, load_tokenizer
+    from kvserve.engine.arg_utils import model_from_args
 
-    from kvserve.metrics.log_format import configure_logging
-    from kvserve.metrics.wiring import build_stats_consumers, install_metrics, observability_config_from_args
-
-    model, default_name = resolve_model(args.model)
+    model, default_name = resolve_model(model_from_args(args))
     start = time.perf_counter()
     settings = settings_from_args(args)
+    sock = bind_socket(settings.host, settings.port)
+    try:
+        return _serve(args, model, settings, settings.served_model_name or default_name, sock, start)
+    finally:
+        sock.close()
+
+
+def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: socket.socket, start: float) -> int:
+    from kvserve.engine.arg_utils import engine_config_from_args
+    from kvserve.engine.async_llm import AsyncLLM
+    from kvserve.engine.llm_engine import LLMEngine
+    from kvserve.metrics.log_format import configure_logging
+    from kvserve.metrics.wiring import build_stats_consumers, install_metrics, observability_config_from_args
+    from kvserve.tokenizer import eos_token_ids, load_tokenizer
+
     observability = observability_config_from_args(args)
     configure_logging(getattr(args, "log_level", "info"), observability.log_format)
-    served_name = settings.served_model_name or default_name
     consumers = build_stats_consumers(observability, served_name)  # fails early if tracing is missing
     config = engine_config_from_args(model, args)
-    resolve_device(config.model.device)  # fail before serving when the device is missing
-    arch = ModelArchConfig.from_file(Path(model) / "config.json")  # a bad folder fails here, first
+    arch, max_model_len = check_model(config)
+    _log_sampling_defaults(config)
     tokenizer = load_tokenizer(config.model.tokenizer or model, settings.chat_template)
+    logger.info("loading %s (%s) for %s", model, arch.architecture, served_name)
+    failure = _LoadFailure()
     async_engine = AsyncLLM.deferred(
-        lambda: LLMEngine(config, chat_template=settings.chat_template), served_name,
-        tokenizer=tokenizer, max_model_len=resolve_max_model_len(arch, config.model.max_model_len),
-        vocab_size=arch.vocab_size, eos_token_ids=eos_token_ids(model, tokenizer), stats_consumers=consumers,
+        failure.wrap(lambda: LLMEngine(config, chat_template=settings.chat_template)), served_name,
+        tokenizer=tokenizer, max_model_len=max_model_len, vocab_size=arch.vocab_size,
+        eos_token_ids=eos_token_ids(model, tokenizer), stats_consumers=consumers,
     )
+    announce = _Announcer(served_name, settings, start, async_engine, failure)
     install_metrics(async_engine)
     async_engine.start()  # loads the weights on the engine thread; /health is 503 until then
-    logger.info("serving %s (%s) on http://%s:%d/v1", served_name, model, settings.host, settings.port)
-    announce = _Announcer(ready_message, served_name, settings, start, async_engine)
-
     server = make_server(async_engine, settings, on_ready=announce.server_listening)
     announce.server = server
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         async_engine.shutdown()
-    return 1 if announce.failed else 0
+    return 2 if announce.failed else 0
+
+
+def check_model(config):
+    """The start-up checks of ``config``'s model folder, before any weight is read: device,
+    architecture, safetensors weights, context length, KV budget. Returns ``(arch, max_model_len)``.
+
+    Raises:
+        CheckpointError, ValueError: one line naming the problem (``kvserve.startup_checks``).
+    """
+    from kvserve.engine.core import resolve_device, resolve_max_model_len
+    from kvserve.model.arch_config import ModelArchConfig
+    from kvserve.model.loader import default_dtype_for_device, resolve_dtype
+    from kvserve.model.runner import kv_cache_bytes_per_block
+    from kvserve.startup_checks import check_architecture, check_kv_budget, check_weights
+
+    device = resolve_device(config.model.device)  # fail before serving when the device is missing
+    check_architecture(config.model.model)
+    check_weights(config.model.model)
+    arch = ModelArchConfig.from_file(Path(config.model.model) / "config.json")
+    max_model_len = resolve_max_model_len(arch, config.model.max_model_len)
+    if config.model.dtype == "auto":
+        dtype = default_dtype_for_device(config.model.model, device)
+    else:
+        dtype = resolve_dtype(config.model.dtype, arch)
+    bytes_per_block = kv_cache_bytes_per_block(arch, config.cache.block_size, dtype)
+    if config.cache.num_blocks_override is None:
+        check_kv_budget(config.cache.kv_cache_memory_bytes, bytes_per_block, config.cache.block_size, max_model_len)
+    return arch, max_model_len
+
+
+def _log_sampling_defaults(config) -> None:
+    defaults = config.model.sampling_defaults
+    if defaults.as_dict():
+        values = ", ".join(f"{k}={v}" for k, v in defaults.as_dict().items())
+        logger.info("default sampling values from %s: %s (--generation-config vllm turns them off)",
+                    defaults.source, values)

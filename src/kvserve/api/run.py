@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from kvserve.api.http_protocol import guarded_h11_protocol
 from kvserve.api.serving_base import ServingState
 from kvserve.api.server import build_app
 from kvserve.api.settings import ServerSettings
@@ -75,11 +76,18 @@ class DrainingServer(uvicorn.Server):
 
 def make_server(engine: EngineClient, settings: ServerSettings,
                 on_ready: Callable[[], None] | None = None) -> DrainingServer:
-    """A configured, not yet started server (``await server.serve()`` or ``server.run()``);
-    ``on_ready`` is called once the socket listens."""
+    """A configured, not yet started server (``await server.serve()`` or ``server.run()``, with
+    ``sockets=[sock]`` to serve an already bound socket); ``on_ready`` is called once the socket
+    listens. HTTP/1.1 runs on h11 with a header deadline (``kvserve.api.http_protocol``)."""
     app = build_app(engine, settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=1, timeout_keep_alive=5)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=settings.access_log,
+        timeout_graceful_shutdown=1, timeout_keep_alive=settings.timeout_keep_alive,
+        http=guarded_h11_protocol(settings.header_read_timeout),
+        h11_max_incomplete_event_size=settings.h11_max_incomplete_event_size,
+        ssl_keyfile=settings.ssl_keyfile, ssl_certfile=settings.ssl_certfile, ssl_ca_certs=settings.ssl_ca_certs,
+        ssl_cert_reqs=settings.ssl_cert_reqs, ssl_ciphers=settings.ssl_ciphers or "TLSv1",
+    )
     return DrainingServer(config, app.state.serving, settings.shutdown_timeout, on_ready)
 
 

@@ -1,12 +1,17 @@
 """The FastAPI application of the OpenAI-compatible server.
 
-    GET  /health                 200 when the engine is ready, else 503      (open)
-    GET  /version                {"version": ..., "commit": ..., "dirty": ...} (open)
-    GET  /metrics                Prometheus text format                      (open)
+    GET  /health                 200 when the engine is ready, else 503 (HEAD too) (open)
+    GET  /version                {"version": ..., "commit": ..., "dirty": ...}     (open)
+    GET  /metrics                Prometheus text format                          (open)
     GET  /v1/models              the served model
     POST /v1/completions         see serving_completion.py
     POST /v1/chat/completions    see serving_chat.py
     POST /tokenize, /detokenize  vLLM's tokenizer endpoints
+    GET  /docs, /redoc           API pages; /openapi.json the schema (need the key when one is
+                                 set; absent with --disable-fastapi-docs)
+
+Every response carries ``X-Request-Id``; a 405 carries ``Allow``; CORS, body and header limits are
+middleware (``kvserve.api.middleware``).
 """
 
 from __future__ import annotations
@@ -14,12 +19,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import Response
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 import kvserve
 from kvserve.api.auth import authenticate
 from kvserve.api.errors import APIError, install_error_handlers
+from kvserve.api.middleware import RequestGuardMiddleware, RequestIdMiddleware
 from kvserve.api.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                   TokenizeRequest)
 from kvserve.api.rate_limit import RateLimiter
@@ -38,21 +46,38 @@ if TYPE_CHECKING:
 def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
     """The app serving ``engine``; ``app.state.serving`` holds the :class:`ServingState`
     (``accepting`` is turned off by :func:`kvserve.api.run.serve` on shutdown)."""
-    app = FastAPI(title="kvserve", version=kvserve.__version__)
+    app = FastAPI(title="kvserve", version=kvserve.__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.root_path = settings.root_path  # as vLLM: /llm/v1/... and /v1/... (prefix stripped by a proxy) both route
     limiter = RateLimiter(settings.requests_per_minute, settings.tokens_per_minute,
                           settings.max_concurrent_requests)
     state = ServingState(engine, settings, limiter)
+    # vLLM's --served-model-name a b: every name is accepted as `model` (the first is reported).
+    # TODO(lead): move into ServingState.__post_init__ (settings.served_model_names).
+    state._served_names = state._served_names | frozenset(settings.served_model_names)
     app.state.serving = state
     install_error_handlers(app)
+    _add_middleware(app, engine, settings)
+    _add_open_routes(app, state)
+    _add_v1_routes(app, state)
+    _add_tokenizer_routes(app, state)
+    if not settings.disable_fastapi_docs:
+        _add_docs_routes(app, state)
+    return app
+
+
+def _add_middleware(app: FastAPI, engine: EngineClient, settings: ServerSettings) -> None:
+    """Outermost last: CORS, X-Request-Id, refusal counting, body and header limits, routes."""
+    app.add_middleware(RequestGuardMiddleware, max_body_bytes=settings.max_request_body_bytes,
+                       body_timeout=settings.body_read_timeout, max_header_count=settings.h11_max_header_count)
     metrics = getattr(engine, "prometheus_metrics", None)
     if metrics is not None:  # counts refused generation requests by reason (kvserve.metrics.http)
         from kvserve.metrics.http import RejectionCounterMiddleware
 
         app.add_middleware(RejectionCounterMiddleware, metrics=metrics)
-    _add_open_routes(app, state)
-    _add_v1_routes(app, state)
-    _add_tokenizer_routes(app, state)
-    return app
+    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                       allow_methods=list(settings.allowed_methods), allow_headers=list(settings.allowed_headers),
+                       allow_credentials=settings.allow_credentials, expose_headers=["X-Request-Id"])
 
 
 def _build_info() -> dict:
@@ -82,7 +107,7 @@ def _key_dependency(state: ServingState):
 
 
 def _add_open_routes(app: FastAPI, state: ServingState) -> None:
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"], include_in_schema=False)  # HEAD for load balancers
     async def health() -> Response:
         if not state.engine.is_ready:
             raise APIError(503, "The engine is not ready.", code="engine_not_ready")
@@ -107,18 +132,19 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
     completions = CompletionServing(state)
     chat = ChatServing(state)
 
-    def model_card() -> ModelCard:
-        return ModelCard(id=state.model_name, root=state.engine.model_name,
-                         max_model_len=state.engine.max_model_len)
+    def model_card(name: str) -> ModelCard:
+        return ModelCard(id=name, root=state.engine.model_name, max_model_len=state.engine.max_model_len)
+
+    names = list(dict.fromkeys([state.model_name, *state.settings.served_model_aliases]))
 
     @app.get("/v1/models")
     async def models(_: str = Depends(api_key)) -> ModelList:
-        return ModelList(data=[model_card()])
+        return ModelList(data=[model_card(name) for name in names])  # one card per served name, as vLLM
 
     @app.get("/v1/models/{model_id:path}")
     async def retrieve_model(model_id: str, _: str = Depends(api_key)) -> ModelCard:
         state.check_model(model_id)  # 404 model_not_found for another name
-        return model_card()
+        return model_card(model_id if model_id in names else state.model_name)
 
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, request: Request,
@@ -153,6 +179,31 @@ def _add_tokenizer_routes(app: FastAPI, state: ServingState) -> None:
         state.check_model(body.model)
         check_token_ids(body.tokens, state.engine.vocab_size, param="tokens")
         return DetokenizeResponse(prompt=state.engine.tokenizer.decode(body.tokens))
+
+
+def _add_docs_routes(app: FastAPI, state: ServingState) -> None:
+    """``/openapi.json``, ``/docs`` (Swagger UI) and ``/redoc``, behind the API key when one is set
+    (a browser cannot send the key: use ``curl -H "Authorization: Bearer ..."``, or
+    ``--disable-fastapi-docs`` to drop them)."""
+    api_key = _key_dependency(state)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request, _: str = Depends(api_key)) -> JSONResponse:
+        schema = dict(app.openapi())
+        root = request.scope.get("root_path", "").rstrip("/")
+        if root:
+            schema["servers"] = [{"url": root}]
+        return JSONResponse(schema)
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger(request: Request, _: str = Depends(api_key)) -> Response:
+        root = request.scope.get("root_path", "").rstrip("/")
+        return get_swagger_ui_html(openapi_url=root + "/openapi.json", title="kvserve - Swagger UI")
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request, _: str = Depends(api_key)) -> Response:
+        root = request.scope.get("root_path", "").rstrip("/")
+        return get_redoc_html(openapi_url=root + "/openapi.json", title="kvserve - ReDoc")
 
 
 __all__ = ["build_app"]

@@ -29,6 +29,7 @@ from kvserve.errors import CheckpointError
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.layers import MergedLinear
 from kvserve.model.registry import get_model_class
+from kvserve.startup_checks import check_architecture, missing_safetensors_message
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -144,6 +145,7 @@ def load_model(
             and a tied ``lm_head.weight`` are ignored).
     """
     model_dir = Path(model_dir)
+    check_architecture(model_dir)  # names an unsupported one before its config fields are parsed
     arch = ModelArchConfig.from_file(model_dir / "config.json")
     model_cls = get_model_class(arch.architecture)
     files = _safetensors_files(model_dir)
@@ -174,10 +176,7 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
     single = model_dir / "model.safetensors"
     if single.is_file():
         return [single]
-    raise CheckpointError(
-        f"no safetensors weights in {model_dir}: expected model.safetensors or "
-        "model.safetensors.index.json (other formats such as .bin/.pt are not supported)"
-    )
+    raise CheckpointError(missing_safetensors_message(model_dir))
 
 
 def _weight_targets(model: nn.Module) -> dict[str, _Target]:
