@@ -13,7 +13,7 @@ import regex
 
 from kvserve.structured_output import StructuredOutputError, StructuredOutputsParams
 
-from so_helpers import allowed_ids, random_walk
+from kvserve.testing.grammar_walk import allowed_ids, random_walk
 
 KINDS = ("bpe", "sentencepiece", "tekken")
 BACKENDS = ("xgrammar", "guidance")

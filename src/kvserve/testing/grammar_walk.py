@@ -1,4 +1,7 @@
-"""Helpers for the structured-output tests: allowed ids of a bitmask row, and a random walk.
+"""Random walks through a grammar: test support for structured outputs and forced tool calls.
+
+Used by the tests of :mod:`kvserve.structured_output` and :mod:`kvserve.tool_parsers`; the walk
+replaces a random-weight model (any allowed token is a possible model choice).
 
 :func:`random_walk` samples a token uniformly among the tokens the bitmask allows (half of the
 steps among the one-character punctuation tokens and EOS, so that walks end), and returns the
