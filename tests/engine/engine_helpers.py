@@ -8,10 +8,9 @@ from kvserve.engine.llm import LLM
 
 
 def make_llm(model_dir, **kwargs) -> LLM:
-    """An offline engine on ``model_dir``. float32 by default: ``--dtype auto`` is bfloat16 on
-    these CPUs, and bfloat16 matmuls round differently at different batch sizes (oneDNN picks
-    other kernels), which flips near-tied greedy tokens of random tiny models; the equivalence
-    tests are about scheduling, so they run where the matmuls are batch-invariant."""
+    """An offline engine on ``model_dir``, float32 by default (``--dtype auto`` would be bfloat16
+    on some of these CPUs and float32 on others). Both dtypes are batch-invariant on the CPU
+    (``kvserve.model.invariant_linear``, ``cpu_paged`` attention; ``test_logprob_invariance.py``)."""
     defaults = dict(max_model_len=256, block_size=16, num_gpu_blocks_override=128, seed=0, dtype="float32")
     defaults.update(kwargs)
     return LLM(str(model_dir), **defaults)

@@ -2,8 +2,8 @@
 outputs are bit-identical whatever the batch, the chunking, prefix-cache hits or preemption.
 
 This holds because each query row's attention is computed alone with a fixed reduction order and
-the rows of oneDNN's prepacked bfloat16 linears do not depend on the number of rows (a single row
-is run as two: oneDNN's one-row kernel rounds differently, see ``PrepackedLinear``)."""
+every output element of the linears is one fixed sequence of FMAs whatever the number of rows
+(``kvserve.model.invariant_linear``). float32 is covered by ``test_logprob_invariance.py``."""
 
 from __future__ import annotations
 
@@ -57,9 +57,9 @@ def test_bf16_prefix_cache_hits_equal_solo(model_dir, solo):
 
 
 # The fast path of the kernel (bfloat16 tiles, head_dim % 32 == 0) under a sliding window shorter
-# than a prompt, and a down_proj of 4,864 inputs (Qwen2.5-0.5B's), where oneDNN's one-row kernel
-# rounds differently from its batched kernels: every sampled logit, not just every token, must be
-# the same alone, batched, chunked and from the prefix cache.
+# than a prompt, and a down_proj of 4,864 inputs (Qwen2.5-0.5B's; oneDNN's one-row kernel rounded
+# it differently from its batched kernels): every sampled logit, not just every token, must be the
+# same alone, batched, chunked and from the prefix cache.
 FAST_PATH = dict(hidden_size=128, intermediate_size=4864, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                  sliding_window=20, initializer_range=0.05)
 SCORED = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)

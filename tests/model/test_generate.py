@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from model_fixtures import VARIANTS
@@ -14,6 +16,31 @@ PROMPTS = [
     [(3 * i + 7) % 256 for i in range(6)],
     [(17 * i + 4) % 256 for i in range(12)],
 ]
+
+
+def hf_greedy_with_logits(hf_model, prompt: list[int], max_tokens: int) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy tokens and its logits at each step, float32 [max_tokens, vocab]."""
+    with torch.no_grad():
+        out = hf_model.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+            pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+        )
+    return out.sequences[0, len(prompt):].tolist(), torch.stack([step[0] for step in out.logits]).float()
+
+
+def assert_same_greedy_up_to_a_bf16_tie(ours: list[int], theirs: list[int], logits: torch.Tensor) -> None:
+    """Equal tokens, except that from a step where transformers' two best logits are within
+    bfloat16 rounding of each other (gap <= 2 bf16 ulps of the best logit: each side rounds once,
+    and a different float32 summation order may land on either side), ours may be the runner-up;
+    the continuations differ from there. A divergence anywhere else fails."""
+    step = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), None)
+    if step is None:
+        return
+    top = logits[step].topk(2)
+    gap = (top.values[0] - top.values[1]).item()
+    ulp = 2.0 ** (math.floor(math.log2(abs(top.values[0].item()))) - 7)
+    assert gap <= 2 * ulp, f"step {step}: ours {ours[step]}, transformers {theirs[step]}, gap {gap} > 2 ulp {ulp}"
+    assert ours[step] == top.indices[1].item(), f"step {step}: ours {ours[step]} is not transformers' runner-up"
 
 
 def hf_greedy(hf_model, prompt: list[int], max_tokens: int) -> list[int]:
@@ -34,9 +61,13 @@ def test_float32_greedy_matches_transformers(tiny_checkpoint, variant):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_bfloat16_greedy_matches_transformers(tiny_checkpoint, variant):
+    """bfloat16 rounds every layer's output, and kvserve's linears sum in another order than
+    transformers' (oneDNN / MKL): tokens agree except at a genuine near-tie of transformers'
+    logits (``assert_same_greedy_up_to_a_bf16_tie``)."""
     path, hf_model = tiny_checkpoint(variant, torch.bfloat16)
     ours = generate(path, PROMPTS, max_tokens=32, block_size=16, ignore_eos=True)  # dtype auto = bf16
-    assert ours == [hf_greedy(hf_model, p, 32) for p in PROMPTS]
+    for prompt, tokens in zip(PROMPTS, ours, strict=True):
+        assert_same_greedy_up_to_a_bf16_tie(tokens, *hf_greedy_with_logits(hf_model, prompt, 32))
 
 
 def test_float16_requested_on_a_float32_checkpoint(tiny_checkpoint):

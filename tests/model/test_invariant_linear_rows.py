@@ -1,36 +1,56 @@
-"""A row of a bfloat16 linear must not depend on how many rows share the call: oneDNN's one-row
-kernel sums ``in_features > 1024`` in another order than its kernels for two or more rows, so a
-request decoding alone (every linear at one row) drifted from the same request decoding in a
-batch. ``PrepackedLinear`` never runs one row alone through that kernel; up to 1,024 inputs it
-may, and these tests are what says the orders still agree there (on this machine's oneDNN)."""
+"""Batch invariance of ``InvariantLinear``: a row's output bits do not depend on how many rows
+share the call, where the row sits among them, or the thread count (float32 and bfloat16, shapes
+that are and are not multiples of the kernel's tiles). MKL's float32 sgemm and oneDNN's bfloat16
+kernels failed this (rows differed between M = 1, small M and large M)."""
 
 import pytest
 import torch
 from torch import nn
 
+from kvserve.kernels import cpu_kernels, cpu_kernels_available
 from kvserve.model.arch_config import ModelArchConfig
-from kvserve.model.layers import PrepackedLinear, prepack_available, prepack_cpu_linears
+from kvserve.model.invariant_linear import InvariantLinear, use_invariant_linears
 from kvserve.model.llama import LlamaMLP
 
-pytestmark = pytest.mark.skipif(not prepack_available(), reason="torch built without oneDNN")
+pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="no C++ compiler for the kernels")
+
+BIG = 1030  # several row blocks and a partial one
 
 
-@pytest.mark.parametrize(("in_features", "out_features"), [(64, 256), (896, 512), (1024, 256), (1025, 128),
-                                                          (2048, 256), (4864, 128)])
-def test_a_row_alone_equals_the_row_in_a_batch(in_features, out_features):
-    gen = torch.Generator().manual_seed(in_features)
-    linear = nn.Linear(in_features, out_features, bias=False).to(torch.bfloat16)
-    packed = PrepackedLinear(linear)
-    x = torch.randn(48, in_features, generator=gen).to(torch.bfloat16)
+def _layer(in_features: int, out_features: int, dtype: torch.dtype) -> InvariantLinear:
+    torch.manual_seed(in_features + out_features)
+    return InvariantLinear(nn.Linear(in_features, out_features).to(dtype), cpu_kernels())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("in_features", "out_features"), [(64, 48), (131, 37), (896, 160), (1025, 17), (4864, 40)])
+def test_every_row_count_and_position_gives_the_same_bits(dtype, threads, in_features, out_features):
+    torch.set_num_threads(threads)  # restored by the conftest fixture
+    layer = _layer(in_features, out_features, dtype)
+    x = torch.randn(BIG, in_features, generator=torch.Generator().manual_seed(5)).to(dtype)
     with torch.inference_mode():
-        batched = packed(x)
-        alone = torch.cat([packed(x[i : i + 1]) for i in range(48)])
-        assert torch.equal(alone, batched)
-        assert torch.equal(packed(x[5]), batched[5])  # 1-D input: one row too
-        assert packed(x[:0]).shape == (0, out_features)
+        full = layer(x)
+        for rows in range(1, 71):
+            for start in {0, 70 - rows, (BIG - rows) // 2, BIG - rows}:
+                assert torch.equal(layer(x[start : start + rows]), full[start : start + rows]), (rows, start)
+        for rows in (128, 257, 512, 700):
+            assert torch.equal(layer(x[BIG - rows :]), full[BIG - rows :])
+        assert torch.equal(torch.cat([layer(x[i : i + 1]) for i in range(0, BIG, 7)]), full[::7])
 
 
-def test_mlp_decode_row_equals_prefill_row():
+def test_thread_counts_agree():
+    layer = _layer(896, 1000, torch.bfloat16)
+    x = torch.randn(300, 896, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    results = []
+    for threads in (1, 2, 3):
+        torch.set_num_threads(threads)
+        results.append(layer(x))
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mlp_decode_row_equals_prefill_row(dtype):
     """The Qwen2.5-0.5B down_proj width (intermediate 4,864): one row through the MLP alone, as
     a batch-1 decode step runs it, equals the same row inside a larger batch."""
     arch = ModelArchConfig.from_dict({
@@ -38,9 +58,9 @@ def test_mlp_decode_row_equals_prefill_row():
         "intermediate_size": 4864, "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 32,
     })
     torch.manual_seed(0)
-    mlp = LlamaMLP(arch).to(torch.bfloat16)
-    assert prepack_cpu_linears(mlp) == 2
-    x = torch.randn(40, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    mlp = LlamaMLP(arch).to(dtype)
+    assert use_invariant_linears(mlp) == 2
+    x = torch.randn(40, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
     with torch.inference_mode():
         batched = mlp(x)
         assert torch.equal(torch.cat([mlp(x[i : i + 1]) for i in range(40)]), batched)

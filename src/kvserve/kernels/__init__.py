@@ -5,6 +5,8 @@ Sources (``csrc/``):
   (``kvserve.attention.cpu_paged``);
 - ``argmax.cpp``: row-wise argmax of float32/bfloat16 logits without an upcast copy
   (``kvserve.sample.greedy``);
+- ``linear.cpp``: the batch-invariant linear (GEMM) over prepacked float32/bfloat16 weights
+  (``kvserve.model.invariant_linear``);
 - ``bindings.cpp``: the Python module.
 
 The build uses ``torch.utils.cpp_extension.load`` (g++ with OpenMP, ``-O3 -march=native``; about a
@@ -32,7 +34,7 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("paged_attention.cpp", "argmax.cpp", "bindings.cpp")
+SOURCES = ("paged_attention.cpp", "argmax.cpp", "linear.cpp", "bindings.cpp")
 
 
 def cpu_tag() -> str:
@@ -77,8 +79,9 @@ def _build_stamp(directory: Path) -> str:
 
 @functools.cache
 def cpu_kernels() -> ModuleType | None:
-    """The compiled module (``paged_attention``, ``argmax_rows``), or None when it cannot be
-    built here (the reason is logged once as a warning)."""
+    """The compiled module (``paged_attention``, ``argmax_rows``, ``pack_linear_weight``,
+    ``invariant_linear``), or None when it cannot be built here (the reason is logged once as a
+    warning)."""
     directory = build_directory()
     try:
         from torch.utils.cpp_extension import load

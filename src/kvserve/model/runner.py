@@ -24,7 +24,7 @@ import torch
 
 from kvserve.attention.backend import AttentionMetadata
 from kvserve.model.arch_config import ModelArchConfig
-from kvserve.model.layers import prepack_cpu_linears
+from kvserve.model.invariant_linear import use_invariant_linears
 from kvserve.model.loader import LoadedModel
 from kvserve.scheduler.output import SchedulerOutput
 
@@ -97,9 +97,9 @@ class ModelRunner:
         self.block_size = block_size
         self.device = torch.device(device)
         self.kv_caches = self._init_kv_caches()
-        # bf16 on CPU: weights packed once for oneDNN instead of on every call (bit-identical).
+        # CPU: float32/bf16 linears through kvserve's batch-invariant GEMM (weights packed once).
         on_cpu = self.device.type == "cpu"
-        self.num_prepacked_linears = prepack_cpu_linears(self.model) if on_cpu and prepack_linears else 0
+        self.num_prepacked_linears = use_invariant_linears(self.model) if on_cpu and prepack_linears else 0
 
     def _init_kv_caches(self) -> list[torch.Tensor]:
         shape = (2, self.num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)

@@ -5,8 +5,15 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_ca
                      torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t window,
                      int64_t max_q_len);
 torch::Tensor argmax_rows(torch::Tensor logits);
+torch::Tensor pack_linear_weight(torch::Tensor weight);
+torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+                               int64_t out_features);
+int64_t linear_panel_width();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over the block cache (see paged_attention.cpp)");
   m.def("argmax_rows", &argmax_rows, "index of the largest value of each row (see argmax.cpp)");
+  m.def("pack_linear_weight", &pack_linear_weight, "weight [N, K] into the panels of invariant_linear (see linear.cpp)");
+  m.def("invariant_linear", &invariant_linear, "batch-invariant x W^T + b over packed weights (see linear.cpp)");
+  m.def("linear_panel_width", &linear_panel_width, "output columns per packed weight panel");
 }

@@ -1,0 +1,374 @@
+// Batch-invariant linear layer y = x W^T + b for CPUs (float32 and bfloat16).
+//
+// Every output element y[m][n] is computed by one fixed sequence of floating-point operations,
+//
+//     acc = 0;  for k = 0 .. K-1:  acc = fma(x[m][k], W[n][k], acc);   y[m][n] = round(acc + b[n])
+//
+// (float32 accumulation, one fused multiply-add per k in increasing k, the bias added last,
+// then one rounding to the output dtype), whatever the number of rows M, the row's position in
+// the batch and the thread count. That is the whole batch-invariance argument; the rest is how it
+// is made fast without changing that sequence:
+//
+// - Weights are packed once (pack_linear_weight) into panels of kNR output columns, each panel
+//   [K][kNR] contiguous, in the weight's own dtype (bfloat16 stays 2 bytes: the decode step
+//   reads half the bytes). The last panel is padded with zero columns, which are never stored.
+//
+//       panel p:  k=0: W[pNR+0][0] W[pNR+1][0] ... W[pNR+NR-1][0]    (float32 order)
+//                 k=1: W[pNR+0][1] ...
+//
+//   bfloat16 panels interleave each group of 2*kW columns as (c, c+kW) pairs, so that one vector
+//   load of 2*kW bfloat16 gives both float32 vectors with one shift and one mask (bf16 -> fp32 is
+//   the upper half of the float32 word):
+//
+//       32-bit word j of a group = W[c0+j] (low half) | W[c0+kW+j] (high half)
+//       word << 16   -> columns c0 .. c0+kW-1;   word & 0xffff0000 -> columns c0+kW .. c0+2kW-1
+//
+// - An outer-product microkernel keeps a kMR x kNR tile of accumulators in registers; per k it
+//   loads one packed weight row, broadcasts each of kMR activations and does kMR * kNV FMAs
+//   (explicit FMA intrinsics, never a separate multiply and add). Every accumulator sees its k in
+//   increasing order.
+// - Rows are packed kMR at a time (float32, interleaved [k][kMR]); a last partial group is padded
+//   with zero rows, so an M tail runs through the same microkernel as full groups and a row alone
+//   is computed exactly as inside a batch of 2,048.
+// - K may be split into blocks for the caches; partial sums then stay float32 in a scratch tile
+//   and the next block loads them and continues its FMAs, so the sequence above is unchanged.
+// - Threads split work by row blocks and column blocks only, never by K.
+//
+// The file is compiled without -ffast-math's licences (see the pragma below): no reassociation,
+// no contraction other than the explicit FMAs. tests/model/test_invariant_linear.py checks the
+// result bit for bit against the sequence above emulated in float64.
+//
+// A wider instruction (e.g. AVX512-BF16 vdpbf16ps, which sums two products per lane, or AMX
+// tiles) would change the sequence and therefore the bits; it can be added as a microkernel of its
+// own behind the same packing and blocking, with its own fixed per-element order (e.g. pairs of k
+// summed then accumulated), as long as it is the only kernel used on that host for every M.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#pragma GCC push_options
+#pragma GCC optimize("no-fast-math", "fp-contract=off")
+
+namespace {
+
+// Vector width (floats) and tile shape, fixed at compile time for the CPU the extension is built
+// for (-march=native): 4 x 64 on AVX-512, 4 x 16 on AVX2+FMA, 4 x 8 with portable vectors
+// elsewhere. kMR rows x kNV vectors of accumulators must fit the register file with kNV weight
+// vectors and one broadcast (AVX2: 8 + 2 + 1 of 16); kMR is also the padding a lone decode row
+// pays (kMR FMAs per weight element, hidden under the weight reads on these machines, see
+// docs/benchmarks.md). KVSERVE_LINEAR_WIDTH forces the portable path at a given width (tests of
+// the layout for other widths on this machine).
+#if defined(KVSERVE_LINEAR_WIDTH)
+#define KVSERVE_LINEAR_ISA_PORTABLE 1
+constexpr int kW = KVSERVE_LINEAR_WIDTH;
+#elif defined(__AVX512F__)
+#define KVSERVE_LINEAR_ISA_AVX512 1
+constexpr int kW = 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+#define KVSERVE_LINEAR_ISA_AVX2 1
+constexpr int kW = 8;
+#else
+#define KVSERVE_LINEAR_ISA_PORTABLE 1
+constexpr int kW = 4;
+#endif
+#ifndef KVSERVE_LINEAR_MR
+#define KVSERVE_LINEAR_MR 4
+#endif
+#ifndef KVSERVE_LINEAR_NV
+#define KVSERVE_LINEAR_NV (kW == 16 ? 4 : 2)
+#endif
+constexpr int kMR = KVSERVE_LINEAR_MR;  // rows per microkernel
+constexpr int kNV = KVSERVE_LINEAR_NV;  // vectors per row of the tile
+constexpr int kNR = kNV * kW;           // output columns per panel
+static_assert(kNV % 2 == 0, "bfloat16 panels are read two vectors at a time");
+
+typedef float vfloat __attribute__((vector_size(kW * sizeof(float))));
+typedef uint32_t vuint __attribute__((vector_size(kW * sizeof(uint32_t))));
+
+inline vfloat broadcast(float value) {
+#if defined(KVSERVE_LINEAR_ISA_AVX512)
+  return _mm512_set1_ps(value);
+#elif defined(KVSERVE_LINEAR_ISA_AVX2)
+  return _mm256_set1_ps(value);
+#else
+  vfloat v;
+  for (int i = 0; i < kW; ++i) v[i] = value;
+  return v;
+#endif
+}
+
+// a * b + c with one rounding.
+inline vfloat fmadd(vfloat a, vfloat b, vfloat c) {
+#if defined(KVSERVE_LINEAR_ISA_AVX512)
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(KVSERVE_LINEAR_ISA_AVX2)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  vfloat r;
+  for (int i = 0; i < kW; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+  return r;
+#endif
+}
+
+template <typename T>
+inline T load_vector(const void* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+// By value: taking an accumulator's address would keep the tile in memory instead of registers.
+inline void store_vector(float* p, vfloat v) { std::memcpy(p, &v, sizeof(v)); }
+
+// One packed weight row (kNR columns) as kNV float32 vectors.
+inline void load_weights(const float* b, vfloat (&out)[kNV]) {
+  for (int v = 0; v < kNV; ++v) out[v] = load_vector<vfloat>(b + v * kW);
+}
+
+inline void load_weights(const c10::BFloat16* b, vfloat (&out)[kNV]) {
+  for (int g = 0; g < kNV / 2; ++g) {
+    const vuint words = load_vector<vuint>(b + g * 2 * kW);
+    out[2 * g] = (vfloat)(words << 16);
+    out[2 * g + 1] = (vfloat)(words & 0xffff0000u);
+  }
+}
+
+// The microkernel: c[kMR][kNR] (+)= a[kc][kMR] * b[kc][kNR], one FMA per k, in increasing k.
+// accumulate=false starts from zero, true continues the partial sums stored in c.
+template <typename weight_t>
+inline void micro_kernel(int64_t kc, const float* __restrict a, const weight_t* __restrict b, float* __restrict c,
+                         bool accumulate) {
+  vfloat acc[kMR][kNV];
+  for (int i = 0; i < kMR; ++i)
+    for (int v = 0; v < kNV; ++v) acc[i][v] = accumulate ? load_vector<vfloat>(c + i * kNR + v * kW) : vfloat{};
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    vfloat w[kNV];
+    load_weights(b + k * kNR, w);
+    for (int i = 0; i < kMR; ++i) {
+      const vfloat x = broadcast(a[k * kMR + i]);
+      for (int v = 0; v < kNV; ++v) acc[i][v] = fmadd(x, w[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < kMR; ++i)
+    for (int v = 0; v < kNV; ++v) store_vector(c + i * kNR + v * kW, acc[i][v]);
+}
+
+// Conversions written here rather than c10's: functions from headers compiled under other
+// optimisation options are not inlined into this file's functions (a call per element).
+inline float to_float(float v) { return v; }
+inline float to_float(c10::BFloat16 v) {  // exact: the bfloat16 bits are the float's upper half
+  const uint32_t word = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &word, sizeof(f));
+  return f;
+}
+
+template <typename out_t>
+inline out_t from_float(float v);
+template <>
+inline float from_float<float>(float v) { return v; }
+template <>
+inline c10::BFloat16 from_float<c10::BFloat16>(float v) {  // round to nearest even, as c10 does
+  uint32_t word;
+  std::memcpy(&word, &v, sizeof(word));
+  const uint16_t bits = v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>((word + 0x7fffu + ((word >> 16) & 1u)) >> 16);
+  return c10::BFloat16(bits, c10::BFloat16::from_bits());
+}
+
+// Rows [row0, row0 + rows) x columns [k0, k0 + kc) of x [M][K] into groups of kMR rows, float32,
+// [group][k][kMR]; rows past `rows` are zero.
+template <typename act_t>
+void pack_rows(const act_t* x, int64_t K, int64_t row0, int64_t rows, int64_t k0, int64_t kc, float* out) {
+  const int64_t groups = (rows + kMR - 1) / kMR;
+  for (int64_t g = 0; g < groups; ++g) {
+    float* dst = out + g * kc * kMR;
+    for (int r = 0; r < kMR; ++r) {
+      const int64_t row = g * kMR + r;
+      if (row < rows) {
+        const act_t* src = x + (row0 + row) * K + k0;
+        for (int64_t k = 0; k < kc; ++k) dst[k * kMR + r] = to_float(src[k]);
+      } else {
+        for (int64_t k = 0; k < kc; ++k) dst[k * kMR + r] = 0.f;
+      }
+    }
+  }
+}
+
+// The valid part of a finished tile: out[row][col] = round(tile + bias).
+template <typename out_t>
+void store_tile(const float* tile, const float* bias, out_t* out, int64_t N, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    out_t* dst = out + r * N;
+    const float* src = tile + r * kNR;
+    if (bias != nullptr) {
+      for (int64_t c = 0; c < cols; ++c) dst[c] = from_float<out_t>(src[c] + bias[c]);
+    } else {
+      for (int64_t c = 0; c < cols; ++c) dst[c] = from_float<out_t>(src[c]);
+    }
+  }
+}
+
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+using Scratch = std::unique_ptr<float[], FreeDeleter>;
+
+Scratch scratch(int64_t floats) {
+  const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + 63) / 64 * 64;
+  return Scratch(static_cast<float*>(std::aligned_alloc(64, bytes)));
+}
+
+// Work split (any choice gives the same bits; these only decide speed).
+struct Blocking {
+  int64_t row_block;    // rows per work item (a multiple of kMR)
+  int64_t panel_block;  // panels per work item
+  int64_t k_block;      // K per pass over a work item
+};
+
+Blocking choose_blocking(int64_t M, int64_t K, int64_t panels, int64_t threads) {
+  Blocking b;
+  const int64_t row_groups = (M + kMR - 1) / kMR;
+  b.row_block = std::min<int64_t>(row_groups, 12) * kMR;
+  const int64_t row_blocks = (M + b.row_block - 1) / b.row_block;
+  // Enough items for every thread (several each, for balance), at most 16 panels per item.
+  const int64_t wanted_items = threads * 8;
+  const int64_t per_item = std::max<int64_t>(1, (panels * row_blocks + wanted_items - 1) / wanted_items);
+  b.panel_block = std::clamp<int64_t>(per_item, 1, 16);
+  b.k_block = std::max<int64_t>(1, M <= kMR ? K : std::min<int64_t>(K, 256));
+  return b;
+}
+
+template <typename act_t, typename weight_t>
+void linear_kernel(const act_t* x, const weight_t* packed, const float* bias, act_t* out, int64_t M, int64_t K,
+                   int64_t N) {
+  const int64_t panels = (N + kNR - 1) / kNR;
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const Blocking blk = choose_blocking(M, K, panels, threads);
+  const int64_t row_blocks = (M + blk.row_block - 1) / blk.row_block;
+  const int64_t panel_blocks = (panels + blk.panel_block - 1) / blk.panel_block;
+  const int64_t k_blocks = std::max<int64_t>(1, (K + blk.k_block - 1) / blk.k_block);
+  const int64_t tile = kMR * kNR;
+  at::parallel_for(0, row_blocks * panel_blocks, 1, [&](int64_t begin, int64_t end) {
+    Scratch rows_packed = scratch(blk.row_block * blk.k_block);
+    // Partial sums of every tile of an item when K is split; one tile otherwise.
+    const int64_t tiles = k_blocks > 1 ? blk.row_block / kMR * blk.panel_block : 1;
+    Scratch partial = scratch(tiles * tile);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t row0 = item % row_blocks * blk.row_block;
+      const int64_t rows = std::min(blk.row_block, M - row0);
+      const int64_t groups = (rows + kMR - 1) / kMR;
+      const int64_t p0 = item / row_blocks * blk.panel_block;
+      const int64_t p1 = std::min(panels, p0 + blk.panel_block);
+      for (int64_t kb = 0; kb < k_blocks; ++kb) {
+        const int64_t k0 = kb * blk.k_block;
+        const int64_t kc = std::min(blk.k_block, K - k0);
+        const bool last = kb == k_blocks - 1;
+        pack_rows(x, K, row0, rows, k0, kc, rows_packed.get());
+        for (int64_t p = p0; p < p1; ++p) {
+          const weight_t* b = packed + p * K * kNR + k0 * kNR;
+          const int64_t col0 = p * kNR;
+          const int64_t cols = std::min<int64_t>(kNR, N - col0);
+          for (int64_t g = 0; g < groups; ++g) {
+            float* c = partial.get() + (tiles > 1 ? ((p - p0) * groups + g) * tile : 0);
+            micro_kernel(kc, rows_packed.get() + g * kc * kMR, b, c, kb > 0);
+            if (last) {
+              store_tile(c, bias == nullptr ? nullptr : bias + col0, out + (row0 + g * kMR) * N + col0, N,
+                         std::min<int64_t>(kMR, rows - g * kMR), cols);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// W [N][K] -> panels [P][K][kNR] (see the file comment), zero-padded to P * kNR columns.
+template <typename weight_t>
+void pack_panels(const weight_t* w, weight_t* out, int64_t N, int64_t K) {
+  const int64_t panels = (N + kNR - 1) / kNR;
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      for (int64_t j = 0; j < kNR; ++j) {
+        // Position of column j of the panel within a packed row.
+        int64_t slot = j;
+        if constexpr (std::is_same_v<weight_t, c10::BFloat16>) {
+          const int64_t group = j / (2 * kW), in_group = j % (2 * kW);
+          slot = group * 2 * kW + (in_group % kW) * 2 + in_group / kW;
+        }
+        const int64_t n = p * kNR + j;
+        weight_t* dst = out + p * K * kNR + slot;
+        for (int64_t k = 0; k < K; ++k) dst[k * kNR] = n < N ? w[n * K + k] : weight_t{};
+      }
+    }
+  });
+}
+
+}  // namespace
+
+#pragma GCC pop_options
+
+int64_t linear_panel_width() { return kNR; }
+
+// weight: contiguous [N, K] float32 or bfloat16. Returns the packed weight [P, K, kNR] (same dtype).
+torch::Tensor pack_linear_weight(torch::Tensor weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.device().is_cpu(), "weight must be a 2-D CPU tensor");
+  TORCH_CHECK(weight.scalar_type() == torch::kFloat || weight.scalar_type() == torch::kBFloat16,
+              "pack_linear_weight supports float32 and bfloat16");
+  weight = weight.contiguous();
+  const int64_t N = weight.size(0), K = weight.size(1);
+  auto packed = torch::empty({(N + kNR - 1) / kNR, K, kNR}, weight.options());
+  if (weight.scalar_type() == torch::kFloat) {
+    pack_panels(weight.data_ptr<float>(), packed.data_ptr<float>(), N, K);
+  } else {
+    pack_panels(weight.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), N, K);
+  }
+  return packed;
+}
+
+template <typename act_t>
+void linear_dispatch_weight(const torch::Tensor& x, const torch::Tensor& packed, const float* bias, torch::Tensor& out,
+                            int64_t M, int64_t K, int64_t N) {
+  if (packed.scalar_type() == torch::kFloat) {
+    linear_kernel(x.data_ptr<act_t>(), packed.data_ptr<float>(), bias, out.data_ptr<act_t>(), M, K, N);
+  } else {
+    linear_kernel(x.data_ptr<act_t>(), packed.data_ptr<c10::BFloat16>(), bias, out.data_ptr<act_t>(), M, K, N);
+  }
+}
+
+// x: contiguous [M, K] float32 or bfloat16; packed: from pack_linear_weight; bias: float32 [N] or
+// None; out_features: N. Returns [M, N] in x's dtype.
+torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+                               int64_t out_features) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous 2-D CPU tensor");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16,
+              "invariant_linear supports float32 and bfloat16 activations");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kNR && packed.is_contiguous(),
+              "packed must come from pack_linear_weight");
+  TORCH_CHECK(packed.scalar_type() == torch::kFloat || packed.scalar_type() == torch::kBFloat16,
+              "packed weight must be float32 or bfloat16");
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  TORCH_CHECK(packed.size(1) == K && packed.size(0) == (N + kNR - 1) / kNR, "packed weight does not match x / N");
+  const float* bias_ptr = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->is_contiguous() && bias->numel() == N,
+                "bias must be a contiguous float32 [N]");
+    bias_ptr = bias->data_ptr<float>();
+  }
+  auto out = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return out;
+  if (x.scalar_type() == torch::kFloat) {
+    linear_dispatch_weight<float>(x, packed, bias_ptr, out, M, K, N);
+  } else {
+    linear_dispatch_weight<c10::BFloat16>(x, packed, bias_ptr, out, M, K, N);
+  }
+  return out;
+}

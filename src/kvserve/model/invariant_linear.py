@@ -1,0 +1,84 @@
+"""Batch-invariant CPU linears: every output element is computed by one fixed sequence of
+floating-point operations, whatever the number of rows, the row's place in the batch and the
+thread count, in float32 and bfloat16.
+
+``F.linear`` gives no such promise on the CPU: MKL's float32 sgemm and oneDNN's bfloat16 kernels
+pick kernels (and summation orders) by the number of rows M, so a request decoding alone
+(M = 1) differed in the last bits from the same request decoding in a batch. The kernel behind
+``InvariantLinear`` (``kvserve/kernels/csrc/linear.cpp``) computes, for each output element,
+
+    acc = 0;  for k in 0 .. K-1: acc = fma(x[m, k], W[n, k], acc);  y[m, n] = round(acc + b[n])
+
+in float32 (bfloat16 inputs are widened exactly), with the weight packed once into panels in its
+own dtype. Rows are independent, so the same token gives the same bits alone, batched, in a
+chunked prefill, from the prefix cache or after preemption.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from kvserve.kernels import cpu_kernels
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class InvariantLinear(nn.Module):
+    """``y = x W^T + b`` through kvserve's batch-invariant CPU GEMM.
+
+    Input [..., in_features] float32 or bfloat16 -> [..., out_features] in the input's dtype.
+    The weight (float32 or bfloat16) is packed at construction into ``linear.cpp``'s panels and
+    kept in its dtype (a bfloat16 model reads half the bytes per decode step); the bias is kept
+    as float32. Holds no ``nn.Parameter`` (weights are fixed for inference). Built by
+    ``use_invariant_linears``.
+
+    Args:
+        linear: the layer to replace (its weight is copied into the packed layout).
+        kernels: the compiled module from ``kvserve.kernels.cpu_kernels()``.
+    """
+
+    def __init__(self, linear: nn.Linear, kernels: ModuleType):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._kernels = kernels
+        self.weight_dtype = linear.weight.dtype
+        self.packed = kernels.pack_linear_weight(linear.weight.detach())
+        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.float32).contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, self.in_features).contiguous()
+        out = self._kernels.invariant_linear(rows, self.packed, self.bias, self.out_features)
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, weight_dtype={self.weight_dtype}")
+
+
+def use_invariant_linears(model: nn.Module) -> int:
+    """Replace every float32 or bfloat16 CPU ``nn.Linear`` of ``model`` (incl. ``MergedLinear``
+    and a tied ``lm_head``; the embedding keeps its own weight) by an ``InvariantLinear``, in
+    place. Call after the weights are loaded. Returns how many were replaced.
+
+    Where the C++ kernels cannot be built (no compiler), nothing is replaced and returns 0: the
+    model keeps ``nn.Linear`` (``F.linear``: MKL / oneDNN), whose rows may differ in the last
+    bits between batch sizes, so batch invariance is then not guaranteed.
+    """
+    kernels = cpu_kernels()
+    if kernels is None:
+        return 0
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+        and child.weight.dtype in SUPPORTED_DTYPES
+        and child.weight.device.type == "cpu"
+    ]
+    for parent, name, child in targets:
+        setattr(parent, name, InvariantLinear(child, kernels))
+    return len(targets)
