@@ -136,5 +136,6 @@ def get_reasoning_parser(name: str) -> type[ReasoningParser]:
     import kvserve.reasoning.think_tags  # noqa: F401  (registers the built-in parsers)
 
     if name not in _REGISTRY:
-        raise ValueError(f"unknown reasoning parser {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
+        raise ValueError(
+            f"unknown reasoning parser {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]

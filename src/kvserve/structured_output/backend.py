@@ -1,4 +1,4 @@
-"""The grammar-backend extension point: a per-model backend, compiled grammars, per-request matchers.
+"""The grammar-backend extension point: per-model backend, compiled grammars, request matchers.
 
 Shapes follow vLLM v1's ``vllm/v1/structured_output/backend_types.py``::
 

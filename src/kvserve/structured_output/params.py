@@ -96,7 +96,8 @@ class StructuredOutputsParams:
             self._fail("json must be a JSON Schema object (or its JSON text)")
         if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
             self._fail("regex must be a non-empty string")
-        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+        if self.grammar is not None and (
+                not isinstance(self.grammar, str) or not self.grammar.strip()):
             self._fail("grammar must be a non-empty string (EBNF/GBNF or Lark)")
         if self.choice is not None:
             if not self.choice or not all(isinstance(c, str) for c in self.choice):

@@ -8,8 +8,8 @@
   (``has_xgrammar_unsupported_json_features``) and ``backend_guidance.py``
   (``has_guidance_unsupported_json_features``), plus one measured here: xgrammar 0.2.9 turns
   a string with ``minLength``/``maxLength`` into a character class that lets raw control
-  characters through (its random-walk outputs failed ``json.loads``). The ``xgrammar`` backend refuses such a schema
-  with a 400; ``auto`` sends it to ``guidance`` instead.
+  characters through (its random-walk outputs failed ``json.loads``). The ``xgrammar``
+  backend refuses such a schema with a 400; ``auto`` sends it to ``guidance`` instead.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def _depth(value: Any) -> int:
         deepest = max(deepest, depth)
         if deepest > MAX_SCHEMA_DEPTH:
             return deepest
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        children = node.values() if isinstance(node, dict) else (
+            node if isinstance(node, list) else ())
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return deepest
 

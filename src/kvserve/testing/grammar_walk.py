@@ -66,7 +66,8 @@ def punctuation_mask(tokenizer, vocab_size: int) -> torch.Tensor:
     if key not in _PUNCT:
         texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
         mask = torch.zeros(vocab_size, dtype=torch.bool)
-        hits = [i for i, t in enumerate(texts) if len(t) == 1 and not t.isalnum() and not t.isspace()]
+        hits = [i for i, t in enumerate(texts)
+                if len(t) == 1 and not t.isalnum() and not t.isspace()]
         mask[hits] = True
         _PUNCT[key] = mask
     return _PUNCT[key]

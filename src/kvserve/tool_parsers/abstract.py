@@ -226,7 +226,8 @@ def get_tool_parser(name: str) -> type[ToolParser]:
     import kvserve.tool_parsers.parsers  # noqa: F401  (registers the built-in parsers)
 
     if name not in _REGISTRY:
-        raise ValueError(f"unknown tool call parser {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
+        raise ValueError(
+            f"unknown tool call parser {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
 
 

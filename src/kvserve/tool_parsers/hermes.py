@@ -10,7 +10,13 @@ but whose closing tag never came (EOS right after ``}``) counts, as in vLLM.
 
 from __future__ import annotations
 
-from kvserve.tool_parsers.abstract import ParseContext, ParsedCall, ParseState, ToolParser, register_tool_parser
+from kvserve.tool_parsers.abstract import (
+    ParseContext,
+    ParsedCall,
+    ParseState,
+    ToolParser,
+    register_tool_parser,
+)
 from kvserve.tool_parsers.json_calls import call_from_object, partial_suffix, skip_whitespace
 from kvserve.tool_parsers.json_scan import JsonObjectScanner
 

@@ -10,7 +10,13 @@ dropped; when the output is a call list there is no content.
 
 from __future__ import annotations
 
-from kvserve.tool_parsers.abstract import ParseContext, ParsedCall, ParseState, ToolParser, register_tool_parser
+from kvserve.tool_parsers.abstract import (
+    ParseContext,
+    ParsedCall,
+    ParseState,
+    ToolParser,
+    register_tool_parser,
+)
 from kvserve.tool_parsers.json_calls import call_from_object, skip_whitespace
 from kvserve.tool_parsers.json_scan import JsonObjectScanner
 

@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import re
 
-from kvserve.tool_parsers.abstract import ParseContext, ParsedCall, ParseState, ToolParser, register_tool_parser
+from kvserve.tool_parsers.abstract import (
+    ParseContext,
+    ParsedCall,
+    ParseState,
+    ToolParser,
+    register_tool_parser,
+)
 from kvserve.tool_parsers.json_calls import CallArrayReader, partial_suffix, skip_whitespace
 from kvserve.tool_parsers.json_scan import JsonObjectScanner
 from kvserve.tool_parsers.types import make_mistral_tool_call_id

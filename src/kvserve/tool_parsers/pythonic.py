@@ -16,7 +16,13 @@ import ast
 import json
 from typing import Any
 
-from kvserve.tool_parsers.abstract import ParseContext, ParsedCall, ParseState, ToolParser, register_tool_parser
+from kvserve.tool_parsers.abstract import (
+    ParseContext,
+    ParsedCall,
+    ParseState,
+    ToolParser,
+    register_tool_parser,
+)
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 _OPEN = {"(": ")", "[": "]", "{": "}"}
@@ -87,7 +93,8 @@ class PythonicContext(ParseContext):
         phase = self.phase
         if phase == "value":
             return self._value_char(ch)
-        if phase in ("name", "keyword") and (ch.isalnum() or ch == "_" or (ch == "." and phase == "name")):
+        identifier = ch.isalnum() or ch == "_" or (ch == "." and phase == "name")
+        if phase in ("name", "keyword") and identifier:
             return True
         if phase == "name":
             return ch == "(" and self._open_call()
