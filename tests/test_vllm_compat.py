@@ -188,3 +188,12 @@ def test_help_groups_flags_as_vllm(capsys):
 
 def test_server_settings_default_is_loopback_for_embedders():
     assert ServerSettings().host == "127.0.0.1"
+
+
+def test_docs_table_lists_every_refused_flag():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "vllm_compat.md").read_text()
+    for refused in (*REFUSED_FLAGS, *FRONTEND_REFUSED_FLAGS):
+        row = "| " + " / ".join(f"`{flag}`" for flag in refused.flags) + " |"
+        assert row in doc and refused.reason in doc, refused.flags
