@@ -12,6 +12,7 @@ Every mistake a user can make on the command line ends before "serving" is print
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import logging
@@ -139,6 +140,8 @@ def run_server(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     settings = settings_from_args(args)
     sock = bind_socket(settings.host, settings.port)
+    if settings.port == 0:  # an ephemeral port: name the one the OS chose
+        settings = dataclasses.replace(settings, port=sock.getsockname()[1])
     try:
         return _serve(args, model, settings, settings.served_model_name or default_name, sock, start)
     finally:

@@ -1,0 +1,53 @@
+"""The C++ kernels build into a folder of this install's own, per CPU, and a build at run time is
+announced on stderr when it starts and when it ends (a load of an up-to-date build says nothing)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+import kvserve.kernels as kernels
+
+
+@pytest.fixture
+def fake_load(monkeypatch, tmp_path):
+    """torch's ``load`` replaced by a recorder (no compiler run), a fresh cache folder, no memo."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    calls = []
+
+    def load(**kwargs):
+        calls.append(kwargs)
+        return f"module in {kwargs['build_directory']}"
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    kernels.cpu_kernels.cache_clear()
+    yield calls
+    kernels.cpu_kernels.cache_clear()
+
+
+def test_build_directory_is_keyed_by_install_path_and_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    package = str(Path(kernels.__file__).resolve().parent)
+    expected = tmp_path / "kvserve" / "kernels" / f"{hashlib.sha256(package.encode()).hexdigest()[:12]}-{kernels.cpu_tag()}"
+    assert kernels.build_directory() == expected
+
+
+def test_a_build_is_announced_once_then_loads_quietly(fake_load, capsys):
+    directory = kernels.build_directory()
+    assert kernels.cpu_kernels() == f"module in {directory}"
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (f"kvserve: building the C++ CPU kernels in {directory} (once per install and CPU, "
+                      "about a minute) ...")
+    assert err[1].startswith("kvserve: CPU kernels built in ") and len(err) == 2
+    assert fake_load[0]["build_directory"] == str(directory)
+    assert fake_load[0]["sources"] == [str(kernels._CSRC / name) for name in kernels.SOURCES]
+    kernels.cpu_kernels.cache_clear()  # a second process start: up to date, nothing printed
+    assert kernels.cpu_kernels() == f"module in {directory}" and capsys.readouterr().err == ""
+    (directory / "kvserve_build_stamp").write_text("sources changed")  # e.g. an upgrade
+    kernels.cpu_kernels.cache_clear()
+    kernels.cpu_kernels()
+    assert "building the C++ CPU kernels" in capsys.readouterr().err
