@@ -28,6 +28,8 @@ class ModelConfig:
         seed: seed of the engine-wide random generator (requests without a ``seed``).
         served_model_name: the name clients use in ``model``; defaults to the folder name.
         tokenizer: tokenizer folder, when it differs from ``model``.
+        attention_backend: ``auto`` (the C++ paged kernel on CPU where it builds, else the
+            portable torch backend), ``torch`` or ``cpu_paged`` (``--attention-backend``).
         sampling_defaults: sampling values for requests that omit them, from the model's
             generation_config.json and ``--generation-config`` / ``--override-generation-config``
             (``kvserve.generation_config``); empty = the API's own defaults.
@@ -40,6 +42,7 @@ class ModelConfig:
     seed: int = 0
     served_model_name: str | None = None
     tokenizer: str | None = None
+    attention_backend: str = "auto"
     sampling_defaults: SamplingDefaults = SamplingDefaults()
 
 

@@ -27,3 +27,24 @@ class RequestRejectedError(KVServeError):
 class CheckpointError(KVServeError, ValueError):
     """A model folder is missing a file, names an unsupported architecture, or has a tensor of the
     wrong name or shape."""
+
+
+class ConfigError(KVServeError, ValueError):
+    """A configuration value (a flag) is invalid or cannot work on this machine; raised at
+    start-up, never while serving a request."""
+
+
+class EngineDeadError(KVServeError):
+    """The engine hit a failure it could not attribute to one request (a failed step where every
+    request also failed alone, a scheduler error): it stops, and the server exits non-zero so a
+    supervisor restarts it."""
+
+
+class RequestFailedError(KVServeError):
+    """Processing one request failed inside the engine (the others went on), or the engine died
+    under it. The API answers 500 (or an in-band error event for a stream), naming the request."""
+
+    def __init__(self, message: str, request_id: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.request_id = request_id

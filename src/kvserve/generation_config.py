@@ -161,7 +161,8 @@ def _read(model_dir: Path, generation_config: str) -> tuple[dict[str, Any], str]
 
 
 def _validate(values: dict[str, Any], source: str) -> None:
-    """Check the values with the same rules as a request's (``SamplingParams``)."""
+    """Check the values with the same rules as a request's (``validate_sampling_params``)."""
+    from kvserve.engine.param_validation import validate_sampling_params
     from kvserve.sampling_params import SamplingParams
 
     for key, value in values.items():
@@ -172,7 +173,7 @@ def _validate(values: dict[str, Any], source: str) -> None:
     if "max_tokens" in values and (values["max_tokens"] != int(values["max_tokens"]) or values["max_tokens"] < 1):
         raise GenerationConfigError(f"max_new_tokens in {source} must be an integer >= 1, got {values['max_tokens']!r}")
     try:
-        SamplingParams(**values)
+        validate_sampling_params(SamplingParams(**values), vocab_size=2**31)  # token ids are not in play
     except InvalidRequestError as exc:
         key = "max_new_tokens" if exc.param == "max_tokens" else exc.param
         raise GenerationConfigError(f"{key} in {source}: {exc.message}") from exc

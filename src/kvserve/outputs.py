@@ -25,9 +25,9 @@ class TokenLogprobs(NamedTuple):
     top_logprobs: list[float]
 
 
-class PromptLogprobs(NamedTuple):
-    """Logprobs of consecutive prompt tokens: ``entries[j]`` scores the token at prompt position
-    ``first_position + j``."""
+class PromptLogprobsChunk(NamedTuple):
+    """Logprobs of consecutive prompt tokens scored in one step: ``entries[j]`` scores the token
+    at prompt position ``first_position + j`` (position 0 has no context and is never scored)."""
 
     first_position: int
     entries: list[TokenLogprobs]
@@ -35,19 +35,21 @@ class PromptLogprobs(NamedTuple):
 
 @dataclass
 class ModelRunnerOutput:
-    """What one model step produced.
+    """What one model step produced (``ModelRunner.execute_model``).
 
     Attributes:
-        sampled_token_ids: request id -> the sampled token, for each request that sampled.
-        logprobs: request id -> logprobs of the sampled token (requests asking for logprobs).
-        prompt_logprobs: request id -> logprobs of prompt tokens scored in this step, as
-            ``PromptLogprobs(first_position, entries)``: ``entries[j]`` scores the prompt token at
-            position ``first_position + j`` (position 0 has no context and is never scored).
+        sampled_token_ids: request id -> the tokens sampled for it this step (one today), for each
+            request that sampled.
+        logprobs: request id -> logprobs of its sampled tokens (requests asking for logprobs).
+        prompt_logprobs: request id -> its prompt positions scored in this step.
+        errors: request id -> why processing it failed in this step (the runner went on with the
+            others; the scheduler finishes these with ``error``).
     """
 
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,6 +65,7 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     first_scheduled_time: float | None = None
+    error: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -82,9 +85,6 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
 
 @dataclass
 class RequestOutput:
@@ -98,3 +98,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
+    error: str | None = None

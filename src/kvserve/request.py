@@ -18,6 +18,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
     FINISHED_IGNORED = enum.auto()
+    FINISHED_ERROR = enum.auto()
 
     @property
     def is_finished(self) -> bool:
@@ -34,6 +35,9 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
     RequestStatus.FINISHED_IGNORED: "length",
+    # Processing this request failed (an exception attributed to it); the others went on. The API
+    # answers 500 (or an in-band error event) naming the request id, as vLLM's "error".
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -60,6 +64,7 @@ class Request:
             request to running (its queue time ends); None until then. Kept across preemption.
         bad_words_token_ids: ``sampling_params.bad_words`` as token-id sequences (filled by the
             input processor, which has the tokenizer; see ``kvserve.sample.bad_words``).
+        error: why the request failed (status FINISHED_ERROR), else None.
     """
 
     request_id: str
@@ -79,6 +84,7 @@ class Request:
     first_scheduled_time: float | None = None
     stop_reason: int | str | None = None
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    error: str | None = None
     # Hashes of the request's full blocks, filled incrementally by the KV-cache manager.
     block_hashes: list[int] = field(default_factory=list)
 

@@ -3,10 +3,7 @@ OpenAI API."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-
-from kvserve.errors import InvalidRequestError
 
 # Temperatures below this are treated as greedy (argmax), as vLLM does.
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -45,14 +42,16 @@ class SamplingParams:
             end with the rest of it (a one-token word is always banned); see
             ``kvserve.sample.bad_words``.
         truncate_prompt_tokens: keep only the last this many prompt tokens (left truncation),
-            >= 1; None keeps the whole prompt (vLLM).
+            >= 1, or -1 for the last ``max_model_len``; None keeps the whole prompt (vLLM).
 
     ``max_tokens=0`` generates nothing: the request computes its prompt only when it asks for
     ``prompt_logprobs`` and finishes with ``length`` without sampling a token (the OpenAI API
     allows it only with ``echo`` on ``/v1/completions``, for scoring prompts).
 
-    Raises:
-        InvalidRequestError: on any value outside the ranges above (``param`` names the field).
+    Construction only normalises shapes (a single ``stop`` string becomes a list, ``top_k=-1``
+    becomes 0); the ranges above are checked by the engine's input processor
+    (``kvserve.engine.param_validation``), the one place that validates a request, so an offline
+    call and an HTTP request get the same error.
     """
 
     n: int = 1
@@ -92,109 +91,16 @@ class SamplingParams:
             self.allowed_token_ids = list(self.allowed_token_ids)
         if self.top_k == -1:
             self.top_k = 0
-        self._validate()
-
-    def _validate(self) -> None:
-        def bad(param: str, message: str) -> None:
-            raise InvalidRequestError(message, param=param)
-
-        if not isinstance(self.n, int) or self.n < 1:
-            bad("n", f"n must be an integer >= 1, got {self.n!r}")
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                bad(name, f"{name} must be a finite number, got {value!r}")
-        if self.temperature < 0:
-            bad("temperature", f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            bad("top_p", f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            bad("top_k", f"top_k must be -1 (disable) or >= 1, got {self.top_k}")
-        if not 0 <= self.min_p <= 1:
-            bad("min_p", f"min_p must be in [0, 1], got {self.min_p}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not -2 <= value <= 2:
-                bad(name, f"{name} must be in [-2, 2], got {value}")
-        if self.repetition_penalty <= 0:
-            bad("repetition_penalty", f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
-            bad("max_tokens", f"max_tokens must be >= 0 (0 = score the prompt only), got {self.max_tokens!r}")
-        if self.min_tokens < 0:
-            bad("min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            bad("min_tokens", f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value <= self.MAX_LOGPROBS:
-                bad(name, f"{name} must be in [0, {self.MAX_LOGPROBS}], got {value}")
-        if self.logit_bias:
-            for token_id, bias in self.logit_bias.items():
-                if not isinstance(token_id, int) or token_id < 0:
-                    bad("logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {token_id!r}")
-                if not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
-                    bad("logit_bias", f"logit_bias values must be in [-100, 100], got {bias} for token {token_id}")
-        if any(not s for s in self.stop):
-            bad("stop", "stop strings must be non-empty")
-        self._validate_token_restrictions(bad)
-
-    def _validate_token_restrictions(self, bad) -> None:
-        """allowed_token_ids, bad_words and truncate_prompt_tokens (vLLM's extensions)."""
-        if self.allowed_token_ids is not None:
-            if not self.allowed_token_ids:
-                bad("allowed_token_ids", "allowed_token_ids must not be empty (omit it to allow every token)")
-            wrong = [t for t in self.allowed_token_ids if not isinstance(t, int) or isinstance(t, bool) or t < 0]
-            if wrong:
-                bad("allowed_token_ids", f"allowed_token_ids must be token ids (integers >= 0), got {wrong[0]!r}")
-        for word in self.bad_words:
-            if not isinstance(word, str) or not word.strip():
-                bad("bad_words", f"bad_words entries must be non-empty words, got {word!r}")
-        check_truncate_prompt_tokens(self.truncate_prompt_tokens)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE_EPS
 
-    def truncated_prompt(self, prompt_token_ids: list[int]) -> list[int]:
-        """The prompt after ``truncate_prompt_tokens``: its last that many tokens (all of them
-        when None or when the prompt is shorter)."""
-        return truncate_prompt(prompt_token_ids, self.truncate_prompt_tokens)
-
-    def validate_for_vocab(self, vocab_size: int) -> None:
-        """Check token ids against the model's vocabulary.
-
-        Raises:
-            InvalidRequestError: a ``logit_bias`` key, ``stop_token_ids`` or ``allowed_token_ids``
-                entry >= vocab_size.
-        """
-        for token_id in self.allowed_token_ids or ():
-            if token_id >= vocab_size:
-                raise InvalidRequestError(
-                    f"allowed_token_ids entry {token_id} is out of the vocabulary (token ids are 0..{vocab_size - 1})",
-                    param="allowed_token_ids",
-                )
-        for token_id in (self.logit_bias or {}):
-            if token_id >= vocab_size:
-                raise InvalidRequestError(
-                    f"logit_bias key {token_id} is out of the vocabulary (token ids are 0..{vocab_size - 1})",
-                    param="logit_bias",
-                )
-        for token_id in self.stop_token_ids:
-            if not 0 <= token_id < vocab_size:
-                raise InvalidRequestError(
-                    f"stop_token_ids entry {token_id} is out of the vocabulary (0..{vocab_size - 1})",
-                    param="stop_token_ids",
-                )
-
-
-def check_truncate_prompt_tokens(limit: int | None) -> None:
-    """Raises:
-    InvalidRequestError: ``limit`` is not None and not an integer >= 1.
-    """
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise InvalidRequestError(
-            f"truncate_prompt_tokens must be an integer >= 1 (the number of prompt tokens to keep, "
-            f"counted from the end), got {limit!r}", param="truncate_prompt_tokens")
+    def truncated_prompt(self, prompt_token_ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt after ``truncate_prompt_tokens``: its last that many tokens (-1: the last
+        ``max_model_len``); the whole prompt when None or when it is shorter."""
+        limit = max_model_len if self.truncate_prompt_tokens == -1 else self.truncate_prompt_tokens
+        return truncate_prompt(prompt_token_ids, limit)
 
 
 def truncate_prompt(prompt_token_ids: list[int], limit: int | None) -> list[int]:

@@ -17,7 +17,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from kvserve.engine.async_llm import EngineClient
-from kvserve.errors import InvalidRequestError, RequestRejectedError
+from kvserve.engine.engine_request import EngineRequest
+from kvserve.engine.input_processor import InputProcessor
+from kvserve.errors import RequestRejectedError
 from kvserve.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from kvserve.sampling_params import SamplingParams
 
@@ -36,8 +38,9 @@ def prompt_logprob(position: int, token_id: int, k: int, vocab_size: int) -> Tok
 
 
 class ScriptedEngine(EngineClient):
-    """Test double of the engine contract. ``calls`` records ``(request_id, prompt ids, params,
-    kwargs)``; ``aborted`` the aborted ids; ``running`` the ids being generated now."""
+    """Test double of the engine contract, with kvserve's real input processor (so validation is
+    the engine's). ``calls`` records ``(request_id, prompt ids, params, kwargs)`` of admitted
+    requests; ``aborted`` the aborted ids; ``running`` the ids being generated now."""
 
     def __init__(self, tokenizer, *, max_model_len: int = 256, step_delay: float = 0.0):
         self.tokenizer = tokenizer
@@ -45,6 +48,8 @@ class ScriptedEngine(EngineClient):
         self.max_model_len = max_model_len
         self.vocab_size = len(tokenizer)
         self.eos_token_ids = {tokenizer.eos_token_id}
+        self.input_processor = InputProcessor(tokenizer, self.vocab_size, max_model_len,
+                                              frozenset(self.eos_token_ids))
         self.script_ids = tokenizer.encode(SCRIPT, add_special_tokens=False)
         self.step_delay = step_delay
         self.reject_reason: str | None = None
@@ -66,25 +71,22 @@ class ScriptedEngine(EngineClient):
         ids = self.script_ids[index:]
         return ids[:max_tokens]
 
-    def _check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    async def add_requests(self, requests: list[EngineRequest]) -> list:
         if self.reject_reason is not None:
             raise RequestRejectedError(f"rejected: {self.reject_reason}", self.reject_reason)
-        total = len(prompt_token_ids) + (params.max_tokens or 0)
-        if total > self.max_model_len:
-            raise InvalidRequestError(f"prompt has {len(prompt_token_ids)} tokens; at most "
-                                      f"{self.max_model_len} including max_tokens", param="prompt")
+        for r in requests:
+            self.calls.append((r.request_id, list(r.prompt_token_ids), r.sampling_params,
+                               {"prompt": r.prompt, "priority": r.priority, "cache_salt": r.cache_salt}))
+        return [self._stream(r) for r in requests]
 
-    async def generate(self, prompt_token_ids, sampling_params, request_id, *, prompt=None,
-                       priority=0, cache_salt=None, arrival_time=None) -> AsyncIterator[RequestOutput]:
-        self._check(prompt_token_ids, sampling_params)
-        self.calls.append((request_id, list(prompt_token_ids), sampling_params,
-                           {"prompt": prompt, "priority": priority, "cache_salt": cache_salt}))
-        self.running.add(request_id)
+    async def _stream(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        self.running.add(request.request_id)
         try:
-            async for output in self._steps(prompt_token_ids, sampling_params, request_id, prompt):
+            async for output in self._steps(request.prompt_token_ids, request.sampling_params, request.request_id,
+                                            request.prompt):
                 yield output
         finally:
-            self.running.discard(request_id)
+            self.running.discard(request.request_id)
 
     async def _steps(self, prompt_ids, params, request_id, prompt) -> AsyncIterator[RequestOutput]:
         n, k = params.n, params.logprobs

@@ -141,7 +141,8 @@ def test_truncate_prompt_tokens_equals_sending_the_kept_tokens(server, http):
     reply = chat(http, max_tokens=6, truncate_prompt_tokens=7)
     assert reply["usage"]["prompt_tokens"] == 7
     assert reply["choices"][0]["message"]["content"] == completion(http, prompt=rendered[-7:], max_tokens=6)["choices"][0]["text"]
-    for bad in (0, -1):
+    assert completion(http, prompt=prompt, max_tokens=2, truncate_prompt_tokens=-1)["usage"]["prompt_tokens"] == len(prompt)
+    for bad in (0, -2):  # -1 means the context length (vLLM)
         for path, extra in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": MESSAGES})):
             message = error(http.post(path, json={"truncate_prompt_tokens": bad, **extra}), "truncate_prompt_tokens")
             assert ">= 1" in message

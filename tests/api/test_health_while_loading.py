@@ -12,6 +12,7 @@ from kvserve.api.run import make_server
 from kvserve.api.settings import ServerSettings
 from kvserve.engine.arg_utils import engine_config_from_kwargs
 from kvserve.engine.async_llm import AsyncLLM
+from kvserve.engine.input_processor import InputProcessor
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.testing.live_server import free_port
 from kvserve.tokenizer import load_tokenizer
@@ -34,7 +35,8 @@ def _serve(async_llm: AsyncLLM):
 
 
 def _deferred(model_dir, factory) -> AsyncLLM:
-    return AsyncLLM.deferred(factory, "tiny", tokenizer=load_tokenizer(model_dir), max_model_len=256, vocab_size=960)
+    processor = InputProcessor(load_tokenizer(model_dir), 960, 256, frozenset())
+    return AsyncLLM.deferred(factory, "tiny", input_processor=processor)
 
 
 def test_health_503_until_loaded_then_200(tiny_llama):
@@ -71,4 +73,4 @@ def test_failed_load_stays_503(tiny_llama, tmp_path):
     async_llm.start()
     assert not async_llm.wait_until_loaded(30)
     assert not async_llm.is_ready
-    assert "config.json" in str(async_llm._dead)
+    assert "config.json" in str(async_llm.dead_reason)

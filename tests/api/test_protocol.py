@@ -7,7 +7,9 @@ from pydantic import ValidationError
 
 from kvserve.api.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest,
                                   parse_logit_bias)
+from kvserve.engine.param_validation import validate_sampling_params
 from kvserve.errors import InvalidRequestError
+from kvserve.generation_config import SamplingDefaults
 from kvserve.sampling_params import SamplingParams
 
 VOCAB = 1000
@@ -15,10 +17,21 @@ VOCAB = 1000
 
 def test_completion_defaults_follow_openai():
     request = CompletionRequest(prompt="hi")
-    # None = OpenAI's default of 16, cut to what the context leaves (serving_completion).
-    assert request.max_tokens is None and request.n == 1 and request.echo is False
-    params = request.build_sampling_params(max_tokens=16, logprobs=None, vocab_size=VOCAB)
+    # OpenAI's default of 16; the input processor cuts it to what the context leaves.
+    assert request.max_tokens == 16 and request.n == 1 and request.echo is False
+    params = request.to_sampling_params(max_tokens=16, logprobs=None)
     assert params == SamplingParams(max_tokens=16)
+
+
+def test_model_defaults_fill_only_omitted_fields():
+    """generation_config.json values apply where the request says nothing (vLLM)."""
+    defaults = SamplingDefaults(temperature=0.6, top_p=0.9, top_k=20, repetition_penalty=1.05, max_tokens=3)
+    params = CompletionRequest(prompt="x", top_p=0.5).to_sampling_params(max_tokens=4, logprobs=None,
+                                                                         defaults=defaults)
+    assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty) == (0.6, 0.5, 20, 1.05)
+    assert params.max_tokens == 3  # max_new_tokens caps max_tokens
+    assert CompletionRequest(prompt="x", temperature=0).to_sampling_params(
+        max_tokens=4, logprobs=None, defaults=defaults).temperature == 0
 
 
 def test_every_sampling_field_is_carried_over():
@@ -31,7 +44,7 @@ def test_every_sampling_field_is_carried_over():
         "allowed_token_ids": [3, 9, 27], "bad_words": ["foo", "bar baz"], "truncate_prompt_tokens": 50,
     }
     request = CompletionRequest.model_validate(body)
-    params = request.build_sampling_params(max_tokens=30, logprobs=3, vocab_size=VOCAB)
+    params = request.to_sampling_params(max_tokens=30, logprobs=3)
     assert params == SamplingParams(
         n=2, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5,
         frequency_penalty=-0.25, repetition_penalty=1.1, logit_bias={5: 10.0, 7: -100.0}, seed=11,
@@ -42,14 +55,21 @@ def test_every_sampling_field_is_carried_over():
 
 def test_temperature_zero_and_top_k_minus_one():
     request = CompletionRequest(prompt="x", temperature=0, top_k=-1, stop=["a", "b"])
-    params = request.build_sampling_params(max_tokens=4, logprobs=None, vocab_size=VOCAB)
+    params = request.to_sampling_params(max_tokens=4, logprobs=None)
     assert params.temperature == 0 and params.is_greedy and params.top_k == 0
     assert params.stop == ["a", "b"]
 
 
-def test_unknown_fields_are_ignored():
-    request = CompletionRequest.model_validate({"prompt": "x", "best_of": 3, "something_new": {"a": 1}})
-    assert not hasattr(request, "something_new")
+def test_unknown_fields_are_ignored_and_unsupported_vllm_fields_refused_by_name():
+    request = CompletionRequest.model_validate({"prompt": "x", "something_new": {"a": 1},
+                                                "use_beam_search": False, "length_penalty": 1.0})
+    request.check_http_fields()  # neither OpenAI's nor vLLM's: ignored; vLLM's defaults: fine
+    for field, value in (("use_beam_search", True), ("guided_json", {"type": "object"}),
+                         ("structured_outputs", {"regex": "a+"}), ("spaces_between_special_tokens", False),
+                         ("truncation_side", "right"), ("vllm_xargs", {"a": 1})):
+        with pytest.raises(InvalidRequestError) as info:
+            CompletionRequest.model_validate({"prompt": "x", field: value}).check_http_fields()
+        assert info.value.param == field and info.value.message.startswith(f"{field} is not supported")
 
 
 @pytest.mark.parametrize("prompt", ["text", ["a", "b"], [1, 2, 3], [[1, 2], [3]]])
@@ -69,11 +89,11 @@ def test_logit_bias_keys_are_parsed_and_checked():
 def test_logit_bias_out_of_vocab_and_out_of_range():
     request = CompletionRequest(prompt="x", logit_bias={str(VOCAB): 1})
     with pytest.raises(InvalidRequestError) as info:
-        request.build_sampling_params(max_tokens=4, logprobs=None, vocab_size=VOCAB)
+        validate_sampling_params(request.to_sampling_params(max_tokens=4, logprobs=None), VOCAB)
     assert info.value.param == "logit_bias" and "0..999" in info.value.message
     request = CompletionRequest(prompt="x", logit_bias={"3": 101})
     with pytest.raises(InvalidRequestError) as info:
-        request.build_sampling_params(max_tokens=4, logprobs=None, vocab_size=VOCAB)
+        validate_sampling_params(request.to_sampling_params(max_tokens=4, logprobs=None), VOCAB)
     assert info.value.param == "logit_bias"
 
 
@@ -82,7 +102,7 @@ def test_logit_bias_out_of_vocab_and_out_of_range():
 def test_out_of_range_values_name_the_param(field, value):
     request = CompletionRequest.model_validate({"prompt": "x", field: value})
     with pytest.raises(InvalidRequestError) as info:
-        request.build_sampling_params(max_tokens=4, logprobs=None, vocab_size=VOCAB)
+        validate_sampling_params(request.to_sampling_params(max_tokens=4, logprobs=None), VOCAB)
     assert info.value.param == field
 
 

@@ -9,7 +9,7 @@ import torch
 
 from kvserve.attention import TorchAttentionBackend, get_attention_backend
 from kvserve.attention.backend import AttentionMetadata
-from kvserve.errors import InvalidRequestError
+from kvserve.errors import ConfigError
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 4, 2, 8, 4, 32
 
@@ -154,5 +154,5 @@ def test_bfloat16_output_dtype_and_values():
 def test_registry():
     assert isinstance(get_attention_backend(), TorchAttentionBackend)
     assert get_attention_backend("torch").name == "torch"
-    with pytest.raises(InvalidRequestError, match="available: auto, cpu_paged, torch"):
+    with pytest.raises(ConfigError, match="available: auto, cpu_paged, torch"):
         get_attention_backend("flash")

@@ -70,7 +70,7 @@ def test_random_arrivals_and_aborts_match_solo(model_dir, solo_reference, worklo
             if r["abort_step"] == step and r["id"] in outputs and r["id"] not in finished:
                 engine.abort_request(r["id"])
                 aborted.add(r["id"])
-        for delta in engine.step():
+        for delta in engine.step().outputs:
             outputs[delta.request_id].extend(delta.outputs[0].token_ids)
             if delta.finished:
                 finished.add(delta.request_id)

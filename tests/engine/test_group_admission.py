@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvserve import SamplingParams
-from kvserve.engine.llm_engine import GenerateRequest
+from kvserve.engine.engine_request import EngineRequest
 from kvserve.errors import InvalidRequestError, RequestRejectedError
 from engine_helpers import assert_kv_clean, make_llm
 
@@ -17,9 +17,9 @@ def llm(model_dir):
     return make_llm(model_dir, max_num_seqs=2, max_num_waiting=3)
 
 
-def items(prefix: str, count: int, max_tokens: int = 2, **params) -> list[GenerateRequest]:
+def items(llm, prefix: str, count: int, max_tokens: int = 2, **params) -> list[EngineRequest]:
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params)
-    return [GenerateRequest(f"{prefix}-{i}", [5 + i, 6, 7], sampling) for i in range(count)]
+    return [llm.llm_engine.process_inputs(f"{prefix}-{i}", [5 + i, 6, 7], sampling) for i in range(count)]
 
 
 def queued(llm) -> int:
@@ -29,13 +29,13 @@ def queued(llm) -> int:
 def test_a_call_larger_than_the_queue_is_refused_whole(llm):
     engine = llm.llm_engine
     with pytest.raises(InvalidRequestError) as info:
-        engine.add_requests(items("big", 6))
+        engine.add_requests(items(llm, "big", 6))
     assert info.value.param == "prompt" and "at most 5" in info.value.message
     with pytest.raises(InvalidRequestError) as info:
-        engine.add_requests(items("wide", 1, n=6))
+        engine.add_requests(items(llm, "wide", 1, n=6))
     assert info.value.param == "n"
     assert queued(llm) == 0 and engine.output_processor.requests == {}
-    engine.add_requests(items("fits", 5))  # exactly the bound
+    engine.add_requests(items(llm, "fits", 5))  # exactly the bound
     assert queued(llm) == 5
     llm._run([f"fits-{i}" for i in range(5)])
     assert_kv_clean(llm)
@@ -43,14 +43,14 @@ def test_a_call_larger_than_the_queue_is_refused_whole(llm):
 
 def test_a_call_that_does_not_fit_now_is_429_with_nothing_queued(llm):
     engine = llm.llm_engine
-    engine.add_requests(items("first", 3))
+    engine.add_requests(items(llm, "first", 3))
     with pytest.raises(RequestRejectedError) as info:
-        engine.add_requests(items("second", 3))
+        engine.add_requests(items(llm, "second", 3))
     assert info.value.reason == "queue_full"
     assert queued(llm) == 3 and sorted(engine.output_processor.requests) == ["first-0", "first-1", "first-2"]
-    engine.add_requests(items("third", 2))  # what is left still fits
+    engine.add_requests(items(llm, "third", 2))  # what is left still fits
     # Requests with nothing to compute take no queue place.
-    engine.add_requests(items("free", 4, max_tokens=0))
+    engine.add_requests(items(llm, "free", 4, max_tokens=0))
     assert queued(llm) == 5
     llm._run(["first-0", "first-1", "first-2", "third-0", "third-1"] + [f"free-{i}" for i in range(4)])
     assert_kv_clean(llm)
@@ -58,10 +58,8 @@ def test_a_call_that_does_not_fit_now_is_429_with_nothing_queued(llm):
 
 def test_an_invalid_prompt_anywhere_queues_nothing(llm):
     engine = llm.llm_engine
-    bad = items("mixed", 3)
-    bad[2] = GenerateRequest("mixed-2", [10**6], SamplingParams())
-    with pytest.raises(InvalidRequestError):
-        engine.add_requests(bad)
-    with pytest.raises(ValueError, match="repeat"):
-        engine.add_requests(items("dup", 1) + items("dup", 1))
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        llm.generate([[5, 6, 7], [8, 9], [10**6]], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="new and distinct"):
+        engine.add_requests(items(llm, "dup", 1) + items(llm, "dup", 1))
     assert queued(llm) == 0 and engine.output_processor.requests == {}

@@ -103,7 +103,7 @@ def test_cache_salt_isolates(model_dir):
     for request_id, salt in (("a", "tenant-1"), ("b", "tenant-2"), ("c", "tenant-1")):
         engine.add_request(request_id, prompt, params, cache_salt=salt)
         while engine.has_unfinished_requests():
-            for delta in engine.step():
+            for delta in engine.step().outputs:
                 if delta.finished:
                     cached.append(delta.num_cached_tokens)
     assert cached == [0, 0, 32]

@@ -95,10 +95,20 @@ def test_logprobs_equal_transformers_log_softmax(llm, model_dir):
     assert_kv_clean(llm)
 
 
+def test_max_tokens_is_cut_to_what_the_context_leaves(llm):
+    """vLLM's rule (``get_max_tokens``): a prompt of 250 tokens in a 256-token context with
+    max_tokens=16 generates 6 tokens and finishes with ``length``."""
+    near_full = list(range(5, 5 + 250))
+    out = llm.generate([near_full], SamplingParams(max_tokens=16, ignore_eos=True))[0].outputs[0]
+    assert (len(out.token_ids), out.finish_reason) == (6, "length")
+    assert_kv_clean(llm)
+
+
 def test_invalid_requests_change_nothing(llm):
-    too_long = list(range(5, 5 + 250))
-    with pytest.raises(InvalidRequestError, match="250 tokens and max_tokens=16"):
-        llm.generate([too_long], SamplingParams(max_tokens=16))
+    full = list(range(5, 5 + 256))
+    with pytest.raises(InvalidRequestError, match="maximum context length is 256 tokens. However, your prompt "
+                                                  "has 256 tokens, which leaves no room"):
+        llm.generate([full], SamplingParams(max_tokens=16))
     with pytest.raises(InvalidRequestError, match="logit_bias"):
         llm.generate(["hi"], SamplingParams(logit_bias={10**6: 1.0}))
     with pytest.raises(InvalidRequestError, match="outside the vocabulary"):

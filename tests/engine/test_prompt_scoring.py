@@ -64,7 +64,7 @@ def test_abort_before_the_step_reports_nothing(llm):
     engine.add_request("gone", [5, 6, 7], SamplingParams(max_tokens=0))
     engine.add_request("kept", [5, 6, 7], SamplingParams(max_tokens=0))
     engine.abort_request("gone")
-    outputs = engine.step()
+    outputs = engine.step().outputs
     assert [(o.request_id, o.finished) for o in outputs] == [("kept", True)]
     assert not engine.has_unfinished_requests()
     assert_kv_clean(llm)

@@ -99,8 +99,10 @@ def test_truncate_prompt_tokens_equals_the_truncated_prompt(llm):
     assert whole.prompt_token_ids == prompt  # a limit >= the prompt keeps it all
     assert whole.outputs[0].token_ids != cut.outputs[0].token_ids
     with pytest.raises(InvalidRequestError) as info:
-        SamplingParams(truncate_prompt_tokens=0)
+        llm.generate([prompt], greedy(8, truncate_prompt_tokens=0))
     assert info.value.param == "truncate_prompt_tokens"
+    minus_one = llm.generate([prompt], greedy(8, truncate_prompt_tokens=-1))[0]  # -1: the context length
+    assert minus_one.prompt_token_ids == prompt
     context = llm.llm_engine.core.max_model_len
     with pytest.raises(InvalidRequestError) as info:  # as vLLM: more than the context can hold
         llm.generate([prompt], greedy(8, truncate_prompt_tokens=context + 1))

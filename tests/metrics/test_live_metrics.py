@@ -189,7 +189,7 @@ def test_repeated_prompt_counts_prefix_cache_hits_and_usage_cached_tokens(server
 def test_too_long_request_is_counted_as_rejected(server):
     before = scrape(server)
     response = httpx.post(server.base_url + "/v1/completions", headers={"Authorization": "Bearer k"},
-                          json={"model": MODEL, "prompt": random_prompt(5, 250), "max_tokens": 10})
+                          json={"model": MODEL, "prompt": random_prompt(5, 300), "max_tokens": 10})
     assert response.status_code == 400
     after = scrape(server)
     assert delta(after, before, "kvserve:request_rejected_total", reason="invalid_request") == 1

@@ -113,16 +113,7 @@ def tiny_checkpoint(tmp_path_factory):
 
 def flat_prompt_logits(runner, prompts: list[list[int]], block_tables: list[list[int]]) -> list[torch.Tensor]:
     """Run all ``prompts`` in one flat batch through ``runner``; float32 logits [len, vocab] each."""
-    from kvserve.request import Request
-    from kvserve.sampling_params import SamplingParams
-    from kvserve.scheduler.output import ScheduledRequest, SchedulerOutput
-
-    requests = [Request(str(i), list(p), SamplingParams()) for i, p in enumerate(prompts)]
-    scheduled = [ScheduledRequest(r, 0, r.num_tokens, b) for r, b in zip(requests, block_tables)]
-    output = runner.execute_model_with_prompt_logits(
-        SchedulerOutput(scheduled, sum(len(p) for p in prompts)), {r.request_id for r in requests}
-    )
-    return [output.prompt_logits[r.request_id] for r in requests]
+    return [logits.float() for logits in runner.forward(prompts, block_tables)]
 
 
 def hf_logits(hf_model, prompt: list[int]) -> torch.Tensor:

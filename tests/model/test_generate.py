@@ -109,14 +109,3 @@ def test_string_prompts_with_real_tokenizer(checkpoint_factory):
     tokenizer = AutoTokenizer.from_pretrained(path)
     hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert ours == [hf_greedy(hf_model, tokenizer(p)["input_ids"], 8) for p in prompts]
-
-
-def test_generate_cli_prints_decoded_continuations(checkpoint_factory, capsys):
-    from transformers import AutoTokenizer
-
-    from kvserve.generate import generate_cli_main
-
-    path = checkpoint_factory("Qwen2ForCausalLM", "bpe", "float32")
-    assert generate_cli_main([str(path), "--prompt", "Hello", "--max-tokens", "4"]) == 0
-    expected = AutoTokenizer.from_pretrained(path).decode(generate(path, ["Hello"], max_tokens=4)[0])
-    assert capsys.readouterr().out == f"'Hello' -> {expected!r}\n"

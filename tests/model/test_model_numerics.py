@@ -11,9 +11,6 @@ from model_fixtures import VARIANTS, flat_prompt_logits, hf_logits, relative_err
 
 from kvserve.model.loader import load_model
 from kvserve.model.runner import ModelRunner
-from kvserve.request import Request
-from kvserve.sampling_params import SamplingParams
-from kvserve.scheduler.output import ScheduledRequest, SchedulerOutput
 
 TOLERANCE = 1e-4  # max abs diff relative to the largest reference logit
 PROMPTS = [
@@ -43,20 +40,15 @@ def test_chunked_prefill_mixed_with_decode_gives_same_logits(tiny_checkpoint):
     path, hf_model = tiny_checkpoint("qwen2")
     runner = ModelRunner(load_model(path), num_blocks=32, block_size=4)
     long_prompt, short_prompt = PROMPTS[2], PROMPTS[1]
-    a = Request("a", long_prompt, SamplingParams())
-    b = Request("b", short_prompt + [9], SamplingParams())  # prompt + one already generated token
+    b_tokens = short_prompt + [9]  # prompt + one already generated token
     blocks_a, blocks_b = [3, 9, 1, 30, 12, 7, 20, 21, 22], [5, 0]
-    step1 = SchedulerOutput([ScheduledRequest(a, 0, 10, blocks_a), ScheduledRequest(b, 0, 7, blocks_b)], 17)
-    out1 = runner.execute_model_with_prompt_logits(step1, {"a"})
-    assert out1.logits.shape == (0, 256)  # a's first chunk and b's prompt without its token: no sampling
-    step2 = SchedulerOutput([ScheduledRequest(b, 7, 1, blocks_b), ScheduledRequest(a, 10, 23, blocks_a)], 24)
-    out2 = runner.execute_model_with_prompt_logits(step2, {"a"})
-    chunked = torch.cat([out1.prompt_logits["a"], out2.prompt_logits["a"]])
+    # Step 1: a's first 10-token chunk, b's prompt; step 2: b's decode token, the rest of a.
+    out1 = runner.forward([long_prompt[:10], b_tokens[:7]], [blocks_a, blocks_b])
+    out2 = runner.forward([b_tokens, long_prompt], [blocks_b, blocks_a], num_computed=[7, 10])
+    chunked = torch.cat([out1[0], out2[1]])
     assert relative_error(chunked, hf_logits(hf_model, long_prompt)) < TOLERANCE
-    # Both requests sample in step 2, in scheduled order: b (decode) then a (end of prompt).
-    assert out2.logits.shape == (2, 256)
-    assert relative_error(out2.logits[0], hf_logits(hf_model, short_prompt + [9])[-1]) < TOLERANCE
-    torch.testing.assert_close(out2.logits[1], out2.prompt_logits["a"][-1])
+    assert out2[0].shape == (1, 256)
+    assert relative_error(out2[0][-1], hf_logits(hf_model, b_tokens)[-1]) < TOLERANCE
 
 
 def test_sliding_window_is_applied(tiny_checkpoint, tmp_path):

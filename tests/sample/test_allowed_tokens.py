@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from kvserve.engine.param_validation import validate_sampling_params
 from kvserve.errors import InvalidRequestError
 from kvserve.sample.sampler import Sampler
 from kvserve.sampling_params import SamplingParams
@@ -79,12 +80,11 @@ def test_other_processors_apply_within_the_allowed_ids(make_request, build):
 
 def test_validation():
     with pytest.raises(InvalidRequestError) as info:
-        SamplingParams(allowed_token_ids=[])
+        validate_sampling_params(SamplingParams(allowed_token_ids=[]), V)
     assert info.value.param == "allowed_token_ids"
     with pytest.raises(InvalidRequestError, match="integers >= 0"):
-        SamplingParams(allowed_token_ids=[3, -1])
-    params = SamplingParams(allowed_token_ids=[0, V - 1])
-    params.validate_for_vocab(V)
+        validate_sampling_params(SamplingParams(allowed_token_ids=[3, -1]), V)
+    validate_sampling_params(SamplingParams(allowed_token_ids=[0, V - 1]), V)
     with pytest.raises(InvalidRequestError) as info:
-        SamplingParams(allowed_token_ids=[1, V]).validate_for_vocab(V)
+        validate_sampling_params(SamplingParams(allowed_token_ids=[1, V]), V)
     assert info.value.param == "allowed_token_ids" and f"0..{V - 1}" in info.value.message

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvserve.engine.param_validation import validate_sampling_params
 from kvserve.errors import InvalidRequestError
 from kvserve.request import Request
 from kvserve.sample.bad_words import banned_token_ids, tokenize_bad_words
@@ -85,12 +86,14 @@ def test_sampler_bans_per_row_from_output_tokens_only(build):
         request([1], [3], [[6], [11]]),  # one-token words: banned at once
     ]
     metadata = build(requests, V)
-    assert metadata.bad_words_mask.rows.tolist() == [1, 2, 2]
+    processed = Sampler._process_logits(logits, metadata)
+    banned = [(r, t) for r in range(3) for t in range(V) if processed[r, t] == float("-inf")]
+    assert banned == [(1, 6), (2, 6), (2, 11)]
     assert Sampler()(logits, metadata).sampled_token_ids.tolist() == [6, 11, 12]
 
 
 def test_validation():
     with pytest.raises(InvalidRequestError) as info:
-        SamplingParams(bad_words=["ok", "  "])
+        validate_sampling_params(SamplingParams(bad_words=["ok", "  "]), V)
     assert info.value.param == "bad_words"
     assert SamplingParams(bad_words="word").bad_words == ["word"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvserve.engine.param_validation import validate_sampling_params
 from kvserve.errors import InvalidRequestError
+from kvserve.sampling_params import SamplingParams
 from kvserve.sample.sampler import Sampler
 
 V = 8
@@ -47,7 +49,7 @@ def test_penalty_arithmetic_matches_formula(make_request, build):
 
 def test_no_penalties_leaves_logits_unchanged_and_skips_count_tensors(make_request, build):
     metadata = build([make_request(output=[1, 1], temperature=0.0)], V)
-    assert metadata.no_penalties and metadata.output_token_counts is None
+    assert metadata.penalties is None
     logits = torch.tensor(LOGITS[:1])
     assert Sampler._process_logits(logits, metadata) is logits
 
@@ -70,7 +72,7 @@ def test_logit_bias_added_to_the_right_rows(make_request, build):
 
 def test_logit_bias_outside_vocab_is_rejected(make_request, build):
     with pytest.raises(InvalidRequestError, match="out of the vocabulary") as info:
-        build([make_request(logit_bias={V: 1.0})], V)
+        validate_sampling_params(SamplingParams(logit_bias={V: 1.0}), V)
     assert info.value.param == "logit_bias"
 
 
@@ -108,8 +110,8 @@ def test_only_penalized_rows_change_and_statistics_cover_only_them(make_request,
         make_request(output=[0], temperature=0.0),
     ]
     metadata = build(requests, V)
-    assert metadata.penalty_rows.tolist() == [1]
-    assert metadata.output_token_counts.shape == (1, V)
+    assert metadata.penalties.rows.tolist() == [1]
+    assert metadata.penalties.output_token_counts.shape == (1, V)
     processed = Sampler._process_logits(torch.tensor(LOGITS), metadata)
     original = torch.tensor(LOGITS)
     assert torch.equal(processed[0], original[0]) and torch.equal(processed[2], original[2])

@@ -15,7 +15,7 @@ from array import array
 from typing import NamedTuple
 
 from kvserve.kv_cache.manager import KVCacheManager
-from kvserve.outputs import ModelRunnerOutput, PromptLogprobs, TokenLogprobs
+from kvserve.outputs import ModelRunnerOutput, PromptLogprobsChunk, TokenLogprobs
 from kvserve.request import RequestStatus
 from kvserve.scheduler.output import SchedulerOutput
 from kvserve.scheduler.scheduler import Scheduler
@@ -52,44 +52,65 @@ def reference_generate(prompt: list[int], max_tokens: int, eos_token_ids=frozens
 
 
 class FakeModelRunner:
-    """Executes ``SchedulerOutput`` against a simulated paged KV cache."""
+    """Executes ``SchedulerOutput`` against a simulated paged KV cache, keeping, like the real
+    runner, its own copy of each request's tokens and block table from the scheduler's messages
+    (new requests' data once, then per-step deltas), so a wrong or missing delta shows."""
 
     def __init__(self, block_size: int):
         self.block_size = block_size
         self.kv: dict[int, int] = {}
+        self.requests: dict[str, dict] = {}
 
     def _slot(self, block_ids: list[int], position: int) -> int:
         return block_ids[position // self.block_size] * self.block_size + position % self.block_size
 
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        for req_id in scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids:
+            self.requests.pop(req_id, None)
+        for new in scheduler_output.scheduled_new_reqs:
+            self.requests[new.req_id] = {
+                "tokens": list(new.prompt_token_ids) + list(new.output_token_ids),
+                "num_prompt": len(new.prompt_token_ids), "params": new.sampling_params,
+                "max_tokens": new.max_tokens, "block_ids": list(new.block_ids),
+                "computed": new.num_computed_tokens,
+            }
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id, new_blocks, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
+            state = self.requests[req_id]
+            state["block_ids"].extend(new_blocks)
+            state["computed"] = computed
+
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(scheduler_output)
         written: set[int] = set()
-        for scheduled in scheduler_output.scheduled:
-            start, num_new = scheduled.num_computed_tokens, scheduled.num_new_tokens
-            block_ids = scheduled.block_ids
-            assert 0 not in block_ids, f"{scheduled.request_id} holds the null block: {block_ids}"
+        for req_id, num_new in scheduler_output.num_scheduled_tokens.items():
+            state = self.requests[req_id]
+            start, block_ids = state["computed"], state["block_ids"]
+            assert 0 not in block_ids, f"{req_id} holds the null block: {block_ids}"
             assert len(block_ids) * self.block_size >= start + num_new, "block table too short"
             for position in range(start, start + num_new):
                 slot = self._slot(block_ids, position)
                 assert slot not in written, f"slot {slot} written twice in one step"
                 written.add(slot)
-                self.kv[slot] = kv_value(scheduled.request.all_token_ids[: position + 1])
+                self.kv[slot] = kv_value(state["tokens"][: position + 1])
         output = ModelRunnerOutput()
-        for scheduled in scheduler_output.scheduled:
-            request = scheduled.request
-            end = scheduled.num_computed_tokens + scheduled.num_new_tokens
-            if request.sampling_params.prompt_logprobs is not None:
-                first = max(scheduled.num_computed_tokens, 1)
-                last = min(end, request.num_prompt_tokens)
-                output.prompt_logprobs[request.request_id] = PromptLogprobs(first, [
-                    TokenLogprobs(request.all_token_ids[p], -float(p), 1, [], []) for p in range(first, last)
+        for req_id, num_new in scheduler_output.num_scheduled_tokens.items():
+            state = self.requests[req_id]
+            end = state["computed"] + num_new
+            if state["params"].prompt_logprobs is not None:
+                first = max(state["computed"], 1)
+                last = min(end, state["num_prompt"])
+                output.prompt_logprobs[req_id] = PromptLogprobsChunk(first, [
+                    TokenLogprobs(state["tokens"][p], -float(p), 1, [], []) for p in range(first, last)
                 ])
-            if not scheduled.samples:
+            if end < len(state["tokens"]) or state["max_tokens"] == 0:
                 continue
-            values = [self.kv[self._slot(scheduled.block_ids, p)] for p in range(end)]
+            values = [self.kv[self._slot(state["block_ids"], p)] for p in range(end)]
             token = next_token(values)
-            output.sampled_token_ids[request.request_id] = token
-            if request.sampling_params.logprobs is not None:
-                output.logprobs[request.request_id] = TokenLogprobs(token, -0.5, 1, [token], [-0.5])
+            state["tokens"].append(token)
+            output.sampled_token_ids[req_id] = [token]
+            if state["params"].logprobs is not None:
+                output.logprobs[req_id] = [TokenLogprobs(token, -0.5, 1, [token], [-0.5])]
         return output
 
 

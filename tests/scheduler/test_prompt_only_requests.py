@@ -2,6 +2,7 @@
 the prompt in chunks, never asks for a sample, finishes with ``length`` and frees every block."""
 
 from fake_model_runner import FakeModelRunner, check_all, reference_generate, run_steps
+from scheduler_helpers import planned
 
 from kvserve.sampling_params import SamplingParams
 
@@ -14,8 +15,8 @@ def test_prompt_only_request_scores_every_position_and_frees_its_blocks(make_sch
     plans, outputs = [], []
     while scheduler.has_unfinished_requests():
         scheduler_output = scheduler.schedule()
-        assert not any(s.samples for s in scheduler_output.scheduled)
-        plans.append([s.num_new_tokens for s in scheduler_output.scheduled])
+        assert not any(p.samples for p in planned(scheduler_output, scheduler))
+        plans.append(list(scheduler_output.num_scheduled_tokens.values()))
         runner_output = runner.execute(scheduler_output)
         assert runner_output.sampled_token_ids == {}
         outputs += scheduler.update_from_output(scheduler_output, runner_output)

@@ -20,20 +20,29 @@ def test_queue_full_rejection_changes_nothing(make_scheduler, make_request):
         scheduler.add_request(make_request("e", range(5)))
 
 
-def test_too_long_rejection_changes_nothing(make_scheduler, make_request):
-    scheduler = make_scheduler(max_model_len=100)
+def test_scheduler_checks_only_kv_fit_and_ids(make_scheduler, make_request):
+    """Context length and every other value are the input processor's; the scheduler refuses a
+    request the whole KV cache cannot hold and ids that are not new, and queues nothing then."""
+    scheduler = make_scheduler(num_blocks=26, block_size=4)  # 25 usable blocks = 100 tokens
     with pytest.raises(InvalidRequestError) as info:
         scheduler.add_request(make_request("a", range(90), max_tokens=11))
     assert info.value.message == (
-        "prompt has 90 tokens and max_tokens=11; this model accepts at most 100 tokens including max_tokens"
+        "prompt (90 tokens) + max_tokens (11) needs 26 KV blocks of 4 tokens; the whole KV cache has 25"
     )
     assert info.value.param == "max_tokens"
-    scheduler.add_request(make_request("ok", range(90), max_tokens=10))  # exactly 100 is allowed
-    with pytest.raises(InvalidRequestError, match="already in use"):
+    scheduler.add_request(make_request("ok", range(90), max_tokens=10))  # exactly 100 fits
+    with pytest.raises(ValueError, match="must be new and distinct"):
         scheduler.add_request(make_request("ok", range(3)))
-    with pytest.raises(InvalidRequestError, match="prompt is empty"):
-        scheduler.add_request(make_request("empty", []))
+    with pytest.raises(ValueError, match="must be new and distinct"):
+        scheduler.add_requests([make_request("x", range(3)), make_request("x", range(3))])
     assert list(scheduler.requests) == ["ok"] and len(scheduler.waiting) == 1
+
+
+def test_add_requests_is_all_or_none(make_scheduler, make_request):
+    scheduler = make_scheduler(num_blocks=5, block_size=4, max_num_waiting=8)
+    with pytest.raises(InvalidRequestError, match="needs 5 KV blocks"):
+        scheduler.add_requests([make_request("a", range(3)), make_request("b", range(10), max_tokens=7)])
+    assert scheduler.requests == {} and len(scheduler.waiting) == 0
 
 
 def test_request_larger_than_cache_is_rejected(make_scheduler, make_request):

@@ -7,7 +7,15 @@ from kvserve.sampling_params import SamplingParams
 
 
 def plan_of(scheduler_output):
-    return {s.request_id: s.num_new_tokens for s in scheduler_output.scheduled}
+    return dict(scheduler_output.num_scheduled_tokens)
+
+
+def computed_of(scheduler_output):
+    """Request id -> tokens computed before the step (from new data and cached deltas)."""
+    computed = {new.req_id: new.num_computed_tokens for new in scheduler_output.scheduled_new_reqs}
+    cached = scheduler_output.scheduled_cached_reqs
+    computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+    return computed
 
 
 def step(scheduler, runner):
@@ -38,7 +46,7 @@ def test_long_prefill_threshold_and_decodes_first(make_scheduler, make_request):
     assert plan_of(step(scheduler, runner)[0]) == {"long": 3, "short": 2}
     # "short" now decodes and goes first, though "long" was admitted first.
     out, _ = step(scheduler, runner)
-    assert [(s.request_id, s.num_new_tokens) for s in out.scheduled] == [("short", 1), ("long", 3)]
+    assert list(out.num_scheduled_tokens.items()) == [("short", 1), ("long", 3)]
 
 
 def test_no_chunking_waits_for_budget(make_scheduler, make_request):
@@ -57,7 +65,7 @@ def test_prefix_cache_hit_through_scheduler(make_scheduler, make_request):
     tokens, _, _, _ = run_steps(scheduler, runner, {0: [make_request("a", prompt, max_tokens=4)]})
     scheduler.add_request(make_request("b", prompt, max_tokens=4))
     first, outputs = step(scheduler, runner)
-    assert plan_of(first) == {"b": 8} and first.scheduled[0].num_computed_tokens == 32
+    assert plan_of(first) == {"b": 8} and computed_of(first) == {"b": 32}
     assert outputs[0].num_cached_tokens == 32
     while scheduler.has_unfinished_requests():
         outputs += step(scheduler, runner)[1]
@@ -75,7 +83,7 @@ def test_preemption_then_resume(make_scheduler, make_request):
     b = make_request("b", range(20, 28), max_tokens=8, arrival_time=1.0)
     tokens, reasons, outs, _ = run_steps(scheduler, runner, {0: [a, b]})
     assert scheduler.num_preemptions >= 1 and b.num_preemptions >= 1 and a.num_preemptions == 0
-    assert any("b" in o.preempted_request_ids for o in outs)
+    assert any("b" in o.preempted_req_ids for o in outs)
     assert tokens["a"] == reference_generate(list(range(8)), 8)
     assert tokens["b"] == reference_generate(list(range(20, 28)), 8)
     assert reasons == {"a": "length", "b": "length"}
@@ -96,7 +104,7 @@ def test_priority_order_and_priority_preemption(make_scheduler, make_request):
     step(small, runner)  # low holds 3 blocks
     small.add_request(make_request("high", range(30, 38), max_tokens=2, priority=0, arrival_time=1.0))
     step_out, _ = step(small, runner)
-    assert step_out.preempted_request_ids == {"low"} and plan_of(step_out) == {"high": 8}
+    assert step_out.preempted_req_ids == {"low"} and plan_of(step_out) == {"high": 8}
     assert low.status == RequestStatus.PREEMPTED and small.num_preemptions == 1
 
 
@@ -113,11 +121,11 @@ def test_abort_frees_every_block(make_scheduler, make_request):
     check_all(scheduler)
     scheduler.finish_requests("b", RequestStatus.FINISHED_ABORTED)
     out, _ = step(scheduler, runner)
-    assert out.finished_request_ids == {"a", "b", "waiting"}
+    assert out.finished_req_ids == {"a", "b", "waiting"}
     scheduler.finish_requests(["c"], RequestStatus.FINISHED_ABORTED)
     assert not scheduler.has_unfinished_requests()
     assert scheduler.kv_cache_manager.num_free_blocks == 19
-    assert scheduler.schedule().finished_request_ids == {"c"}
+    assert scheduler.schedule().finished_req_ids == {"c"}
 
 
 def test_abort_between_schedule_and_update(make_scheduler, make_request):
@@ -174,10 +182,9 @@ def test_request_waits_for_a_shared_prefix_in_flight(make_scheduler, make_reques
     scheduler.add_request(make_request("b", shared))
     scheduler.add_request(make_request("c", range(500, 520)))
     first = scheduler.schedule()
-    assert [(s.request_id, s.num_new_tokens) for s in first.scheduled] == [("a", 48), ("c", 20)]
-    scheduler.update_from_output(first, ModelRunnerOutput(sampled_token_ids={"a": 1, "c": 2}))
+    assert list(first.num_scheduled_tokens.items()) == [("a", 48), ("c", 20)]
+    scheduler.update_from_output(first, ModelRunnerOutput(sampled_token_ids={"a": [1], "c": [2]}))
     second = scheduler.schedule()
-    planned = {s.request_id: (s.num_computed_tokens, s.num_new_tokens) for s in second.scheduled}
-    assert planned["b"] == (32, 16)  # two cached blocks; the last prompt token is always computed
+    assert (computed_of(second)["b"], second.num_scheduled_tokens["b"]) == (32, 16)  # two cached blocks; the last prompt token is always computed
     assert scheduler.requests["b"].num_cached_tokens == 32
     scheduler.kv_cache_manager.check_integrity()

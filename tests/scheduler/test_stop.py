@@ -8,19 +8,21 @@ from kvserve.sampling_params import SamplingParams
 from kvserve.scheduler.stop import check_stop
 
 from fake_model_runner import check_all
+from scheduler_helpers import planned
 
 EOS = 2
 
 
 class ScriptedRunner:
-    def __init__(self, script):
+    def __init__(self, scheduler, script):
+        self.scheduler = scheduler
         self.script = list(script)
 
     def execute(self, scheduler_output):
         output = ModelRunnerOutput()
-        for scheduled in scheduler_output.scheduled:
-            if scheduled.samples:
-                output.sampled_token_ids[scheduled.request_id] = self.script.pop(0)
+        for p in planned(scheduler_output, self.scheduler):
+            if p.samples:
+                output.sampled_token_ids[p.request_id] = [self.script.pop(0)]
         return output
 
 
@@ -31,7 +33,7 @@ def generate(make_scheduler, make_request, script, max_tokens=6, **params):
         "r", range(5), max_tokens=max_tokens, sampling_params=sampling_params, eos_token_ids=frozenset({EOS})
     )
     scheduler.add_request(request)
-    runner = ScriptedRunner(script)
+    runner = ScriptedRunner(scheduler, script)
     outputs = []
     while scheduler.has_unfinished_requests():
         scheduler_output = scheduler.schedule()

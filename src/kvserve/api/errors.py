@@ -10,7 +10,8 @@ API reference's error object) with the matching status:
     408/413/431                 body or headers too slow, too large, too many (``kvserve.api.middleware``)
     429 rate_limit_exceeded     rate limits, concurrency cap, full engine queue (+ ``Retry-After``)
     503 service_unavailable     engine not ready or shutting down
-    500 server_error            anything else; the message is generic and the exception is logged
+    500 server_error            the engine failed on this request (the message names it), or
+                                anything else (a generic message; the exception is logged)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvserve.errors import InvalidRequestError, RequestRejectedError
+from kvserve.errors import InvalidRequestError, RequestFailedError, RequestRejectedError
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,10 @@ def to_api_error(exc: BaseException) -> APIError:
         if exc.reason == "queue_full":
             return APIError(429, exc.message, code="queue_full", retry_after=1)
         return APIError(503, exc.message, code=exc.reason, retry_after=1)
+    if isinstance(exc, RequestFailedError):
+        named = f" (request {exc.request_id})" if exc.request_id else ""
+        return APIError(500, f"The server failed while processing this request{named}: {exc.message}",
+                        type="server_error")
     logger.exception("unhandled error while serving a request", exc_info=exc)
     return APIError(500, "The server had an error while processing your request.", type="server_error")
 
@@ -145,6 +150,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, on_error)
     app.add_exception_handler(InvalidRequestError, on_error)
     app.add_exception_handler(RequestRejectedError, on_error)
+    app.add_exception_handler(RequestFailedError, on_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_error)

@@ -151,6 +151,7 @@ def run_server(args: argparse.Namespace) -> int:
 def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: socket.socket, start: float) -> int:
     from kvserve.engine.arg_utils import engine_config_from_args
     from kvserve.engine.async_llm import AsyncLLM
+    from kvserve.engine.input_processor import InputProcessor
     from kvserve.engine.llm_engine import LLMEngine
     from kvserve.metrics.log_format import configure_logging
     from kvserve.metrics.wiring import build_stats_consumers, install_metrics, observability_config_from_args
@@ -165,10 +166,18 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
     tokenizer = load_tokenizer(config.model.tokenizer or model, settings.chat_template)
     logger.info("loading %s (%s) for %s", model, arch.architecture, served_name)
     failure = _LoadFailure()
+    input_processor = InputProcessor(tokenizer, arch.vocab_size, max_model_len, eos_token_ids(model, tokenizer),
+                                     priority_scheduling=config.scheduler.policy == "priority")
+    server = None
+
+    def on_dead(_: BaseException) -> None:  # unattributable failure: exit non-zero, let a supervisor restart
+        if server is not None:
+            server.should_exit = True
+
     async_engine = AsyncLLM.deferred(
         failure.wrap(lambda: LLMEngine(config, chat_template=settings.chat_template)), served_name,
-        tokenizer=tokenizer, max_model_len=max_model_len, vocab_size=arch.vocab_size,
-        eos_token_ids=eos_token_ids(model, tokenizer), stats_consumers=consumers,
+        input_processor=input_processor, sampling_defaults=config.model.sampling_defaults,
+        stats_consumers=consumers, on_dead=on_dead,
     )
     announce = _Announcer(served_name, settings, start, async_engine, failure)
     install_metrics(async_engine)
@@ -179,7 +188,12 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
         server.run(sockets=[sock])
     finally:
         async_engine.shutdown()
-    return 2 if announce.failed else 0
+    if announce.failed:
+        return 2
+    if async_engine.dead_reason is not None:
+        logger.error("exiting with status 1: the engine failed (%s)", async_engine.dead_reason)
+        return 1
+    return 0
 
 
 def check_model(config):

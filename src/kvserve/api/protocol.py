@@ -1,26 +1,79 @@
 """Request models of the OpenAI-compatible API, field for field as in the OpenAI API reference
-(``/v1/completions``, ``/v1/chat/completions``) plus vLLM's sampling extensions, and their
-conversion to :class:`kvserve.sampling_params.SamplingParams`.
+(``/v1/completions``, ``/v1/chat/completions``) plus vLLM's extensions, and their conversion to
+:class:`kvserve.sampling_params.SamplingParams`.
 
-Unknown fields are ignored, as OpenAI's server tolerates them. Range checks live in
-``SamplingParams`` (one place); this module checks what only the HTTP layer knows: ``logit_bias``
-keys are token-id strings, ``response_format`` is text, ``stream_options`` needs ``stream``
-(and ``continuous_usage_stats`` needs ``include_usage``), ``tool_choice`` asks for no tool
-calls (this server has no tool-call parser).
+This module only parses. Values are validated once, by the engine's input processor
+(``kvserve.engine.input_processor``); here are only the rules of the HTTP shapes themselves:
+``logit_bias`` keys are token-id strings, ``stream_options`` needs ``stream``, ``max_tokens=0``
+needs ``echo``, and so on. A vLLM extension kvserve does not implement is refused by name when a
+request sets it to anything but vLLM's default (``UNSUPPORTED_FIELDS``); fields neither OpenAI's
+nor vLLM's are ignored, as both servers do.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvserve.errors import InvalidRequestError
-from kvserve.sampling_params import SamplingParams, check_truncate_prompt_tokens
+from kvserve.generation_config import SamplingDefaults
+from kvserve.sampling_params import SamplingParams
+
+SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+# vLLM request fields kvserve does not implement: name -> (vLLM's default values, why). A request
+# that sets one to another value gets a 400 naming it.
+UNSUPPORTED_FIELDS: dict[str, tuple[tuple, str]] = {
+    "use_beam_search": ((False, None), "beam search is not supported"),
+    "length_penalty": ((1.0, 1, None), "length_penalty applies to beam search, which is not supported"),
+    "watermarking": ((False, None), "watermarking is not supported"),
+    "spaces_between_special_tokens": ((True, None), "detokenization always puts spaces between special tokens"),
+    "truncation_side": ((None, "left"), "prompts are truncated from the left only"),
+    "logprob_token_ids": ((None,), "logprobs of chosen token ids are not supported; use logprobs/top_logprobs"),
+    "chat_template": ((None,), "a per-request chat template is not accepted; start the server with "
+                               "--chat-template"),
+    "media_io_kwargs": ((None,), "multimodal inputs are not supported"),
+    "mm_processor_kwargs": ((None,), "multimodal inputs are not supported"),
+    "prompt_embeds": ((None,), "prompt embeddings are not supported"),
+    "structured_outputs": ((None,), "structured outputs are not supported yet"),
+    "guided_json": ((None,), "structured outputs are not supported yet"),
+    "guided_regex": ((None,), "structured outputs are not supported yet"),
+    "guided_choice": ((None,), "structured outputs are not supported yet"),
+    "guided_grammar": ((None,), "structured outputs are not supported yet"),
+    "guided_decoding_backend": ((None,), "structured outputs are not supported yet"),
+    "guided_whitespace_pattern": ((None,), "structured outputs are not supported yet"),
+    "reasoning_effort": ((None,), "reasoning controls are not supported"),
+    "thinking_token_budget": ((None,), "reasoning controls are not supported"),
+    "include_reasoning": ((True, None), "reasoning output is not separated (no reasoning parser)"),
+    "return_token_ids": ((False, None), "token ids in responses are not supported; use logprobs"),
+    "return_token_offsets": ((False, None), "token offsets are not supported"),
+    "return_prompt_text": ((False, None), "the rendered prompt is not returned; use POST /tokenize"),
+    "return_mm_kwargs": ((True, None), "multimodal inputs are not supported"),
+    "routed_experts_prompt_start": ((0, None), "mixture-of-experts routing data is not supported"),
+    "kv_transfer_params": ((None,), "disaggregated serving (KV transfer) is not supported"),
+    "ec_transfer_params": ((None,), "disaggregated serving (encoder-cache transfer) is not supported"),
+    "vllm_xargs": ((None,), "custom request extensions are not supported"),
+    "repetition_detection": ((None,), "repetition detection is not supported"),
+    "stream_interval": ((None, 1), "streamed chunks carry every new token (stream_interval 1)"),
+}
 
 
 class OpenAIBaseModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Extra fields are kept (not validated) so that check_unsupported_fields can name them.
+    model_config = ConfigDict(extra="allow")
+
+    def check_unsupported_fields(self) -> None:
+        """Raises InvalidRequestError when the request sets a vLLM extension kvserve does not
+        implement (``UNSUPPORTED_FIELDS``) to anything but vLLM's default."""
+        for name, value in (self.model_extra or {}).items():
+            entry = UNSUPPORTED_FIELDS.get(name)
+            if entry is not None and not _is_default(value, entry[0]):
+                raise InvalidRequestError(f"{name} is not supported by this server: {entry[1]}", param=name)
+
+
+def _is_default(value: Any, defaults: tuple) -> bool:
+    return any(value is d or (type(value) is type(d) and value == d) for d in defaults)
 
 
 class StreamOptions(OpenAIBaseModel):
@@ -81,15 +134,14 @@ class SamplingRequest(OpenAIBaseModel):
         return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
     def check_http_fields(self) -> None:
-        """Checks only the HTTP layer can make.
+        """The rules of the HTTP shapes (values are the input processor's).
 
         Raises:
-            InvalidRequestError: ``response_format`` other than text, ``stream_options`` without
-                ``stream``, ``continuous_usage_stats`` without ``include_usage``,
-                ``prompt_logprobs`` above 0 with ``stream``,
-                ``truncate_prompt_tokens`` below 1, a seed beyond 64 bits, or ``cache_salt``
-                empty.
+            InvalidRequestError: an unsupported vLLM extension, ``response_format`` other than
+                text, ``stream_options`` without ``stream``, ``continuous_usage_stats`` without
+                ``include_usage``, or ``prompt_logprobs`` above 0 with ``stream``.
         """
+        self.check_unsupported_fields()
         if self.response_format is not None and self.response_format.type != "text":
             raise InvalidRequestError(
                 f"response_format type '{self.response_format.type}' is not supported; "
@@ -106,36 +158,42 @@ class SamplingRequest(OpenAIBaseModel):
             # A chunk has no field for them (vLLM refuses the same), so they would be dropped.
             raise InvalidRequestError("prompt_logprobs are not available when stream is true; "
                                       "send the request without stream", param="prompt_logprobs")
-        check_truncate_prompt_tokens(self.truncate_prompt_tokens)
-        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
-            raise InvalidRequestError(f"seed must fit in 64 bits, got {self.seed}", param="seed")
-        if self.cache_salt is not None and not self.cache_salt:
-            raise InvalidRequestError("cache_salt must be a non-empty string", param="cache_salt")
 
-    def build_sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
-                              vocab_size: int) -> SamplingParams:
-        """The engine's ``SamplingParams`` for this request.
+    def to_sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
+                           defaults: SamplingDefaults | None = None) -> SamplingParams:
+        """The engine's ``SamplingParams`` for this request, unvalidated (the input processor
+        validates). A sampling field the request omits takes the model's default
+        (``generation_config.json``, see ``kvserve.generation_config``), else OpenAI's; the
+        model's ``max_new_tokens`` caps ``max_tokens`` (vLLM's rule).
 
         Args:
-            max_tokens: resolved output cap in tokens (each API names it differently).
+            max_tokens: the requested output cap (None: as much as the context leaves).
             logprobs: top alternatives per generated token, or None for no logprobs.
-            vocab_size: the model's vocabulary size, for ``logit_bias``/``stop_token_ids``.
+            defaults: the model's default sampling values.
 
         Raises:
-            InvalidRequestError: any out-of-range value (``param`` names the field).
+            InvalidRequestError: a ``logit_bias`` key that is not a token id.
         """
-        params = SamplingParams(
+        defaults = defaults or SamplingDefaults()
+
+        def pick(name: str, openai_default: Any) -> Any:
+            value = getattr(self, name)
+            if value is None and name in SAMPLING_DEFAULT_FIELDS:
+                value = defaults.value(name, None)
+            return openai_default if value is None else value
+
+        return SamplingParams(
             n=self.n,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
-            min_p=self.min_p or 0.0,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            temperature=pick("temperature", 1.0),
+            top_p=pick("top_p", 1.0),
+            top_k=pick("top_k", 0),
+            min_p=pick("min_p", 0.0),
+            presence_penalty=pick("presence_penalty", 0.0),
+            frequency_penalty=pick("frequency_penalty", 0.0),
+            repetition_penalty=pick("repetition_penalty", 1.0),
             logit_bias=parse_logit_bias(self.logit_bias),
             seed=self.seed,
-            max_tokens=max_tokens,
+            max_tokens=defaults.cap_max_tokens(max_tokens),
             min_tokens=self.min_tokens,
             stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
             stop_token_ids=list(self.stop_token_ids or []),
@@ -148,8 +206,6 @@ class SamplingRequest(OpenAIBaseModel):
             bad_words=list(self.bad_words or []),
             truncate_prompt_tokens=self.truncate_prompt_tokens,
         )
-        params.validate_for_vocab(vocab_size)
-        return params
 
 
 def parse_logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -176,15 +232,20 @@ class CompletionRequest(SamplingRequest):
     each prompt gets ``n`` choices (choice index = prompt index * n + sample index)."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    # OpenAI's default is 16; when omitted it is cut to what the context leaves (see serving).
-    max_tokens: int | None = None
+    # OpenAI's default; the input processor cuts it to what the context leaves (as vLLM).
+    max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
     best_of: int | None = None
+    add_special_tokens: bool = True
 
     def check_http_fields(self) -> None:
         super().check_http_fields()
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequestError(
+                "max_tokens must be >= 1, got 0; max_tokens=0 is allowed only with echo=true (the prompt "
+                "is returned, with its logprobs when logprobs is set)", param="max_tokens")
         if self.suffix:
             raise InvalidRequestError("suffix is not supported", param="suffix")
         if self.best_of is not None and self.best_of not in (1, self.n):
@@ -273,6 +334,13 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = False
     tools: list[ChatCompletionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # Accepted: kvserve returns no tool calls (tool_choice must be "none"), so at most one call is
+    # trivially honoured.
+    parallel_tool_calls: bool | None = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None
+    add_special_tokens: bool = False
+    echo: bool = False
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -287,10 +355,15 @@ class ChatCompletionRequest(SamplingRequest):
         super().check_http_fields()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
-        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= SamplingParams.MAX_LOGPROBS:
-            raise InvalidRequestError(
-                f"top_logprobs must be in [0, {SamplingParams.MAX_LOGPROBS}], got {self.top_logprobs}",
-                param="top_logprobs")
+        requested = self.requested_max_tokens
+        if requested is not None and requested < 1:  # chat has no prompt-only (echo) mode
+            param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+            raise InvalidRequestError(f"{param} must be >= 1, got {requested}", param=param)
+        if self.add_special_tokens:
+            raise InvalidRequestError("add_special_tokens is not supported for chat: the chat template "
+                                      "writes the special tokens", param="add_special_tokens")
+        if self.echo:
+            raise InvalidRequestError("echo is not supported for chat completions", param="echo")
         if self.continue_final_message and self.add_generation_prompt:
             raise InvalidRequestError(
                 "continue_final_message and add_generation_prompt cannot both be true",

@@ -36,7 +36,7 @@ class PromptLogprob(BaseModel):
     decoded_token: str
 
 
-PromptLogprobs = list[dict[int, PromptLogprob] | None]
+PromptLogprobsJSON = list[dict[int, PromptLogprob] | None]
 
 
 class CompletionLogProbs(BaseModel):
@@ -54,7 +54,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    prompt_logprobs: PromptLogprobs | None = None
+    prompt_logprobs: PromptLogprobsJSON | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -109,7 +109,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatCompletionChoice]
     system_fingerprint: str | None = None
     usage: UsageInfo | None = None
-    prompt_logprobs: PromptLogprobs | None = None
+    prompt_logprobs: PromptLogprobsJSON | None = None
 
 
 class DeltaMessage(BaseModel):

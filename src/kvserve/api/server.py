@@ -16,6 +16,7 @@ middleware (``kvserve.api.middleware``).
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI, Request
@@ -167,9 +168,10 @@ def _add_tokenizer_routes(app: FastAPI, state: ServingState) -> None:
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequestError("give exactly one of 'prompt' or 'messages'", param="prompt")
         if body.messages is not None:
-            token_ids = render_messages(state, body)
-        else:
-            token_ids = tokenize_prompt(tokenizer, body.prompt, add_special_tokens=body.add_special_tokens)
+            token_ids = await asyncio.to_thread(render_messages, state, body)
+        else:  # on a worker thread: a long text must not stall the event loop
+            token_ids = await asyncio.to_thread(tokenize_prompt, tokenizer, body.prompt,
+                                                add_special_tokens=body.add_special_tokens)
         strs = [state.token_text(t)[0] for t in token_ids] if body.return_token_strs else None
         return TokenizeResponse(count=len(token_ids), max_model_len=state.engine.max_model_len,
                                 tokens=token_ids, token_strs=strs)

@@ -1,5 +1,6 @@
-"""What the completion and chat handlers share: server state, model and context checks,
-admission (rate limits, shutdown), usage, and waiting for a result while watching for disconnect.
+"""What the completion and chat handlers share: server state, model checks, admission (rate
+limits, shutdown), usage, and waiting for a result while watching for disconnect. Request values
+are validated by the engine's input processor, not here.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from typing import TYPE_CHECKING, TypeVar
 from fastapi import Request
 from starlette.responses import JSONResponse, Response
 
-from kvserve.api.engine_stream import EngineRequest, start_all
+from kvserve.api.engine_stream import start_streams
 from kvserve.api.errors import APIError
 from kvserve.api.rate_limit import RateLimiter
 from kvserve.api.responses import PromptTokensDetails, UsageInfo
 from kvserve.api.settings import ServerSettings
 from kvserve.api.sse import SSEResponse
 from kvserve.api.tokenization import TokenText, make_token_text, token_id_text
+from kvserve.engine.engine_request import EngineRequest
 from kvserve.errors import InvalidRequestError
+from kvserve.generation_config import SamplingDefaults
 
 if TYPE_CHECKING:
     from kvserve.api.protocol import SamplingRequest
@@ -42,12 +45,15 @@ class ServingState:
     limiter: RateLimiter
     accepting: bool = True
     in_flight: int = 0
+    # Sampling values a request that omits them gets (the model's generation_config.json).
+    sampling_defaults: SamplingDefaults = field(init=False)
     token_text: TokenText = field(init=False)
     _served_names: frozenset[str] = field(default=frozenset(), init=False)
 
     def __post_init__(self) -> None:
         self._served_names = frozenset({self.model_name, self.engine.model_name})
         self.token_text = make_token_text(self.engine.tokenizer)
+        self.sampling_defaults = getattr(self.engine, "sampling_defaults", None) or SamplingDefaults()
 
     def logprob_token_text(self, request: SamplingRequest) -> TokenText:
         """How the logprobs of ``request`` name tokens: their text, or ``token_id:<id>`` with
@@ -82,45 +88,10 @@ class ServingState:
         self.in_flight -= 1
 
 
-def new_request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def resolve_max_tokens(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int,
-                       param: str = "max_tokens", allow_zero: bool = False) -> int:
-    """The output cap in tokens: ``max_tokens`` or what is left of the context.
-
-    Args:
-        allow_zero: accept ``max_tokens=0`` (completions with ``echo``: the prompt is only
-            scored, so it may fill the whole context).
-
-    Raises:
-        InvalidRequestError: ``max_tokens`` below 1 (below 0 with ``allow_zero``), the prompt
-            fills the context, or prompt + max_tokens exceed it (the message gives the numbers).
-    """
-    least = 0 if allow_zero else 1
-    if max_tokens is not None and max_tokens < least:
-        raise InvalidRequestError(f"{param} must be >= {least}, got {max_tokens}", param=param)
-    prompt_param = "prompt" if param == "max_tokens" else "messages"
-    if max_tokens == 0:
-        if num_prompt_tokens > max_model_len:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
-                f"{num_prompt_tokens} tokens. Please shorten the prompt.", param=prompt_param)
-        return 0
-    if num_prompt_tokens >= max_model_len:
-        raise InvalidRequestError(
-            f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
-            f"{num_prompt_tokens} tokens, which leaves no room for output. Please shorten the prompt.",
-            param=prompt_param)
-    if max_tokens is None:
-        return max_model_len - num_prompt_tokens
-    if num_prompt_tokens + max_tokens > max_model_len:
-        raise InvalidRequestError(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} "
-            f"for the completion). Please reduce the prompt or {param}.", param=param)
-    return max_tokens
+def new_request_id(prefix: str, raw_request: Request | None = None) -> str:
+    """``<prefix>-<X-Request-Id header>`` when the client sent one (as vLLM), else a random id."""
+    given = raw_request.headers.get("x-request-id") if raw_request is not None else None
+    return f"{prefix}-{given or uuid.uuid4().hex}"
 
 
 def check_token_ids(token_ids: list[int], vocab_size: int, param: str = "prompt") -> None:
@@ -164,25 +135,25 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> tuple[bool, 
     return True, task.result()
 
 
-async def respond(state: ServingState, api_key: str, charge: int, engine_requests: list[EngineRequest],
-                  make_call: Callable, stream: bool, raw_request: Request) -> Response:
-    """Admit a call (rate limits charged ``charge`` tokens), start its engine requests, and
-    answer with an SSE stream or, non-streamed, one JSON body (499 if the client left first).
+async def respond(state: ServingState, api_key: str, requests: list[EngineRequest], make_call: Callable,
+                  stream: bool, raw_request: Request) -> Response:
+    """Admit a call (rate limits charged its prompt tokens plus ``n * max_tokens`` per prompt),
+    queue its engine requests (all or none), and answer with an SSE stream or, non-streamed, one
+    JSON body (499 if the client left first).
 
-    ``make_call(firsts)`` builds the endpoint's call object from each request's first output; it
-    has ``stream(api_key)`` and ``aggregate(api_key)``, which release the admission when done.
+    ``make_call(streams)`` builds the endpoint's call object; it has ``stream(api_key)`` and
+    ``aggregate(api_key)``, which release the admission when done.
     """
-    state.admit(api_key, charge)
+    state.admit(api_key, sum(len(r.prompt_token_ids) + r.n * r.max_tokens for r in requests))
     try:
-        firsts = await start_all(engine_requests)
+        streams = await start_streams(state.engine, requests)
     except BaseException:
         state.finish(api_key)
         raise
-    call = make_call(firsts)
+    call = make_call(streams)
     if stream:
         return SSEResponse(call.stream(api_key))
     finished, body = await until_disconnect(raw_request, call.aggregate(api_key))
     if not finished:
         return Response(status_code=499)
     return JSONResponse(body.model_dump(mode="json"))
-

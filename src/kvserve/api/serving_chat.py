@@ -10,24 +10,25 @@ Stream shape per choice (OpenAI's)::
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 
 from fastapi import Request
 from starlette.responses import Response
 
-from kvserve.api.engine_stream import EngineRequest
+from kvserve.api.engine_stream import RequestStream
 from kvserve.api.errors import to_api_error
 from kvserve.api.logprobs import chat_logprobs, prompt_logprobs_json
 from kvserve.api.protocol import ChatCompletionRequest, tools_for_template
 from kvserve.api.responses import (ChatChoiceLogprobs, ChatCompletionChoice, ChatCompletionResponse,
                                    ChatCompletionStreamChoice, ChatCompletionStreamResponse,
                                    ChatLogprobToken, ChatResponseMessage, DeltaMessage)
-from kvserve.api.serving_base import ServingState, make_usage, new_request_id, resolve_max_tokens, respond
+from kvserve.api.serving_base import ServingState, make_usage, new_request_id, respond
 from kvserve.api.sse import SSE_DONE, format_sse
 from kvserve.api.tokenization import render_chat
+from kvserve.engine.input_processor import FieldNames
 from kvserve.outputs import CompletionOutput, RequestOutput
-from kvserve.sampling_params import truncate_prompt
 
 
 @dataclasses.dataclass
@@ -48,10 +49,14 @@ def render_messages(state: ServingState, request) -> list[int]:
         InvalidRequestError: a non-text content part, or the template failed.
     """
     messages = [message.to_template_dict(i) for i, message in enumerate(request.messages)]
+    template_kwargs = dict(getattr(request, "chat_template_kwargs", None) or {})
+    if getattr(request, "documents", None) is not None:
+        template_kwargs["documents"] = request.documents
     return render_chat(state.engine.tokenizer, messages,
                        add_generation_prompt=request.add_generation_prompt,
                        continue_final_message=request.continue_final_message,
-                       chat_template=state.settings.chat_template, tools=tools_for_template(request.tools))
+                       chat_template=state.settings.chat_template, tools=tools_for_template(request.tools),
+                       chat_template_kwargs=template_kwargs or None)
 
 
 class ChatServing:
@@ -70,19 +75,19 @@ class ChatServing:
         state.check_ready()
         state.check_model(request.model)
         request.check_http_fields()
-        prompt_ids = truncate_prompt(render_messages(state, request), request.truncate_prompt_tokens)
-        param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
-        max_tokens = resolve_max_tokens(len(prompt_ids), request.requested_max_tokens,
-                                        engine.max_model_len, param=param)
-        params = request.build_sampling_params(max_tokens=max_tokens, logprobs=request.num_logprobs,
-                                               vocab_size=engine.vocab_size)
-        request_id = new_request_id("chatcmpl")
-        engine_request = EngineRequest(engine, request_id, prompt_ids, params,
-                                       priority=request.priority, cache_salt=request.cache_salt)
+        prompt_ids = await asyncio.to_thread(render_messages, state, request)  # templates can be slow
+        params = request.to_sampling_params(max_tokens=request.requested_max_tokens, logprobs=request.num_logprobs,
+                                            defaults=state.sampling_defaults)
+        fields = FieldNames(prompt="messages", logprobs="top_logprobs",
+                            max_tokens="max_completion_tokens" if request.max_completion_tokens is not None
+                            else "max_tokens")
+        request_id = new_request_id("chatcmpl", raw_request)
+        engine_request = await engine.process_inputs(request_id, {"prompt_token_ids": prompt_ids}, params,
+                                                     priority=request.priority, cache_salt=request.cache_salt,
+                                                     fields=fields)
         return await respond(
-            state, api_key, len(prompt_ids) + params.n * max_tokens, [engine_request],
-            lambda firsts: _ChatCall(state, request, request_id, engine_request, firsts[0]),
-            request.stream, raw_request,
+            state, api_key, [engine_request],
+            lambda streams: _ChatCall(state, request, request_id, streams[0]), request.stream, raw_request,
         )
 
 
@@ -90,14 +95,20 @@ class _ChatCall:
     """One admitted chat call: turns engine deltas into choices and chunks."""
 
     def __init__(self, state: ServingState, request: ChatCompletionRequest, request_id: str,
-                 engine_request: EngineRequest, first: RequestOutput | None):
+                 stream: RequestStream):
         self.state = state
         self.request = request
         self.request_id = request_id
-        self.engine_request = engine_request
+        self.request_stream = stream
         self.choices = [_Choice(i) for i in range(request.n)]
-        self.cached_tokens = first.num_cached_tokens if first is not None else 0
-        self.prompt_logprobs = first.prompt_logprobs if first is not None else None
+        self.cached_tokens = 0
+        self.prompt_logprobs = None
+
+    def _note_prompt(self, output: RequestOutput) -> None:
+        """The first delta carries the prefix-cache hits and the prompt logprobs."""
+        self.cached_tokens = max(self.cached_tokens, output.num_cached_tokens)
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
 
     def _delta(self, output: CompletionOutput) -> ChatCompletionStreamChoice | None:
         """Apply one choice delta; return the chunk choice (None when nothing to send)."""
@@ -121,7 +132,7 @@ class _ChatCall:
                                           stop_reason=output.stop_reason if finish else None)
 
     def _usage(self):
-        return make_usage(len(self.engine_request.prompt_token_ids),
+        return make_usage(len(self.request_stream.request.prompt_token_ids),
                           sum(c.num_tokens for c in self.choices), self.cached_tokens)
 
     def _chunk(self, choices: list[ChatCompletionStreamChoice], exclude) -> str:
@@ -131,20 +142,25 @@ class _ChatCall:
         return format_sse(chunk.model_dump(mode="json", exclude=exclude))
 
     async def _close(self, api_key: str) -> None:
-        await self.engine_request.close()
+        await self.request_stream.close()
         self.state.finish(api_key)
 
     async def stream(self, api_key: str) -> AsyncIterator[str]:
-        """SSE events: a role delta per choice, content deltas, usage chunk if asked, ``[DONE]``.
+        """SSE events: a role delta per choice (sent with the first engine output, as vLLM, so
+        they carry its prefix-cache hits), content deltas, usage chunk if asked, ``[DONE]``.
         With ``continuous_usage_stats`` every chunk carries the running usage (all choices so
         far; 0 completion tokens on the role chunks)."""
         exclude = None if self.request.include_usage else {"usage"}
+        first = True
         try:
-            for choice in self.choices:
-                role = ChatCompletionStreamChoice(index=choice.index,
-                                                  delta=DeltaMessage(role="assistant", content=""))
-                yield self._chunk([role], exclude)
-            async for output in self.engine_request.outputs():
+            async for output in self.request_stream.outputs():
+                self._note_prompt(output)
+                if first:
+                    first = False
+                    for choice in self.choices:
+                        role = ChatCompletionStreamChoice(index=choice.index,
+                                                          delta=DeltaMessage(role="assistant", content=""))
+                        yield self._chunk([role], exclude)
                 for delta in output.outputs:
                     choice = self._delta(delta)
                     if choice is not None:
@@ -162,7 +178,8 @@ class _ChatCall:
     async def aggregate(self, api_key: str) -> ChatCompletionResponse:
         """The non-streamed response: all deltas joined per choice."""
         try:
-            async for output in self.engine_request.outputs():
+            async for output in self.request_stream.outputs():
+                self._note_prompt(output)
                 for delta in output.outputs:
                     self._delta(delta)
         finally:
@@ -174,7 +191,7 @@ class _ChatCall:
         prompt_logprobs = None
         if self.request.prompt_logprobs is not None:
             prompt_logprobs = prompt_logprobs_json(self.state.token_text,
-                                                   self.engine_request.prompt_token_ids,
+                                                   self.request_stream.request.prompt_token_ids,
                                                    self.prompt_logprobs)
         return ChatCompletionResponse(id=self.request_id, model=self.state.model_name, choices=choices,
                                       usage=self._usage(), prompt_logprobs=prompt_logprobs)

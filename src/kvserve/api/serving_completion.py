@@ -2,7 +2,7 @@
 
 Each prompt is one engine request with ``n`` choices; the response numbers choices
 ``prompt_index * n + choice_index``, as the OpenAI API does for a list of prompts. All prompts
-of a call are admitted together (``start_all``): a list too long for the waiting queue is
+of a call are admitted together (``start_streams``): a list too long for the waiting queue is
 refused whole (429, or 400 when it could never fit), with nothing queued.
 
 ``echo`` with ``max_tokens=0`` scores the prompt without generating (lm-eval-harness's
@@ -18,29 +18,17 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from starlette.responses import Response
 
-from kvserve.api.engine_stream import EngineRequest, merge_outputs
+from kvserve.api.engine_stream import RequestStream, merge_outputs
 from kvserve.api.errors import to_api_error
 from kvserve.api.logprobs import (CompletionLogprobsBuilder, merge_completion_logprobs,
                                   prompt_logprobs_json)
 from kvserve.api.protocol import CompletionRequest
 from kvserve.api.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
                                    CompletionStreamResponse)
-from kvserve.api.serving_base import (ServingState, check_token_ids, make_usage, new_request_id,
-                                      resolve_max_tokens, respond)
+from kvserve.api.serving_base import ServingState, make_usage, new_request_id, respond
 from kvserve.api.sse import SSE_DONE, format_sse
-from kvserve.api.tokenization import tokenize_prompt
-from kvserve.errors import InvalidRequestError
+from kvserve.engine.engine_request import EngineRequest
 from kvserve.outputs import CompletionOutput, RequestOutput
-from kvserve.sampling_params import truncate_prompt
-
-
-DEFAULT_COMPLETION_MAX_TOKENS = 16
-
-
-@dataclasses.dataclass
-class _Prompt:
-    text: str | None
-    token_ids: list[int]
 
 
 @dataclasses.dataclass
@@ -57,61 +45,25 @@ class _Choice:
     echoed: bool = False
 
 
+def _prompt_inputs(request: CompletionRequest) -> list[str | list[int]]:
+    """The call's prompts: one string, strings, one list of token ids, or lists of them."""
+    raw = request.prompt
+    if isinstance(raw, str):
+        return [raw]
+    if raw and isinstance(raw[0], int):
+        return [raw]
+    return list(raw)
+
+
 class CompletionServing:
     """Handles ``/v1/completions`` against the engine in ``state``."""
 
     def __init__(self, state: ServingState):
         self.state = state
 
-    def _prompts(self, request: CompletionRequest) -> list[_Prompt]:
-        engine = self.state.engine
-        raw = request.prompt
-        if isinstance(raw, str):
-            raw = [raw]
-        elif raw and isinstance(raw[0], int):
-            raw = [raw]
-        prompts = []
-        for item in raw:
-            if isinstance(item, str):
-                prompt = _Prompt(item, tokenize_prompt(engine.tokenizer, item))
-            else:
-                if not item:
-                    raise InvalidRequestError("prompt must not be empty", param="prompt")
-                check_token_ids(item, engine.vocab_size)
-                prompt = _Prompt(None, list(item))
-            kept = truncate_prompt(prompt.token_ids, request.truncate_prompt_tokens)
-            if len(kept) < len(prompt.token_ids):  # echo shows what the model saw
-                prompt = _Prompt(None, kept)
-            prompts.append(prompt)
-        return prompts
-
-    def _engine_requests(self, request: CompletionRequest, prompts: list[_Prompt],
-                         request_id: str) -> tuple[list[EngineRequest], int]:
-        engine = self.state.engine
-        if request.max_tokens == 0 and not request.echo:
-            raise InvalidRequestError(
-                "max_tokens must be >= 1, got 0; max_tokens=0 is allowed only with echo=true (the prompt "
-                "is returned, with its logprobs when logprobs is set)", param="max_tokens")
-        requests, charge = [], 0
-        for i, prompt in enumerate(prompts):
-            max_tokens = request.max_tokens
-            if max_tokens is None:  # OpenAI's default of 16, within what the context leaves
-                max_tokens = max(1, min(DEFAULT_COMPLETION_MAX_TOKENS, engine.max_model_len - len(prompt.token_ids)))
-            max_tokens = resolve_max_tokens(len(prompt.token_ids), max_tokens, engine.max_model_len,
-                                            allow_zero=request.echo)
-            params = request.build_sampling_params(max_tokens=max_tokens, logprobs=request.logprobs,
-                                                   vocab_size=engine.vocab_size)
-            if request.echo and request.logprobs is not None:
-                params = dataclasses.replace(params, prompt_logprobs=max(request.logprobs,
-                                                                         request.prompt_logprobs or 0))
-            charge += len(prompt.token_ids) + params.n * max_tokens
-            requests.append(EngineRequest(engine, f"{request_id}-{i}", prompt.token_ids, params,
-                                          prompt=prompt.text, priority=request.priority,
-                                          cache_salt=request.cache_salt))
-        return requests, charge
-
     async def create(self, request: CompletionRequest, raw_request: Request, api_key: str) -> Response:
-        """Validate, admit, start the engine requests, and answer (JSON or SSE).
+        """Check, validate (the engine's input processor, on a worker thread), admit, start the
+        engine requests, and answer (JSON or SSE).
 
         Raises:
             InvalidRequestError, APIError, RequestRejectedError: mapped to 4xx/503 by the app.
@@ -119,13 +71,22 @@ class CompletionServing:
         self.state.check_ready()
         self.state.check_model(request.model)
         request.check_http_fields()
-        prompts = self._prompts(request)
-        request_id = new_request_id("cmpl")
-        engine_requests, charge = self._engine_requests(request, prompts, request_id)
+        params = request.to_sampling_params(max_tokens=request.max_tokens, logprobs=request.logprobs,
+                                            defaults=self.state.sampling_defaults)
+        if request.echo and request.logprobs is not None:
+            params = dataclasses.replace(params, prompt_logprobs=max(request.logprobs, request.prompt_logprobs or 0))
+        request_id = new_request_id("cmpl", raw_request)
+        engine = self.state.engine
+        prompts = [{"prompt": p, "add_special_tokens": request.add_special_tokens} if isinstance(p, str)
+                   else {"prompt_token_ids": p} for p in _prompt_inputs(request)]
+        engine_requests = [
+            await engine.process_inputs(f"{request_id}-{i}", prompt, params, priority=request.priority,
+                                        cache_salt=request.cache_salt)
+            for i, prompt in enumerate(prompts)
+        ]
         return await respond(
-            self.state, api_key, charge, engine_requests,
-            lambda firsts: _Call(self.state, request, request_id, prompts, engine_requests, firsts),
-            request.stream, raw_request,
+            self.state, api_key, engine_requests,
+            lambda streams: _Call(self.state, request, request_id, streams), request.stream, raw_request,
         )
 
 
@@ -133,19 +94,24 @@ class _Call:
     """One admitted completions call: turns engine deltas into choices and chunks."""
 
     def __init__(self, state: ServingState, request: CompletionRequest, request_id: str,
-                 prompts: list[_Prompt], engine_requests: list[EngineRequest],
-                 firsts: list[RequestOutput | None]):
+                 streams: list[RequestStream]):
         self.state = state
         self.request = request
         self.request_id = request_id
-        self.prompts = prompts
-        self.engine_requests = engine_requests
+        self.streams = streams
+        self.prompts: list[EngineRequest] = [s.request for s in streams]
         n = request.n
         self.choices = [_Choice(i, None if request.logprobs is None else
                                 CompletionLogprobsBuilder(state.logprob_token_text(request), request.logprobs))
-                        for i in range(len(prompts) * n)]
-        self.cached_tokens = sum(f.num_cached_tokens for f in firsts if f is not None)
-        self.prompt_logprobs = [f.prompt_logprobs if f is not None else None for f in firsts]
+                        for i in range(len(streams) * n)]
+        self.cached_tokens = [0] * len(streams)
+        self.prompt_logprobs: list[list | None] = [None] * len(streams)
+
+    def _note_prompt(self, prompt_index: int, output: RequestOutput) -> None:
+        """The first delta of a prompt carries its prefix-cache hits and prompt logprobs."""
+        self.cached_tokens[prompt_index] = max(self.cached_tokens[prompt_index], output.num_cached_tokens)
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs[prompt_index] = output.prompt_logprobs
 
     def _delta(self, prompt_index: int, output: CompletionOutput) -> CompletionChoice | None:
         """Apply one choice delta; return the chunk choice (None when nothing to send)."""
@@ -155,7 +121,7 @@ class _Call:
             parts = []
             if self.request.echo and not choice.echoed:
                 prompt = self.prompts[prompt_index]
-                parts.append(choice.logprobs.prompt(prompt.token_ids, self.prompt_logprobs[prompt_index]))
+                parts.append(choice.logprobs.prompt(prompt.prompt_token_ids, self.prompt_logprobs[prompt_index]))
             parts.append(choice.logprobs.generated(list(output.logprobs or [])))
             logprobs = merge_completion_logprobs(parts)
             choice.logprob_parts.append(logprobs)
@@ -175,18 +141,19 @@ class _Call:
                                 finish_reason=finish, stop_reason=output.stop_reason if finish else None)
 
     def _prompt_text(self, prompt_index: int) -> str:
+        """What echo shows: the prompt text, or its decoded ids (token-id and truncated prompts)."""
         prompt = self.prompts[prompt_index]
-        if prompt.text is not None:
-            return prompt.text
-        return self.state.engine.tokenizer.decode(prompt.token_ids)
+        if prompt.prompt is not None:
+            return prompt.prompt
+        return self.state.engine.tokenizer.decode(prompt.prompt_token_ids)
 
     def _usage(self):
-        prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
-        return make_usage(prompt_tokens, sum(c.num_tokens for c in self.choices), self.cached_tokens)
+        prompt_tokens = sum(len(p.prompt_token_ids) for p in self.prompts)
+        return make_usage(prompt_tokens, sum(c.num_tokens for c in self.choices), sum(self.cached_tokens))
 
     async def _close(self, api_key: str) -> None:
-        for engine_request in self.engine_requests:
-            await engine_request.close()
+        for stream in self.streams:
+            await stream.close()
         self.state.finish(api_key)
 
     async def stream(self, api_key: str) -> AsyncIterator[str]:
@@ -196,7 +163,8 @@ class _Call:
         model = self.state.model_name
         exclude = None if self.request.include_usage else {"usage"}
         try:
-            async for prompt_index, output in merge_outputs(self.engine_requests):
+            async for prompt_index, output in merge_outputs(self.streams):
+                self._note_prompt(prompt_index, output)
                 for delta in output.outputs:
                     choice = self._delta(prompt_index, delta)
                     if choice is not None:
@@ -217,7 +185,8 @@ class _Call:
     async def aggregate(self, api_key: str) -> CompletionResponse:
         """The non-streamed response: all deltas joined per choice."""
         try:
-            async for prompt_index, output in merge_outputs(self.engine_requests):
+            async for prompt_index, output in merge_outputs(self.streams):
+                self._note_prompt(prompt_index, output)
                 for delta in output.outputs:
                     self._delta(prompt_index, delta)
         finally:
@@ -229,7 +198,7 @@ class _Call:
             prompt_logprobs = None
             if self.request.prompt_logprobs is not None:
                 prompt_logprobs = prompt_logprobs_json(self.state.token_text,
-                                                       self.prompts[prompt_index].token_ids,
+                                                       self.prompts[prompt_index].prompt_token_ids,
                                                        self.prompt_logprobs[prompt_index])
             choices.append(CompletionChoice(index=choice.index, text=choice.text, logprobs=logprobs,
                                             finish_reason=choice.finish_reason,

@@ -9,7 +9,7 @@ import torch
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.attention.cpu_paged import CpuPagedAttentionBackend, cpu_paged_available
 from kvserve.attention.torch_backend import TorchAttentionBackend
-from kvserve.errors import InvalidRequestError
+from kvserve.errors import ConfigError
 
 _BACKENDS: dict[str, type[AttentionBackend]] = {
     TorchAttentionBackend.name: TorchAttentionBackend,
@@ -23,7 +23,7 @@ def get_attention_backend(name: str = "torch", device: str | torch.device = "cpu
     ``auto``: ``cpu_paged`` on a CPU device when its kernel builds here, else ``torch``.
 
     Raises:
-        InvalidRequestError: no backend has that name (the message lists the available ones).
+        ConfigError: no backend has that name (the message lists the available ones).
         RuntimeError: ``cpu_paged`` was asked for by name and its kernel cannot be built.
     """
     if name == "auto":
@@ -32,9 +32,8 @@ def get_attention_backend(name: str = "torch", device: str | torch.device = "cpu
     try:
         backend_cls = _BACKENDS[name]
     except KeyError:
-        raise InvalidRequestError(
-            f"unknown attention backend {name!r}; available: auto, {', '.join(sorted(_BACKENDS))}",
-            param="attention_backend",
+        raise ConfigError(
+            f"unknown attention backend {name!r}; available: auto, {', '.join(sorted(_BACKENDS))}"
         ) from None
     return backend_cls()
 

@@ -30,6 +30,7 @@ import torch
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.attention.torch_backend import TorchAttentionBackend, _varlen_attention, write_kv_cache
+from kvserve.errors import ConfigError
 from kvserve.kernels import cpu_kernels, cpu_kernels_available
 
 MAX_GROUP, MAX_HEAD_DIM = 16, 256  # kMaxGroup, kMaxHeadDim in the C++ source
@@ -57,7 +58,8 @@ class CpuPagedAttentionBackend(AttentionBackend):
     def __init__(self, max_kernel_query_len: int = 1 << 30):
         self._ops = cpu_kernels()
         if self._ops is None:
-            raise RuntimeError("the cpu_paged attention kernel could not be built (see the log)")
+            raise ConfigError("--attention-backend cpu_paged: its C++ kernel could not be built here (see the log); "
+                              "use --attention-backend torch or auto")
         self.max_kernel_query_len = max_kernel_query_len
         self._reference = TorchAttentionBackend()
 

@@ -1,23 +1,39 @@
-"""The asynchronous engine front that the HTTP layer talks to (contract; implemented by the lead).
+"""The asynchronous engine front that the HTTP layer talks to.
 
-The engine core runs in its own thread; ``AsyncLLM`` hands it requests and turns its per-step
-outputs into per-request async streams of *delta* ``RequestOutput`` objects.
+The engine core runs in a thread of its own; the event loop talks to it only through typed
+commands (``engine_messages``) on a thread-safe queue, and gets per-request async streams of
+*delta* ``RequestOutput`` objects back::
+
+    event loop                                   engine thread
+    ──────────                                   ─────────────
+    process_inputs ─► worker thread: tokenize + validate (InputProcessor) ─► EngineRequest
+    add_requests   ──── AddRequests ───────────► LLMEngine.add_requests (capacity, KV fit)
+                   ◄─── future resolved ────────
+    stream         ◄─── deltas per step ─────── LLMEngine.step()
+    abort          ──── AbortRequest ──────────► LLMEngine.abort_request
+
+A request whose processing fails ends its stream with ``RequestFailedError``; the engine goes on.
+A failure the engine cannot attribute (``EngineDeadError``, or any exception out of a step) ends
+every stream with an error, marks the engine dead (``is_ready`` False, so ``/health`` says 503)
+and calls ``on_dead`` (the server then exits non-zero so a supervisor restarts it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from kvserve.engine.llm_engine import GenerateRequest, LLMEngine
-from kvserve.errors import RequestRejectedError
+from kvserve.engine.engine_messages import AbortAll, AbortRequest, AddRequests, EngineCommand, Shutdown
+from kvserve.engine.engine_request import EngineRequest
+from kvserve.engine.input_processor import DEFAULT_FIELDS, FieldNames, InputProcessor, PromptInput
+from kvserve.engine.llm_engine import EngineStep, LLMEngine
+from kvserve.errors import RequestFailedError, RequestRejectedError
+from kvserve.generation_config import SamplingDefaults
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 from kvserve.scheduler.stats import SchedulerStats
@@ -29,61 +45,55 @@ class EngineClient(ABC):
     """What the API layer may use. Attributes set by implementations:
 
     - ``model_name: str`` (served model name), ``max_model_len: int`` (tokens),
-      ``vocab_size: int``, ``tokenizer`` (a Hugging Face tokenizer), ``eos_token_ids: set[int]``.
+      ``vocab_size: int``, ``tokenizer`` (a Hugging Face tokenizer), ``eos_token_ids``,
+      ``input_processor: InputProcessor``, ``sampling_defaults`` (the model's default sampling
+      values, ``kvserve.generation_config.SamplingDefaults``; optional).
     """
 
     model_name: str
     max_model_len: int
     vocab_size: int
     tokenizer: Any
+    input_processor: InputProcessor
 
-    @abstractmethod
-    def generate(
-        self,
-        prompt_token_ids: list[int],
-        sampling_params: SamplingParams,
-        request_id: str,
-        *,
-        prompt: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        arrival_time: float | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream delta outputs of one request (all ``sampling_params.n`` choices).
-
-        Each yielded ``RequestOutput`` carries only the choices that changed since the last one;
-        a choice's ``CompletionOutput`` has the new text (detokenized incrementally, never a
-        broken UTF-8 character, stop strings already cut), new token ids, new ``TokenLogprobs``
-        (if asked), and ``finish_reason`` on its last delta. The first yielded output carries
-        ``prompt_logprobs`` (if asked) and ``num_cached_tokens`` (prefix-cache hits, tokens). The
-        iterator ends after every choice finished. Cancelling the consumer (client disconnect)
-        aborts the request within one engine step.
-
-        ``arrival_time`` (``time.time()`` seconds) is when the caller received the request; it
-        starts the request's latency metrics (default: now).
-
-        Raises (before the first yield):
-            InvalidRequestError: prompt + max_tokens exceed ``max_model_len`` (message gives the
-                numbers), or token ids outside the vocabulary.
-            RequestRejectedError: the waiting queue is full (reason ``queue_full``) or the engine
-                is shutting down (reason ``shutting_down``).
-        """
-
-    async def generate_many(self, requests: list[GenerateRequest]) -> list[AsyncIterator[RequestOutput]]:
-        """Start several requests as one unit (the prompts of one API call) and return their
-        streams, each as :meth:`generate`'s.
-
-        Implementations that can should admit all or none: every request is validated and the
-        waiting queue checked for all of them before any is queued, and the errors are raised
-        here. This default starts nothing itself; each stream is admitted on its first
-        ``__anext__`` (the caller must then abort the others when one fails).
+    async def process_inputs(self, request_id: str, prompt: PromptInput, params: SamplingParams, *,
+                             priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
+                             fields: FieldNames = DEFAULT_FIELDS) -> EngineRequest:
+        """Tokenize and validate one prompt's request on a worker thread (the event loop keeps
+        serving meanwhile; tokenizers release the GIL).
 
         Raises:
-            InvalidRequestError, RequestRejectedError: as :meth:`generate`, for any request.
+            InvalidRequestError: any invalid value (``InputProcessor.process``).
         """
-        return [self.generate(r.prompt_token_ids, r.sampling_params, r.request_id, prompt=r.prompt,
-                              priority=r.priority, cache_salt=r.cache_salt, arrival_time=r.arrival_time)
-                for r in requests]
+        return await asyncio.to_thread(self.input_processor.process, request_id, prompt, params,
+                                       priority=priority, cache_salt=cache_salt, arrival_time=arrival_time,
+                                       fields=fields)
+
+    @abstractmethod
+    async def add_requests(self, requests: list[EngineRequest]) -> list[AsyncIterator[RequestOutput]]:
+        """Queue the requests of one call, all or none, and return their delta streams.
+
+        Each stream yields ``RequestOutput`` deltas: only the choices that changed, with the new
+        text (detokenized incrementally, never a broken UTF-8 character, stop strings cut), new
+        token ids and logprobs, and ``finish_reason`` on a choice's last delta. The first delta
+        carries ``prompt_logprobs`` (if asked) and ``num_cached_tokens``. A stream ends after
+        every choice finished; a failed request raises ``RequestFailedError``. Abandoning a
+        stream (client gone) aborts its request within one engine step.
+
+        Raises:
+            InvalidRequestError: a request can never fit the KV cache or the queue.
+            RequestRejectedError: the queue is full now, or the engine is shutting down / dead.
+        """
+
+    async def generate(self, prompt: PromptInput, params: SamplingParams, request_id: str, *,
+                       priority: int = 0, cache_salt: str | None = None,
+                       arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
+        """``process_inputs`` then ``add_requests`` for one prompt, then its stream."""
+        request = await self.process_inputs(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
+                                            arrival_time=arrival_time)
+        [stream] = await self.add_requests([request])
+        async for output in stream:
+            yield output
 
     @abstractmethod
     async def abort(self, request_id: str) -> None:
@@ -110,26 +120,26 @@ class _Stream:
 
 
 class AsyncLLM(EngineClient):
-    """The engine in a thread of its own beside the asyncio event loop.
+    """The engine in a thread of its own beside the asyncio event loop (see the module docstring).
 
     The engine thread is the only one that touches the ``LLMEngine`` (scheduler, KV cache,
-    model, detokenizers). The event loop sends it commands (add, abort) through a thread-safe
-    queue; the engine applies them between steps and pushes each step's deltas to the requests'
-    asyncio queues. When no request is unfinished the thread sleeps on the command queue.
+    model, detokenizers). When no request is unfinished it sleeps on the command queue.
 
     Args:
         engine: a constructed ``LLMEngine`` (model loaded).
         served_model_name: the name clients send as ``model``.
         stats_consumers: objects with the ``kvserve.metrics.StatsConsumer`` methods, called on the
             engine thread (metrics, logs, traces); they must be quick and must not raise.
+        on_dead: called (on the engine thread) with the exception when the engine dies.
 
     ``metrics_registry`` (a ``prometheus_client.CollectorRegistry`` or None) is what
     ``GET /metrics`` serves; ``kvserve.metrics.wiring.install_metrics`` sets it and
     ``prometheus_metrics`` (where the HTTP layer counts refused requests).
     """
 
-    def __init__(self, engine: LLMEngine, served_model_name: str, stats_consumers: list[Any] | None = None):
-        self._init_common(served_model_name, stats_consumers)
+    def __init__(self, engine: LLMEngine, served_model_name: str, stats_consumers: list[Any] | None = None,
+                 on_dead: Callable[[BaseException], None] | None = None):
+        self._init_common(served_model_name, stats_consumers, on_dead)
         self._attach(engine)
 
     @classmethod
@@ -138,55 +148,61 @@ class AsyncLLM(EngineClient):
         factory: Callable[[], LLMEngine],
         served_model_name: str,
         *,
-        tokenizer: Any,
-        max_model_len: int,
-        vocab_size: int,
-        eos_token_ids: frozenset[int] = frozenset(),
+        input_processor: InputProcessor,
+        sampling_defaults: SamplingDefaults | None = None,
         stats_consumers: list[Any] | None = None,
+        on_dead: Callable[[BaseException], None] | None = None,
     ) -> AsyncLLM:
         """An ``AsyncLLM`` whose engine is built by ``factory`` on the engine thread after
         ``start()``, so the HTTP server can answer (``/health`` 503) while the weights load. The
-        facts the API layer needs before that are given up front. ``wait_until_loaded()`` blocks
-        until the engine is ready or failed."""
+        input processor (tokenizer, vocabulary, context length) and the model's sampling
+        defaults are given up front.
+        ``wait_until_loaded()`` blocks until the engine is ready or failed."""
         self = cls.__new__(cls)
-        self._init_common(served_model_name, stats_consumers)
+        self._init_common(served_model_name, stats_consumers, on_dead)
         self._factory = factory
-        self.max_model_len, self.vocab_size = max_model_len, vocab_size
-        self.tokenizer, self.eos_token_ids = tokenizer, eos_token_ids
+        self._set_facts(input_processor)
+        self.sampling_defaults = sampling_defaults or SamplingDefaults()
         return self
 
-    def _init_common(self, served_model_name: str, stats_consumers: list[Any] | None) -> None:
+    def _init_common(self, served_model_name: str, stats_consumers: list[Any] | None,
+                     on_dead: Callable[[BaseException], None] | None) -> None:
         self.engine: LLMEngine | None = None
         self._factory: Callable[[], LLMEngine] | None = None
         self.model_name = served_model_name
         self.stats_consumers = list(stats_consumers or [])
+        self.on_dead = on_dead
         self.metrics_registry: Any = None
         self.prometheus_metrics: Any = None
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
-        self._stopping = False
         self._loaded = threading.Event()
         self.snapshot: SchedulerStats = SchedulerStats()
 
+    def _set_facts(self, input_processor: InputProcessor) -> None:
+        self.input_processor = input_processor
+        self.tokenizer = input_processor.tokenizer
+        self.max_model_len = input_processor.max_model_len
+        self.vocab_size = input_processor.vocab_size
+        self.eos_token_ids = input_processor.eos_token_ids
+
     def _attach(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self.max_model_len = engine.max_model_len
-        self.vocab_size = engine.vocab_size
-        self.tokenizer = engine.tokenizer
-        self.eos_token_ids = engine.eos_token_ids
+        self._set_facts(engine.input_processor)
+        self.sampling_defaults = engine.config.model.sampling_defaults
         self.snapshot = engine.core.make_stats()
         self._loaded.set()
 
-    # -- lifecycle -----------------------------------------------------------------------------
+    # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="kvserve-engine", daemon=True)
         self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        self._commands.put(("stop",))
+        self._commands.put(Shutdown())
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -194,6 +210,11 @@ class AsyncLLM(EngineClient):
     def is_ready(self) -> bool:
         return (self._thread is not None and self._thread.is_alive() and self._dead is None
                 and self.engine is not None)
+
+    @property
+    def dead_reason(self) -> BaseException | None:
+        """Why the engine stopped (a load failure or an unattributable failure), else None."""
+        return self._dead
 
     def wait_until_loaded(self, timeout: float | None = None) -> bool:
         """Block until the engine is built (True) or failed / timed out (False)."""
@@ -209,47 +230,20 @@ class AsyncLLM(EngineClient):
         s = self.snapshot
         return {"num_running": s.num_running, "num_waiting": s.num_waiting, "kv_cache_usage": s.kv_cache_usage}
 
-    # -- the API side (event loop) ---------------------------------------------------------------
+    # -- the API side (event loop) -----------------------------------------------------------------
 
-    async def generate(
-        self,
-        prompt_token_ids: list[int],
-        sampling_params: SamplingParams,
-        request_id: str,
-        *,
-        prompt: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        arrival_time: float | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        item = GenerateRequest(request_id, prompt_token_ids, sampling_params, prompt, priority, cache_salt,
-                               arrival_time or time.time())
-        [stream] = await self._add([item])
-        async for output in self._iterate(request_id, stream):
-            yield output
-
-    async def generate_many(self, requests: list[GenerateRequest]) -> list[AsyncIterator[RequestOutput]]:
+    async def add_requests(self, requests: list[EngineRequest]) -> list[AsyncIterator[RequestOutput]]:
         """All of ``requests`` are admitted by one engine-thread command (all or none)."""
-        now = time.time()
-        items = [r if r.arrival_time else dataclasses.replace(r, arrival_time=now) for r in requests]
-        streams = await self._add(items)
-        return [self._iterate(item.request_id, stream) for item, stream in zip(items, streams)]
-
-    async def _add(self, items: list[GenerateRequest]) -> list[_Stream]:
-        """Hand ``items`` to the engine thread as one command; raises its admission error."""
-        if not items:
+        if not requests:
             return []
         if self._dead is not None:
             raise RequestRejectedError(f"the engine is not running: {self._dead}", reason="engine_dead")
-        if self._stopping:
-            raise RequestRejectedError("the server is shutting down", reason="shutting_down")
         loop = asyncio.get_running_loop()
-        added: asyncio.Future = loop.create_future()
-        streams = [_Stream(loop) for _ in items]
-        # Arrival is when the API handed the request over, not when the engine thread gets to it.
-        self._commands.put(("add", items, streams, added))
-        await added  # raises the admission error, if any
-        return streams
+        done: asyncio.Future = loop.create_future()
+        streams = [_Stream(loop) for _ in requests]
+        self._commands.put(AddRequests(requests, streams, done))
+        await done  # raises the admission error, if any
+        return [self._iterate(request.request_id, stream) for request, stream in zip(requests, streams)]
 
     async def _iterate(self, request_id: str, stream: _Stream) -> AsyncIterator[RequestOutput]:
         """The deltas of one admitted request; aborts it when the consumer stops early."""
@@ -258,25 +252,26 @@ class AsyncLLM(EngineClient):
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
+                    finished = True  # the engine already dropped it
                     raise item
+                if item.error is not None:  # a choice failed: the call fails (its other choices abort)
+                    finished = item.finished
+                    raise RequestFailedError(item.error, request_id)
                 finished = item.finished
                 yield item
                 if finished:
                     return
         finally:
             if not finished:
-                self._commands.put(("abort", request_id))
+                self._commands.put(AbortRequest(request_id))
 
     async def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        self._commands.put(AbortRequest(request_id))
 
     def abort_all(self, message: str) -> None:
         """Abort every running request; each stream ends with ``RequestRejectedError(message)``
         (reason ``shutting_down``). Thread-safe."""
-        self._commands.put(("abort_all", message))
-
-    def stop_admission(self) -> None:
-        self._stopping = True
+        self._commands.put(AbortAll(message))
 
     # -- the engine thread -----------------------------------------------------------------------
 
@@ -298,12 +293,17 @@ class AsyncLLM(EngineClient):
                     self._step()
                 else:
                     self.snapshot = self.engine.core.make_stats()
-        except BaseException as exc:  # the engine died: tell every waiting client
-            logger.exception("engine loop died")
-            self._dead = exc
-            for stream in self._streams.values():
-                stream.put(RuntimeError(f"the engine failed: {exc}"))
-            self._streams.clear()
+        except BaseException as exc:  # unattributable: answer everyone, then let the server exit
+            self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        logger.exception("the engine failed and stops: %s", exc)
+        self._dead = exc
+        for request_id, stream in self._streams.items():
+            stream.put(RequestFailedError(f"the engine failed and is restarting: {exc}", request_id))
+        self._streams.clear()
+        if self.on_dead is not None:
+            self.on_dead(exc)
 
     def _drain_commands(self, block: bool) -> bool:
         """Apply queued commands; wait for one first when ``block``. False = stop the loop."""
@@ -312,7 +312,7 @@ class AsyncLLM(EngineClient):
         except queue.Empty:
             return True
         while True:
-            if command[0] == "stop":
+            if isinstance(command, Shutdown):
                 return False
             self._apply(command)
             try:
@@ -320,39 +320,38 @@ class AsyncLLM(EngineClient):
             except queue.Empty:
                 return True
 
-    def _apply(self, command: tuple) -> None:
-        if command[0] == "abort_all":
+    def _apply(self, command: EngineCommand) -> None:
+        if isinstance(command, AbortAll):
             for request_id, stream in list(self._streams.items()):
                 self.engine.abort_request(request_id)
-                stream.put(RequestRejectedError(command[1], reason="shutting_down"))
+                stream.put(RequestRejectedError(command.message, reason="shutting_down"))
             self._streams.clear()
-            return
-        if command[0] == "abort":
-            request_id = command[1]
-            if self._streams.pop(request_id, None) is not None:
-                self.engine.abort_request(request_id)
+        elif isinstance(command, AbortRequest):
+            if self._streams.pop(command.request_id, None) is not None:
+                self.engine.abort_request(command.request_id)
                 for consumer in self.stats_consumers:
-                    consumer.on_request_aborted(request_id)
-            return
-        _, items, streams, added = command
-        loop = streams[0].loop
+                    consumer.on_request_aborted(command.request_id)
+        elif isinstance(command, AddRequests):
+            self._add(command)
+
+    def _add(self, command: AddRequests) -> None:
+        loop = command.streams[0].loop
         try:
-            states = self.engine.add_requests(items)
-        except Exception as exc:
-            loop.call_soon_threadsafe(_set_exception, added, exc)
+            self.engine.add_requests(command.requests)
+        except Exception as exc:  # noqa: BLE001 - an admission error goes back to the caller
+            loop.call_soon_threadsafe(_set_exception, command.done, exc)
             for consumer in self.stats_consumers:
                 consumer.on_request_rejected(exc)
             return
-        for item, stream in zip(items, streams):
-            self._streams[item.request_id] = stream
-        loop.call_soon_threadsafe(_set_result, added, states)
+        for request, stream in zip(command.requests, command.streams):
+            self._streams[request.request_id] = stream
+        loop.call_soon_threadsafe(_set_result, command.done, None)
 
     def _step(self) -> None:
-        deltas = self.engine.step()
-        stats = self.engine.last_step_stats
-        if stats is not None:
-            self.snapshot = stats.scheduler
-        for delta in deltas:
+        step: EngineStep = self.engine.step()
+        if step.stats is not None:
+            self.snapshot = step.stats.scheduler
+        for delta in step.outputs:
             stream = self._streams.get(delta.request_id)
             if stream is None:
                 continue
@@ -360,7 +359,7 @@ class AsyncLLM(EngineClient):
             if delta.finished:
                 del self._streams[delta.request_id]
         for consumer in self.stats_consumers:
-            consumer.on_step(stats, self.engine.last_finished, self.engine.output_processor.last_iteration)
+            consumer.on_step(step.stats, step.finished, step.iteration)
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:

@@ -5,24 +5,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from kvserve.config import EngineConfig
-from kvserve.engine.executor import ModelExecutor
-from kvserve.engine.kv_sizing import KVCachePlan, plan_kv_cache
-from kvserve.kv_cache.manager import KVCacheManager
 from kvserve.attention import get_attention_backend
+from kvserve.config import EngineConfig
+from kvserve.engine.kv_sizing import KVCachePlan, plan_kv_cache
+from kvserve.errors import ConfigError, EngineDeadError
+from kvserve.kv_cache.manager import KVCacheManager
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.loader import LoadedModel, default_dtype_for_device, load_model
 from kvserve.model.runner import ModelRunner, kv_cache_bytes_per_block
 from kvserve.outputs import EngineCoreOutput
 from kvserve.request import Request, RequestStatus
-from kvserve.scheduler.admission import check_queue_capacity, validate_request
+from kvserve.scheduler.admission import check_kv_fit
 from kvserve.scheduler.scheduler import Scheduler
 from kvserve.scheduler.stats import SchedulerStats
 
@@ -52,6 +50,9 @@ class StepStats:
 
 @dataclass(frozen=True)
 class StepResult:
+    """One ``EngineCore.step()``: per-request outputs (new tokens, finishes) and the step's stats
+    (None when nothing ran)."""
+
     outputs: list[EngineCoreOutput]
     stats: StepStats | None
 
@@ -60,13 +61,13 @@ def resolve_device(name: str) -> torch.device:
     """``auto`` = CUDA when available, else CPU.
 
     Raises:
-        ValueError: CUDA was asked for but this torch build or machine has none.
+        ConfigError: CUDA was asked for but this torch build or machine has none.
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available (torch {torch.__version__}); use --device cpu")
+        raise ConfigError(f"--device {name}: CUDA is not available (torch {torch.__version__}); use --device cpu")
     return device
 
 
@@ -74,13 +75,13 @@ def resolve_max_model_len(arch: ModelArchConfig, wanted: int | None) -> int:
     """The context length: ``--max-model-len`` or the checkpoint's ``max_position_embeddings``.
 
     Raises:
-        ValueError: ``wanted`` exceeds the model's.
+        ConfigError: ``wanted`` exceeds the model's.
     """
     model_max = arch.max_position_embeddings
     if wanted is None:
         return model_max
     if wanted > model_max:
-        raise ValueError(f"--max-model-len {wanted} exceeds the model's max_position_embeddings ({model_max})")
+        raise ConfigError(f"--max-model-len {wanted} exceeds the model's max_position_embeddings ({model_max})")
     return wanted
 
 
@@ -93,7 +94,8 @@ class EngineCore:
 
     Raises:
         CheckpointError: the model folder cannot be loaded.
-        ValueError: ``--max-model-len`` exceeds the model's, or the KV budget is too small.
+        ConfigError: ``--max-model-len`` exceeds the model's, the KV budget is too small, or an
+            engine choice (device, attention backend) cannot work here.
     """
 
     def __init__(self, config: EngineConfig):
@@ -108,8 +110,9 @@ class EngineCore:
             self.kv_plan.num_blocks, self.kv_plan.block_size, self.config.cache.enable_prefix_caching
         )
         self.scheduler = Scheduler(self.config.scheduler, self.kv_cache_manager)
-        self.runner = ModelRunner(self.loaded, self.kv_plan.num_blocks, self.kv_plan.block_size, self.device)
-        self.executor = ModelExecutor(self.runner, self.loaded.arch.vocab_size, config.model.seed)
+        self.runner = ModelRunner(self.loaded, self.kv_plan.num_blocks, self.kv_plan.block_size, self.device,
+                                  max_num_reqs=self.config.scheduler.max_num_seqs, max_model_len=self.max_model_len,
+                                  seed=config.model.seed)
         # Requests with nothing to compute (max_tokens == 0, no prompt logprobs): finished on
         # admission, reported by the next step() without touching the scheduler or the KV cache.
         self._finished_on_admission: list[Request] = []
@@ -119,7 +122,7 @@ class EngineCore:
         dtype = config.model.dtype
         if dtype == "auto":
             dtype = default_dtype_for_device(config.model.model, self.device)
-        backend = get_attention_backend(os.environ.get("KVSERVE_ATTENTION_BACKEND", "auto"), self.device)
+        backend = get_attention_backend(config.model.attention_backend, self.device)
         loaded = load_model(config.model.model, dtype, self.device, backend)
         num_params = sum(p.numel() for p in loaded.model.parameters())
         logger.info(
@@ -152,33 +155,23 @@ class EngineCore:
         it finishes at once, with ``length`` and no token."""
         return request.max_tokens == 0 and request.sampling_params.prompt_logprobs is None
 
-    def add_request(self, request: Request) -> None:
-        """Queue a request (see ``Scheduler.add_request`` for the errors raised). A request with
-        no work (:meth:`has_no_work`) is checked the same way but never queued."""
-        request.sampling_params.validate_for_vocab(self.vocab_size)
-        if self.has_no_work(request):
-            validate_request(request, self.config.scheduler, self.kv_cache_manager)
+    def add_requests(self, requests: list[Request], capacity_param: str | None = None) -> None:
+        """Queue the choices of one call, all or none (``Scheduler.add_requests`` raises before
+        anything is queued; ``capacity_param`` names the field to blame when they could never fit
+        the queue). A request with no work (:meth:`has_no_work`) is checked the same way but
+        never queued."""
+        no_work = [r for r in requests if self.has_no_work(r)]
+        for request in no_work:
+            check_kv_fit(request, self.kv_cache_manager)
+        self.scheduler.add_requests([r for r in requests if not self.has_no_work(r)], capacity_param)
+        for request in no_work:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
             self._finished_on_admission.append(request)
-            return
-        self.scheduler.add_request(request)
 
-    def check_capacity(self, requests: list[Request], param: str | None = None) -> None:
-        """Check that the waiting queue takes all of ``requests`` (one user request's choices
-        or prompts) before any is added, so a request is queued whole or not at all.
-
-        Raises:
-            InvalidRequestError: more requests than the queue can ever hold
-                (``max_num_waiting + max_num_seqs``); ``param`` names the field to blame.
-            RequestRejectedError: ``reason="queue_full"`` when they do not fit now.
-        """
-        num_new = sum(1 for r in requests if not self.has_no_work(r))
-        if num_new:
-            check_queue_capacity(len(self.scheduler.waiting), len(self.scheduler.running),
-                                 self.config.scheduler, num_new, param)
-
-    def abort_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
-        """Finish requests now (client gone, stop string found); their blocks are freed."""
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
+        """Finish requests now (client gone: ``FINISHED_ABORTED``; a stop string found:
+        ``FINISHED_STOPPED``; the front end failed on it: ``FINISHED_ERROR``); their blocks are
+        freed."""
         if self._finished_on_admission:
             dropped = set(request_ids)
             self._finished_on_admission = [r for r in self._finished_on_admission if r.request_id not in dropped]
@@ -193,23 +186,30 @@ class EngineCore:
 
     def step(self) -> StepResult:
         """Schedule, execute and update once. Returns the per-request outputs of the step and its
-        stats (None when nothing was scheduled)."""
+        stats (None when nothing was scheduled). A request whose processing fails finishes with
+        ``error``; the others go on.
+
+        Raises:
+            EngineDeadError: a failure no single request explains (the scheduler failed, or every
+                request of the step failed alone).
+        """
         start = time.perf_counter()
         finished_on_admission = self._take_finished_on_admission()
-        scheduler_output = self.scheduler.schedule()
+        try:
+            scheduler_output = self.scheduler.schedule()
+        except Exception as exc:
+            raise EngineDeadError(f"the scheduler failed: {type(exc).__name__}: {exc}") from exc
+        runner_output = self.runner.execute_model(scheduler_output)
         if scheduler_output.is_empty:
-            # Let the executor drop state of requests that finished while nothing ran.
-            self.executor.execute(scheduler_output)
             return StepResult(finished_on_admission, None)
-        num_prefill = sum(
-            s.num_new_tokens for s in scheduler_output.scheduled if s.num_computed_tokens < s.request.num_prompt_tokens
-        )
-        runner_output = self.executor.execute(scheduler_output)
+        num_prefill = sum(n for req_id, n in scheduler_output.num_scheduled_tokens.items()
+                          if self.scheduler.requests[req_id].num_computed_tokens
+                          < self.scheduler.requests[req_id].num_prompt_tokens)
         outputs = finished_on_admission + self.scheduler.update_from_output(scheduler_output, runner_output)
         stats = StepStats(
             timestamp=time.time(),
             duration=time.perf_counter() - start,
-            num_requests=len(scheduler_output.scheduled),
+            num_requests=len(scheduler_output.num_scheduled_tokens),
             num_prefill_tokens=num_prefill,
             num_decode_tokens=scheduler_output.total_num_scheduled_tokens - num_prefill,
             scheduler=self.scheduler.make_stats(),
@@ -218,15 +218,3 @@ class EngineCore:
 
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
-
-    def describe(self) -> dict[str, Any]:
-        """Facts for logs and ``/version``-like endpoints."""
-        return {
-            "model": self.config.model.model,
-            "architecture": self.loaded.arch.architecture,
-            "dtype": str(self.loaded.dtype).removeprefix("torch."),
-            "device": str(self.device),
-            "max_model_len": self.max_model_len,
-            "num_kv_blocks": self.kv_plan.num_blocks,
-            "block_size": self.kv_plan.block_size,
-        }

@@ -1,21 +1,58 @@
-"""Turns a user request (prompt + SamplingParams) into the engine core's ``Request`` objects, one
-per choice, validating what the core cannot know about."""
+"""The input processor: the one place a request is validated and normalised.
+
+    prompt (text, token ids, or {"prompt"/"prompt_token_ids": ...}) + SamplingParams
+        │  tokenize (text), check token ids, truncate (truncate_prompt_tokens)
+        │  validate every sampling field (param_validation), n, priority, seed
+        │  resolve max_tokens against the context (vLLM's get_max_tokens)
+        │  tokenize bad_words
+        ▼
+    EngineRequest  ──►  engine thread: queue capacity and KV fit only (the scheduler)
+
+The HTTP API and the offline ``LLM`` both call :meth:`InputProcessor.process`, so the same bad
+value gets the same error and message from both. The server runs it on a worker thread (see
+``EngineClient.process_inputs``): tokenizing a long prompt never blocks the event loop.
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kvserve.engine.output_processor import child_request_id, child_sampling_params
+from kvserve.engine.engine_request import EngineRequest
+from kvserve.engine.param_validation import validate_sampling_params
 from kvserve.errors import InvalidRequestError
-from kvserve.request import Request
 from kvserve.sample.bad_words import tokenize_bad_words
 from kvserve.sampling_params import SamplingParams
+from kvserve.tokenizer import require_valid_unicode
+
+PromptInput = str | list[int] | dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FieldNames:
+    """How the caller's API names the prompt, the output cap and the logprobs count, for error
+    messages (chat says ``messages``, ``top_logprobs`` and may say ``max_completion_tokens``)."""
+
+    prompt: str = "prompt"
+    max_tokens: str = "max_tokens"
+    logprobs: str = "logprobs"
+
+    def renamed(self, exc: InvalidRequestError) -> InvalidRequestError:
+        """``exc`` with its field named as this API names it."""
+        names = {"prompt": self.prompt, "max_tokens": self.max_tokens, "logprobs": self.logprobs}
+        new = names.get(exc.param)
+        if new is None or new == exc.param:
+            return exc
+        return InvalidRequestError(exc.message.replace(exc.param, new, 1), param=new)
+
+
+DEFAULT_FIELDS = FieldNames()
 
 
 class InputProcessor:
     """Args:
-    tokenizer: the model's tokenizer (string prompts are encoded with its special tokens, e.g. BOS).
+    tokenizer: the model's tokenizer (text prompts are encoded with its special tokens, e.g. BOS).
     vocab_size: model vocabulary size (token ids must be below it).
     max_model_len: context length in tokens.
     eos_token_ids: ids that end generation unless ``ignore_eos``.
@@ -29,88 +66,103 @@ class InputProcessor:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        self.eos_token_ids = eos_token_ids
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.max_n = max_n
         self.priority_scheduling = priority_scheduling
 
-    def tokenize(self, prompt: str) -> list[int]:
-        return list(self.tokenizer.encode(prompt))
-
-    def validate_prompt(self, prompt_token_ids: list[int]) -> None:
-        """Raises:
-        InvalidRequestError: empty prompt or a token id outside the vocabulary.
-        """
-        if not prompt_token_ids:
-            raise InvalidRequestError("the prompt is empty; at least 1 token is required", param="prompt")
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"prompt token id {bad[0]!r} is outside the vocabulary (0..{self.vocab_size - 1})", param="prompt"
-            )
-
-    def resolve_max_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
-        """``max_tokens`` or, when None, what is left of the context (a ``max_tokens`` that does
-        not fit is refused by the scheduler's admission check).
+    def process(self, request_id: str, prompt: PromptInput, params: SamplingParams, *, priority: int = 0,
+                cache_salt: str | None = None, arrival_time: float | None = None,
+                fields: FieldNames = DEFAULT_FIELDS) -> EngineRequest:
+        """Validate and normalise one prompt's request (see the module docstring).
 
         Raises:
-            InvalidRequestError: no ``max_tokens`` and the prompt fills the context.
+            InvalidRequestError: any invalid value; ``param`` names the field (as ``fields`` calls
+                it) and the message says what is allowed.
         """
-        if params.max_tokens is not None:
-            return params.max_tokens
-        left = self.max_model_len - num_prompt_tokens
-        if left < 1:
-            raise InvalidRequestError(
-                f"prompt has {num_prompt_tokens} tokens; this model accepts at most {self.max_model_len} "
-                f"tokens, so no room is left to generate", param="prompt",
-            )
-        return left
+        try:
+            validate_sampling_params(params, self.vocab_size)
+        except InvalidRequestError as exc:
+            raise fields.renamed(exc) from None
+        self._check_call(params, priority, cache_salt)
+        text, token_ids = self._prompt_token_ids(prompt, fields.prompt)
+        kept = params.truncated_prompt(token_ids, self.max_model_len)
+        if len(kept) < len(token_ids):
+            text, token_ids = None, kept  # the text no longer matches the tokens
+        if not token_ids:
+            raise InvalidRequestError("the prompt is empty; at least 1 token is required", param=fields.prompt)
+        max_tokens = self._resolve_max_tokens(len(token_ids), params.max_tokens, fields)
+        return EngineRequest(
+            request_id=request_id,
+            prompt=text,
+            prompt_token_ids=token_ids,
+            sampling_params=replace(params, max_tokens=max_tokens),
+            eos_token_ids=self.eos_token_ids,
+            bad_words_token_ids=tokenize_bad_words(self.tokenizer, params.bad_words, self.vocab_size),
+            priority=priority,
+            cache_salt=cache_salt,
+            arrival_time=time.time() if arrival_time is None else arrival_time,
+        )
 
-    def make_requests(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        *,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        arrival_time: float | None = None,
-    ) -> list[Request]:
-        """One ``Request`` per choice (ids from ``child_request_id``). The prompt is cut to its
-        last ``truncate_prompt_tokens`` tokens first; ``bad_words`` are tokenized once.
-
-        Raises:
-            InvalidRequestError: see ``validate_prompt``, ``resolve_max_tokens``; ``n`` above
-                ``max_n``; ``truncate_prompt_tokens`` above the context length; a non-zero
-                ``priority`` without priority scheduling; token ids in ``logit_bias`` / ``stop_token_ids`` /
-                ``allowed_token_ids`` outside the vocabulary; a bad word that encodes to nothing.
-        """
-        if params.truncate_prompt_tokens is not None and params.truncate_prompt_tokens > self.max_model_len:
+    def _check_call(self, params: SamplingParams, priority: int, cache_salt: str | None) -> None:
+        if params.n > self.max_n:
+            raise InvalidRequestError(f"n must be at most {self.max_n}, got {params.n}", param="n")
+        limit = params.truncate_prompt_tokens
+        if limit is not None and limit > self.max_model_len:
             raise InvalidRequestError(
-                f"truncate_prompt_tokens ({params.truncate_prompt_tokens}) is greater than the context length "
-                f"({self.max_model_len} tokens); choose a smaller truncation", param="truncate_prompt_tokens")
+                f"truncate_prompt_tokens ({limit}) is greater than the context length ({self.max_model_len} "
+                "tokens); choose a smaller truncation", param="truncate_prompt_tokens")
         if priority != 0 and not self.priority_scheduling:
             raise InvalidRequestError(
                 f"priority {priority} needs priority scheduling, which this server does not use "
                 "(start it with --scheduling-policy priority); omit priority or send 0", param="priority")
-        prompt_token_ids = params.truncated_prompt(prompt_token_ids)
-        self.validate_prompt(prompt_token_ids)
-        if params.n > self.max_n:
-            raise InvalidRequestError(f"n must be at most {self.max_n}, got {params.n}", param="n")
-        params.validate_for_vocab(self.vocab_size)
-        max_tokens = self.resolve_max_tokens(len(prompt_token_ids), params)
-        bad_words_token_ids = tokenize_bad_words(self.tokenizer, params.bad_words, self.vocab_size)
-        arrival = time.time() if arrival_time is None else arrival_time
-        return [
-            Request(
-                request_id=child_request_id(request_id, i, params.n),
-                prompt_token_ids=list(prompt_token_ids),
-                sampling_params=child_sampling_params(params, i),
-                eos_token_ids=self.eos_token_ids,
-                max_tokens=max_tokens,
-                arrival_time=arrival,
-                priority=priority,
-                cache_salt=cache_salt,
-                bad_words_token_ids=bad_words_token_ids,
-            )
-            for i in range(params.n)
-        ]
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise InvalidRequestError("cache_salt must be a non-empty string", param="cache_salt")
+
+    def _prompt_token_ids(self, prompt: PromptInput, param: str) -> tuple[str | None, list[int]]:
+        """(text or None, token ids) of a prompt given as text, ids, or vLLM's prompt dicts
+        (``{"prompt_token_ids": [...]}``, ``{"prompt": "...", "add_special_tokens": bool}``)."""
+        add_special_tokens = True
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self._checked_ids(prompt["prompt_token_ids"], param)
+            add_special_tokens = bool(prompt.get("add_special_tokens", True))
+            prompt = prompt.get("prompt")
+        if isinstance(prompt, str):
+            require_valid_unicode(prompt, param)
+            return prompt, list(self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
+        if isinstance(prompt, (list, tuple)):
+            return None, self._checked_ids(prompt, param)
+        raise InvalidRequestError(f"{param} must be text or a list of token ids, got {type(prompt).__name__}",
+                                  param=param)
+
+    def _checked_ids(self, token_ids: list[int], param: str) -> list[int]:
+        bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt token id {bad[0]!r} is outside the vocabulary (token ids are 0..{self.vocab_size - 1})",
+                param=param)
+        return list(token_ids)
+
+    def _resolve_max_tokens(self, num_prompt_tokens: int, requested: int | None, fields: FieldNames) -> int:
+        """vLLM's rule (``get_max_tokens``): the requested cap (or, when None, the whole rest of
+        the context) cut to what the context leaves. ``max_tokens == 0`` (prompt scoring) needs
+        only the prompt to fit.
+
+        Raises:
+            InvalidRequestError: the prompt does not fit, or fills the context and leaves no
+                room to generate.
+        """
+        limit = self.max_model_len
+        if requested == 0:
+            if num_prompt_tokens > limit:
+                raise InvalidRequestError(
+                    f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                    f"{num_prompt_tokens} tokens. Please shorten the prompt.", param=fields.prompt)
+            return 0
+        if num_prompt_tokens >= limit:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                f"{num_prompt_tokens} tokens, which leaves no room for output. Please shorten the prompt.",
+                param=fields.prompt)
+        left = limit - num_prompt_tokens
+        return left if requested is None else min(requested, left)

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 
 from kvserve.config import CacheConfig
+from kvserve.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +20,8 @@ class KVCachePlan:
     block_size: tokens per block.
     bytes_per_block: K and V of all layers for one block, bytes.
     budget_bytes: the memory budget the plan was cut from, bytes.
-    max_concurrency: requests of ``max_model_len`` tokens that fit at once.
+    max_concurrency: requests of ``max_model_len`` tokens that fit at once (in the usable blocks:
+        block 0 is the reserved null block).
     """
 
     num_blocks: int
@@ -72,17 +74,20 @@ def plan_kv_cache(
             budget = free_device_bytes
         else:
             budget = int(available_host_memory_bytes() * cache.cpu_kv_cache_fraction)
-        num_blocks = min(budget // bytes_per_block, blocks_per_seq * max_num_seqs)
-    if num_blocks < blocks_per_seq and cache.num_blocks_override is None:
-        raise ValueError(
-            f"KV cache budget of {budget / 2**20:.1f} MiB holds {num_blocks} blocks of "
-            f"{cache.block_size} tokens, fewer than the {blocks_per_seq} one request of "
-            f"max_model_len={max_model_len} needs; raise --kv-cache-memory-bytes or lower "
-            f"--max-model-len"
+        num_blocks = min(budget // bytes_per_block, blocks_per_seq * max_num_seqs + 1)
+    usable = num_blocks - 1
+    if usable < blocks_per_seq and cache.num_blocks_override is None:
+        needed = (blocks_per_seq + 1) * bytes_per_block
+        fits = max(0, usable) * cache.block_size
+        raise ConfigError(
+            f"the KV cache budget of {budget / 2**20:.2f} MiB holds {max(0, usable)} usable blocks of "
+            f"{cache.block_size} tokens (plus the reserved null block), fewer than the {blocks_per_seq} one "
+            f"request of max_model_len={max_model_len} needs: give --kv-cache-memory-bytes {needed} or more, "
+            f"or lower --max-model-len to {fits} or less"
         )
     plan = KVCachePlan(
         num_blocks=num_blocks, block_size=cache.block_size, bytes_per_block=bytes_per_block,
-        budget_bytes=budget, max_concurrency=num_blocks / blocks_per_seq,
+        budget_bytes=budget, max_concurrency=(num_blocks - 1) / blocks_per_seq,
     )
     logger.info(
         "KV cache: %d blocks x %d tokens (%.1f MiB, %.1f KiB/block); max concurrency %.1fx at "

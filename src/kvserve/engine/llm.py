@@ -40,6 +40,7 @@ def merge_delta(final: RequestOutput | None, delta: RequestOutput) -> RequestOut
         choice.finish_reason, choice.stop_reason = piece.finish_reason, piece.stop_reason
     final.outputs.sort(key=lambda c: c.index)
     final.finished = delta.finished
+    final.error = final.error or delta.error
     return final
 
 
@@ -91,23 +92,17 @@ class LLM:
 
         Raises:
             InvalidRequestError: an invalid prompt or parameter (nothing is run then).
+            RequestRejectedError: more prompts x n than the waiting queue takes (nothing is run).
         """
         prompt_list = self._as_list(prompts)
         params_list = self._params_list(sampling_params, len(prompt_list))
-        ids = []
-        try:
-            for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
-                text, token_ids = self._tokenize(prompt)
-                request_id = str(next(self._ids))
-                self.llm_engine.add_request(
-                    request_id, token_ids, params, prompt=text, priority=priority[i] if priority else 0
-                )
-                ids.append(request_id)
-        except Exception:
-            for request_id in ids:
-                self.llm_engine.abort_request(request_id)
-            raise
-        return self._run(ids)
+        engine = self.llm_engine
+        requests = [
+            engine.process_inputs(str(next(self._ids)), prompt, params, priority=priority[i] if priority else 0)
+            for i, (prompt, params) in enumerate(zip(prompt_list, params_list))
+        ]
+        engine.add_requests(requests)
+        return self._run([r.request_id for r in requests])
 
     def chat(
         self,
@@ -134,7 +129,7 @@ class LLM:
         finals: dict[str, RequestOutput] = {}
         pending = set(ids)
         while pending:
-            for delta in engine.step():
+            for delta in engine.step().outputs:
                 finals[delta.request_id] = merge_delta(finals.get(delta.request_id), delta)
                 if delta.finished:
                     pending.discard(delta.request_id)
@@ -148,21 +143,17 @@ class LLM:
             return [list(prompts)]
         return list(prompts)
 
-    @staticmethod
-    def _params_list(params, count: int) -> list[SamplingParams]:
+    def get_default_sampling_params(self) -> SamplingParams:
+        """``SamplingParams`` with the model's defaults (``generation_config.json``, as vLLM's)."""
+        defaults = self.llm_engine.config.model.sampling_defaults
+        values = {k: v for k, v in defaults.as_dict().items() if k != "max_tokens"}
+        return SamplingParams(**values, max_tokens=defaults.cap_max_tokens(SamplingParams().max_tokens))
+
+    def _params_list(self, params, count: int) -> list[SamplingParams]:
         if params is None:
-            return [SamplingParams() for _ in range(count)]
+            return [self.get_default_sampling_params() for _ in range(count)]
         if isinstance(params, SamplingParams):
             return [params] * count
         if len(params) != count:
             raise ValueError(f"got {len(params)} SamplingParams for {count} prompts")
         return list(params)
-
-    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.llm_engine.input_processor.tokenize(prompt)
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            return prompt["prompt"], self.llm_engine.input_processor.tokenize(prompt["prompt"])
-        return None, list(prompt)

@@ -1,16 +1,22 @@
 """``LLMEngine``: the engine core plus its front end (tokenizer, input and output processing),
-driven synchronously by the caller. ``LLM`` (offline) and ``AsyncLLM`` (server) are built on it."""
+driven synchronously by the caller. ``LLM`` (offline) and ``AsyncLLM`` (server) are built on it.
+
+    process_inputs(prompt, params)  ─► EngineRequest      (input processor: validation)
+    add_requests([EngineRequest])   ─► queued, all or none (scheduler: capacity, KV fit)
+    step()                          ─► EngineStep          (delta RequestOutputs + stats)
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from kvserve.config import EngineConfig
 from kvserve.engine.core import EngineCore, StepStats
-from kvserve.engine.input_processor import InputProcessor
+from kvserve.engine.engine_request import EngineRequest
+from kvserve.engine.input_processor import DEFAULT_FIELDS, FieldNames, InputProcessor, PromptInput
 from kvserve.engine.output_processor import OutputProcessor, RequestState
+from kvserve.metrics.stats import IterationStats
 from kvserve.outputs import RequestOutput
 from kvserve.request import RequestStatus
 from kvserve.sampling_params import SamplingParams
@@ -20,25 +26,20 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class GenerateRequest:
-    """One user request (all its ``sampling_params.n`` choices) handed to the engine.
+class EngineStep:
+    """What one ``LLMEngine.step()`` produced.
 
     Attributes:
-        request_id: unique id.
-        prompt_token_ids: the prompt, token ids.
-        sampling_params: how to sample.
-        prompt: the prompt text (for ``RequestOutput.prompt``), or None.
-        priority, cache_salt: scheduling priority; prefix-cache salt.
-        arrival_time: ``time.time()`` when the caller received the request (None: now).
+        outputs: one delta ``RequestOutput`` per request that changed.
+        stats: the core step's stats (None when nothing ran).
+        finished: the front-end state of each request that finished in this step (all choices).
+        iteration: what the step delivered to clients (TTFTs, inter-token gaps, token counts).
     """
 
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    prompt: str | None = None
-    priority: int = 0
-    cache_salt: str | None = None
-    arrival_time: float | None = None
+    outputs: list[RequestOutput]
+    stats: StepStats | None = None
+    finished: list[RequestState] = field(default_factory=list)
+    iteration: IterationStats = field(default_factory=IterationStats)
 
 
 class LLMEngine:
@@ -48,6 +49,7 @@ class LLMEngine:
 
     Raises:
         CheckpointError: the model or tokenizer folder cannot be loaded.
+        ConfigError: a flag that cannot work (see ``EngineCore``).
     """
 
     def __init__(self, config: EngineConfig, chat_template: str | None = None):
@@ -61,8 +63,6 @@ class LLMEngine:
             priority_scheduling=config.scheduler.policy == "priority",
         )
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.last_step_stats: StepStats | None = None
-        self.last_finished: list[RequestState] = []
 
     @property
     def max_model_len(self) -> int:
@@ -72,83 +72,56 @@ class LLMEngine:
     def vocab_size(self) -> int:
         return self.core.vocab_size
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        *,
-        prompt: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        arrival_time: float | None = None,
-    ) -> RequestState:
-        """Validate and queue a request (all its choices); nothing is queued when it raises.
+    def process_inputs(self, request_id: str, prompt: PromptInput, params: SamplingParams, *, priority: int = 0,
+                       cache_salt: str | None = None, arrival_time: float | None = None,
+                       fields: FieldNames = DEFAULT_FIELDS) -> EngineRequest:
+        """Validate and normalise one prompt's request (``InputProcessor.process``)."""
+        return self.input_processor.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
+                                            arrival_time=arrival_time, fields=fields)
+
+    def add_requests(self, requests: list[EngineRequest]) -> list[RequestState]:
+        """Queue the requests of one call as one unit: all of them, or (when it raises) none.
 
         Raises:
-            InvalidRequestError, RequestRejectedError: see ``InputProcessor.make_requests``,
-                ``EngineCore.check_capacity`` and ``Scheduler.add_request``.
+            ValueError: a request id already in use or given twice.
+            InvalidRequestError, RequestRejectedError: a request can never fit the KV cache, or
+                the waiting queue cannot take them all (``Scheduler.add_requests``).
         """
-        item = GenerateRequest(request_id, prompt_token_ids, params, prompt, priority, cache_salt, arrival_time)
-        return self.add_requests([item])[0]
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids) or any(i in self.output_processor.requests for i in ids):
+            raise ValueError(f"request ids must be new and distinct, got {ids}")
+        self.core.add_requests([child for request in requests for child in request.make_requests()],
+                               capacity_param="prompt" if len(requests) > 1 else "n")
+        return [self.output_processor.add_request(request) for request in requests]
 
-    def add_requests(self, items: list[GenerateRequest]) -> list[RequestState]:
-        """Validate and queue several requests as one unit (the prompts of one API call): every
-        prompt is validated and the waiting queue is checked for all their choices before the
-        first is queued, so either all are queued or none is.
-
-        Raises:
-            ValueError: a request id already in use (or given twice).
-            InvalidRequestError, RequestRejectedError: as :meth:`add_request`, for any item.
-        """
-        ids = [item.request_id for item in items]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"request ids repeat within one call: {ids}")
-        for request_id in ids:
-            if request_id in self.output_processor.requests:
-                raise ValueError(f"request id {request_id!r} is already in use")
-        groups = [
-            self.input_processor.make_requests(
-                item.request_id, item.prompt_token_ids, item.sampling_params, priority=item.priority,
-                cache_salt=item.cache_salt, arrival_time=item.arrival_time,
-            )
-            for item in items
-        ]
-        self.core.check_capacity([r for group in groups for r in group], param="prompt" if len(items) > 1 else "n")
-        added = []
-        try:
-            for group in groups:
-                for request in group:
-                    self.core.add_request(request)
-                    added.append(request.request_id)
-        except Exception:
-            self.core.abort_requests(added)
-            raise
-        return [self.output_processor.add_request(item.request_id, item.prompt, group)
-                for item, group in zip(items, groups)]
+    def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams, **kwargs) -> RequestState:
+        """Process and queue one prompt (``process_inputs`` then ``add_requests``)."""
+        return self.add_requests([self.process_inputs(request_id, prompt, params, **kwargs)])[0]
 
     def abort_request(self, request_id: str) -> None:
         """Abort every choice of ``request_id`` (unknown ids are ignored)."""
-        self.core.abort_requests(self.output_processor.child_ids(request_id))
+        self.core.finish_requests(self.output_processor.child_ids(request_id), RequestStatus.FINISHED_ABORTED)
         self.output_processor.remove(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
 
-    def step(self) -> list[RequestOutput]:
-        """One engine step; returns the delta outputs of the requests that changed. Finished
-        requests are dropped from the front end after their last delta."""
-        result = self.core.step()
-        self.last_step_stats = result.stats
-        deltas, to_stop = self.output_processor.process_outputs(result.outputs)
-        if to_stop:
-            self.core.abort_requests(to_stop, RequestStatus.FINISHED_STOPPED)
-        self.last_finished = []
-        for delta in deltas:
-            if delta.finished:
-                self.last_finished.append(self.output_processor.requests[delta.request_id])
-                self.output_processor.remove(delta.request_id)
-        return deltas
+    def step(self) -> EngineStep:
+        """One engine step: the delta outputs of the requests that changed, and its stats.
+        Finished requests are dropped from the front end after their last delta.
 
-    def describe(self) -> dict[str, Any]:
-        return self.core.describe()
+        Raises:
+            EngineDeadError: a failure no single request explains (``EngineCore.step``).
+        """
+        result = self.core.step()
+        processed = self.output_processor.process_outputs(result.outputs)
+        if processed.to_stop:
+            self.core.finish_requests(processed.to_stop, RequestStatus.FINISHED_STOPPED)
+        if processed.to_fail:
+            self.core.finish_requests(processed.to_fail, RequestStatus.FINISHED_ERROR)
+        finished = []
+        for delta in processed.request_outputs:
+            if delta.finished:
+                finished.append(self.output_processor.requests[delta.request_id])
+                self.output_processor.remove(delta.request_id)
+        return EngineStep(processed.request_outputs, result.stats, finished, processed.iteration)

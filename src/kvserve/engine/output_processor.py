@@ -1,34 +1,40 @@
 """Turns the engine core's per-step token outputs into per-request delta ``RequestOutput``s:
-fans requests with ``n > 1`` out into child requests and back, detokenizes incrementally, and
-finds stop strings (asking the core to finish the request, as vLLM's front end does)."""
+merges the choices of ``n > 1`` requests, detokenizes incrementally, and finds stop strings
+(asking the core to finish the request, as vLLM's front end does). A choice whose
+detokenization fails finishes with ``error`` alone (the core is asked to finish it too)."""
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvserve.engine.detokenizer import IncrementalDetokenizer
+from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.stop_strings import StopStringMatcher
+from kvserve.faults import FaultInjector
 from kvserve.metrics.stats import IterationStats
 from kvserve.outputs import CompletionOutput, EngineCoreOutput, RequestOutput, TokenLogprobs
-from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
 
-
-def child_request_id(request_id: str, index: int, n: int) -> str:
-    """The engine-core id of choice ``index``; the request's own id when ``n == 1``."""
-    return request_id if n == 1 else f"{index}_{request_id}"
+logger = logging.getLogger(__name__)
 
 
-def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Choice ``index`` of a seeded ``n > 1`` request draws from ``seed + index`` (as vLLM), so the
-    choices differ while the request as a whole stays reproducible."""
-    child = dataclasses.replace(params, n=1)
-    if params.seed is not None and params.n > 1:
-        child.seed = params.seed + index
-    return child
+class ProcessedOutputs(NamedTuple):
+    """One step through the front end.
+
+    Attributes:
+        request_outputs: one delta per request that changed.
+        to_stop: child ids that hit a stop string: the core must finish them (``stop``).
+        to_fail: child ids whose front-end processing failed: the core must finish them (``error``).
+        iteration: what the step delivered to clients (metrics).
+    """
+
+    request_outputs: list[RequestOutput]
+    to_stop: list[str]
+    to_fail: list[str]
+    iteration: IterationStats
 
 
 @dataclass
@@ -69,7 +75,7 @@ class RequestState:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_cached_tokens: int = 0
     sent_first: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -87,27 +93,22 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.requests: dict[str, RequestState] = {}
         self._parent_of: dict[str, str] = {}
-        # What the latest ``process_outputs`` delivered, for metrics and logs.
-        self.last_iteration = IterationStats()
+        self.faults = FaultInjector()
 
-    def add_request(self, request_id: str, prompt: str | None, requests: list[Request]) -> RequestState:
-        """Register the child ``requests`` (one per choice, in index order) of ``request_id``."""
-        params = requests[0].sampling_params
+    def add_request(self, request: EngineRequest) -> RequestState:
+        """Register ``request`` and its choices (``request.child_ids``, in index order)."""
+        params = request.sampling_params
         choices = {}
-        for index, child in enumerate(requests):
-            matcher = None
-            if child.sampling_params.stop:
-                matcher = StopStringMatcher(child.sampling_params.stop, child.sampling_params.include_stop_str_in_output)
-            detok = IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids, child.sampling_params.skip_special_tokens)
-            choices[child.request_id] = ChoiceState(index, detok, matcher, times=RequestTimes(child.arrival_time))
-            self._parent_of[child.request_id] = request_id
-        first = requests[0]
-        state = RequestState(
-            request_id, prompt, first.prompt_token_ids, params, choices, RequestTimes(first.arrival_time)
-        )
+        for index, child_id in enumerate(request.child_ids):
+            matcher = StopStringMatcher(params.stop, params.include_stop_str_in_output) if params.stop else None
+            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens)
+            choices[child_id] = ChoiceState(index, detok, matcher, times=RequestTimes(request.arrival_time))
+            self._parent_of[child_id] = request.request_id
+        state = RequestState(request.request_id, request.prompt, request.prompt_token_ids, params, choices,
+                             RequestTimes(request.arrival_time))
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]
-        self.requests[request_id] = state
+        self.requests[request.request_id] = state
         return state
 
     def child_ids(self, request_id: str) -> list[str]:
@@ -120,17 +121,13 @@ class OutputProcessor:
             for child_id in state.choices:
                 self._parent_of.pop(child_id, None)
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
-        """Apply one step's outputs.
-
-        Returns:
-            (delta outputs, one per request that changed; child ids that hit a stop string and
-            must be finished in the engine core).
-        """
+    def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
+        """Apply one step's outputs (see :class:`ProcessedOutputs`)."""
         now = time.time()
         deltas: dict[str, RequestOutput] = {}
         to_stop: list[str] = []
-        self.last_iteration = iteration = IterationStats()
+        to_fail: list[str] = []
+        iteration = IterationStats()
         for out in outputs:
             parent_id = self._parent_of.get(out.request_id)
             if parent_id is None:
@@ -139,7 +136,14 @@ class OutputProcessor:
             choice = state.choices[out.request_id]
             if choice.finish_reason is not None:
                 continue
-            completion = self._process_choice(state, choice, out, to_stop)
+            try:
+                self.faults.check("detokenize", [out.request_id])
+                completion = self._process_choice(state, choice, out, to_stop)
+            except Exception as exc:  # noqa: BLE001 - this choice's failure, not the step's
+                logger.exception("detokenizing request %s failed; the others go on", out.request_id)
+                completion = self._fail_choice(state, choice, f"{type(exc).__name__}: {exc}")
+                if out.finish_reason is None:
+                    to_fail.append(out.request_id)
             _record_choice_times(choice, out, len(state.prompt_token_ids), now, iteration)
             delta = deltas.get(parent_id)
             if delta is None:
@@ -149,9 +153,16 @@ class OutputProcessor:
         for parent_id, delta in deltas.items():
             state = self.requests[parent_id]
             delta.finished = state.finished
+            delta.error = state.error
             if delta.finished:
                 state.times.finished = now
-        return list(deltas.values()), to_stop
+        return ProcessedOutputs(list(deltas.values()), to_stop, to_fail, iteration)
+
+    @staticmethod
+    def _fail_choice(state: RequestState, choice: ChoiceState, error: str) -> CompletionOutput:
+        choice.finish_reason, choice.stop_reason = "error", None
+        state.error = state.error or error
+        return CompletionOutput(index=choice.index, text="", token_ids=[], finish_reason="error")
 
     def _new_delta(self, state: RequestState, out: EngineCoreOutput) -> RequestOutput:
         state.num_cached_tokens = max(state.num_cached_tokens, out.num_cached_tokens)
@@ -169,6 +180,8 @@ class OutputProcessor:
     def _process_choice(
         self, state: RequestState, choice: ChoiceState, out: EngineCoreOutput, to_stop: list[str]
     ) -> CompletionOutput | None:
+        if out.error is not None:
+            return self._fail_choice(state, choice, out.error)
         if not out.new_token_ids and not out.finished:
             return None
         choice.num_output_tokens += len(out.new_token_ids)

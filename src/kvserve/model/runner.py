@@ -1,32 +1,47 @@
-"""The model runner: owns the paged KV cache, turns a ``SchedulerOutput`` into one flat batch and
-runs the model on it.
+"""The model runner: owns the paged KV cache and one step end to end.
 
-Flat batch of one step (see ``kvserve.attention.backend`` for the cache layout)::
+``execute_model(scheduler_output) -> ModelRunnerOutput``::
 
-    scheduled:      r0 (c=0, n=5)        r1 (c=36, n=1)   r2 (c=16, n=3)
-    input_ids:      r0.all_token_ids[0:5] | r1[36:37]     | r2[16:19]
-    positions:      0 1 2 3 4             | 36            | 16 17 18
-    slot_mapping:   block_ids[p // bs] * bs + p % bs, per position p
-    logits_indices: index of each sampling request's last token in the batch
+    _update_states   apply the scheduler's deltas to the persistent batch (new requests once,
+                     new block ids and computed counts after; rows of unscheduled requests leave)
+    _run_rows        flat batch (``model_inputs``) -> forward -> logits of the sampling rows
+                     -> prompt logprobs -> logits processors + sampler
+    _commit          append sampled tokens to the batch; fill the output
 
-Sampling is not done here (see ``kvserve.sample.sampler.Sampler``); ``execute_model`` returns the
-logits to sample from.
+Failure isolation: if running a group of requests raises, the runner runs each half of the
+group again (recursively) and finishes only a request that fails alone (``ModelRunnerOutput
+.errors``); the others' results are exact because every kernel is batch-invariant (a row's
+result does not depend on the other rows) and their random draws are taken once per step
+(``_uniforms``). A failure of every request alone is reported as such (the engine treats it as
+unattributable).
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Collection
-from typing import NamedTuple
+import logging
+import math
 
 import numpy as np
 import torch
 
-from kvserve.attention.backend import AttentionMetadata
+from kvserve.errors import EngineDeadError
+from kvserve.faults import FaultInjector
 from kvserve.model.arch_config import ModelArchConfig
+from kvserve.model.input_batch import CachedRequestState, InputBatch, request_generator
 from kvserve.model.invariant_linear import use_invariant_linears
 from kvserve.model.loader import LoadedModel
-from kvserve.scheduler.output import SchedulerOutput
+from kvserve.model.model_inputs import make_flat_batch, to_model_inputs
+from kvserve.outputs import ModelRunnerOutput, PromptLogprobsChunk, TokenLogprobs
+from kvserve.sample.logits_processor import build_logits_processors
+from kvserve.sample.logprobs import prompt_logprobs_from_logits
+from kvserve.sample.sampler import Sampler, draw_uniforms
+from kvserve.scheduler.output import NewRequestData, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+# Requests failing alone, in one step and before any succeeded, after which the failure is
+# taken as the batch's, not a request's (bisecting further would only repeat it).
+MAX_ISOLATED_FAILURES = 4
 
 
 def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -36,35 +51,16 @@ def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torc
     return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * arch.head_dim * element_size
 
 
-class ModelInputs(NamedTuple):
-    """One step's flat batch (device tensors).
+class _RowsResult:
+    """What running a group of rows produced, applied by ``_commit`` only if it all succeeded."""
 
-    Attributes:
-        input_ids: int64 [T].
-        positions: int64 [T].
-        attn_metadata: layout for the attention backend.
-        logits_indices: int64 [num_sampling_requests], rows of the hidden states to sample from,
-            in scheduled order.
-    """
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    attn_metadata: AttentionMetadata
-    logits_indices: torch.Tensor
-
-
-class ModelStepOutput(NamedTuple):
-    """Result of ``execute_model_with_prompt_logits``.
-
-    Attributes:
-        logits: [num_sampling_requests, vocab] in the model dtype, as ``execute_model`` returns.
-        prompt_logits: request id -> [num_new_tokens, vocab] (model dtype); row i holds the logits
-            computed at position ``num_computed_tokens + i`` (they score the token at the next
-            position).
-    """
-
-    logits: torch.Tensor
-    prompt_logits: dict[str, torch.Tensor]
+    def __init__(self, rows: np.ndarray, sampling_rows: np.ndarray, token_ids: list[int],
+                 logprobs: list[TokenLogprobs | None], prompt_logprobs: dict[str, PromptLogprobsChunk]):
+        self.rows = rows
+        self.sampling_rows = sampling_rows
+        self.token_ids = token_ids
+        self.logprobs = logprobs
+        self.prompt_logprobs = prompt_logprobs
 
 
 class ModelRunner:
@@ -78,122 +74,258 @@ class ModelRunner:
         num_blocks: KV blocks to allocate (block ids 0 .. num_blocks - 1).
         block_size: tokens per block.
         device: device of the cache and of the batch tensors (the model's device).
-        prepack_linears: on the CPU, swap the model's bfloat16 linears for oneDNN-prepacked ones
-            (``kvserve.model.layers.prepack_cpu_linears``; bit-identical, faster at small batch).
+        max_num_reqs: most requests in one step (rows of the persistent batch).
+        max_model_len: most tokens of one request (default: the model's
+            ``max_position_embeddings``).
+        seed: seed of the generator shared by requests without their own ``seed``.
+        prepack_linears: on the CPU, swap the model's linears for prepacked ones
+            (``kvserve.model.layers.prepack_cpu_linears``).
     """
 
-    def __init__(
-        self,
-        loaded: LoadedModel,
-        num_blocks: int,
-        block_size: int,
-        device: str | torch.device = "cpu",
-        prepack_linears: bool = True,
-    ):
+    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str | torch.device = "cpu",
+                 *, max_num_reqs: int = 256, max_model_len: int | None = None, seed: int = 0,
+                 prepack_linears: bool = True):
         self.model = loaded.model
         self.arch = loaded.arch
         self.dtype = loaded.dtype
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.device = torch.device(device)
+        self.vocab_size = loaded.arch.vocab_size
         self.kv_caches = self._init_kv_caches()
         # CPU: float32/bf16 linears through kvserve's batch-invariant GEMM (weights packed once).
         on_cpu = self.device.type == "cpu"
         self.num_prepacked_linears = use_invariant_linears(self.model) if on_cpu and prepack_linears else 0
+        max_model_len = max_model_len or loaded.arch.max_position_embeddings
+        self.input_batch = InputBatch(max_num_reqs, max_model_len, math.ceil(max_model_len / block_size),
+                                      self.vocab_size, self.device,
+                                      build_logits_processors(self.vocab_size, self.device))
+        self.requests: dict[str, CachedRequestState] = {}
+        # Seeded requests' generators, by request id: kept across preemption, dropped at finish.
+        self.generators: dict[str, torch.Generator] = {}
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.sampler = Sampler()
+        self.faults = FaultInjector()
+        self._step_uniforms: dict[str, float] = {}
+        self._num_succeeded = 0
 
     def _init_kv_caches(self) -> list[torch.Tensor]:
         shape = (2, self.num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
-        return [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_hidden_layers)
-        ]
+        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_hidden_layers)]
 
-    def prepare_inputs(self, scheduler_output: SchedulerOutput) -> ModelInputs:
-        """Build the flat batch of ``scheduler_output.scheduled`` (see module docstring).
+    # -- the step ----------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step (see the module docstring).
+
+        Returns:
+            sampled tokens and logprobs of the requests that reached the end of their known
+            tokens, prompt logprobs, and the requests whose processing failed (with why).
+        """
+        output = ModelRunnerOutput()
+        self._update_states(scheduler_output, output)
+        if scheduler_output.is_empty or self.input_batch.num_reqs == 0:
+            return output
+        self._step_uniforms = {}
+        self._num_succeeded = 0
+        rows = np.arange(self.input_batch.num_reqs)
+        num_scheduled = np.array([scheduler_output.num_scheduled_tokens[r] for r in self.input_batch.req_ids],
+                                 dtype=np.int64)
+        self._execute_rows(rows, num_scheduled, output)
+        if len(rows) > 1 and all(self.input_batch.req_ids[row] in output.errors for row in rows.tolist()):
+            raise EngineDeadError(f"every request of the step failed alone: {next(iter(output.errors.values()))}")
+        return output
+
+    def _execute_rows(self, rows: np.ndarray, num_scheduled: np.ndarray, output: ModelRunnerOutput) -> None:
+        """Run ``rows``; on failure, run each half again (see the module docstring).
 
         Raises:
-            ValueError: a request's ``block_ids`` do not cover its positions (a scheduler bug).
+            EngineDeadError: ``MAX_ISOLATED_FAILURES`` requests failed alone in this step before
+                any succeeded: the failure is the batch's, not a request's.
         """
-        scheduled = scheduler_output.scheduled
-        q_lens = np.array([s.num_new_tokens for s in scheduled], dtype=np.int64)
-        computed = np.array([s.num_computed_tokens for s in scheduled], dtype=np.int64)
-        seq_lens = computed + q_lens
-        query_start_loc = np.zeros(len(scheduled) + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=query_start_loc[1:])
-        block_tables = self._block_tables(scheduler_output, seq_lens)
-        # Token t of request r sits at position computed[r] + (t - query_start_loc[r]); no
-        # per-token Python loop.
-        req_of_token = np.repeat(np.arange(len(scheduled)), q_lens)
-        positions = computed[req_of_token] + np.arange(query_start_loc[-1]) - query_start_loc[req_of_token]
-        slot_mapping = (
-            block_tables[req_of_token, positions // self.block_size] * self.block_size + positions % self.block_size
-        )
-        token_ids = [s.request.all_token_ids[s.num_computed_tokens : s.num_computed_tokens + s.num_new_tokens]
-                     for s in scheduled]
-        input_ids = np.fromiter(itertools.chain.from_iterable(token_ids), dtype=np.int64, count=query_start_loc[-1])
-        logits_indices = query_start_loc[1:][[s.samples for s in scheduled]] - 1
-        metadata = self._attention_metadata(query_start_loc, seq_lens, block_tables, slot_mapping)
-        return ModelInputs(self._device_tensor(input_ids), self._device_tensor(positions), metadata,
-                           self._device_tensor(logits_indices))
+        try:
+            result = self._run_rows(rows, num_scheduled)
+        except Exception as exc:  # noqa: BLE001 - isolated below
+            if len(rows) > 1:
+                mid = len(rows) // 2
+                self._execute_rows(rows[:mid], num_scheduled[:mid], output)
+                self._execute_rows(rows[mid:], num_scheduled[mid:], output)
+                return
+            req_id = self.input_batch.req_ids[int(rows[0])]
+            logger.exception("request %s failed in the model runner; the others go on", req_id)
+            output.errors[req_id] = f"{type(exc).__name__}: {exc}"
+            if self._num_succeeded == 0 and len(output.errors) >= MAX_ISOLATED_FAILURES:
+                raise EngineDeadError(f"{len(output.errors)} requests failed alone, none succeeded: "
+                                      f"{output.errors[req_id]}") from exc
+            return
+        self._commit(result, output)
 
-    def _block_tables(self, scheduler_output: SchedulerOutput, seq_lens: np.ndarray) -> np.ndarray:
-        """int64 [B, max_blocks], padded with block 0."""
-        scheduled = scheduler_output.scheduled
-        width = max((len(s.block_ids) for s in scheduled), default=0) or 1
-        block_tables = np.zeros((len(scheduled), width), dtype=np.int64)
-        for i, s in enumerate(scheduled):
-            if len(s.block_ids) * self.block_size < seq_lens[i]:
-                raise ValueError(
-                    f"request {s.request_id}: {len(s.block_ids)} blocks of {self.block_size} tokens "
-                    f"cannot hold {seq_lens[i]} tokens"
-                )
-            block_tables[i, : len(s.block_ids)] = s.block_ids
-        return block_tables
-
-    def _device_tensor(self, array: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(device=self.device, dtype=dtype)
-
-    def _attention_metadata(
-        self, query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray, slot_mapping: np.ndarray
-    ) -> AttentionMetadata:
-        query_start_loc_cpu = torch.from_numpy(query_start_loc).to(torch.int32)
-        seq_lens_cpu = torch.from_numpy(seq_lens).to(torch.int32)
-        return AttentionMetadata(
-            query_start_loc=query_start_loc_cpu.to(self.device),
-            seq_lens=seq_lens_cpu.to(self.device),
-            block_tables=self._device_tensor(block_tables, torch.int32),
-            slot_mapping=self._device_tensor(slot_mapping),
-            max_query_len=int(np.diff(query_start_loc).max(initial=0)),
-            max_seq_len=int(seq_lens.max(initial=0)),
-            query_start_loc_cpu=query_start_loc_cpu,
-            seq_lens_cpu=seq_lens_cpu,
-        )
-
-    @torch.inference_mode()
-    def _forward(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, ModelInputs]:
-        inputs = self.prepare_inputs(scheduler_output)
+    def _run_rows(self, rows: np.ndarray, num_scheduled: np.ndarray) -> _RowsResult:
+        """Forward, prompt logprobs and sampling for ``rows``; no side effect on the batch."""
+        batch = self.input_batch
+        req_ids = [batch.req_ids[row] for row in rows.tolist()]
+        self.faults.check("prepare", req_ids)
+        samples = ((batch.num_computed_tokens[rows] + num_scheduled >= batch.num_tokens[rows])
+                   & (batch.max_tokens[rows] > 0))
+        flat = self._flat_batch(rows, num_scheduled, samples)
+        inputs = to_model_inputs(flat, self.device)
+        self.faults.check("forward", req_ids)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
-        return hidden, inputs
-
-    @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """Run one step: write the K/V of every scheduled token into the cache and return the
-        logits [num_sampling_requests, vocab] (model dtype) of the requests whose ``samples`` is
-        True, in scheduled order (an empty [0, vocab] tensor when none samples)."""
-        hidden, inputs = self._forward(scheduler_output)
-        return self.model.compute_logits(hidden[inputs.logits_indices])
-
-    @torch.inference_mode()
-    def execute_model_with_prompt_logits(
-        self, scheduler_output: SchedulerOutput, request_ids: Collection[str]
-    ) -> ModelStepOutput:
-        """As ``execute_model``, and also the logits of every new token of the requests in
-        ``request_ids`` (for prompt logprobs; see ``ModelStepOutput``)."""
-        hidden, inputs = self._forward(scheduler_output)
+        prompt_logprobs = self._prompt_logprobs(rows, req_ids, hidden, flat.query_start_loc)
+        sampling_rows = rows[samples]
+        if len(sampling_rows) == 0:
+            return _RowsResult(rows, sampling_rows, [], [], prompt_logprobs)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        starts = inputs.attn_metadata.query_start_loc_cpu.tolist()
-        prompt_logits = {
-            s.request_id: self.model.compute_logits(hidden[starts[i] : starts[i + 1]])
-            for i, s in enumerate(scheduler_output.scheduled)
-            if s.request_id in request_ids
-        }
-        return ModelStepOutput(logits, prompt_logits)
+        self.faults.check("sample", [batch.req_ids[row] for row in sampling_rows.tolist()])
+        metadata = batch.sampling_metadata(sampling_rows, self._uniforms(sampling_rows))
+        sampled = self.sampler(logits, metadata)
+        return _RowsResult(rows, sampling_rows, sampled.sampled_token_ids.tolist(), sampled.logprobs,
+                           prompt_logprobs)
+
+    def _flat_batch(self, rows: np.ndarray, num_scheduled: np.ndarray, samples: np.ndarray):
+        batch = self.input_batch
+        seq_lens = batch.num_computed_tokens[rows] + num_scheduled
+        short = batch.num_blocks[rows] * self.block_size < seq_lens
+        if short.any():
+            row = int(rows[short][0])
+            raise ValueError(f"request {batch.req_ids[row]}: {batch.num_blocks[row]} blocks of {self.block_size} "
+                             f"tokens cannot hold {seq_lens[short][0]} tokens (a scheduler bug)")
+        width = max(1, -(-int(seq_lens.max()) // self.block_size))
+        return make_flat_batch(batch.token_ids[rows], batch.num_computed_tokens[rows], num_scheduled,
+                               batch.block_table[rows, :width], self.block_size, samples)
+
+    def _commit(self, result: _RowsResult, output: ModelRunnerOutput) -> None:
+        """Append the sampled tokens to the batch and report them."""
+        batch = self.input_batch
+        self._num_succeeded += len(result.rows)
+        for row, token_id, logprobs in zip(result.sampling_rows.tolist(), result.token_ids, result.logprobs):
+            req_id = batch.req_ids[row]
+            batch.append_token(row, token_id)
+            output.sampled_token_ids[req_id] = [token_id]
+            if logprobs is not None:
+                output.logprobs[req_id] = [logprobs]
+        output.prompt_logprobs.update(result.prompt_logprobs)
+
+    # -- sampling inputs ---------------------------------------------------------------------------
+
+    def _uniforms(self, sampling_rows: np.ndarray) -> torch.Tensor | None:
+        """float64 ``[S]`` draws for the random rows (``draw_uniforms``), taken once per step and
+        request: a request run again after a failed group reuses its number."""
+        batch = self.input_batch
+        greedy = batch.greedy[sampling_rows].tolist()
+        if all(greedy):
+            return None
+        req_ids = [batch.req_ids[row] for row in sampling_rows.tolist()]
+        missing = [i for i, (req_id, g) in enumerate(zip(req_ids, greedy)) if not g and req_id not in self._step_uniforms]
+        if missing:
+            generators = [batch.states[int(sampling_rows[i])].generator for i in missing]
+            draws = draw_uniforms([False] * len(missing), generators, self.generator, self.device).tolist()
+            self._step_uniforms.update((req_ids[i], u) for i, u in zip(missing, draws))
+        values = [self._step_uniforms.get(req_id, 0.0) for req_id in req_ids]
+        return torch.tensor(values, dtype=torch.float64, device=self.device)
+
+    def _prompt_logprobs(self, rows: np.ndarray, req_ids: list[str], hidden: torch.Tensor,
+                         query_start_loc: np.ndarray) -> dict[str, PromptLogprobsChunk]:
+        """Logits row i of a request computing tokens ``[c, c + n)`` scores prompt token
+        ``c + i + 1``; a recompute after preemption scores positions again (the scheduler passes
+        each position on once)."""
+        result = {}
+        batch = self.input_batch
+        for i, (row, req_id) in enumerate(zip(rows.tolist(), req_ids)):
+            state = batch.states[row]
+            k = state.sampling_params.prompt_logprobs
+            start = int(batch.num_computed_tokens[row])
+            num_prompt = len(state.prompt_token_ids)
+            if k is None or start >= num_prompt - 1:
+                continue
+            end = min(start + int(query_start_loc[i + 1] - query_start_loc[i]), num_prompt - 1)
+            logits = self.model.compute_logits(hidden[query_start_loc[i] : query_start_loc[i] + end - start])
+            targets = state.prompt_token_ids[start + 1 : end + 1]
+            result[req_id] = PromptLogprobsChunk(start + 1, prompt_logprobs_from_logits(logits, targets, k))
+        return result
+
+    # -- persistent batch ----------------------------------------------------------------------------
+
+    def _update_states(self, scheduler_output: SchedulerOutput, output: ModelRunnerOutput) -> None:
+        """Apply the scheduler's news: drop finished and preempted requests, take in new ones,
+        extend block tables, and give rows to exactly the requests scheduled now."""
+        batch = self.input_batch
+        for req_id in scheduler_output.finished_req_ids:
+            self.generators.pop(req_id, None)
+        for req_id in scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids:
+            self.requests.pop(req_id, None)
+            if req_id in batch.req_id_to_index:
+                batch.remove(req_id)
+        for new in scheduler_output.scheduled_new_reqs:
+            self.requests[new.req_id] = self._new_state(new)
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id, new_block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
+                                                       cached.num_computed_tokens):
+            state = self.requests[req_id]
+            state.block_ids.extend(new_block_ids)
+            state.num_computed_tokens = num_computed
+            row = batch.req_id_to_index.get(req_id)
+            if row is not None:
+                batch.append_block_ids(row, new_block_ids)
+                batch.num_computed_tokens[row] = num_computed
+        scheduled = scheduler_output.num_scheduled_tokens
+        for req_id in [r for r in batch.req_id_to_index if r not in scheduled]:
+            batch.remove(req_id)  # running but not scheduled now: keeps its state, not its row
+        batch.condense()
+        for req_id in scheduled:
+            if req_id not in batch.req_id_to_index:
+                self._add_row(req_id, output)
+        batch.condense()
+
+    def _new_state(self, new: NewRequestData) -> CachedRequestState:
+        params = new.sampling_params
+        generator = self.generators.get(new.req_id)
+        if generator is None and params.seed is not None and not params.is_greedy:
+            generator = self.generators[new.req_id] = request_generator(params.seed, self.device)
+        return CachedRequestState(
+            req_id=new.req_id, prompt_token_ids=new.prompt_token_ids, output_token_ids=list(new.output_token_ids),
+            sampling_params=params, eos_token_ids=new.eos_token_ids, bad_words_token_ids=new.bad_words_token_ids,
+            max_tokens=new.max_tokens, block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens,
+            generator=generator,
+        )
+
+    def _add_row(self, req_id: str, output: ModelRunnerOutput) -> None:
+        """Give a scheduled request a row; a request whose row cannot be built fails alone."""
+        batch = self.input_batch
+        try:
+            self.faults.check("prepare", [req_id])
+            batch.add(self.requests[req_id])
+        except Exception as exc:  # noqa: BLE001 - this request's failure, not the step's
+            logger.exception("request %s failed entering the batch; the others go on", req_id)
+            output.errors[req_id] = f"{type(exc).__name__}: {exc}"
+            if req_id in batch.req_id_to_index:
+                batch.remove(req_id)
+
+    # -- for tests and benchmarks ------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[list[int]], block_tables: list[list[int]],
+                num_computed: list[int] | None = None) -> list[torch.Tensor]:
+        """Run requests' tokens through the model as one flat batch, outside the persistent batch
+        (no sampling): returns each request's logits ``[num_new_tokens, V]`` (model dtype). With
+        ``num_computed``, request ``i`` computes ``token_ids[i][num_computed[i]:]`` against the K/V
+        of its first ``num_computed[i]`` tokens already in its blocks."""
+        num_computed_arr = np.array(num_computed or [0] * len(token_ids), dtype=np.int64)
+        lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
+        width_tokens = int(lengths.max())
+        tokens = np.zeros((len(token_ids), width_tokens), dtype=np.int64)
+        for i, ids in enumerate(token_ids):
+            tokens[i, : len(ids)] = ids
+        width_blocks = max(len(b) for b in block_tables)
+        tables = np.zeros((len(block_tables), width_blocks), dtype=np.int64)
+        for i, ids in enumerate(block_tables):
+            tables[i, : len(ids)] = ids
+        num_new = lengths - num_computed_arr
+        flat = make_flat_batch(tokens, num_computed_arr, num_new, tables, self.block_size,
+                               np.zeros(len(token_ids), dtype=bool))
+        inputs = to_model_inputs(flat, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+        logits = self.model.compute_logits(hidden)
+        starts = flat.query_start_loc.tolist()
+        return [logits[starts[i] : starts[i + 1]] for i in range(len(token_ids))]

@@ -1,5 +1,6 @@
-"""Batched token sampling: ``SamplingMetadata.build(...)`` once per step, then ``Sampler()(logits,
-metadata)``; ``prompt_logprobs_from_logits`` for prompt logprobs."""
+"""Batched token sampling: the model runner's persistent batch makes a ``SamplingMetadata`` per
+step (logits processors included), then ``Sampler()(logits, metadata)``;
+``prompt_logprobs_from_logits`` for prompt logprobs."""
 
 from kvserve.sample.logprobs import prompt_logprobs_from_logits
 from kvserve.sample.metadata import SamplingMetadata

@@ -6,7 +6,7 @@ leading space; the second sequence is kept only when it starts with a different 
 the same length (in BPE vocabularies `` word`` is usually a token of its own). A word therefore
 gives one or two token sequences.
 
-Ban, every step (:func:`banned_token_ids`): for each sequence ``[t1 .. tk]`` the last token
+Ban, every step (:func:`banned_token_ids`, applied by :class:`BadWordsLogitsProcessor`): for each sequence ``[t1 .. tk]`` the last token
 ``tk`` gets ``-inf`` when the request's *generated* tokens end with ``[t1 .. tk-1]``; a one-token
 sequence is always banned. The prompt does not count. So the sequence is never completed::
 
@@ -19,10 +19,13 @@ The same text spelled by other tokens (``[b][ig]``) is not caught, as in vLLM (w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from kvserve.errors import InvalidRequestError
-from kvserve.request import Request
+from kvserve.sample.logits_processor import LogitsProcessor, RequestView, ban, sampling_rows
 from kvserve.tokenizer import require_valid_unicode
 
 
@@ -64,11 +67,28 @@ def banned_token_ids(sequences: list[list[int]], output_token_ids: list[int]) ->
     return sorted(banned)
 
 
-def bad_words_pairs(requests: list[Request]) -> list[tuple[int, int]]:
-    """``(row, token)`` pairs to ban in a batch whose row ``i`` is ``requests[i]``."""
-    pairs = []
-    for row, request in enumerate(requests):
-        if request.bad_words_token_ids:
-            pairs.extend((row, t) for t in banned_token_ids(request.bad_words_token_ids, request.output_token_ids))
-    return pairs
+class BadWordsLogitsProcessor(LogitsProcessor):
+    """Keeps, per row with bad words, its token-id sequences and its live output list."""
 
+    name = "bad_words"
+
+    def __init__(self, vocab_size: int, device: torch.device):
+        self.rows: dict[int, tuple[list[list[int]], list[int]]] = {}
+
+    def add_request(self, row: int, request: RequestView) -> None:
+        if request.bad_words_token_ids:
+            self.rows[row] = (request.bad_words_token_ids, request.output_token_ids)
+
+    def remove_request(self, row: int) -> None:
+        self.rows.pop(row, None)
+
+    def move_request(self, src: int, dst: int) -> None:
+        if src in self.rows:
+            self.rows[dst] = self.rows.pop(src)
+
+    def is_active(self) -> bool:
+        return bool(self.rows)
+
+    def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
+        ban(logits, [(i, t) for i, row in sampling_rows(self.rows, rows)
+                     for t in banned_token_ids(*self.rows[row])])

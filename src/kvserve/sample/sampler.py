@@ -4,8 +4,8 @@ Pipeline (each stage skipped when no row needs it)::
 
     logits [N, V] ─► raw log_softmax ───────────────────────────────► logprobs (if asked)
           │
-          └─► allowed_token_ids ─► bad_words ─► logit_bias ─► min_tokens mask ─► penalties
-                                                          │
+          └─► logits processors (allowed_token_ids ─► bad_words ─► min_tokens ─► logit_bias)
+              ─► penalties                                │
                                                           ├─► argmax ─► greedy rows
                                                           │
                                                           └─► / temperature ─► top-k ─► top-p
@@ -14,9 +14,9 @@ Pipeline (each stage skipped when no row needs it)::
 
 Random rows draw by inverse transform sampling: token ``i`` is the first whose cumulative
 probability exceeds ``u * total`` for one uniform ``u`` in [0, 1) per row (what
-``torch.multinomial`` does). One number per row keeps seeds cheap: a seeded row takes its ``u``
-from its own generator, so its tokens do not depend on what else is in the batch; unseeded rows
-share one batched draw. On CPU this was ~6x cheaper than the exponential race
+``torch.multinomial`` does). One number per row keeps seeds cheap: the runner draws a seeded
+row's ``u`` from the request's own generator, so its tokens do not depend on what else is in the
+batch; unseeded rows share one batched draw (``SamplingMetadata.uniforms``). On CPU this was ~6x cheaper than the exponential race
 (``argmax(p / q)``, ``q ~ Exp(1)``), which needs ``V`` random numbers per row (32 x 151,936
 float32: cumsum 43 ms against exponential_ + divide + argmax 271 ms, same run). CPU ``cumsum``
 accumulates float32 in double (measured error < 3e-8), so the CDF is exact to float32 rounding.
@@ -29,11 +29,10 @@ from typing import NamedTuple
 import torch
 
 from kvserve.outputs import TokenLogprobs
-from kvserve.sample.allowed_tokens import apply_allowed_token_mask
 from kvserve.sample.greedy import greedy_argmax
 from kvserve.sample.logprobs import gather_logprobs
 from kvserve.sample.metadata import SamplingMetadata
-from kvserve.sample.penalties import apply_logit_bias, apply_penalties, ban_tokens
+from kvserve.sample.penalties import apply_penalties
 from kvserve.sample.top_k_top_p import apply_min_p, apply_top_k_top_p
 
 
@@ -50,12 +49,29 @@ class SamplerOutput(NamedTuple):
     logprobs: list[TokenLogprobs | None]
 
 
+def draw_uniforms(greedy: list[bool], generators: list[torch.Generator | None],
+                  shared: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """float64 ``[N]``: one uniform in [0, 1) per random row (0.0 for greedy rows), from the
+    row's own generator when it has one (a seeded request consumes exactly one number per step,
+    whatever the batch), else from one batched draw of ``shared`` (torch's default when None)."""
+    uniforms = torch.zeros(len(greedy), dtype=torch.float64, device=device)
+    unseeded = [i for i, (g, gen) in enumerate(zip(greedy, generators)) if not g and gen is None]
+    if unseeded:
+        draws = torch.rand(len(unseeded), dtype=torch.float64, device=device, generator=shared)
+        uniforms[torch.tensor(unseeded, dtype=torch.int64, device=device)] = draws
+    for i, (g, gen) in enumerate(zip(greedy, generators)):
+        if not g and gen is not None:
+            uniforms[i] = torch.rand(1, dtype=torch.float64, device=device, generator=gen)[0]
+    return uniforms
+
+
 class Sampler:
     """Choose one token per row of the logits (see the module docstring for the order of stages).
 
     Args:
-        generator: random generator for rows without their own (unseeded requests), on the
-            logits' device; None uses torch's default generator.
+        generator: the random generator of rows without their own (unseeded requests), on the
+            logits' device, used when the metadata carries no pre-drawn uniforms; None uses
+            torch's default generator.
     """
 
     def __init__(self, generator: torch.Generator | None = None):
@@ -96,24 +112,16 @@ class Sampler:
 
     @staticmethod
     def _process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        """logit_bias, min_tokens and penalties on a float32 copy (the input is left as is); an
+        """Logits processors and penalties on a float32 copy (the input is left as is); an
         all-greedy batch without them keeps the input (argmax does not need float32)."""
-        needs_copy = metadata.logit_bias is not None or metadata.min_tokens_mask is not None
-        needs_copy = needs_copy or not metadata.no_penalties or not metadata.all_greedy
-        needs_copy = needs_copy or metadata.allowed_token_mask is not None or metadata.bad_words_mask is not None
+        needs_copy = bool(metadata.logits_processors) or metadata.penalties is not None or not metadata.all_greedy
         if not needs_copy:
             return logits
         logits = logits.to(torch.float32, copy=True)
-        if metadata.allowed_token_mask is not None:  # allowed_token_ids, then bad_words: vLLM's order
-            apply_allowed_token_mask(logits, metadata.allowed_token_mask)
-        if metadata.bad_words_mask is not None:
-            ban_tokens(logits, metadata.bad_words_mask)
-        if metadata.logit_bias is not None:
-            apply_logit_bias(logits, metadata.logit_bias)
-        if metadata.min_tokens_mask is not None:
-            ban_tokens(logits, metadata.min_tokens_mask)
-        if not metadata.no_penalties:
-            apply_penalties(logits, metadata)
+        for processor in metadata.logits_processors:
+            processor.apply(logits, metadata.batch_rows)
+        if metadata.penalties is not None:
+            apply_penalties(logits, metadata.penalties)
         return logits
 
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
@@ -121,7 +129,10 @@ class Sampler:
             return greedy_argmax(logits)
         greedy_ids = None if metadata.all_random else greedy_argmax(logits)
         probs = self.processed_probs(logits, metadata)
-        sampled = _inverse_cdf_sample(probs, self._uniforms(metadata, probs.device))
+        uniforms = metadata.uniforms
+        if uniforms is None:
+            uniforms = draw_uniforms(metadata.greedy_mask.tolist(), metadata.generators, self.generator, probs.device)
+        sampled = _inverse_cdf_sample(probs, uniforms)
         # A row without a distribution (a +inf or NaN logit, or every token at -inf, e.g.
         # allowed_token_ids=[eos] with min_tokens) has NaN probabilities and its search returns
         # V, past the vocabulary: it takes the argmax of its logits as a greedy row would (the
@@ -151,19 +162,6 @@ class Sampler:
         if metadata.min_p is not None:
             apply_min_p(logits, metadata.min_p)
         return logits.softmax(dim=1)
-
-    def _uniforms(self, metadata: SamplingMetadata, device: torch.device) -> torch.Tensor:
-        """float64 ``[N]`` uniforms in [0, 1): one batched draw from the sampler's generator, then
-        each seeded random row overwritten by one draw from its own generator (so a seeded row
-        consumes exactly one number per step, whatever the batch)."""
-        num_rows = metadata.num_rows
-        greedy = metadata.greedy_mask.tolist()
-        seeded = [i for i, g in enumerate(metadata.generators) if g is not None and not greedy[i]]
-        uniforms = torch.rand(num_rows, dtype=torch.float64, device=device, generator=self.generator)
-        for row in seeded:
-            generator = metadata.generators[row]
-            uniforms[row] = torch.rand(1, dtype=torch.float64, device=device, generator=generator)[0]
-        return uniforms
 
 
 def _inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Admission control: what ``Scheduler.add_request`` refuses before anything is queued."""
+"""Admission control: what ``Scheduler.add_requests`` refuses before anything is queued (KV fit and
+queue capacity; the input processor validated everything else)."""
 
 from __future__ import annotations
 
@@ -8,30 +9,22 @@ from kvserve.kv_cache.manager import KVCacheManager
 from kvserve.request import Request
 
 
-def validate_request(request: Request, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
-    """Check that the request could ever run.
+def check_kv_fit(request: Request, kv_cache_manager: KVCacheManager) -> None:
+    """Check that the whole KV cache could hold the request (its prompt and ``max_tokens``), so it
+    can ever be scheduled. Context-length and every other per-request check belong to the input
+    processor, which has run before.
 
     Raises:
-        InvalidRequestError: empty prompt; ``prompt + max_tokens > max_model_len`` (message with the
-            numbers); or more KV blocks than the whole cache has (it could never be scheduled).
+        InvalidRequestError: it needs more KV blocks than the cache has (message with the numbers).
     """
-    num_prompt = request.num_prompt_tokens
-    if num_prompt == 0:
-        raise InvalidRequestError("the prompt is empty; at least 1 token is required", param="prompt")
-    total = num_prompt + request.max_tokens
-    if total > config.max_model_len:
-        raise InvalidRequestError(
-            f"prompt has {num_prompt} tokens and max_tokens={request.max_tokens}; this model accepts "
-            f"at most {config.max_model_len} tokens including max_tokens",
-            param="max_tokens",
-        )
+    total = request.num_prompt_tokens + request.max_tokens
     num_blocks = kv_cache_manager.num_blocks_needed(total)
     num_usable = kv_cache_manager.block_pool.num_usable_blocks
     if num_blocks > num_usable:
         raise InvalidRequestError(
-            f"prompt ({num_prompt} tokens) + max_tokens ({request.max_tokens}) needs {num_blocks} KV "
-            f"blocks of {kv_cache_manager.block_size} tokens; the whole KV cache has {num_usable}",
-            param="max_tokens",
+            f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({request.max_tokens}) needs "
+            f"{num_blocks} KV blocks of {kv_cache_manager.block_size} tokens; the whole KV cache has "
+            f"{num_usable}", param="max_tokens",
         )
 
 

@@ -1,59 +1,101 @@
-"""The plan of one engine step, produced by the scheduler and executed by the model runner."""
+"""The plan of one engine step: what the scheduler sends to the model runner.
+
+The runner keeps a persistent batch (``kvserve.model.input_batch.InputBatch``), so a request's
+data crosses once, when the runner first sees it, and each later step sends only what changed
+(after vLLM v1's ``NewRequestData`` / ``CachedRequestData``)::
+
+    step k:   new:    r7 (prompt, params, block table [4, 9], computed 0)   num_scheduled r7: 37
+              cached: r3 (new blocks [], computed 120)                      num_scheduled r3: 1
+    step k+1: cached: r7 (new blocks [12], computed 37), r3 (new blocks [], computed 121)
+
+A request preempted in a step leaves the runner's batch (``preempted_req_ids``) and comes back as
+new data, with the tokens it generated so far, when it is scheduled again. The runner appends the
+token it samples for a request to its own copy of the request's tokens, so tokens never travel
+back from the scheduler.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from kvserve.request import Request
+from kvserve.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
-class ScheduledRequest:
-    """One request's share of a step.
-
-    The runner computes tokens ``request.all_token_ids[c : c + num_new_tokens]`` at positions
-    ``c .. c + num_new_tokens - 1`` where ``c = num_computed_tokens`` (the value *before* this step;
-    the scheduler advances the request's counter after the runner returns), writing their K/V into
-    the slots given by ``block_ids``. It samples a token when ``c + num_new_tokens ==
-    request.num_tokens`` (the request reached the end of its known tokens), unless the request
-    generates no token at all (``max_tokens == 0``: it only scores its prompt).
+class NewRequestData:
+    """A request the runner does not hold yet: first scheduled, or resumed after preemption.
 
     Attributes:
-        request: the request (same process: a reference, not a copy).
-        num_computed_tokens: tokens whose K/V are already in the cache.
-        num_new_tokens: tokens to compute this step (a prefill chunk or 1 decode token).
-        block_ids: the request's whole block table, KV block ids in order.
+        req_id: the request id.
+        prompt_token_ids: the prompt.
+        output_token_ids: tokens generated before a preemption (empty for a new request); the
+            runner's tokens are ``prompt_token_ids + output_token_ids``.
+        sampling_params: how to choose its tokens (validated by the input processor).
+        eos_token_ids: ids that end it (for ``min_tokens``' ban, unless ``ignore_eos``).
+        bad_words_token_ids: ``bad_words`` as token-id sequences.
+        max_tokens: its resolved output cap; 0 = it only scores its prompt, never samples.
+        block_ids: its whole block table.
+        num_computed_tokens: tokens whose K/V are already in the cache (a prefix-cache hit).
     """
 
-    request: Request
-    num_computed_tokens: int
-    num_new_tokens: int
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: frozenset[int]
+    bad_words_token_ids: list[list[int]]
+    max_tokens: int
     block_ids: list[int]
+    num_computed_tokens: int
 
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def samples(self) -> bool:
-        return (self.num_computed_tokens + self.num_new_tokens >= self.request.num_tokens
-                and self.request.max_tokens > 0)
+    @classmethod
+    def from_request(cls, request: Request, block_ids: list[int]) -> NewRequestData:
+        return cls(request.request_id, request.prompt_token_ids, list(request.output_token_ids),
+                   request.sampling_params, request.eos_token_ids, request.bad_words_token_ids,
+                   request.max_tokens, block_ids, request.num_computed_tokens)
 
 
-@dataclass
-class SchedulerOutput:
-    """Attributes:
-    scheduled: requests of this step, in batch order.
-    total_num_scheduled_tokens: sum of ``num_new_tokens``.
-    finished_request_ids: requests finished or aborted since the last step (the runner drops
-        their per-request state, e.g. random generators).
-    preempted_request_ids: requests preempted in this step (their K/V is gone; recomputed later).
+@dataclass(frozen=True)
+class CachedRequestData:
+    """Per-step deltas of requests the runner already holds (parallel lists, in batch order).
+
+    Attributes:
+        req_ids: the requests.
+        new_block_ids: per request, blocks appended to its table since the last step (usually
+            none: a block holds ``block_size`` tokens).
+        num_computed_tokens: per request, tokens whose K/V are in the cache before this step.
     """
 
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step's plan. The runner computes, for each scheduled request, tokens
+    ``[num_computed_tokens, num_computed_tokens + num_scheduled_tokens[req_id])`` of its known
+    tokens and samples a token when that reaches the end of them (unless ``max_tokens == 0``).
+
+    Attributes:
+        scheduled_new_reqs: requests the runner sees for the first time (or again after a
+            preemption).
+        scheduled_cached_reqs: deltas of requests it already holds.
+        num_scheduled_tokens: request id -> tokens to compute this step (every scheduled request).
+        total_num_scheduled_tokens: their sum.
+        finished_req_ids: requests finished or aborted since the last step: the runner drops all
+            their state (generators included).
+        preempted_req_ids: requests preempted in this step: the runner drops their batch rows
+            but keeps their random generator (a seeded request continues its stream).
+    """
+
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     total_num_scheduled_tokens: int = 0
-    finished_request_ids: set[str] = field(default_factory=set)
-    preempted_request_ids: set[str] = field(default_factory=set)
+    finished_req_ids: set[str] = field(default_factory=set)
+    preempted_req_ids: set[str] = field(default_factory=set)
 
     @property
     def is_empty(self) -> bool:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from kvserve.outputs import PromptLogprobs, TokenLogprobs
+from kvserve.outputs import PromptLogprobsChunk, TokenLogprobs
 
 
 class PromptLogprobsTracker:
     """Remembers, per request, up to which prompt position logprobs were returned. The runner says
-    which positions its entries score (``PromptLogprobs.first_position``); after a preemption
+    which positions its entries score (``PromptLogprobsChunk.first_position``); after a preemption
     (recompute) it scores the same positions again and only new ones pass::
 
         returned so far:  pos 1 .. 5          preempted, recomputed: pos 1 .. 8
@@ -17,7 +17,7 @@ class PromptLogprobsTracker:
     def __init__(self) -> None:
         self._num_sent: dict[str, int] = {}
 
-    def filter(self, request_id: str, scored: PromptLogprobs | None) -> list[TokenLogprobs] | None:
+    def filter(self, request_id: str, scored: PromptLogprobsChunk | None) -> list[TokenLogprobs] | None:
         """The entries of ``scored`` not returned before; ``None`` when nothing is new."""
         if scored is None:
             return None

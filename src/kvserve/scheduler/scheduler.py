@@ -19,22 +19,24 @@ Method after vLLM v1's ``Scheduler`` (recompute preemption; preempted requests r
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvserve.config import SchedulerConfig
-from kvserve.errors import InvalidRequestError
 from kvserve.kv_cache.block import KVCacheBlock
 from kvserve.kv_cache.manager import KVCacheManager
 from kvserve.outputs import EngineCoreOutput, ModelRunnerOutput
 from kvserve.request import Request, RequestStatus
-from kvserve.scheduler.admission import check_queue_capacity, validate_request
-from kvserve.scheduler.output import ScheduledRequest, SchedulerOutput
+from kvserve.scheduler.admission import check_kv_fit, check_queue_capacity
+from kvserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from kvserve.scheduler.prompt_logprobs import PromptLogprobsTracker
 from kvserve.scheduler.request_queue import create_request_queue
 from kvserve.scheduler.stats import SchedulerStats
 from kvserve.scheduler.stop import check_prompt_only_done, check_stop
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,6 +73,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
+        # Request id -> how many of its block ids the runner holds (absent: the runner does not
+        # hold the request, so its next scheduling sends it whole as NewRequestData).
+        self.num_sent_block_ids: dict[str, int] = {}
         self.prompt_logprobs_tracker = PromptLogprobsTracker()
         self._init_counters()
 
@@ -83,21 +88,39 @@ class Scheduler:
 
     # -- admission -----------------------------------------------------------------------------
 
-    def add_request(self, request: Request) -> None:
-        """Queue a request (status WAITING). Nothing is queued when it raises.
+    def add_requests(self, requests: list[Request], capacity_param: str | None = None) -> None:
+        """Queue requests (status WAITING) as one unit: all of them or, when it raises, none.
+
+        The input processor has validated each request; the scheduler checks only what depends
+        on its own state: the KV cache can hold each request at all, and the waiting queue has
+        room for all of them.
+
+        Args:
+            requests: the choices of one call's prompts.
+            capacity_param: the request field to blame when they could never fit the queue
+                (``prompt`` for many prompts, ``n`` for many choices).
 
         Raises:
-            InvalidRequestError: empty prompt, duplicate id, prompt + max_tokens over
-                max_model_len, or more KV blocks than the whole cache has.
-            RequestRejectedError: ``reason="queue_full"`` with ``max_num_waiting`` already waiting.
+            ValueError: a request id already in use or repeated (the caller's bug).
+            InvalidRequestError: a request needs more KV blocks than the whole cache has, or the
+                requests could never fit the queue (see ``check_queue_capacity``).
+            RequestRejectedError: ``reason="queue_full"`` when they do not fit the queue now.
         """
-        if request.request_id in self.requests:
-            raise InvalidRequestError(f"request id {request.request_id!r} is already in use", param="request_id")
-        validate_request(request, self.scheduler_config, self.kv_cache_manager)
-        check_queue_capacity(len(self.waiting), len(self.running), self.scheduler_config)
-        request.status = RequestStatus.WAITING
-        self.requests[request.request_id] = request
-        self.waiting.add(request)
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids) or any(i in self.requests for i in ids):
+            raise ValueError(f"request ids must be new and distinct, got {ids}")
+        for request in requests:
+            check_kv_fit(request, self.kv_cache_manager)
+        check_queue_capacity(len(self.waiting), len(self.running), self.scheduler_config, len(requests),
+                             param=capacity_param)
+        for request in requests:
+            request.status = RequestStatus.WAITING
+            self.requests[request.request_id] = request
+            self.waiting.add(request)
+
+    def add_request(self, request: Request) -> None:
+        """Queue one request (see :meth:`add_requests`)."""
+        self.add_requests([request])
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -152,6 +175,7 @@ class Scheduler:
     def _preempt(self, victim: Request, plan: _StepPlan) -> None:
         self.running.remove(victim)
         self.kv_cache_manager.free(victim)
+        self.num_sent_block_ids.pop(victim.request_id, None)
         # A victim already planned in this step gives its tokens back.
         plan.token_budget += plan.num_scheduled_tokens.pop(victim.request_id, 0)
         victim.status = RequestStatus.PREEMPTED
@@ -248,17 +272,27 @@ class Scheduler:
         return None
 
     def _make_output(self, plan: _StepPlan) -> SchedulerOutput:
-        scheduled = []
-        for request_id, num_new in plan.num_scheduled_tokens.items():
+        """New requests' data once, deltas (new block ids, computed tokens) for the others."""
+        new_reqs: list[NewRequestData] = []
+        cached = CachedRequestData()
+        kv = self.kv_cache_manager
+        for request_id in plan.num_scheduled_tokens:
             request = self.requests[request_id]
-            block_ids = self.kv_cache_manager.get_block_ids(request_id)
-            scheduled.append(ScheduledRequest(request, request.num_computed_tokens, num_new, block_ids))
+            block_ids = kv.req_to_block_ids[request_id]
+            num_sent = self.num_sent_block_ids.get(request_id)
+            if num_sent is None:
+                new_reqs.append(NewRequestData.from_request(request, list(block_ids)))
+            else:
+                cached.req_ids.append(request_id)
+                cached.new_block_ids.append(block_ids[num_sent:])
+                cached.num_computed_tokens.append(request.num_computed_tokens)
+            self.num_sent_block_ids[request_id] = len(block_ids)
         total = sum(plan.num_scheduled_tokens.values())
         if total:
             self.num_steps += 1
             self.num_scheduled_tokens += total
         finished, self.finished_req_ids = self.finished_req_ids, set()
-        return SchedulerOutput(scheduled, total, finished, set(plan.preempted))
+        return SchedulerOutput(new_reqs, cached, plan.num_scheduled_tokens, total, finished, set(plan.preempted))
 
     # -- results -------------------------------------------------------------------------------
 
@@ -267,36 +301,43 @@ class Scheduler:
     ) -> list[EngineCoreOutput]:
         """Apply a step's results: advance ``num_computed_tokens``, append sampled tokens, check
         stop conditions (``stop.check_stop``), register newly full blocks in the prefix cache and
-        free finished requests. Requests aborted since ``schedule()`` are skipped.
+        free finished requests. A request the runner could not process (``runner_output.errors``)
+        finishes with ``error``. Requests aborted since ``schedule()`` are skipped.
 
         Returns:
-            one output per request that got a token or prompt logprobs, in batch order.
+            one output per request that got a token or prompt logprobs or finished, in batch
+            order.
         """
         outputs = []
-        for scheduled in scheduler_output.scheduled:
-            request = scheduled.request
-            if self.requests.get(request.request_id) is not request or request.status != RequestStatus.RUNNING:
+        for request_id, num_new in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests.get(request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
                 continue
-            assert request.num_computed_tokens == scheduled.num_computed_tokens, (
-                f"{request.request_id} changed between schedule() and update_from_output()"
-            )
-            request.num_computed_tokens += scheduled.num_new_tokens
-            output = self._update_request(request, runner_output)
+            request.num_computed_tokens += num_new
+            error = runner_output.errors.get(request_id)
+            if error is None:
+                try:
+                    output = self._update_request(request, runner_output)
+                except Exception as exc:  # noqa: BLE001 - this request's failure, not the step's
+                    logger.exception("updating request %s failed; the others go on", request_id)
+                    error = f"{type(exc).__name__}: {exc}"
+            if error is not None:
+                output = self._fail(request, error)
             if output is not None:
                 outputs.append(output)
         return outputs
 
     def _update_request(self, request: Request, runner_output: ModelRunnerOutput) -> EngineCoreOutput | None:
         request_id = request.request_id
-        token_id = runner_output.sampled_token_ids.get(request_id)
+        new_token_ids = runner_output.sampled_token_ids.get(request_id, [])
         finished = False
-        new_token_ids = []
-        if token_id is not None:
+        for token_id in new_token_ids:
             request.append_output_token_ids([token_id])
-            new_token_ids.append(token_id)
             self.num_generated_tokens += 1
             finished = check_stop(request, self.scheduler_config.max_model_len)
-        else:
+            if finished:
+                break
+        if not new_token_ids:
             finished = check_prompt_only_done(request)
         self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
         prompt_logprobs = self.prompt_logprobs_tracker.filter(request_id, runner_output.prompt_logprobs.get(request_id))
@@ -305,11 +346,10 @@ class Scheduler:
             self._release(request)
         if not new_token_ids and prompt_logprobs is None and not finished:
             return None
-        logprobs = runner_output.logprobs.get(request_id)
         return EngineCoreOutput(
             request_id=request_id,
             new_token_ids=new_token_ids,
-            new_logprobs=[logprobs] if logprobs is not None and new_token_ids else [],
+            new_logprobs=runner_output.logprobs.get(request_id, []) if new_token_ids else [],
             prompt_logprobs=prompt_logprobs,
             finish_reason=request.status.finish_reason if finished else None,
             stop_reason=request.stop_reason if finished else None,
@@ -317,16 +357,30 @@ class Scheduler:
             first_scheduled_time=request.first_scheduled_time,
         )
 
+    def _fail(self, request: Request, error: str) -> EngineCoreOutput:
+        """Finish a request whose processing failed; the step goes on for the others."""
+        if request in self.running:
+            self.running.remove(request)
+        request.status = RequestStatus.FINISHED_ERROR
+        request.error = error
+        if request.request_id in self.requests:
+            self._release(request)
+        return EngineCoreOutput(request.request_id, [], finish_reason=request.status.finish_reason,
+                                num_cached_tokens=max(request.num_cached_tokens, 0),
+                                first_scheduled_time=request.first_scheduled_time, error=error)
+
     def _release(self, request: Request) -> None:
         self.prompt_logprobs_tracker.forget(request.request_id)
+        self.num_sent_block_ids.pop(request.request_id, None)
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
         self.num_finished_requests += 1
 
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
-        """Finish requests from outside (abort, stop string found by the front end): their blocks
-        are freed at once, waiting or running. Unknown or already finished ids are ignored.
+        """Finish requests from outside (the client left, or the front end found a stop string
+        or failed on the request): their blocks are freed at once, waiting or running. Unknown
+        or already finished ids are ignored.
 
         Raises:
             ValueError: ``status`` is not a finished status.

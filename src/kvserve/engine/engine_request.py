@@ -1,0 +1,88 @@
+"""``EngineRequest``: one prompt of a call after the input processor, validated and normalised;
+the only shape a request has between the API (or the offline ``LLM``) and the engine thread.
+
+A request with ``n > 1`` fans out into ``n`` scheduler ``Request`` objects (one per choice), as in
+vLLM v1::
+
+    EngineRequest "cmpl-7-0" (n=3) ─► Request "0_cmpl-7-0", "1_cmpl-7-0", "2_cmpl-7-0"
+                                         seed s, s+1, s+2 (when seeded)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kvserve.request import Request
+from kvserve.sampling_params import SamplingParams
+
+
+def child_request_id(request_id: str, index: int, n: int) -> str:
+    """The scheduler id of choice ``index``; the request's own id when ``n == 1``."""
+    return request_id if n == 1 else f"{index}_{request_id}"
+
+
+def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice ``index`` of a seeded ``n > 1`` request draws from ``seed + index`` (as vLLM), so the
+    choices differ while the request as a whole stays reproducible (the generator takes the seed
+    modulo 2**64, see ``kvserve.model.input_batch.request_generator``)."""
+    child = dataclasses.replace(params, n=1)
+    if params.seed is not None and params.n > 1:
+        child.seed = params.seed + index
+    return child
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A validated request for one prompt.
+
+    Attributes:
+        request_id: unique id (the API's ``<call id>-<prompt index>``).
+        prompt: the prompt text, when the caller gave text (for ``RequestOutput.prompt``).
+        prompt_token_ids: the prompt after truncation, every id in the vocabulary.
+        sampling_params: validated; ``max_tokens`` resolved to an int (what the context allows).
+        eos_token_ids: ids that end generation unless ``ignore_eos``.
+        bad_words_token_ids: ``bad_words`` as token-id sequences.
+        priority: lower runs first under ``--scheduling-policy priority``.
+        cache_salt: extra prefix-cache key (isolates tenants).
+        arrival_time: ``time.time()`` when the caller received the request.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: frozenset[int]
+    bad_words_token_ids: list[list[int]]
+    priority: int
+    cache_salt: str | None
+    arrival_time: float
+
+    @property
+    def n(self) -> int:
+        return self.sampling_params.n
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling_params.max_tokens
+
+    @property
+    def child_ids(self) -> list[str]:
+        return [child_request_id(self.request_id, i, self.n) for i in range(self.n)]
+
+    def make_requests(self) -> list[Request]:
+        """One scheduler ``Request`` per choice, in choice order."""
+        return [
+            Request(
+                request_id=child_id,
+                prompt_token_ids=list(self.prompt_token_ids),
+                sampling_params=child_sampling_params(self.sampling_params, i),
+                eos_token_ids=self.eos_token_ids,
+                max_tokens=self.max_tokens,
+                arrival_time=self.arrival_time,
+                priority=self.priority,
+                cache_salt=self.cache_salt,
+                bad_words_token_ids=self.bad_words_token_ids,
+            )
+            for i, child_id in enumerate(self.child_ids)
+        ]

@@ -1,0 +1,45 @@
+"""Fault injection: the seam the failure-isolation tests use to make one request's processing
+fail at a chosen stage. The engine calls ``check`` at each stage; with no rule set it is a
+dictionary lookup.
+
+Stages: ``prepare`` (the runner takes the request into its batch / builds its inputs),
+``forward`` (the model runs the batch holding it), ``sample`` (its logits are processed and
+sampled), ``detokenize`` (the front end turns its tokens into text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+STAGES = ("prepare", "forward", "sample", "detokenize")
+
+
+class InjectedFault(RuntimeError):
+    """The error an injected fault raises."""
+
+
+class FaultInjector:
+    """Which request ids fail at which stage (``fail(stage, request_id)``; ``"*"`` fails every
+    request there: a failure no single request explains)."""
+
+    def __init__(self) -> None:
+        self._rules: dict[str, set[str]] = {}
+
+    def fail(self, stage: str, request_id: str) -> None:
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+        self._rules.setdefault(stage, set()).add(request_id)
+
+    def clear(self) -> None:
+        self._rules.clear()
+
+    def check(self, stage: str, request_ids: Iterable[str]) -> None:
+        """Raises InjectedFault when a rule names ``stage`` and one of ``request_ids`` (or ``*``)."""
+        if not self._rules:
+            return
+        failing = self._rules.get(stage)
+        if not failing:
+            return
+        for request_id in request_ids:
+            if request_id in failing or "*" in failing:
+                raise InjectedFault(f"injected fault at {stage} for request {request_id}")

@@ -1,0 +1,51 @@
+"""``logit_bias`` (OpenAI): a bias added to the logits of chosen tokens, in [-100, 100].
+
+Applied last among the logits processors (``kvserve.sample.logits_processor``), so a bias never
+lifts a token another processor banned: ``-inf + bias`` stays ``-inf``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvserve.sample.logits_processor import LogitsProcessor, RequestView, sampling_rows
+
+
+class LogitBiasLogitsProcessor(LogitsProcessor):
+    """Keeps, per row with a ``logit_bias``, its token ids and biases."""
+
+    name = "logit_bias"
+
+    def __init__(self, vocab_size: int, device: torch.device):
+        self.device = device
+        self.biases: dict[int, tuple[list[int], list[float]]] = {}
+
+    def add_request(self, row: int, request: RequestView) -> None:
+        bias = request.sampling_params.logit_bias
+        if bias:
+            self.biases[row] = (list(bias), [float(v) for v in bias.values()])
+
+    def remove_request(self, row: int) -> None:
+        self.biases.pop(row, None)
+
+    def move_request(self, src: int, dst: int) -> None:
+        if src in self.biases:
+            self.biases[dst] = self.biases.pop(src)
+
+    def is_active(self) -> bool:
+        return bool(self.biases)
+
+    def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
+        logits_rows, token_ids, values = [], [], []
+        for i, row in sampling_rows(self.biases, rows):
+            ids, biases = self.biases[row]
+            logits_rows.extend([i] * len(ids))
+            token_ids.extend(ids)
+            values.extend(biases)
+        if not logits_rows:
+            return
+        index = (torch.tensor(logits_rows, dtype=torch.int64, device=logits.device),
+                 torch.tensor(token_ids, dtype=torch.int64, device=logits.device))
+        logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=logits.device), accumulate=True)
