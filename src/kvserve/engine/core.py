@@ -26,6 +26,9 @@ from kvserve.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 
+# Steps in a row in which every request failed, after which the engine is taken to be broken.
+MAX_CONSECUTIVE_FAILED_STEPS = 3
+
 
 @dataclass(frozen=True)
 class StepStats:
@@ -116,6 +119,7 @@ class EngineCore:
         # Requests with nothing to compute (max_tokens == 0, no prompt logprobs): finished on
         # admission, reported by the next step() without touching the scheduler or the KV cache.
         self._finished_on_admission: list[Request] = []
+        self._num_failed_steps = 0
 
     def _load(self, config: EngineConfig) -> LoadedModel:
         start = time.perf_counter()
@@ -202,6 +206,7 @@ class EngineCore:
         runner_output = self.runner.execute_model(scheduler_output)
         if scheduler_output.is_empty:
             return StepResult(finished_on_admission, None)
+        self._count_failed_steps(scheduler_output, runner_output)
         num_prefill = sum(n for req_id, n in scheduler_output.num_scheduled_tokens.items()
                           if self.scheduler.requests[req_id].num_computed_tokens
                           < self.scheduler.requests[req_id].num_prompt_tokens)
@@ -215,6 +220,22 @@ class EngineCore:
             scheduler=self.scheduler.make_stats(),
         )
         return StepResult(outputs, stats)
+
+    def _count_failed_steps(self, scheduler_output, runner_output) -> None:
+        """A step in which every request failed (alone: the runner's groups are bisected) is
+        counted; ``MAX_CONSECUTIVE_FAILED_STEPS`` of them in a row mean the failure is not the
+        requests' but the engine's (requests that arrive one per step could not show it).
+
+        Raises:
+            EngineDeadError: the limit is reached.
+        """
+        if len(runner_output.errors) < len(scheduler_output.num_scheduled_tokens):
+            self._num_failed_steps = 0
+            return
+        self._num_failed_steps += 1
+        if self._num_failed_steps >= MAX_CONSECUTIVE_FAILED_STEPS:
+            raise EngineDeadError(f"{self._num_failed_steps} steps in a row failed for every request: "
+                                  f"{next(iter(runner_output.errors.values()))}")
 
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
