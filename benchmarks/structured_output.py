@@ -17,8 +17,11 @@ Measured, per backend (``xgrammar``, ``guidance``):
 * ``fill_us_per_token``: filling one bitmask row while a matcher walks a valid tool-call JSON,
   median and mean over the tokens; ``fill_step_us``: the batched fill of ``--batch`` rows
   (matchers at different positions of that JSON) in one call, median per step;
-* ``apply_us``: masking float32 logits ``[--batch, --vocab-size]`` in place, median, with
-  xgrammar's CPU kernel and with the portable torch path.
+* ``apply_us``: masking float32 logits ``[--batch, --vocab-size]`` in place (fresh logits each
+  call), median, with xgrammar's CPU kernel and with the portable torch path; with the masks of
+  a real step (the xgrammar batch above) and with random bits (every word mixed: worst case);
+  the methods run round robin so that load changes hit them alike. ``fill_logits_reference``:
+  one ``fill_`` of the same logits, the memory-bandwidth floor of any apply.
 
 Timings are for reading, never asserted. A JSON result file goes to ``bench_results/``.
 """
@@ -116,6 +119,7 @@ def measure_backend(name: str, tokenizer, args) -> dict:
         rows.append((g, row))
     step_us = median_us(lambda: backend.fill_bitmasks(rows, bitmask), args.repeats)
     service.shutdown()
+    args.last_bitmask = bitmask
     return {
         "tokenizer_info_s": round(info_s, 3),
         "compile_ms": round(statistics.median(compile_s) * 1e3, 2),
@@ -127,15 +131,35 @@ def measure_backend(name: str, tokenizer, args) -> dict:
     }
 
 
-def measure_apply(args) -> dict:
+def measure_apply(args, grammar_bitmask: torch.Tensor) -> dict:
+    """Apply timings with the masks of a real step (``grammar_bitmask``: the batch's matchers
+    at different positions of the tool-call JSON) and with random bits (the worst case)."""
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(args.batch, args.vocab_size, generator=gen)
     words = (args.vocab_size + 31) // 32
-    bitmask = torch.randint(-2**31, 2**31 - 1, (args.batch, words), dtype=torch.int32, generator=gen)
-    out = {}
-    for label, fn in (("xgrammar_cpu_kernel", apply_token_bitmask_),
-                      ("torch_portable", apply_token_bitmask_torch_)):
-        out[label] = round(median_us(lambda fn=fn: fn(logits, bitmask), args.repeats), 1)
+    random_bits = torch.randint(-2**31, 2**31 - 1, (args.batch, words), dtype=torch.int32,
+                                generator=gen)
+    methods = {}
+    for masks, bitmask in (("grammar", grammar_bitmask), ("random", random_bits)):
+        for label, fn in (("xgrammar_cpu_kernel", apply_token_bitmask_),
+                          ("torch_portable", apply_token_bitmask_torch_)):
+            methods[f"{label}_{masks}_masks"] = (fn, bitmask)
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(args.repeats + 1):  # round robin, so load changes hit every method alike
+        for name, (fn, bitmask) in methods.items():
+            fresh = logits.clone()
+            start = time.perf_counter()
+            fn(fresh, bitmask)
+            times[name].append(time.perf_counter() - start)
+    out = {name: round(statistics.median(t[1:]) * 1e6, 1) for name, t in times.items()}
+    memset = []
+    for _ in range(args.repeats):
+        fresh = logits.clone()
+        start = time.perf_counter()
+        fresh.fill_(0.0)
+        memset.append(time.perf_counter() - start)
+    out["fill_logits_reference"] = round(statistics.median(memset) * 1e6, 1)
+    bitmask = grammar_bitmask
     if args.device != "cpu":  # the portable path on an accelerator (bitmask copied from CPU)
         device_logits = logits.to(args.device)
 
@@ -188,10 +212,11 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args)
     args.vocab_size = args.vocab_size or len(tokenizer)
-    result = {"vocab_size": args.vocab_size, "batch": args.batch, "provenance": provenance(args),
-              "apply_us": measure_apply(args)}
+    result = {"vocab_size": args.vocab_size, "batch": args.batch, "provenance": provenance(args)}
     for name in ("xgrammar", "guidance"):
         result[name] = measure_backend(name, tokenizer, args)
+        if name == "xgrammar":
+            result["apply_us"] = measure_apply(args, args.last_bitmask.clone())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"structured-output-{time.strftime('%Y%m%d-%H%M%S')}.json"

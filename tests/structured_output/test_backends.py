@@ -251,3 +251,13 @@ def test_disable_any_whitespace_gives_compact_json(backend_for, name):
     grammar = compiled.new_grammar()
     spaced = backend.tokenizer.encode('{ "a":true}', add_special_tokens=False)
     assert len(grammar.validate_tokens(spaced)) < len(spaced)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_spec_over_the_size_limit_is_refused(backend_for, name):
+    backend = backend_for("bpe", name, max_spec_bytes=200)
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(40)}}
+    with pytest.raises(StructuredOutputError) as info:
+        backend.compile(StructuredOutputsParams(json=schema, source="response_format"))
+    assert info.value.param == "response_format"
+    assert "the limit is 200" in info.value.message

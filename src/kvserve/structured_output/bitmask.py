@@ -16,15 +16,14 @@ Two implementations, same result bit for bit (tested):
 
 * CPU float32: xgrammar's C++ kernel (``xgrammar.apply_token_bitmask_inplace``, backend
   ``cpu``), about 1 ms at B=32, V=151,936 on these 2-core hosts (see docs/benchmarks.md);
-* anywhere else (CUDA, other dtypes, xgrammar missing): portable torch. The bitmask's bytes are
-  expanded through a 256x8 lookup table into a boolean ban mask on the logits' device, then one
-  ``masked_fill_``. No kernel compilation, so it works the same on any device.
+* anywhere else (CUDA, other dtypes, xgrammar missing): portable torch. Each word is ANDed with
+  the 32 single-bit values into a boolean ban mask on the logits' device (independent of byte
+  order), then one ``masked_fill_``. No kernel compilation, so it works the same on any device.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 
 import torch
 
@@ -41,22 +40,17 @@ def allocate_token_bitmask(batch_size: int, vocab_size: int, device: str | torch
 
 
 @functools.lru_cache(maxsize=None)
-def _ban_table(device: torch.device) -> torch.Tensor:
-    """``bool [256, 8]``: entry ``[b, i]`` is True when bit ``i`` of byte ``b`` is 0."""
-    byte = torch.arange(256, dtype=torch.int32).unsqueeze(1)
-    bit = torch.arange(8, dtype=torch.int32)
-    return ((byte >> bit) & 1).eq(0).to(device)
+def _bit_values(device: torch.device) -> torch.Tensor:
+    """``int32 [32]``: ``1 << j`` for bit ``j`` (bit 31 is the sign bit)."""
+    return torch.tensor([1 << j for j in range(31)] + [-(1 << 31)], dtype=torch.int32,
+                        device=device)
 
 
 def token_ban_mask(bitmask: torch.Tensor, vocab_size: int, device: torch.device) -> torch.Tensor:
     """``bool [M, vocab_size]`` on ``device``: True where the token is disallowed."""
     words = bitmask.to(device, non_blocking=True)
     rows = words.shape[0]
-    if sys.byteorder == "little":
-        banned = _ban_table(device)[words.view(torch.uint8).long()].view(rows, -1)
-    else:  # portable: shift each of the 32 bits out of the word
-        shifts = torch.arange(32, dtype=torch.int32, device=device)
-        banned = ((words.unsqueeze(-1) >> shifts) & 1).eq(0).view(rows, -1)
+    banned = (words.unsqueeze(-1) & _bit_values(device)).eq(0).view(rows, -1)
     width = banned.shape[1]
     if width >= vocab_size:
         return banned[:, :vocab_size]
