@@ -184,7 +184,10 @@ def create_backend(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int
     """
     import kvserve.structured_output.backend_auto  # noqa: F401  (registers the backends)
 
+    from kvserve.structured_output.bitmask import warm_up_apply
+
     config = config or StructuredOutputsConfig()
+    warm_up_apply()  # imports xgrammar's kernel now (~4 s), not on the first engine step
     if config.backend not in _REGISTRY:
         raise ValueError(
             f"unknown structured outputs backend {config.backend!r}; "

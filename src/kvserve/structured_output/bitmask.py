@@ -82,6 +82,11 @@ def _xgrammar_apply():
     return xgrammar.apply_token_bitmask_inplace
 
 
+def warm_up_apply() -> None:
+    """Import the CPU kernel ahead of time (importing xgrammar takes seconds)."""
+    _xgrammar_apply()
+
+
 def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
                          indices: list[int] | None = None) -> None:
     """Set disallowed logits to ``-inf`` in place, one batched op for all constrained rows.
