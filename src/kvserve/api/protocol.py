@@ -253,8 +253,6 @@ class CompletionRequest(SamplingRequest):
             raise InvalidRequestError(
                 f"best_of={self.best_of} is not supported (only 1 or n={self.n}); ask for n completions "
                 "with logprobs and choose among them", param="best_of")
-        if isinstance(self.prompt, list) and not self.prompt:
-            raise InvalidRequestError("prompt must not be an empty list", param="prompt")
 
 
 class FunctionDefinition(OpenAIBaseModel):

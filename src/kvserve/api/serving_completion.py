@@ -48,10 +48,8 @@ class _Choice:
 def _prompt_inputs(request: CompletionRequest) -> list[str | list[int]]:
     """The call's prompts: one string, strings, one list of token ids, or lists of them."""
     raw = request.prompt
-    if isinstance(raw, str):
-        return [raw]
-    if raw and isinstance(raw[0], int):
-        return [raw]
+    if isinstance(raw, str) or not raw or isinstance(raw[0], int):
+        return [raw]  # [] is one empty prompt: the input processor refuses it
     return list(raw)
 
 
