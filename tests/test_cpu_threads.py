@@ -53,3 +53,20 @@ def test_flag_values():
             cpu_threads_arg(bad)
     with pytest.raises(ValueError):
         resolve_cpu_threads(0)
+
+
+def test_wait_policy_default_leaves_the_users_settings_alone():
+    assert cpu_threads.process_environment({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert cpu_threads.process_environment({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
+    assert cpu_threads.process_environment({"GOMP_SPINCOUNT": "10000"}) == {}
+
+
+def test_applied_before_torch_loads():
+    import subprocess
+    import sys
+
+    code = ("import os\nfrom kvserve.cpu_threads import apply_cpu_threads\nn = apply_cpu_threads(1)\n"
+            "import torch\nprint(n, os.environ['OMP_WAIT_POLICY'], os.environ['OMP_NUM_THREADS'], torch.get_num_threads())")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["1", "PASSIVE", "1", "1"]

@@ -1,4 +1,4 @@
-"""How many threads the CPU kernels use: ``--cpu-threads N|auto``.
+"""How many threads the CPU kernels use, and how they wait: ``--cpu-threads N|auto``.
 
 ``auto`` (the default) counts the CPUs this process may actually run on: its affinity mask
 (``taskset``, ``docker --cpuset-cpus``) bounded by the cgroup CPU quota (``docker --cpus``,
@@ -7,8 +7,17 @@ rounded up. ``os.cpu_count()`` counts the host's CPUs, which over-subscribes a l
 vLLM's CPU backend does the same job with ``VLLM_CPU_OMP_THREADS_BIND`` (a core list, ``auto`` by
 default); kvserve takes a count and leaves placement to the OS.
 
-The thread count is set before torch is imported (``OMP_NUM_THREADS``) when kvserve is started
-from the command line, and with ``torch.set_num_threads`` otherwise.
+Waiting: PyTorch runs its CPU kernels on GNU OpenMP (libgomp), whose threads spin at the end of
+every parallel region before they sleep (``GOMP_SPINCOUNT``, 300,000 spins by default). When
+another process takes one of the cores, a thread spins on a peer that is not running, through its
+time slice: decode got 14-30x slower. ``kvserve`` (the command) therefore sets
+``OMP_WAIT_POLICY=PASSIVE`` (waiting threads sleep at once) unless the environment sets
+``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` itself (``OMP_WAIT_POLICY=ACTIVE`` restores spinning).
+On the shared 2-vCPU development machines passive waiting was also the fastest with no extra
+busy process (``benchmarks/contention.py``, figures in ``docs/benchmarks.md``); an earlier quiet-
+machine measurement found it 17% slower there. These variables are read once, when libgomp loads,
+so :func:`apply_cpu_threads` must run before ``import torch`` to set them; the thread count itself
+can be set at any time (``torch.set_num_threads``).
 """
 
 from __future__ import annotations
@@ -19,6 +28,17 @@ import os
 from pathlib import Path
 
 _CGROUP = Path("/sys/fs/cgroup")
+_OPENMP_DEFAULTS: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}
+_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def process_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The OpenMP wait settings ``kvserve`` gives its process: :data:`_OPENMP_DEFAULTS`, or nothing
+    when ``environ`` (default ``os.environ``) already sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``."""
+    environ = os.environ if environ is None else environ
+    if any(name in environ for name in _WAIT_VARIABLES):
+        return {}
+    return dict(_OPENMP_DEFAULTS)
 
 
 def cpu_threads_arg(text: str) -> str | int:
@@ -96,8 +116,10 @@ def resolve_cpu_threads(value: str | int | None) -> int:
 def apply_cpu_threads(value: str | int | None = "auto") -> int:
     """Use ``value`` threads for this process's CPU kernels; returns the count.
 
-    Before torch is imported this sets ``OMP_NUM_THREADS`` (read once by libgomp when it loads);
-    afterwards it calls ``torch.set_num_threads``. An explicit ``OMP_NUM_THREADS`` in the environment wins over ``auto``.
+    Before torch is imported this sets ``OMP_NUM_THREADS`` and the wait policy of
+    :func:`process_environment` (read once by libgomp when it loads); afterwards it calls
+    ``torch.set_num_threads`` (the wait policy then stays what libgomp read). An explicit
+    ``OMP_NUM_THREADS`` in the environment wins over ``auto``.
     """
     import sys
 
@@ -106,6 +128,7 @@ def apply_cpu_threads(value: str | int | None = "auto") -> int:
     else:
         threads = resolve_cpu_threads(value)
     if "torch" not in sys.modules:
+        os.environ.update(process_environment())
         os.environ["OMP_NUM_THREADS"] = str(threads)
     else:
         import torch
