@@ -66,11 +66,6 @@ class CachedRequestState:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    @property
-    def has_penalties(self) -> bool:
-        p = self.sampling_params
-        return p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1
-
 
 def request_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     """A request's own generator, seeded with ``seed`` modulo 2**64 (torch's seed range; the input
@@ -120,6 +115,7 @@ class InputBatch:
         self.top_p = np.ones(rows, dtype=np.float32)
         self.min_p = np.zeros(rows, dtype=np.float32)
         self.num_logprobs = np.full(rows, -1, dtype=np.int64)
+        self.penalized = np.zeros(rows, dtype=bool)
         # Device copies of the sampling columns, refreshed when rows change (``_sampling_version``).
         self._sampling_version = 0
         self._device_version = -1
@@ -159,6 +155,8 @@ class InputBatch:
         self.top_p[row] = params.top_p
         self.min_p[row] = params.min_p
         self.num_logprobs[row] = -1 if params.logprobs is None else params.logprobs
+        self.penalized[row] = (params.presence_penalty != 0 or params.frequency_penalty != 0
+                               or params.repetition_penalty != 1)
         self._sampling_version += 1
 
     def remove(self, req_id: str) -> None:
@@ -191,7 +189,7 @@ class InputBatch:
         num_tokens = self.num_tokens[src]
         self.token_ids[dst, :num_tokens] = self.token_ids[src, :num_tokens]
         for array in (self.num_tokens, self.num_computed_tokens, self.max_tokens, self.num_blocks, self.temperature,
-                      self.greedy, self.top_k, self.top_p, self.min_p, self.num_logprobs):
+                      self.greedy, self.top_k, self.top_p, self.min_p, self.num_logprobs, self.penalized):
             array[dst] = array[src]
         self.block_table[dst, : self.num_blocks[dst]] = self.block_table[src, : self.num_blocks[dst]]
         self._sampling_version += 1
@@ -199,6 +197,8 @@ class InputBatch:
             processor.move_request(src, dst)
 
     def append_block_ids(self, row: int, block_ids: list[int]) -> None:
+        if not block_ids:
+            return
         start = self.num_blocks[row]
         self.block_table[row, start : start + len(block_ids)] = block_ids
         self.num_blocks[row] = start + len(block_ids)
@@ -251,7 +251,8 @@ class InputBatch:
             top_k=pick("top_k") if bool((self.top_k[rows] < self.vocab_size).any()) else None,
             top_p=pick("top_p") if bool((self.top_p[rows] < 1).any()) else None,
             min_p=pick("min_p") if bool((self.min_p[rows] > 0).any()) else None,
-            generators=[self.states[row].generator for row in rows.tolist()],
+            # Only a sampler that draws its own uniforms reads the generators.
+            generators=[self.states[row].generator for row in rows.tolist()] if uniforms is None else [],
             uniforms=uniforms,
             penalties=self._penalties(rows),
             num_logprobs=[None if k < 0 else k for k in num_logprobs],
@@ -260,9 +261,10 @@ class InputBatch:
         )
 
     def _penalties(self, rows: np.ndarray) -> PenaltyBatch | None:
-        penalized = [(i, self.states[row]) for i, row in enumerate(rows.tolist()) if self.states[row].has_penalties]
-        if not penalized:
+        positions = np.flatnonzero(self.penalized[rows])
+        if len(positions) == 0:
             return None
+        penalized = [(int(i), self.states[int(rows[i])]) for i in positions]
         for _, state in penalized:
             if state.output_token_counts is None:
                 self._init_penalty_statistics(state)

@@ -260,15 +260,18 @@ class ModelRunner:
         for new in scheduler_output.scheduled_new_reqs:
             self.requests[new.req_id] = self._new_state(new)
         cached = scheduler_output.scheduled_cached_reqs
+        requests, rows, computed = self.requests, batch.req_id_to_index, batch.num_computed_tokens
         for req_id, new_block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                        cached.num_computed_tokens):
-            state = self.requests[req_id]
-            state.block_ids.extend(new_block_ids)
+            state = requests[req_id]
             state.num_computed_tokens = num_computed
-            row = batch.req_id_to_index.get(req_id)
+            row = rows.get(req_id)
+            if new_block_ids:
+                state.block_ids.extend(new_block_ids)
+                if row is not None:
+                    batch.append_block_ids(row, new_block_ids)
             if row is not None:
-                batch.append_block_ids(row, new_block_ids)
-                batch.num_computed_tokens[row] = num_computed
+                computed[row] = num_computed
         scheduled = scheduler_output.num_scheduled_tokens
         for req_id in [r for r in batch.req_id_to_index if r not in scheduled]:
             batch.remove(req_id)  # running but not scheduled now: keeps its state, not its row

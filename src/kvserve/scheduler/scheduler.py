@@ -141,19 +141,30 @@ class Scheduler:
         return min(num_new, token_budget)
 
     def _schedule_running(self, plan: _StepPlan) -> None:
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens != 1]
-        for request in decodes + prefills:
+        decodes, prefills = [], []
+        for r in self.running:
+            (decodes if len(r.all_token_ids) - r.num_computed_tokens == 1 else prefills).append(r)
+        scheduled = plan.num_scheduled_tokens
+        for request in decodes:  # the common case, kept lean: one token each
+            if plan.token_budget == 0:
+                return
+            if request.status != RequestStatus.RUNNING:  # preempted earlier in this step
+                continue
+            if not self._allocate_or_preempt(request, 1, plan):
+                return
+            scheduled[request.request_id] = 1
+            plan.token_budget -= 1
+        for request in prefills:
             if plan.token_budget == 0:
                 break
-            if request.status != RequestStatus.RUNNING:  # preempted earlier in this step
+            if request.status != RequestStatus.RUNNING:
                 continue
             num_new = self._num_new_tokens(request, request.num_computed_tokens, plan.token_budget)
             if num_new <= 0:
                 continue
             if not self._allocate_or_preempt(request, num_new, plan):
                 break
-            plan.num_scheduled_tokens[request.request_id] = num_new
+            scheduled[request.request_id] = num_new
             plan.token_budget -= num_new
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> bool:
@@ -317,7 +328,7 @@ class Scheduler:
             error = runner_output.errors.get(request_id)
             if error is None:
                 try:
-                    output = self._update_request(request, runner_output)
+                    output = self._update_request(request, num_new, runner_output)
                 except Exception as exc:  # noqa: BLE001 - this request's failure, not the step's
                     logger.exception("updating request %s failed; the others go on", request_id)
                     error = f"{type(exc).__name__}: {exc}"
@@ -327,20 +338,28 @@ class Scheduler:
                 outputs.append(output)
         return outputs
 
-    def _update_request(self, request: Request, runner_output: ModelRunnerOutput) -> EngineCoreOutput | None:
+    def _update_request(self, request: Request, num_new: int,
+                        runner_output: ModelRunnerOutput) -> EngineCoreOutput | None:
         request_id = request.request_id
-        new_token_ids = runner_output.sampled_token_ids.get(request_id, [])
+        new_token_ids = runner_output.sampled_token_ids.get(request_id, ())
         finished = False
         for token_id in new_token_ids:
-            request.append_output_token_ids([token_id])
+            request.output_token_ids.append(token_id)
+            request.all_token_ids.append(token_id)
             self.num_generated_tokens += 1
             finished = check_stop(request, self.scheduler_config.max_model_len)
             if finished:
                 break
         if not new_token_ids:
             finished = check_prompt_only_done(request)
-        self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
-        prompt_logprobs = self.prompt_logprobs_tracker.filter(request_id, runner_output.prompt_logprobs.get(request_id))
+        block_size = self.kv_cache_manager.block_size
+        computed = request.num_computed_tokens
+        if computed // block_size != (computed - num_new) // block_size:  # a block filled up
+            self.kv_cache_manager.cache_blocks(request, computed)
+        prompt_logprobs = None
+        if request.sampling_params.prompt_logprobs is not None:
+            prompt_logprobs = self.prompt_logprobs_tracker.filter(request_id,
+                                                                  runner_output.prompt_logprobs.get(request_id))
         if finished:
             self.running.remove(request)
             self._release(request)
@@ -348,7 +367,7 @@ class Scheduler:
             return None
         return EngineCoreOutput(
             request_id=request_id,
-            new_token_ids=new_token_ids,
+            new_token_ids=list(new_token_ids),
             new_logprobs=runner_output.logprobs.get(request_id, []) if new_token_ids else [],
             prompt_logprobs=prompt_logprobs,
             finish_reason=request.status.finish_reason if finished else None,
