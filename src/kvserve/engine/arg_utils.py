@@ -121,7 +121,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_model_args(model) -> None:
-    model.add_argument("--model", default=None, dest="model_option",
+    model.add_argument("--model", default=None, dest="model_option", metavar="MODEL",
                        help="Hugging Face model folder (the same as the positional MODEL)")
     model.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                        help="names clients may send as `model` (default: the folder's name); the "
