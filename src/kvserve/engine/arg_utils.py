@@ -131,6 +131,9 @@ def _add_model_args(model) -> None:
                        help="auto, float32 (float), bfloat16, float16 (half); auto = the checkpoint's "
                             "torch_dtype (on CPU: bfloat16 with AMX/AVX512-BF16, else float32)")
     model.add_argument("--seed", type=int, default=0, help="seed of requests without their own (default 0)")
+    model.add_argument("--attention-backend", choices=["auto", "torch", "cpu_paged"], default="auto",
+                       help="attention implementation: auto (the C++ paged kernel on CPU where it builds, else "
+                            "torch), torch (the portable reference), cpu_paged")
     model.add_argument("--max-model-len", type=human_readable_positive_int, default=None,
                        help="context length in tokens (prompt + output), e.g. 4096, 4k (4,000) or 4K "
                             "(4,096); default: the model's")
@@ -239,6 +242,7 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
     model_config = ModelConfig(
         model=model, dtype=_default_dtype(model, args.dtype), max_model_len=args.max_model_len, device=args.device,
         seed=args.seed, served_model_name=names[0] if names else None, tokenizer=args.tokenizer,
+        attention_backend=args.attention_backend,
         sampling_defaults=default_sampling_values(model, args.generation_config, override),
     )
     cache_config = CacheConfig(
