@@ -96,3 +96,28 @@ def test_bad_override_is_refused(text, message):
 def test_out_of_range_file_values_name_the_key_and_file(tmp_path, config, message):
     with pytest.raises(GenerationConfigError, match=message):
         default_sampling_values(folder(tmp_path, "bad", config))
+
+
+@pytest.mark.slow
+def test_served_requests_get_the_models_defaults(tiny_llama, tmp_path):
+    """Through a live server: generation_config.json's max_new_tokens caps a request that omits
+    max_tokens (vLLM: min(16, context left, 3) = 3 for a completion); ``vllm`` mode keeps 16."""
+    import shutil
+
+    import httpx
+
+    from kvserve.testing.live_server import start_live_server
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**config, "max_new_tokens": 3}))
+    body = {"model": "tiny", "prompt": "Once upon a time", "ignore_eos": True, "temperature": 0}
+    for mode, expected in (("auto", 3), ("vllm", 16)):
+        server = start_live_server(str(model), served_model_name="tiny", api_key="", max_model_len=256,
+                                   num_gpu_blocks_override=64, generation_config=mode)
+        try:
+            usage = httpx.post(server.base_url + "/v1/completions", json=body, timeout=60).json()["usage"]
+            assert usage["completion_tokens"] == expected, mode
+        finally:
+            server.stop()

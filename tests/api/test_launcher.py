@@ -21,7 +21,7 @@ def test_serve_process_drains_on_sigterm(tiny_llama):
     port = free_port()
     env = {**os.environ, "KVSERVE_API_KEY": "proc-key", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvserve.cli", "serve", str(tiny_llama), "--port", str(port),
+        [sys.executable, "-m", "kvserve.cli", "serve", str(tiny_llama), "--host", "127.0.0.1", "--port", str(port),
          "--max-model-len", "2048", "--num-gpu-blocks-override", "256", "--device", "cpu",
          "--served-model-name", "proc-model", "--shutdown-timeout", "30", "--log-level", "warning"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

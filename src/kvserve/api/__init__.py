@@ -12,6 +12,8 @@
     sse.py                 server-sent events and a disconnect-aware streaming response
     errors.py              OpenAI error bodies and the exception handlers
     auth.py                Bearer API keys            rate_limit.py  per-key token buckets
+    middleware.py          X-Request-Id (request_id_of), body size and read-time limits
+    http_protocol.py       uvicorn's h11 protocol with a request-header deadline
     run.py                 serve(engine, settings): uvicorn with a draining SIGTERM
-    launcher.py            run_server(args) for ``kvserve serve``
+    launcher.py            run_server(args) for ``kvserve serve``: bind, check, load, announce
 """
