@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvserve.generation_config import SamplingDefaults
+from kvserve.structured_output.config import StructuredOutputsConfig
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -99,3 +100,4 @@ class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)

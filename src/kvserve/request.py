@@ -5,8 +5,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from kvserve.structured_output.grammar_request import GrammarRequest
 
 
 class RequestStatus(enum.IntEnum):
@@ -65,6 +69,8 @@ class Request:
         bad_words_token_ids: ``sampling_params.bad_words`` as token-id sequences (filled by the
             input processor, which has the tokenizer; see ``kvserve.sample.bad_words``).
         error: why the request failed (status FINISHED_ERROR), else None.
+        grammar: its structured-output constraint, compiled by the input processor (the
+            scheduler only carries it to the runner), or None.
     """
 
     request_id: str
@@ -85,6 +91,7 @@ class Request:
     stop_reason: int | str | None = None
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
     error: str | None = None
+    grammar: GrammarRequest | None = None
     # Hashes of the request's full blocks, filled incrementally by the KV-cache manager.
     block_hashes: list[int] = field(default_factory=list)
 

@@ -4,6 +4,10 @@ OpenAI API."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvserve.structured_output.params import StructuredOutputsParams
 
 # Temperatures below this are treated as greedy (argmax), as vLLM does.
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -27,10 +31,12 @@ class SamplingParams:
         logit_bias: token id -> bias added to its logit, each in [-100, 100].
         seed: seed of this request's own generator (same tokens whatever else is in the batch).
         max_tokens: most tokens to generate; ``None`` = until the context is full.
-        min_tokens: EOS and ``stop_token_ids`` are suppressed until this many tokens exist.
+        min_tokens: EOS and ``stop_token_ids`` are suppressed, and stop strings not checked,
+            until this many tokens exist.
         stop: strings that end generation when they appear in the text (not included in it unless
             ``include_stop_str_in_output``).
-        stop_token_ids: token ids that end generation (included in the token ids, not the text).
+        stop_token_ids: token ids that end generation (included in the token ids; their text,
+            like EOS's, is left out unless ``include_stop_str_in_output``).
         ignore_eos: keep generating past EOS.
         logprobs: number of top alternatives to return per generated token (0 = only the chosen).
         prompt_logprobs: the same for prompt tokens.
@@ -43,6 +49,8 @@ class SamplingParams:
             ``kvserve.sample.bad_words``.
         truncate_prompt_tokens: keep only the last this many prompt tokens (left truncation),
             >= 1, or -1 for the last ``max_model_len``; None keeps the whole prompt (vLLM).
+        structured_outputs: a constraint the output must follow (a JSON Schema, a regex, a
+            choice, a grammar; ``kvserve.structured_output.StructuredOutputsParams``, vLLM's).
 
     ``max_tokens=0`` generates nothing: the request computes its prompt only when it asks for
     ``prompt_logprobs`` and finishes with ``length`` without sampling a token (the OpenAI API
@@ -76,6 +84,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] = field(default_factory=list)
     truncate_prompt_tokens: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     MAX_LOGPROBS = 20
 

@@ -132,13 +132,9 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--pt-load-map-location",), "LoadConfig", "kvserve reads no .pt files"),
     # StructuredOutputsConfig
     RefusedFlag(("--reasoning-parser",), "StructuredOutputsConfig", _TOOLS),
-    RefusedFlag(("--guided-decoding-backend",), "StructuredOutputsConfig", "structured outputs are not implemented yet"),
     RefusedFlag(("--guided-decoding-disable-fallback",), "StructuredOutputsConfig",
-                "structured outputs are not implemented yet", kind="bool"),
-    RefusedFlag(("--guided-decoding-disable-any-whitespace",), "StructuredOutputsConfig",
-                "structured outputs are not implemented yet", kind="bool"),
-    RefusedFlag(("--guided-decoding-disable-additional-properties",), "StructuredOutputsConfig",
-                "structured outputs are not implemented yet", kind="bool"),
+                "backend fallback is chosen with --structured-outputs-config '{\"backend\": \"auto\"}'",
+                kind="bool"),
     # ParallelConfig
     RefusedFlag(("--tensor-parallel-size", "-tp"), "ParallelConfig", _PAR, allowed=("1",)),
     RefusedFlag(("--pipeline-parallel-size", "-pp"), "ParallelConfig", _PAR, allowed=("1",)),
@@ -217,7 +213,6 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--kv-transfer-config",), "VllmConfig", _DIST),
     RefusedFlag(("--kv-events-config",), "VllmConfig", "KV cache events are not published yet"),
     RefusedFlag(("--additional-config",), "VllmConfig", "there are no platform plugins to configure"),
-    RefusedFlag(("--structured-outputs-config",), "VllmConfig", "structured outputs are not implemented yet"),
     RefusedFlag(("--aggregate-engine-logging",), "VllmConfig", _PAR, kind="bool"),
 )
 

@@ -64,8 +64,7 @@ def test_unknown_fields_are_ignored_and_unsupported_vllm_fields_refused_by_name(
     request = CompletionRequest.model_validate({"prompt": "x", "something_new": {"a": 1},
                                                 "use_beam_search": False, "length_penalty": 1.0})
     request.check_http_fields()  # neither OpenAI's nor vLLM's: ignored; vLLM's defaults: fine
-    for field, value in (("use_beam_search", True), ("guided_json", {"type": "object"}),
-                         ("structured_outputs", {"regex": "a+"}), ("spaces_between_special_tokens", False),
+    for field, value in (("use_beam_search", True), ("logprob_token_ids", [3]), ("spaces_between_special_tokens", False),
                          ("truncation_side", "right"), ("vllm_xargs", {"a": 1})):
         with pytest.raises(InvalidRequestError) as info:
             CompletionRequest.model_validate({"prompt": "x", field: value}).check_http_fields()
@@ -106,12 +105,22 @@ def test_out_of_range_values_name_the_param(field, value):
     assert info.value.param == field
 
 
-def test_response_format_only_text():
-    CompletionRequest(prompt="x", response_format={"type": "text"}).check_http_fields()
-    with pytest.raises(InvalidRequestError) as info:
-        ChatCompletionRequest(messages=[{"role": "user", "content": "x"}],
-                              response_format={"type": "json_object"}).check_http_fields()
-    assert info.value.param == "response_format" and "json_object" in info.value.message
+def test_response_format_and_vllm_fields_become_structured_outputs():
+    assert CompletionRequest(prompt="x", response_format={"type": "text"}).structured_outputs_params() is None
+    messages = [{"role": "user", "content": "x"}]
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    json_schema = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema, "strict": True}}
+    params = ChatCompletionRequest(messages=messages, response_format=json_schema).structured_outputs_params()
+    assert params.json_schema() == schema and params.source == "response_format"
+    assert ChatCompletionRequest(messages=messages, response_format={"type": "json_object"}
+                                 ).structured_outputs_params().json_object is True
+    assert CompletionRequest(prompt="x", guided_regex="a+").structured_outputs_params().regex == "a+"
+    assert CompletionRequest(prompt="x", structured_outputs={"choice": ["a", "b"]}
+                             ).structured_outputs_params().choice == ("a", "b")
+    with pytest.raises(InvalidRequestError) as info:  # two constraints
+        CompletionRequest(prompt="x", guided_regex="a+", response_format={"type": "json_object"}
+                          ).structured_outputs_params()
+    assert "at most one" in info.value.message
 
 
 def test_stream_options_need_stream():

@@ -151,11 +151,10 @@ def run_server(args: argparse.Namespace) -> int:
 def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: socket.socket, start: float) -> int:
     from kvserve.engine.arg_utils import engine_config_from_args
     from kvserve.engine.async_llm import AsyncLLM
-    from kvserve.engine.input_processor import InputProcessor
-    from kvserve.engine.llm_engine import LLMEngine
+    from kvserve.engine.llm_engine import LLMEngine, build_input_processor
     from kvserve.metrics.log_format import configure_logging
     from kvserve.metrics.wiring import build_stats_consumers, install_metrics, observability_config_from_args
-    from kvserve.tokenizer import eos_token_ids, load_tokenizer
+    from kvserve.tokenizer import load_tokenizer
 
     observability = observability_config_from_args(args)
     configure_logging(getattr(args, "log_level", "info"), observability.log_format)
@@ -166,8 +165,7 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
     tokenizer = load_tokenizer(config.model.tokenizer or model, settings.chat_template)
     logger.info("loading %s (%s) for %s", model, arch.architecture, served_name)
     failure = _LoadFailure()
-    input_processor = InputProcessor(tokenizer, arch.vocab_size, max_model_len, eos_token_ids(model, tokenizer),
-                                     priority_scheduling=config.scheduler.policy == "priority")
+    input_processor = build_input_processor(config, tokenizer, arch.vocab_size, max_model_len)
     server = None
 
     def on_dead(_: BaseException) -> None:  # unattributable failure: exit non-zero, let a supervisor restart
@@ -175,7 +173,7 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
             server.should_exit = True
 
     async_engine = AsyncLLM.deferred(
-        failure.wrap(lambda: LLMEngine(config, chat_template=settings.chat_template)), served_name,
+        failure.wrap(lambda: LLMEngine(config, settings.chat_template, input_processor)), served_name,
         input_processor=input_processor, sampling_defaults=config.model.sampling_defaults,
         stats_consumers=consumers, on_dead=on_dead,
     )

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from kvserve.errors import InvalidRequestError
 from kvserve.generation_config import SamplingDefaults
 from kvserve.sampling_params import SamplingParams
+from kvserve.structured_output.params import StructuredOutputsParams
+from kvserve.structured_output.request_fields import structured_outputs_from_request
 
 SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -36,13 +38,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple, str]] = {
     "media_io_kwargs": ((None,), "multimodal inputs are not supported"),
     "mm_processor_kwargs": ((None,), "multimodal inputs are not supported"),
     "prompt_embeds": ((None,), "prompt embeddings are not supported"),
-    "structured_outputs": ((None,), "structured outputs are not supported yet"),
-    "guided_json": ((None,), "structured outputs are not supported yet"),
-    "guided_regex": ((None,), "structured outputs are not supported yet"),
-    "guided_choice": ((None,), "structured outputs are not supported yet"),
-    "guided_grammar": ((None,), "structured outputs are not supported yet"),
-    "guided_decoding_backend": ((None,), "structured outputs are not supported yet"),
-    "guided_whitespace_pattern": ((None,), "structured outputs are not supported yet"),
     "reasoning_effort": ((None,), "reasoning controls are not supported"),
     "thinking_token_budget": ((None,), "reasoning controls are not supported"),
     "include_reasoning": ((True, None), "reasoning output is not separated (no reasoning parser)"),
@@ -85,6 +80,10 @@ class StreamOptions(OpenAIBaseModel):
 
 
 class ResponseFormat(OpenAIBaseModel):
+    """OpenAI's ``response_format``: ``text``, ``json_object``, or ``json_schema`` with its
+    ``json_schema`` object (``name``, ``schema``, ``strict``, ``description``); vLLM's
+    ``structural_tag`` too. Read by ``kvserve.structured_output.request_fields``."""
+
     type: str = "text"
 
 
@@ -121,6 +120,13 @@ class SamplingRequest(OpenAIBaseModel):
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     return_tokens_as_token_ids: bool = False
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -137,15 +143,11 @@ class SamplingRequest(OpenAIBaseModel):
         """The rules of the HTTP shapes (values are the input processor's).
 
         Raises:
-            InvalidRequestError: an unsupported vLLM extension, ``response_format`` other than
-                text, ``stream_options`` without ``stream``, ``continuous_usage_stats`` without
-                ``include_usage``, or ``prompt_logprobs`` above 0 with ``stream``.
+            InvalidRequestError: an unsupported vLLM extension, ``stream_options`` without
+                ``stream``, ``continuous_usage_stats`` without ``include_usage``, or
+                ``prompt_logprobs`` above 0 with ``stream``.
         """
         self.check_unsupported_fields()
-        if self.response_format is not None and self.response_format.type != "text":
-            raise InvalidRequestError(
-                f"response_format type '{self.response_format.type}' is not supported; "
-                "only 'text' is allowed", param="response_format")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true",
                                       param="stream_options")
@@ -172,7 +174,8 @@ class SamplingRequest(OpenAIBaseModel):
             defaults: the model's default sampling values.
 
         Raises:
-            InvalidRequestError: a ``logit_bias`` key that is not a token id.
+            InvalidRequestError: a ``logit_bias`` key that is not a token id, or a malformed
+                structured-output field (``StructuredOutputError``).
         """
         defaults = defaults or SamplingDefaults()
 
@@ -205,7 +208,17 @@ class SamplingRequest(OpenAIBaseModel):
             allowed_token_ids=self.allowed_token_ids,
             bad_words=list(self.bad_words or []),
             truncate_prompt_tokens=self.truncate_prompt_tokens,
+            structured_outputs=self.structured_outputs_params(),
         )
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The request's structured-output constraint from ``response_format``,
+        ``structured_outputs`` or the older ``guided_*`` fields (at most one), or None."""
+        return structured_outputs_from_request(
+            response_format=self.response_format, structured_outputs=self.structured_outputs,
+            guided_json=self.guided_json, guided_regex=self.guided_regex, guided_choice=self.guided_choice,
+            guided_grammar=self.guided_grammar, guided_whitespace_pattern=self.guided_whitespace_pattern,
+            guided_decoding_backend=self.guided_decoding_backend)
 
 
 def parse_logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:

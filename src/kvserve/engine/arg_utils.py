@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import re
 
 from kvserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from kvserve.errors import ConfigError
+from kvserve.structured_output.config import StructuredOutputsConfig
 from kvserve.generation_config import MODES, default_sampling_values, parse_override
 from kvserve.vllm_compat import REFUSED_FLAGS, add_refused_flags, check_refused_kwargs
 
@@ -109,7 +113,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Add the engine flags to ``parser``, in vLLM's groups (``ModelConfig``, ``CacheConfig``, ...),
     and register the vLLM engine flags kvserve refuses (``kvserve.vllm_compat``)."""
     groups = {title: parser.add_argument_group(title) for title in (
-        "ModelConfig", "LoadConfig", "DeviceConfig", "ParallelConfig", "CacheConfig", "SchedulerConfig")}
+        "ModelConfig", "LoadConfig", "DeviceConfig", "ParallelConfig", "CacheConfig", "SchedulerConfig",
+        "StructuredOutputsConfig")}
     _add_model_args(groups["ModelConfig"])
     _add_device_args(groups["DeviceConfig"])
     groups["ParallelConfig"].add_argument(
@@ -117,7 +122,50 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="accepted for vLLM compatibility: one device has no all-reduce, so this changes nothing")
     _add_cache_args(groups["CacheConfig"])
     _add_scheduler_args(groups["SchedulerConfig"])
+    _add_structured_output_args(groups["StructuredOutputsConfig"])
     add_refused_flags(groups, parser)
+
+
+def _add_structured_output_args(group) -> None:
+    group.add_argument("--structured-outputs-config", default=None, metavar="JSON",
+                       help="vLLM's JSON, e.g. '{\"backend\": \"guidance\"}': backend (xgrammar, the default; "
+                            "guidance = llguidance; auto), disable_any_whitespace, disable_additional_properties, "
+                            "and kvserve's compile_timeout_s (a slower compile is a 400), max_compile_workers, "
+                            "cache_size")
+    group.add_argument("--guided-decoding-backend", default=None, metavar="NAME",
+                       help="vLLM's older flag: the same as --structured-outputs-config '{\"backend\": NAME}'")
+    group.add_argument("--guided-decoding-disable-any-whitespace", action="store_true", default=None,
+                       help="vLLM's older flag: disable_any_whitespace")
+    group.add_argument("--guided-decoding-disable-additional-properties", action="store_true", default=None,
+                       help="vLLM's older flag: disable_additional_properties")
+
+
+def structured_outputs_config_from_args(args: argparse.Namespace) -> StructuredOutputsConfig:
+    """``--structured-outputs-config`` (a JSON object or a dict from the offline ``LLM``) and
+    vLLM's older ``--guided-decoding-*`` flags laid over it.
+
+    Raises:
+        ConfigError: not JSON, an unknown key, or a value out of range.
+    """
+    raw = args.structured_outputs_config
+    try:
+        values = dict(json.loads(raw) if isinstance(raw, str) else (raw or {}))
+    except (json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise ConfigError(f"--structured-outputs-config must be a JSON object: {exc}") from None
+    for flag, key in (("guided_decoding_backend", "backend"),
+                      ("guided_decoding_disable_any_whitespace", "disable_any_whitespace"),
+                      ("guided_decoding_disable_additional_properties", "disable_additional_properties")):
+        if getattr(args, flag, None) is not None:
+            values[key] = getattr(args, flag)
+    known = {f.name for f in dataclasses.fields(StructuredOutputsConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"--structured-outputs-config: unknown key {unknown[0]!r}; "
+                          f"known: {', '.join(sorted(known))}")
+    try:
+        return StructuredOutputsConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"--structured-outputs-config: {exc}") from None
 
 
 def _add_model_args(model) -> None:
@@ -256,7 +304,8 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
         policy=args.scheduling_policy, enable_chunked_prefill=args.enable_chunked_prefill,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
     )
-    return EngineConfig(model=model_config, cache=cache_config, scheduler=scheduler_config)
+    return EngineConfig(model=model_config, cache=cache_config, scheduler=scheduler_config,
+                        structured_outputs=structured_outputs_config_from_args(args))
 
 
 def engine_config_from_kwargs(model: str, **kwargs) -> EngineConfig:

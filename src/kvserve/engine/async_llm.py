@@ -58,16 +58,18 @@ class EngineClient(ABC):
 
     async def process_inputs(self, request_id: str, prompt: PromptInput, params: SamplingParams, *,
                              priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
-                             fields: FieldNames = DEFAULT_FIELDS) -> EngineRequest:
+                             fields: FieldNames = DEFAULT_FIELDS, reasoning: Any = None) -> EngineRequest:
         """Tokenize and validate one prompt's request on a worker thread (the event loop keeps
-        serving meanwhile; tokenizers release the GIL).
+        serving meanwhile; tokenizers release the GIL; grammars compile there too). ``reasoning``:
+        a reasoning parser when a structured-output constraint applies only after the model's
+        reasoning (``InputProcessor.process``).
 
         Raises:
             InvalidRequestError: any invalid value (``InputProcessor.process``).
         """
         return await asyncio.to_thread(self.input_processor.process, request_id, prompt, params,
                                        priority=priority, cache_salt=cache_salt, arrival_time=arrival_time,
-                                       fields=fields)
+                                       fields=fields, reasoning=reasoning)
 
     @abstractmethod
     async def add_requests(self, requests: list[EngineRequest]) -> list[AsyncIterator[RequestOutput]]:

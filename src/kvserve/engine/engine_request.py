@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
+from kvserve.structured_output.grammar_request import GrammarRequest
 
 
 def child_request_id(request_id: str, index: int, n: int) -> str:
@@ -41,11 +42,15 @@ class EngineRequest:
         prompt: the prompt text, when the caller gave text (for ``RequestOutput.prompt``).
         prompt_token_ids: the prompt after truncation, every id in the vocabulary.
         sampling_params: validated; ``max_tokens`` resolved to an int (what the context allows).
-        eos_token_ids: ids that end generation unless ``ignore_eos``.
+        eos_token_ids: the EOS: ends generation with ``stop_reason`` None unless ``ignore_eos``
+            (the model's other EOS ids are in ``sampling_params.stop_token_ids``; under
+            ``ignore_eos`` all of them are here, only for ``min_tokens``' ban).
         bad_words_token_ids: ``bad_words`` as token-id sequences.
         priority: lower runs first under ``--scheduling-policy priority``.
         cache_salt: extra prefix-cache key (isolates tenants).
         arrival_time: ``time.time()`` when the caller received the request.
+        grammar: the compiled structured-output constraint (each choice gets its own matcher
+            in the runner), or None.
     """
 
     request_id: str
@@ -57,6 +62,7 @@ class EngineRequest:
     priority: int
     cache_salt: str | None
     arrival_time: float
+    grammar: GrammarRequest | None = None
 
     @property
     def n(self) -> int:
@@ -83,6 +89,7 @@ class EngineRequest:
                 priority=self.priority,
                 cache_salt=self.cache_salt,
                 bad_words_token_ids=self.bad_words_token_ids,
+                grammar=self.grammar,
             )
             for i, child_id in enumerate(self.child_ids)
         ]

@@ -4,6 +4,7 @@
         │  tokenize (text), check token ids, truncate (truncate_prompt_tokens)
         │  validate every sampling field (param_validation), n, priority, seed
         │  resolve max_tokens against the context (vLLM's get_max_tokens)
+        │  the model's EOS ids other than the tokenizer's join stop_token_ids (vLLM)
         │  tokenize bad_words
         ▼
     EngineRequest  ──►  engine thread: queue capacity and KV fit only (the scheduler)
@@ -24,6 +25,8 @@ from kvserve.engine.param_validation import validate_sampling_params
 from kvserve.errors import InvalidRequestError
 from kvserve.sample.bad_words import tokenize_bad_words
 from kvserve.sampling_params import SamplingParams
+from kvserve.structured_output.grammar_request import GrammarRequest
+from kvserve.structured_output.manager import StructuredOutputManager
 from kvserve.tokenizer import require_valid_unicode
 
 PromptInput = str | list[int] | dict[str, Any]
@@ -55,29 +58,38 @@ class InputProcessor:
     tokenizer: the model's tokenizer (text prompts are encoded with its special tokens, e.g. BOS).
     vocab_size: model vocabulary size (token ids must be below it).
     max_model_len: context length in tokens.
-    eos_token_ids: ids that end generation unless ``ignore_eos``.
+    eos_token_ids: every id that ends generation unless ``ignore_eos`` (the tokenizer's
+        ``eos_token_id`` and the model's others, see ``_stop_token_ids``).
     max_n: largest ``n`` accepted.
     priority_scheduling: whether the scheduler orders by ``priority`` (else a non-zero priority
         is refused, as vLLM does, rather than silently ignored).
+    structured_outputs: compiles ``structured_outputs`` constraints (None: such requests are
+        refused).
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, eos_token_ids: frozenset[int],
-                 max_n: int = 128, priority_scheduling: bool = False):
+                 max_n: int = 128, priority_scheduling: bool = False,
+                 structured_outputs: StructuredOutputManager | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_n = max_n
         self.priority_scheduling = priority_scheduling
+        self.structured_outputs = structured_outputs
 
     def process(self, request_id: str, prompt: PromptInput, params: SamplingParams, *, priority: int = 0,
                 cache_salt: str | None = None, arrival_time: float | None = None,
-                fields: FieldNames = DEFAULT_FIELDS) -> EngineRequest:
-        """Validate and normalise one prompt's request (see the module docstring).
+                fields: FieldNames = DEFAULT_FIELDS, reasoning: Any = None) -> EngineRequest:
+        """Validate and normalise one prompt's request (see the module docstring). A
+        ``structured_outputs`` constraint is compiled here (cached; blocking, so never on the
+        event loop or the engine thread); with a ``reasoning`` parser it applies only after the
+        model's reasoning ends.
 
         Raises:
             InvalidRequestError: any invalid value; ``param`` names the field (as ``fields`` calls
-                it) and the message says what is allowed.
+                it) and the message says what is allowed (``StructuredOutputError`` for a
+                constraint the grammar backend refuses).
         """
         try:
             validate_sampling_params(params, self.vocab_size)
@@ -90,18 +102,28 @@ class InputProcessor:
             text, token_ids = None, kept  # the text no longer matches the tokens
         if not token_ids:
             raise InvalidRequestError("the prompt is empty; at least 1 token is required", param=fields.prompt)
-        max_tokens = self._resolve_max_tokens(len(token_ids), params.max_tokens, fields)
+        max_tokens = self._resolve_max_tokens(len(token_ids), params, fields)
+        eos_token_ids, stop_token_ids = self._stop_token_ids(params)
         return EngineRequest(
             request_id=request_id,
             prompt=text,
             prompt_token_ids=token_ids,
-            sampling_params=replace(params, max_tokens=max_tokens),
-            eos_token_ids=self.eos_token_ids,
+            sampling_params=replace(params, max_tokens=max_tokens, stop_token_ids=stop_token_ids),
+            eos_token_ids=eos_token_ids,
             bad_words_token_ids=tokenize_bad_words(self.tokenizer, params.bad_words, self.vocab_size),
             priority=priority,
             cache_salt=cache_salt,
             arrival_time=time.time() if arrival_time is None else arrival_time,
+            grammar=self._grammar(params, reasoning),
         )
+
+    def _grammar(self, params: SamplingParams, reasoning: Any) -> GrammarRequest | None:
+        if params.structured_outputs is None:
+            return None
+        if self.structured_outputs is None:
+            raise InvalidRequestError("structured outputs are not enabled on this engine",
+                                      param=params.structured_outputs.source)
+        return GrammarRequest(self.structured_outputs.compile(params.structured_outputs), reasoning)
 
     def _check_call(self, params: SamplingParams, priority: int, cache_salt: str | None) -> None:
         if params.n > self.max_n:
@@ -143,15 +165,39 @@ class InputProcessor:
                 param=param)
         return list(token_ids)
 
-    def _resolve_max_tokens(self, num_prompt_tokens: int, requested: int | None, fields: FieldNames) -> int:
+    def _stop_token_ids(self, params: SamplingParams) -> tuple[frozenset[int], list[int]]:
+        """(EOS ids, stop token ids) of a request, as vLLM's
+        ``SamplingParams.update_from_generation_config`` sets them: the tokenizer's
+        ``eos_token_id`` is *the* EOS (it finishes with ``stop_reason`` None); the model's other
+        EOS ids (generation_config's, e.g. ``<|im_end|>``) join ``stop_token_ids`` (so they finish
+        with ``stop_reason`` = the id) unless ``ignore_eos``. Under ``ignore_eos`` every EOS id is
+        kept in the first set, only for ``min_tokens``, which bans them all either way."""
+        if params.ignore_eos:
+            return self.eos_token_ids, list(params.stop_token_ids)
+        primary = getattr(self.tokenizer, "eos_token_id", None)
+        eos = frozenset({primary}) if primary in self.eos_token_ids else frozenset()
+        extra = sorted(self.eos_token_ids - eos - set(params.stop_token_ids))
+        return eos, list(params.stop_token_ids) + extra
+
+    def _resolve_max_tokens(self, num_prompt_tokens: int, params: SamplingParams, fields: FieldNames) -> int:
         """vLLM's rule (``get_max_tokens``): the requested cap (or, when None, the whole rest of
         the context) cut to what the context leaves. ``max_tokens == 0`` (prompt scoring) needs
-        only the prompt to fit.
+        only the prompt to fit. As in vLLM, whose ``SamplingParams`` is built with the cut cap,
+        ``min_tokens`` must fit under the cut cap too.
 
         Raises:
             InvalidRequestError: the prompt does not fit, or fills the context and leaves no
-                room to generate.
+                room to generate, or leaves less room than ``min_tokens``.
         """
+        max_tokens = self._cut_max_tokens(num_prompt_tokens, params.max_tokens, fields)
+        if params.min_tokens > max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens ({params.min_tokens}) must be <= max_tokens, which the context cuts to "
+                f"{max_tokens} (a {num_prompt_tokens}-token prompt in a context of {self.max_model_len} "
+                "tokens); lower min_tokens or shorten the prompt", param="min_tokens")
+        return max_tokens
+
+    def _cut_max_tokens(self, num_prompt_tokens: int, requested: int | None, fields: FieldNames) -> int:
         limit = self.max_model_len
         if requested == 0:
             if num_prompt_tokens > limit:

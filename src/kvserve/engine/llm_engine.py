@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvserve.config import EngineConfig
 from kvserve.engine.core import EngineCore, StepStats
@@ -20,6 +21,7 @@ from kvserve.metrics.stats import IterationStats
 from kvserve.outputs import RequestOutput
 from kvserve.request import RequestStatus
 from kvserve.sampling_params import SamplingParams
+from kvserve.structured_output.manager import StructuredOutputManager
 from kvserve.tokenizer import eos_token_ids, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -42,26 +44,38 @@ class EngineStep:
     iteration: IterationStats = field(default_factory=IterationStats)
 
 
+def build_input_processor(config: EngineConfig, tokenizer, vocab_size: int, max_model_len: int) -> InputProcessor:
+    """The input processor of a model, with its structured-output backend (built in the
+    background from now on)."""
+    eos = eos_token_ids(config.model.model, tokenizer)
+    return InputProcessor(tokenizer, vocab_size, max_model_len, eos,
+                          priority_scheduling=config.scheduler.policy == "priority",
+                          structured_outputs=StructuredOutputManager(tokenizer, vocab_size, eos,
+                                                                     config.structured_outputs))
+
+
 class LLMEngine:
     """Args:
     config: engine configuration.
     chat_template: a template (text or file path) overriding the checkpoint's.
+    input_processor: the input processor to use (a server builds it before the weights load);
+        None builds one (with its structured-output backend) from the model.
 
     Raises:
         CheckpointError: the model or tokenizer folder cannot be loaded.
         ConfigError: a flag that cannot work (see ``EngineCore``).
     """
 
-    def __init__(self, config: EngineConfig, chat_template: str | None = None):
+    def __init__(self, config: EngineConfig, chat_template: str | None = None,
+                 input_processor: InputProcessor | None = None):
         self.core = EngineCore(config)
         self.config = self.core.config
-        tokenizer_dir = config.model.tokenizer or config.model.model
-        self.tokenizer = load_tokenizer(tokenizer_dir, chat_template)
-        self.eos_token_ids = eos_token_ids(config.model.model, self.tokenizer)
-        self.input_processor = InputProcessor(
-            self.tokenizer, self.core.vocab_size, self.core.max_model_len, self.eos_token_ids,
-            priority_scheduling=config.scheduler.policy == "priority",
-        )
+        if input_processor is None:
+            tokenizer = load_tokenizer(config.model.tokenizer or config.model.model, chat_template)
+            input_processor = build_input_processor(config, tokenizer, self.core.vocab_size, self.core.max_model_len)
+        self.input_processor = input_processor
+        self.tokenizer = input_processor.tokenizer
+        self.eos_token_ids = input_processor.eos_token_ids
         self.output_processor = OutputProcessor(self.tokenizer)
 
     @property
@@ -74,10 +88,10 @@ class LLMEngine:
 
     def process_inputs(self, request_id: str, prompt: PromptInput, params: SamplingParams, *, priority: int = 0,
                        cache_salt: str | None = None, arrival_time: float | None = None,
-                       fields: FieldNames = DEFAULT_FIELDS) -> EngineRequest:
+                       fields: FieldNames = DEFAULT_FIELDS, reasoning: Any = None) -> EngineRequest:
         """Validate and normalise one prompt's request (``InputProcessor.process``)."""
         return self.input_processor.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
-                                            arrival_time=arrival_time, fields=fields)
+                                            arrival_time=arrival_time, fields=fields, reasoning=reasoning)
 
     def add_requests(self, requests: list[EngineRequest]) -> list[RequestState]:
         """Queue the requests of one call as one unit: all of them, or (when it raises) none.

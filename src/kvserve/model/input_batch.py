@@ -20,6 +20,7 @@ step it is not scheduled in; it holds a row only while scheduled. The logits pro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,6 +48,7 @@ class CachedRequestState:
         generator: its own generator when it has a ``seed`` (kept across preemption).
         prompt_token_mask, output_token_counts: bool / int32 ``[V]`` statistics for penalties
             (None without penalties).
+        grammar: its compiled structured-output constraint (``GrammarRequest``), or None.
     """
 
     req_id: str
@@ -61,6 +63,7 @@ class CachedRequestState:
     generator: torch.Generator | None = None
     prompt_token_mask: torch.Tensor | None = None
     output_token_counts: torch.Tensor | None = None
+    grammar: Any = None
 
     @property
     def num_tokens(self) -> int:

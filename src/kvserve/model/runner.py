@@ -99,7 +99,7 @@ class ModelRunner:
         max_model_len = max_model_len or loaded.arch.max_position_embeddings
         self.input_batch = InputBatch(max_num_reqs, max_model_len, math.ceil(max_model_len / block_size),
                                       self.vocab_size, self.device,
-                                      build_logits_processors(self.vocab_size, self.device))
+                                      build_logits_processors(self.vocab_size, self.device, max_num_reqs))
         self.requests: dict[str, CachedRequestState] = {}
         # Seeded requests' generators, by request id: kept across preemption, dropped at finish.
         self.generators: dict[str, torch.Generator] = {}
@@ -290,7 +290,7 @@ class ModelRunner:
             req_id=new.req_id, prompt_token_ids=new.prompt_token_ids, output_token_ids=list(new.output_token_ids),
             sampling_params=params, eos_token_ids=new.eos_token_ids, bad_words_token_ids=new.bad_words_token_ids,
             max_tokens=new.max_tokens, block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens,
-            generator=generator,
+            generator=generator, grammar=new.grammar,
         )
 
     def _add_row(self, req_id: str, output: ModelRunnerOutput) -> None:

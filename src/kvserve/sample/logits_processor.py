@@ -14,12 +14,13 @@ Order (``build_logits_processors``), and why:
 1. ``allowed_token_ids``: a whitelist; everything else becomes ``-inf`` first, so later stages
    only ever see allowed tokens (vLLM applies it first too).
 2. ``bad_words``: bans; a banned token stays banned whatever comes after.
-3. ``min_tokens``: bans EOS and ``stop_token_ids`` until enough tokens exist.
-4. ``logit_bias``: additive, last, so it never resurrects a token an earlier stage banned
+3. ``structured_outputs``: the grammar's bitmask (``kvserve.structured_output``), a hard
+   constraint like 1-2.
+4. ``min_tokens``: bans EOS and ``stop_token_ids`` until enough tokens exist.
+5. ``logit_bias``: additive, last, so it never resurrects a token an earlier stage banned
    (``-inf + bias`` stays ``-inf``).
 
-(Grammar bitmasks are hard constraints and belong with 1-3.) Penalties, temperature, top-k/p and
-min-p follow in the sampler. Logprobs are taken from the raw logits before any processor, as
+Penalties, temperature, top-k/p and min-p follow in the sampler. Logprobs are taken from the raw logits before any processor, as
 vLLM's default ``raw_logprobs``.
 
 Errors: a processor must not raise for a valid request (the input processor validated it). If
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -47,6 +48,7 @@ class RequestView(Protocol):
     sampling_params: SamplingParams
     eos_token_ids: frozenset[int]
     bad_words_token_ids: list[list[int]]
+    grammar: Any  # kvserve.structured_output.grammar_request.GrammarRequest or None
 
 
 class LogitsProcessor(ABC):
@@ -90,16 +92,18 @@ def sampling_rows(own_rows: dict | set, rows: Sequence[int]) -> list[tuple[int, 
     return [(i, row) for i, row in enumerate(rows) if row in own_rows]
 
 
-def build_logits_processors(vocab_size: int, device: torch.device) -> list[LogitsProcessor]:
+def build_logits_processors(vocab_size: int, device: torch.device, max_rows: int = 256) -> list[LogitsProcessor]:
     """The built-in processors, in the order they run (see the module docstring)."""
     from kvserve.sample.allowed_tokens import AllowedTokenIdsLogitsProcessor
     from kvserve.sample.bad_words import BadWordsLogitsProcessor
     from kvserve.sample.logit_bias import LogitBiasLogitsProcessor
     from kvserve.sample.min_tokens import MinTokensLogitsProcessor
+    from kvserve.structured_output.logits_processor import GrammarLogitsProcessor
 
     return [
         AllowedTokenIdsLogitsProcessor(vocab_size, device),
         BadWordsLogitsProcessor(vocab_size, device),
+        GrammarLogitsProcessor(vocab_size, device, max_rows),
         MinTokensLogitsProcessor(vocab_size, device),
         LogitBiasLogitsProcessor(vocab_size, device),
     ]

@@ -17,6 +17,7 @@ back from the scheduler.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
@@ -37,6 +38,7 @@ class NewRequestData:
         max_tokens: its resolved output cap; 0 = it only scores its prompt, never samples.
         block_ids: its whole block table.
         num_computed_tokens: tokens whose K/V are already in the cache (a prefix-cache hit).
+        grammar: its compiled structured-output constraint, or None.
     """
 
     req_id: str
@@ -48,12 +50,13 @@ class NewRequestData:
     max_tokens: int
     block_ids: list[int]
     num_computed_tokens: int
+    grammar: Any = None
 
     @classmethod
     def from_request(cls, request: Request, block_ids: list[int]) -> NewRequestData:
         return cls(request.request_id, request.prompt_token_ids, list(request.output_token_ids),
                    request.sampling_params, request.eos_token_ids, request.bad_words_token_ids,
-                   request.max_tokens, block_ids, request.num_computed_tokens)
+                   request.max_tokens, block_ids, request.num_computed_tokens, request.grammar)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 Pieces (one concept per module):
 
+* :mod:`.config` — :class:`StructuredOutputsConfig`, the engine-level options;
 * :mod:`.params` — :class:`StructuredOutputsParams`, the request-side spec (vLLM's fields);
 * :mod:`.request_fields` — OpenAI ``response_format``, vLLM ``structured_outputs`` and the older
   ``guided_*`` fields to one spec (pure functions for the input processor);
@@ -11,37 +12,34 @@ Pieces (one concept per module):
 * :mod:`.schema_check` — JSON Schema validity and backend-unsupported keywords.
 """
 
-from kvserve.structured_output.backend import (
-    CompiledGrammar,
-    StructuredOutputBackend,
-    StructuredOutputGrammar,
-    StructuredOutputsConfig,
-    create_backend,
-    register_backend,
-)
-from kvserve.structured_output.bitmask import allocate_token_bitmask, apply_token_bitmask_
-from kvserve.structured_output.compiler import GrammarCompileService
-from kvserve.structured_output.errors import GrammarCompileTimeout, StructuredOutputError
-from kvserve.structured_output.params import StructuredOutputKind, StructuredOutputsParams
-from kvserve.structured_output.request_fields import (
-    check_request_backend,
-    structured_outputs_from_request,
-)
+import importlib
 
-__all__ = [
-    "CompiledGrammar",
-    "GrammarCompileService",
-    "GrammarCompileTimeout",
-    "StructuredOutputBackend",
-    "StructuredOutputError",
-    "StructuredOutputGrammar",
-    "StructuredOutputKind",
-    "StructuredOutputsConfig",
-    "StructuredOutputsParams",
-    "allocate_token_bitmask",
-    "apply_token_bitmask_",
-    "check_request_backend",
-    "create_backend",
-    "register_backend",
-    "structured_outputs_from_request",
-]
+_EXPORTS = {
+    "CompiledGrammar": "backend",
+    "StructuredOutputBackend": "backend",
+    "StructuredOutputGrammar": "backend",
+    "create_backend": "backend",
+    "register_backend": "backend",
+    "StructuredOutputsConfig": "config",
+    "allocate_token_bitmask": "bitmask",
+    "apply_token_bitmask_": "bitmask",
+    "GrammarCompileService": "compiler",
+    "GrammarCompileTimeout": "errors",
+    "StructuredOutputError": "errors",
+    "StructuredOutputKind": "params",
+    "StructuredOutputsParams": "params",
+    "check_request_backend": "request_fields",
+    "structured_outputs_from_request": "request_fields",
+}
+
+
+def __getattr__(name: str):
+    """Names load their module on first use, so importing ``.config`` or ``.params`` (torch-free,
+    for the engine configuration and ``SamplingParams``) does not import torch."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+__all__ = sorted(_EXPORTS)

@@ -39,44 +39,9 @@ from typing import Any
 
 import torch
 
+from kvserve.structured_output.config import BACKEND_CHOICES, StructuredOutputsConfig  # noqa: F401
 from kvserve.structured_output.params import StructuredOutputsParams
 
-BACKEND_CHOICES = ("auto", "xgrammar", "guidance")
-
-
-@dataclass(frozen=True)
-class StructuredOutputsConfig:
-    """Engine-level options (vLLM's ``--structured-outputs-config``), built once from flags.
-
-    Attributes:
-        backend: ``xgrammar`` (default), ``guidance`` (llguidance) or ``auto`` (xgrammar,
-            guidance for schemas xgrammar cannot enforce).
-        disable_any_whitespace: compact JSON for every request.
-        disable_additional_properties: ``additionalProperties: false`` by default (guidance).
-        compile_timeout_s: a compile slower than this is refused (HTTP 400).
-        max_compile_workers: threads compiling specs (xgrammar and llguidance release the GIL).
-        cache_size: compiled grammars kept (LRU) by canonical spec.
-        max_spec_bytes: largest spec text accepted.
-        max_rollback_tokens: tokens a matcher can roll back (speculative decoding), 0 for none.
-    """
-
-    backend: str = "xgrammar"
-    disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False
-    compile_timeout_s: float = 10.0
-    max_compile_workers: int = 2
-    cache_size: int = 512
-    max_spec_bytes: int = 1 << 20
-    max_rollback_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKEND_CHOICES:
-            raise ValueError(
-                f"structured outputs backend must be one of {', '.join(BACKEND_CHOICES)}; "
-                f"got {self.backend!r}"
-            )
-        if self.compile_timeout_s <= 0 or self.max_compile_workers < 1 or self.cache_size < 0:
-            raise ValueError("compile_timeout_s > 0, max_compile_workers >= 1, cache_size >= 0")
 
 
 class StructuredOutputGrammar(ABC):

@@ -1,0 +1,107 @@
+"""Structured outputs as a logits processor: per row a grammar matcher, per step one batched
+bitmask apply (see ``kvserve.sample.logits_processor`` for the interface and the order).
+
+Each row's matcher catches up with the request's output at the start of ``apply`` (the runner
+appends sampled tokens to the live ``output_token_ids`` list), so no per-token hook is needed;
+a request that re-enters the batch after preemption gets a fresh matcher that replays its
+output. For a reasoning model the row is left unconstrained until its ``</think>`` (the
+reasoning parser says when), then the matcher is fed the tokens after it::
+
+    apply(logits [N, V], rows):
+        for each row with a grammar that samples now:
+            reasoning not over yet?  -> skip (no mask)
+            feed output[fed:] to the matcher (a token it refuses fails the request)
+            fill bitmask[i] with the allowed next tokens (EOS only where the grammar may end)
+        apply_token_bitmask_(logits, bitmask[:N], indices)   # one batched op
+
+A token the matcher refuses can only come from a bug or a race; ``apply`` raises, and the runner
+finishes that request alone (``kvserve.model.runner``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvserve.sample.logits_processor import LogitsProcessor, RequestView, sampling_rows
+from kvserve.structured_output.backend import StructuredOutputGrammar
+from kvserve.structured_output.bitmask import apply_token_bitmask_, bitmask_width
+
+
+class GrammarViolation(RuntimeError):
+    """A sampled token the request's grammar does not allow."""
+
+
+@dataclass
+class _Row:
+    matcher: StructuredOutputGrammar
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # live
+    reasoning: Any  # ReasoningParser or None
+    reasoning_ended: bool
+    fed: int = 0  # output tokens the matcher has seen (when reasoning ended: tokens before it)
+
+
+class GrammarLogitsProcessor(LogitsProcessor):
+    """Masks each constrained row to the tokens its grammar allows next."""
+
+    name = "structured_outputs"
+
+    def __init__(self, vocab_size: int, device: torch.device, max_rows: int = 256):
+        self.vocab_size = vocab_size
+        self.device = device
+        self.rows: dict[int, _Row] = {}
+        self._bitmask = torch.full((max_rows, bitmask_width(vocab_size)), -1, dtype=torch.int32)
+
+    def add_request(self, row: int, request: RequestView) -> None:
+        grammar = getattr(request, "grammar", None)
+        if grammar is None:
+            return
+        reasoning = grammar.reasoning
+        ended = reasoning is None or reasoning.is_reasoning_end(request.prompt_token_ids)
+        self.rows[row] = _Row(grammar.compiled.new_grammar(), request.prompt_token_ids, request.output_token_ids,
+                              reasoning, ended)
+
+    def remove_request(self, row: int) -> None:
+        self.rows.pop(row, None)
+
+    def move_request(self, src: int, dst: int) -> None:
+        if src in self.rows:
+            self.rows[dst] = self.rows.pop(src)
+
+    def is_active(self) -> bool:
+        return bool(self.rows)
+
+    def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
+        constrained = [(i, self.rows[row]) for i, row in sampling_rows(self.rows, rows)]
+        constrained = [(i, state) for i, state in constrained if self._catch_up(state)]
+        if not constrained:
+            return
+        if logits.shape[0] > self._bitmask.shape[0]:
+            self._bitmask = torch.full((logits.shape[0], self._bitmask.shape[1]), -1, dtype=torch.int32)
+        for i, state in constrained:
+            state.matcher.fill_bitmask(self._bitmask, i)
+        apply_token_bitmask_(logits, self._bitmask[: logits.shape[0]], [i for i, _ in constrained])
+
+    @staticmethod
+    def _catch_up(state: _Row) -> bool:
+        """Feed the matcher the output it has not seen; False while the reasoning goes on.
+
+        Raises:
+            GrammarViolation: the matcher refuses a token.
+        """
+        output = state.output_token_ids
+        if not state.reasoning_ended:
+            if not state.reasoning.is_reasoning_end(state.prompt_token_ids + output):
+                return False
+            state.reasoning_ended = True
+            content = state.reasoning.content_token_ids(output)
+            state.fed = len(output) - len(content)
+        new = output[state.fed:]
+        if new and not state.matcher.accept_tokens(new):
+            raise GrammarViolation(f"a sampled token ({new}) breaks the request's structured-output grammar")
+        state.fed = len(output)
+        return True
