@@ -1,4 +1,4 @@
-"""The batched bitmask apply: xgrammar's CPU kernel and the portable torch path against a
+"""The batched bitmask apply: kvserve's C++ kernel (CPU float32) and the portable torch path against a
 bit-by-bit Python reference, with row selection and bitmasks narrower than the logits."""
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ Sources (``csrc/``):
 - ``argmax.cpp``: row-wise argmax of float32/bfloat16 logits without an upcast copy
   (``kvserve.sample.greedy``);
 - ``linear.cpp``: the batch-invariant linear (GEMM) over prepacked float32/bfloat16 weights
+- ``bitmask.cpp``: a structured-output token bitmask applied to float32 logits
+  (``kvserve.structured_output.bitmask``)
   (``kvserve.model.invariant_linear``);
 - ``bindings.cpp``: the Python module.
 
@@ -34,7 +36,7 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("paged_attention.cpp", "argmax.cpp", "linear.cpp", "bindings.cpp")
+SOURCES = ("paged_attention.cpp", "argmax.cpp", "linear.cpp", "bitmask.cpp", "bindings.cpp")
 
 
 def cpu_tag() -> str:

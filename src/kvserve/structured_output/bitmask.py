@@ -12,11 +12,13 @@ Row ``r`` of the bitmask belongs to row ``r`` of the logits (xgrammar's conventi
 runner keeps one persistent ``[max_num_seqs, W]`` bitmask and fills the rows of constrained
 requests; ``indices`` lists those rows and leaves the others untouched.
 
-Two implementations, same result bit for bit (tested):
+Implementations, same result bit for bit (tested):
 
-* CPU float32: xgrammar's C++ kernel (``xgrammar.apply_token_bitmask_inplace``, backend
-  ``cpu``), about 1 ms at B=32, V=151,936 on these 2-core hosts (see docs/benchmarks.md);
-* anywhere else (CUDA, other dtypes, xgrammar missing): portable torch. Each word is ANDed with
+* CPU float32: kvserve's C++ kernel (``kernels/csrc/bitmask.cpp``: whole 32-token runs for
+  banned words, nothing for allowed ones); 4-8 ms at B=32, V=151,936 on this project's 2-core
+  AVX2 host where xgrammar's CPU kernel (``xgrammar.apply_token_bitmask_inplace``, the next
+  choice) took 24-46 ms (docs/benchmarks.md section 9);
+* anywhere else (CUDA, other dtypes, no compiler): portable torch. Each word is ANDed with
   the 32 single-bit values into a boolean ban mask on the logits' device (independent of byte
   order), then one ``masked_fill_``. No kernel compilation, so it works the same on any device.
 """
@@ -26,6 +28,8 @@ from __future__ import annotations
 import functools
 
 import torch
+
+from kvserve.kernels import cpu_kernels
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -105,11 +109,15 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
         raise ValueError(f"bitmask has {bitmask.shape[0]} rows for {logits.shape[0]} logits rows")
     if indices is not None:
         indices = [int(i) for i in indices]
+    on_cpu = (logits.device.type == "cpu" and bitmask.device.type == "cpu" and logits.dtype == torch.float32
+              and logits.is_contiguous() and bitmask.is_contiguous())
+    ours = cpu_kernels() if on_cpu else None
+    if ours is not None:
+        rows = torch.arange(logits.shape[0]) if indices is None else torch.tensor(indices, dtype=torch.int64)
+        ours.apply_token_bitmask(logits, bitmask, rows)
+        return
     kernel = _xgrammar_apply()
-    fits_kernel = 32 * bitmask.shape[1] >= logits.shape[1]
-    if (kernel is not None and fits_kernel and logits.device.type == "cpu"
-            and bitmask.device.type == "cpu" and logits.dtype == torch.float32
-            and logits.is_contiguous() and bitmask.is_contiguous()):
+    if kernel is not None and on_cpu and 32 * bitmask.shape[1] >= logits.shape[1]:
         kernel(logits, bitmask, vocab_size=logits.shape[1], indices=indices, backend="cpu")
         return
     apply_token_bitmask_torch_(logits, bitmask, indices)
