@@ -1,4 +1,4 @@
-"""Stop strings against a character-by-character reference, with deltas split anywhere."""
+"""Stop strings against vLLM v1's rule applied to the whole text, with deltas split anywhere."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from kvserve.engine.stop_strings import StopCheck, StopStringMatcher
 from kvserve.testing.tokenizer_kinds import build_tokenizer
 
 
-def run(stop, deltas, include=False):
-    """Feed ``deltas``; return (emitted chunks, stop hit). Flushes when no stop was hit."""
+def run(stop, deltas, include=False, unchecked=0):
+    """Feed ``deltas`` (the first ``unchecked`` with ``check=False``, as before ``min_tokens``);
+    return (emitted chunks, stop hit). Flushes when no stop was hit."""
     matcher = StopStringMatcher(stop, include)
     chunks, hit = [], None
-    for delta in deltas:
-        check = matcher.add(delta)
+    for i, delta in enumerate(deltas):
+        check = matcher.add(delta, check=i >= unchecked)
         chunks.append(check.text)
         if check.stop is not None:
             hit = check.stop
@@ -25,14 +26,20 @@ def run(stop, deltas, include=False):
     return chunks, hit
 
 
-def reference(stop, text, include=False):
-    """Stream one character at a time and stop at the first prefix that ends with a stop string
-    (the longest one when several end there)."""
-    for end in range(1, len(text) + 1):
-        done = [s for s in stop if text[:end].endswith(s)]
-        if done:
-            hit = max(done, key=len)
-            return (text[:end] if include else text[:end - len(hit)]), hit
+def reference(stop, deltas, include=False, unchecked=0):
+    """vLLM v1 (``check_stop_strings`` after each step's text is appended to the whole output):
+    each stop string, in list order, is searched from ``len(stop) - 1`` characters before the new
+    text; the first found wins at its first occurrence there. Deltas before ``unchecked`` are
+    never searched (``min_tokens``: vLLM moves its search start past their text)."""
+    text = ""
+    for i, delta in enumerate(deltas):
+        text += delta
+        if i < unchecked or not delta:
+            continue
+        for s in stop:
+            start = text.find(s, max(0, len(text) - len(delta) - len(s) + 1))
+            if start >= 0:
+                return (text[:start + len(s)] if include else text[:start]), s
     return text, None
 
 
@@ -49,12 +56,25 @@ def test_stop_string_spanning_deltas_is_never_leaked():
     assert chunks == ["a", "</ant> b", ""] and hit is None
 
 
-def test_overlapping_candidates_first_completed_wins():
-    assert run(["abcd", "bc"], ["xab", "cd"]) == (["x", "a"], "bc")
+def test_overlapping_candidates_list_order_wins():
+    """Several stop strings complete in one delta: the first in the request's list wins, at its
+    first occurrence, as vLLM (not the one that ends first)."""
+    assert run(["abcd", "bc"], ["xab", "cd"]) == (["x", ""], "abcd")
+    assert run(["bc", "abcd"], ["xab", "cd"]) == (["x", "a"], "bc")
+    assert run(["b", "a"], ["xab"]) == (["xa"], "b")
+    assert run(["a", "b"], ["xab"]) == (["x"], "a")
+    # One at a time, the one completed first stops generation first.
     assert run(["abc", "bcd"], ["zab", "cdx"]) == (["z", ""], "abc")
-    assert run(["ab", "abc"], ["xa", "bc"]) == (["x", ""], "ab")
-    # Same end: the longer (earlier start) one wins, so less text is shown.
-    assert run(["bc", "abc"], ["xabc"]) == (["x"], "abc")
+    assert run(["abc", "ab"], ["xa", "b", "c"]) == (["x", ""], "ab")
+    assert run(["abc", "ab"], ["xa", "bc"]) == (["x", ""], "abc")
+
+
+def test_unchecked_text_never_stops_but_can_start_a_stop_string():
+    """Before ``min_tokens`` nothing stops; a stop string that starts there and ends in checked
+    text counts; one wholly inside unchecked text does not (vLLM's ``stop_check_offset``)."""
+    assert run(["ab"], ["xab", "y"], unchecked=1) == (["xab", "y", ""], None)
+    assert run(["abc"], ["xab", "cd"], unchecked=1) == (["x", ""], "abc")
+    assert run(["b", "abc"], ["ab", "x"], unchecked=1) == (["", "abx", ""], None)
 
 
 def test_include_stop_str_in_output():
@@ -82,12 +102,13 @@ def test_calls_after_a_hit_emit_nothing():
     stop=st.lists(st.text(alphabet="abc d", min_size=1, max_size=4), max_size=3),
     cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=8),
     include=st.booleans(),
+    unchecked=st.integers(min_value=0, max_value=4),
 )
-def test_matches_character_by_character_reference(text, stop, cuts, include):
+def test_matches_vllm_rule_on_the_whole_text(text, stop, cuts, include, unchecked):
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     deltas = [text[a:b] for a, b in zip(bounds, bounds[1:])]
-    chunks, hit = run(stop, deltas, include)
-    expected_text, expected_hit = reference(stop, text, include)
+    chunks, hit = run(stop, deltas, include, unchecked)
+    expected_text, expected_hit = reference(stop, deltas, include, unchecked)
     assert hit == expected_hit
     assert "".join(chunks) == expected_text
 

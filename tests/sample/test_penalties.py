@@ -88,9 +88,9 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached(make_request, build):
     processed = Sampler._process_logits(logits, build(requests, V))
     inf = float("-inf")
     masked = {(r, t) for r in range(4) for t in range(V) if processed[r, t] == inf}
-    assert masked == {(0, 3), (1, 0), (1, 4), (3, 6)}
-    # ignore_eos: row 3's EOS (its argmax) stays allowed.
-    assert Sampler()(logits, build(requests, V)).sampled_token_ids.tolist() == [0, 2, 7, 3]
+    # ignore_eos bans EOS too (vLLM bans ``all_stop_token_ids``, EOS included, whatever ignore_eos).
+    assert masked == {(0, 3), (1, 0), (1, 4), (3, 3), (3, 6)}
+    assert Sampler()(logits, build(requests, V)).sampled_token_ids.tolist() == [0, 2, 7, 0]
     # Once min_tokens output tokens exist, EOS is allowed again.
     requests[0].append_output_token_ids([5])
     assert Sampler()(logits, build(requests, V)).sampled_token_ids[0].item() == 3

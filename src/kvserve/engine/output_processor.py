@@ -184,14 +184,14 @@ class OutputProcessor:
             return self._fail_choice(state, choice, out.error)
         if not out.new_token_ids and not out.finished:
             return None
-        choice.num_output_tokens += len(out.new_token_ids)
-        text = choice.detokenizer.add_tokens(out.new_token_ids)
+        unchecked, checked = self._new_text(state.params, choice, out)
         finish_reason, stop_reason = out.finish_reason, out.stop_reason
-        if finish_reason is not None:
-            text += choice.detokenizer.flush()
-        if choice.stop_matcher is not None:
-            match = choice.stop_matcher.add(text)
-            text = match.text
+        if choice.stop_matcher is None:
+            text = unchecked + checked
+        else:
+            text = choice.stop_matcher.add(unchecked, check=False).text
+            match = choice.stop_matcher.add(checked)
+            text += match.text
             if match.stop is not None:
                 finish_reason, stop_reason = "stop", match.stop
                 if out.finish_reason is None:
@@ -204,6 +204,31 @@ class OutputProcessor:
             logprobs=list(out.new_logprobs) if state.params.logprobs is not None else None,
             finish_reason=finish_reason, stop_reason=stop_reason,
         )
+
+    @staticmethod
+    def _new_text(params: SamplingParams, choice: ChoiceState, out: EngineCoreOutput) -> tuple[str, str]:
+        """Detokenize the step's new tokens as vLLM v1 does; return (text of tokens up to
+        ``min_tokens``, text of the later ones): only the latter may complete a stop string.
+
+        A request the core finished with ``stop`` (EOS or a ``stop_token_ids`` id) ends in that
+        token; its text is left out unless ``include_stop_str_in_output`` (whatever
+        ``skip_special_tokens`` says). Its id stays in ``token_ids`` and its logprob in
+        ``logprobs`` (vLLM's ``BaseIncrementalDetokenizer.update``)."""
+        token_ids = out.new_token_ids
+        before = choice.num_output_tokens
+        choice.num_output_tokens += len(token_ids)
+        if out.finish_reason == "stop" and token_ids and not params.include_stop_str_in_output:
+            token_ids = token_ids[:-1]
+        num_unchecked = min(len(token_ids), max(0, params.min_tokens - before))
+        detokenizer = choice.detokenizer
+        unchecked = detokenizer.add_tokens(token_ids[:num_unchecked]) if num_unchecked else ""
+        checked = detokenizer.add_tokens(token_ids[num_unchecked:]) if len(token_ids) > num_unchecked else ""
+        if out.finish_reason is not None:
+            if choice.num_output_tokens > params.min_tokens:
+                checked += detokenizer.flush()
+            else:
+                unchecked += detokenizer.flush()
+        return unchecked, checked
 
 
 def _record_choice_times(

@@ -1,8 +1,8 @@
 """Stop strings: cut the streamed text at the first stop string, never showing any part of it.
 
-Text arrives in deltas (from the incremental detokenizer). A stop string can span deltas, or end
-inside one, so the matcher holds back the longest pending suffix that could still grow into a stop
-string::
+Text arrives in deltas (from the incremental detokenizer, one per engine step). A stop string can
+span deltas, or end inside one, so the matcher holds back the longest pending suffix that could
+still grow into a stop string::
 
     emitted so far | pending text            (stop = ["</answer>"])
     "The result"   | " is 4</ans"   ──► emit " is 4", hold "</ans"
@@ -10,9 +10,17 @@ string::
 
 On a hit the text before the stop string is emitted (plus the stop string itself with
 ``include_stop_str_in_output``); what follows it is dropped. ``flush`` releases the held text when
-generation ends without a hit. When several stop strings occur in the pending text, the one that
-ends first wins (it would have stopped generation first), and among those the one that starts
-first; this matches stopping at the earliest token where any stop string is complete.
+generation ends without a hit.
+
+Which stop string wins is vLLM v1's rule (``check_stop_strings`` in
+``vllm/v1/engine/detokenizer.py``): an occurrence counts only if it ends in the new delta; the
+stop strings are tried in the order the request lists them, and the first one that occurs wins at
+its first such occurrence (not the one that ends first: with ``stop=["b", "a"]`` a delta ``"ab"``
+stops at ``"b"`` and shows ``"a"``).
+
+``add(delta, check=False)`` takes text that must not stop generation (vLLM checks no stop string
+until ``min_tokens`` tokens exist); a stop string that starts in such text and ends in a later,
+checked delta still counts, as in vLLM.
 """
 
 from __future__ import annotations
@@ -36,11 +44,12 @@ class StopStringMatcher:
     """Incremental stop-string matching for one output stream.
 
     Args:
-        stop: the stop strings (non-empty strings; an empty list makes the matcher a pass-through).
+        stop: the stop strings, in the request's order (non-empty strings; an empty list makes
+            the matcher a pass-through).
         include_stop_str_in_output: emit the stop string itself at a hit.
 
     Raises:
-        ValueError: an empty stop string (``SamplingParams`` rejects those from clients first).
+        ValueError: an empty stop string (the input processor refuses those from clients first).
     """
 
     def __init__(self, stop: list[str], include_stop_str_in_output: bool = False):
@@ -56,8 +65,13 @@ class StopStringMatcher:
         """Text received but not emitted, because it may be the start of a stop string."""
         return self._pending
 
-    def add(self, delta: str) -> StopCheck:
+    def add(self, delta: str, check: bool = True) -> StopCheck:
         """Feed new text; return what may be emitted and whether a stop string was hit.
+
+        Args:
+            delta: the new text.
+            check: False for text that cannot stop generation yet (before ``min_tokens``): it is
+                emitted (less a suffix that may start a stop string) and never hits.
 
         After a hit the stream is over: further calls return ``StopCheck("", stop)`` again.
         Cost: O(len(held + delta) * number of stop strings) for the search, plus
@@ -68,7 +82,7 @@ class StopStringMatcher:
         if not self.stop:
             return StopCheck(delta, None)
         text = self._pending + delta
-        hit = self._first_hit(text)
+        hit = self._first_hit(text, len(self._pending)) if check else None
         if hit is not None:
             start, stop = hit
             self.stopped = stop
@@ -86,18 +100,16 @@ class StopStringMatcher:
         text, self._pending = self._pending, ""
         return StopCheck(text, None)
 
-    def _first_hit(self, text: str) -> tuple[int, str] | None:
-        """(start, stop) of the occurrence that ends first (ties: starts first), or None. Held
-        text holds no complete stop string, so any occurrence ends in the new delta."""
-        best: tuple[int, int, str] | None = None
+    def _first_hit(self, text: str, new_start: int) -> tuple[int, str] | None:
+        """(start, stop) of the first stop string, in list order, that occurs in ``text`` ending
+        after ``new_start`` (where the new delta begins); its first such occurrence."""
+        if new_start == len(text):
+            return None
         for stop in self.stop:
-            start = text.find(stop)
-            if start < 0:
-                continue
-            candidate = (start + len(stop), start, stop)
-            if best is None or candidate[:2] < best[:2]:
-                best = candidate
-        return None if best is None else (best[1], best[2])
+            start = text.find(stop, max(0, new_start - len(stop) + 1))
+            if start >= 0:
+                return start, stop
+        return None
 
     def _partial_suffix_length(self, text: str) -> int:
         """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""

@@ -1,5 +1,6 @@
 """``min_tokens``: EOS and ``stop_token_ids`` cannot be generated before a request has this many
-output tokens (EOS only unless ``ignore_eos``), as vLLM's ``MinTokensLogitsProcessor``.
+output tokens, as vLLM's ``MinTokensLogitsProcessor`` (which bans ``all_stop_token_ids``: EOS
+too under ``ignore_eos``).
 
 The stop-string check waits for ``min_tokens`` too; that is the front end's (see
 ``kvserve.engine.output_processor``).
@@ -28,9 +29,7 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         params = request.sampling_params
         if len(request.output_token_ids) >= params.min_tokens:
             return
-        banned = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            banned |= set(request.eos_token_ids)
+        banned = set(params.stop_token_ids) | set(request.eos_token_ids)
         banned_ids = sorted(t for t in banned if 0 <= t < self.vocab_size)
         if banned_ids:
             self.rows[row] = (request.output_token_ids, params.min_tokens, banned_ids)

@@ -33,7 +33,7 @@ class NewRequestData:
         output_token_ids: tokens generated before a preemption (empty for a new request); the
             runner's tokens are ``prompt_token_ids + output_token_ids``.
         sampling_params: how to choose its tokens (validated by the input processor).
-        eos_token_ids: ids that end it (for ``min_tokens``' ban, unless ``ignore_eos``).
+        eos_token_ids: its EOS ids (all banned before ``min_tokens``, whatever ``ignore_eos``).
         bad_words_token_ids: ``bad_words`` as token-id sequences.
         max_tokens: its resolved output cap; 0 = it only scores its prompt, never samples.
         block_ids: its whole block table.
