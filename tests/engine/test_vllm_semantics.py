@@ -107,6 +107,13 @@ def test_stop_string_spanning_tokens_cuts_text_keeps_ids(llm):
     assert summary(included) == (" world world", [WORLD, WORLD], "stop", "world world")
 
 
+def test_stop_string_on_the_last_allowed_token_is_stop(llm):
+    """The core finishes with ``length`` at the token that completes the stop string; the stop
+    string wins (vLLM's output processor overrides the finish reason)."""
+    choice = forced(llm, WORLD, min_tokens=0, max_tokens=2, stop=["world world"])
+    assert summary(choice) == (" ", [WORLD, WORLD], "stop", "world world")
+
+
 def test_stop_string_inside_a_token(llm):
     """``"orl"`` ends inside ``" world"``: the text is cut mid-token, the token id stays."""
     assert summary(forced(llm, WORLD, min_tokens=0, stop=["orl"])) == (" w", [WORLD], "stop", "orl")
