@@ -19,8 +19,9 @@ class InjectedFault(RuntimeError):
 
 
 class FaultInjector:
-    """Which request ids fail at which stage (``fail(stage, request_id)``; ``"*"`` fails every
-    request there: a failure no single request explains)."""
+    """Which requests fail at which stage: ``fail(stage, name)`` fails every request whose id
+    contains ``name`` (the API's ids carry the client's ``X-Request-Id``); ``"*"`` fails every
+    request there (a failure no single request explains)."""
 
     def __init__(self) -> None:
         self._rules: dict[str, set[str]] = {}
@@ -41,5 +42,5 @@ class FaultInjector:
         if not failing:
             return
         for request_id in request_ids:
-            if request_id in failing or "*" in failing:
+            if "*" in failing or any(name in request_id for name in failing):
                 raise InjectedFault(f"injected fault at {stage} for request {request_id}")

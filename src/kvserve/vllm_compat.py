@@ -138,11 +138,8 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     # ParallelConfig
     RefusedFlag(("--tensor-parallel-size", "-tp"), "ParallelConfig", _PAR, allowed=("1",)),
     RefusedFlag(("--pipeline-parallel-size", "-pp"), "ParallelConfig", _PAR, allowed=("1",)),
-    RefusedFlag(("--data-parallel-size", "-dp"), "ParallelConfig",
-                _PAR + "; run several servers behind a load balancer", allowed=("1",)),
     RefusedFlag(("--decode-context-parallel-size", "-dcp"), "ParallelConfig", _PAR, allowed=("1",)),
     RefusedFlag(("--distributed-executor-backend",), "ParallelConfig", _PAR),
-    RefusedFlag(("--data-parallel-rank", "-dpn"), "ParallelConfig", _PAR),
     RefusedFlag(("--data-parallel-start-rank", "-dpr"), "ParallelConfig", _PAR),
     RefusedFlag(("--data-parallel-size-local", "-dpl"), "ParallelConfig", _PAR),
     RefusedFlag(("--data-parallel-address", "-dpa"), "ParallelConfig", _PAR),
@@ -211,7 +208,6 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--compilation-config", "-O"), "VllmConfig", _EAGER),
     RefusedFlag(("--speculative-config",), "VllmConfig", _SPEC),
     RefusedFlag(("--kv-transfer-config",), "VllmConfig", _DIST),
-    RefusedFlag(("--kv-events-config",), "VllmConfig", "KV cache events are not published yet"),
     RefusedFlag(("--additional-config",), "VllmConfig", "there are no platform plugins to configure"),
     RefusedFlag(("--aggregate-engine-logging",), "VllmConfig", _PAR, kind="bool"),
 )

@@ -52,9 +52,6 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
     limiter = RateLimiter(settings.requests_per_minute, settings.tokens_per_minute,
                           settings.max_concurrent_requests)
     state = ServingState(engine, settings, limiter)
-    # vLLM's --served-model-name a b: every name is accepted as `model` (the first is reported).
-    # TODO(lead): move into ServingState.__post_init__ (settings.served_model_names).
-    state._served_names = state._served_names | frozenset(settings.served_model_names)
     app.state.serving = state
     install_error_handlers(app)
     _add_middleware(app, engine, settings)

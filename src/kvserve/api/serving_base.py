@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 from fastapi import Request
 from starlette.responses import JSONResponse, Response
 
+from kvserve.api.chat_parsers import ChatParsers
 from kvserve.api.engine_stream import start_streams
 from kvserve.api.errors import APIError
 from kvserve.api.rate_limit import RateLimiter
@@ -48,11 +49,16 @@ class ServingState:
     # Sampling values a request that omits them gets (the model's generation_config.json).
     sampling_defaults: SamplingDefaults = field(init=False)
     token_text: TokenText = field(init=False)
+    # Tool-call and reasoning parsers of chat completions (--tool-call-parser, --reasoning-parser).
+    chat_parsers: ChatParsers = field(init=False)
     _served_names: frozenset[str] = field(default=frozenset(), init=False)
 
     def __post_init__(self) -> None:
-        self._served_names = frozenset({self.model_name, self.engine.model_name})
+        """Raises ValueError: a parser flag that cannot work (``ChatParsers.from_settings``)."""
+        # vLLM's --served-model-name a b: every name is accepted as `model` (the first is reported).
+        self._served_names = frozenset({self.model_name, self.engine.model_name, *self.settings.served_model_names})
         self.token_text = make_token_text(self.engine.tokenizer)
+        self.chat_parsers = ChatParsers.from_settings(self.settings, self.engine.tokenizer)
         self.sampling_defaults = getattr(self.engine, "sampling_defaults", None) or SamplingDefaults()
 
     def logprob_token_text(self, request: SamplingRequest) -> TokenText:
@@ -89,9 +95,12 @@ class ServingState:
 
 
 def new_request_id(prefix: str, raw_request: Request | None = None) -> str:
-    """``<prefix>-<X-Request-Id header>`` when the client sent one (as vLLM), else a random id."""
+    """``<prefix>-<X-Request-Id header>-<8 hex>`` when the client sent one (vLLM names requests by
+    it; the random tail keeps two requests with the same header apart), else a random id."""
     given = raw_request.headers.get("x-request-id") if raw_request is not None else None
-    return f"{prefix}-{given or uuid.uuid4().hex}"
+    if given:
+        return f"{prefix}-{given}-{uuid.uuid4().hex[:8]}"
+    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def check_token_ids(token_ids: list[int], vocab_size: int, param: str = "prompt") -> None:

@@ -120,6 +120,18 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     groups["ParallelConfig"].add_argument(
         "--disable-custom-all-reduce", action="store_true",
         help="accepted for vLLM compatibility: one device has no all-reduce, so this changes nothing")
+    groups["ParallelConfig"].add_argument(
+        "--data-parallel-size", "-dp", type=positive_int, default=1, metavar="N",
+        help="kvserve serve: N engine processes on this machine (each with its share of the cores, "
+             "--cpu-threads divided by N) behind kvserve route's cache-aware routing, one port (docs/router.md)")
+    groups["ParallelConfig"].add_argument(
+        "--data-parallel-rank", "-dpn", type=non_negative_int, default=None, metavar="R",
+        help="this server is data-parallel rank R of a fleet behind an external load balancer (vLLM's "
+             "meaning): its KV events carry data_parallel_rank R and use the --kv-events-config ports + R")
+    parser.add_argument("--kv-events-config", default=None, metavar="JSON",
+                        help="vLLM's KV-cache events over ZMQ, e.g. '{\"enable_kv_cache_events\": true, "
+                             "\"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
+                             "(keys: kvserve.kv_events.config)")
     _add_cache_args(groups["CacheConfig"])
     _add_scheduler_args(groups["SchedulerConfig"])
     _add_structured_output_args(groups["StructuredOutputsConfig"])
@@ -293,10 +305,17 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
         attention_backend=args.attention_backend,
         sampling_defaults=default_sampling_values(model, args.generation_config, override),
     )
+    if getattr(args, "data_parallel_size", 1) > 1:
+        raise ValueError(f"--data-parallel-size {args.data_parallel_size}: data parallelism runs several engine "
+                         "processes behind one port, which only kvserve serve does")
+    from kvserve.kv_events.config import kv_events_config_from_json
+
+    kv_events = kv_events_config_from_json(getattr(args, "kv_events_config", None))
     cache_config = CacheConfig(
         block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=args.enable_prefix_caching, num_blocks_override=args.num_blocks_override,
+        enable_kv_cache_events=kv_events is not None and kv_events.publishes,
     )
     scheduler_config = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
