@@ -114,7 +114,7 @@ def test_max_model_len_suffixes_as_vllm(tiny_llama, value, tokens):
     ("vllm serve MODEL --load-format pt", "--load-format", "safetensors weights only"),
     ("vllm serve MODEL --limit-mm-per-prompt '{\"image\": 2}'", "--limit-mm-per-prompt", "text-only"),
     ("vllm serve MODEL --compilation-config '{\"level\": 3}'", "--compilation-config/-O", "runs eagerly"),
-    ("vllm serve MODEL --data-parallel-size 2", "--data-parallel-size/-dp", "load balancer"),
+    ("vllm serve MODEL --data-parallel-size-local 2", "--data-parallel-size-local/-dpl", "one engine"),
 ])
 def test_unimplemented_flags_are_refused_by_name(tiny_llama, capsys, command, flag, words):
     err = refusal(command, tiny_llama, capsys)

@@ -59,6 +59,8 @@ class CacheConfig:
         gpu_memory_utilization: share (0-1] of GPU memory the engine may use.
         enable_prefix_caching: reuse full KV blocks across requests by a chained block hash.
         num_blocks_override: exact number of blocks (tests; overrides the byte budget).
+        enable_kv_cache_events: the KV manager records what enters and leaves the prefix cache
+            (``--kv-events-config``); each step's events come back in ``StepResult.kv_events``.
     """
 
     block_size: int = 16
@@ -67,6 +69,7 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     num_blocks_override: int | None = None
     cpu_kv_cache_fraction: float = 0.25
+    enable_kv_cache_events: bool = False
 
 
 @dataclass(frozen=True)

@@ -172,10 +172,11 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
         if server is not None:
             server.should_exit = True
 
+    publisher = _kv_event_publisher(args, config)
     async_engine = AsyncLLM.deferred(
         failure.wrap(lambda: LLMEngine(config, settings.chat_template, input_processor)), served_name,
         input_processor=input_processor, sampling_defaults=config.model.sampling_defaults,
-        stats_consumers=consumers, on_dead=on_dead,
+        stats_consumers=consumers, on_dead=on_dead, kv_event_publisher=publisher,
     )
     announce = _Announcer(served_name, settings, start, async_engine, failure)
     install_metrics(async_engine)
@@ -186,12 +187,39 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
         server.run(sockets=[sock])
     finally:
         async_engine.shutdown()
+        if publisher is not None:
+            publisher.shutdown()
     if announce.failed:
         return 2
     if async_engine.dead_reason is not None:
         logger.error("exiting with status 1: the engine failed (%s)", async_engine.dead_reason)
         return 1
     return 0
+
+
+def _kv_event_publisher(args, config):
+    """The ZMQ publisher of ``--kv-events-config`` (ports offset by ``--data-parallel-rank``), or
+    None when events are off.
+
+    Raises:
+        OSError: an event endpoint cannot be bound (one line naming it).
+    """
+    if not config.cache.enable_kv_cache_events:
+        return None
+    import zmq
+
+    from kvserve.engine.core import resolve_device
+    from kvserve.kv_events.config import kv_events_config_from_json
+    from kvserve.kv_events.publisher import ZmqEventPublisher
+
+    rank = getattr(args, "data_parallel_rank", None) or 0
+    kv_events = kv_events_config_from_json(args.kv_events_config).for_rank(rank)
+    medium = "GPU" if resolve_device(config.model.device).type == "cuda" else "CPU"
+    try:
+        return ZmqEventPublisher(kv_events, medium=medium, data_parallel_rank=rank)
+    except zmq.ZMQError as exc:
+        raise OSError(f"--kv-events-config: cannot open {kv_events.endpoint} / {kv_events.replay_endpoint}: "
+                      f"{exc}; choose other ports") from None
 
 
 def check_model(config):

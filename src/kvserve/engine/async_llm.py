@@ -133,6 +133,8 @@ class AsyncLLM(EngineClient):
         stats_consumers: objects with the ``kvserve.metrics.StatsConsumer`` methods, called on the
             engine thread (metrics, logs, traces); they must be quick and must not raise.
         on_dead: called (on the engine thread) with the exception when the engine dies.
+        kv_event_publisher: gets each step's prefix-cache events (``publish(events)``, quick, on
+            the engine thread; ``kvserve.kv_events.publisher``), or None.
 
     ``metrics_registry`` (a ``prometheus_client.CollectorRegistry`` or None) is what
     ``GET /metrics`` serves; ``kvserve.metrics.wiring.install_metrics`` sets it and
@@ -140,8 +142,9 @@ class AsyncLLM(EngineClient):
     """
 
     def __init__(self, engine: LLMEngine, served_model_name: str, stats_consumers: list[Any] | None = None,
-                 on_dead: Callable[[BaseException], None] | None = None):
+                 on_dead: Callable[[BaseException], None] | None = None, kv_event_publisher: Any = None):
         self._init_common(served_model_name, stats_consumers, on_dead)
+        self.kv_event_publisher = kv_event_publisher
         self._attach(engine)
 
     @classmethod
@@ -154,6 +157,7 @@ class AsyncLLM(EngineClient):
         sampling_defaults: SamplingDefaults | None = None,
         stats_consumers: list[Any] | None = None,
         on_dead: Callable[[BaseException], None] | None = None,
+        kv_event_publisher: Any = None,
     ) -> AsyncLLM:
         """An ``AsyncLLM`` whose engine is built by ``factory`` on the engine thread after
         ``start()``, so the HTTP server can answer (``/health`` 503) while the weights load. The
@@ -162,6 +166,7 @@ class AsyncLLM(EngineClient):
         ``wait_until_loaded()`` blocks until the engine is ready or failed."""
         self = cls.__new__(cls)
         self._init_common(served_model_name, stats_consumers, on_dead)
+        self.kv_event_publisher = kv_event_publisher
         self._factory = factory
         self._set_facts(input_processor)
         self.sampling_defaults = sampling_defaults or SamplingDefaults()
@@ -362,6 +367,8 @@ class AsyncLLM(EngineClient):
                 del self._streams[delta.request_id]
         for consumer in self.stats_consumers:
             consumer.on_step(step.stats, step.finished, step.iteration)
+        if step.kv_events and self.kv_event_publisher is not None:
+            self.kv_event_publisher.publish(step.kv_events)
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:

@@ -14,6 +14,7 @@ from kvserve.attention import get_attention_backend
 from kvserve.config import EngineConfig
 from kvserve.engine.kv_sizing import KVCachePlan, plan_kv_cache
 from kvserve.errors import ConfigError, EngineDeadError
+from kvserve.kv_cache.events import KVCacheEvent
 from kvserve.kv_cache.manager import KVCacheManager
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.loader import LoadedModel, default_dtype_for_device, load_model
@@ -53,11 +54,12 @@ class StepStats:
 
 @dataclass(frozen=True)
 class StepResult:
-    """One ``EngineCore.step()``: per-request outputs (new tokens, finishes) and the step's stats
-    (None when nothing ran)."""
+    """One ``EngineCore.step()``: per-request outputs (new tokens, finishes), the step's stats
+    (None when nothing ran) and the prefix-cache events it caused (empty unless enabled)."""
 
     outputs: list[EngineCoreOutput]
     stats: StepStats | None
+    kv_events: list[KVCacheEvent] = dataclasses.field(default_factory=list)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -110,7 +112,8 @@ class EngineCore:
         )
         self.kv_plan = self._plan_kv_cache()
         self.kv_cache_manager = KVCacheManager(
-            self.kv_plan.num_blocks, self.kv_plan.block_size, self.config.cache.enable_prefix_caching
+            self.kv_plan.num_blocks, self.kv_plan.block_size, self.config.cache.enable_prefix_caching,
+            enable_kv_cache_events=self.config.cache.enable_kv_cache_events,
         )
         self.scheduler = Scheduler(self.config.scheduler, self.kv_cache_manager)
         self.runner = ModelRunner(self.loaded, self.kv_plan.num_blocks, self.kv_plan.block_size, self.device,
@@ -205,7 +208,7 @@ class EngineCore:
             raise EngineDeadError(f"the scheduler failed: {type(exc).__name__}: {exc}") from exc
         runner_output = self.runner.execute_model(scheduler_output)
         if scheduler_output.is_empty:
-            return StepResult(finished_on_admission, None)
+            return StepResult(finished_on_admission, None, self.kv_cache_manager.take_events())
         self._count_failed_steps(scheduler_output, runner_output)
         num_prefill = sum(n for req_id, n in scheduler_output.num_scheduled_tokens.items()
                           if self.scheduler.requests[req_id].num_computed_tokens
@@ -219,7 +222,7 @@ class EngineCore:
             num_decode_tokens=scheduler_output.total_num_scheduled_tokens - num_prefill,
             scheduler=self.scheduler.make_stats(),
         )
-        return StepResult(outputs, stats)
+        return StepResult(outputs, stats, self.kv_cache_manager.take_events())
 
     def _count_failed_steps(self, scheduler_output, runner_output) -> None:
         """A step in which every request failed (alone: the runner's groups are bisected) is

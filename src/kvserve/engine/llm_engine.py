@@ -36,12 +36,15 @@ class EngineStep:
         stats: the core step's stats (None when nothing ran).
         finished: the front-end state of each request that finished in this step (all choices).
         iteration: what the step delivered to clients (TTFTs, inter-token gaps, token counts).
+        kv_events: the step's prefix-cache events (``kvserve.kv_cache.events``; empty unless
+            ``enable_kv_cache_events``).
     """
 
     outputs: list[RequestOutput]
     stats: StepStats | None = None
     finished: list[RequestState] = field(default_factory=list)
     iteration: IterationStats = field(default_factory=IterationStats)
+    kv_events: list = field(default_factory=list)
 
 
 def build_input_processor(config: EngineConfig, tokenizer, vocab_size: int, max_model_len: int) -> InputProcessor:
@@ -138,4 +141,4 @@ class LLMEngine:
             if delta.finished:
                 finished.append(self.output_processor.requests[delta.request_id])
                 self.output_processor.remove(delta.request_id)
-        return EngineStep(processed.request_outputs, result.stats, finished, processed.iteration)
+        return EngineStep(processed.request_outputs, result.stats, finished, processed.iteration, result.kv_events)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from kvserve.kv_cache.block import KVCacheBlock
+from kvserve.kv_cache.events import AllBlocksCleared, BlockRemoved, KVEventSink
 from kvserve.kv_cache.free_block_queue import FreeKVCacheBlockQueue
 
 NULL_BLOCK_ID = 0
@@ -32,12 +33,14 @@ class BlockPool:
     Args:
         num_blocks: blocks in the KV-cache tensor, including the reserved null block 0 (>= 2).
         enable_caching: keep a hash -> block map of full, computed blocks for prefix caching.
+        events: where evictions (``BlockRemoved``) and resets (``AllBlocksCleared``) are recorded;
+            None records nothing. (``BlockStored`` needs the tokens: the KV manager records it.)
 
     Raises:
         ValueError: ``num_blocks < 2``.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, enable_caching: bool = True, events: KVEventSink | None = None):
         if num_blocks < 2:
             raise ValueError(f"a KV cache needs at least 2 blocks (1 is the null block), got {num_blocks}")
         self.num_blocks = num_blocks
@@ -47,6 +50,7 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[NULL_BLOCK_ID + 1 :])
         # Full, computed blocks by hash; free blocks stay here until evicted.
         self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
+        self.events = events if events is not None else KVEventSink()
 
     @property
     def num_usable_blocks(self) -> int:
@@ -79,6 +83,7 @@ class BlockPool:
     def _evict(self, block: KVCacheBlock) -> None:
         cached = self.cached_block_hash_to_block.pop(block.block_hash)
         assert cached is block, f"hash map entry of block {block.block_id} points at block {cached.block_id}"
+        self.events.append(BlockRemoved((block.block_hash,)))
         block.block_hash = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -133,6 +138,7 @@ class BlockPool:
         for block in self.cached_block_hash_to_block.values():
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
+        self.events.append(AllBlocksCleared())
         return num_dropped
 
     def get_usage(self) -> float:

@@ -27,8 +27,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kvserve.kv_cache.block import KVCacheBlock
-from kvserve.kv_cache.block_hash import update_block_hashes
+from kvserve.kv_cache.block_hash import request_extra_keys, update_block_hashes
 from kvserve.kv_cache.block_pool import BlockPool
+from kvserve.kv_cache.events import BlockStored, KVCacheEvent, KVEventSink
 from kvserve.kv_cache.integrity import check_kv_cache_integrity
 from kvserve.kv_cache.stats import PrefixCacheStats
 from kvserve.request import Request
@@ -48,14 +49,18 @@ class KVCacheManager:
         num_blocks: blocks in the cache, including the reserved null block 0.
         block_size: tokens per block.
         enable_caching: prefix caching on or off.
+        enable_kv_cache_events: record what enters and leaves the prefix cache
+            (``kv_cache/events.py``); the engine drains them with :meth:`take_events`.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 enable_kv_cache_events: bool = False):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.events = KVEventSink(enabled=enable_kv_cache_events and enable_caching)
+        self.block_pool = BlockPool(num_blocks, enable_caching, self.events)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # The same tables as plain ids, kept in step so get_block_ids is one list copy.
         self.req_to_block_ids: dict[str, list[int]] = {}
@@ -173,8 +178,37 @@ class KVCacheManager:
             return
         block_hashes = update_block_hashes(request, self.block_size)
         blocks = self.req_to_blocks[request_id]
+        unhashed = [block.block_hash is None for block in blocks[start:num_full]] if self.events.enabled else None
         self.block_pool.cache_full_blocks(blocks[start:num_full], block_hashes[start:num_full])
         self.num_cached_block[request_id] = num_full
+        if unhashed is not None:
+            self._record_stored(request, blocks, block_hashes, start, unhashed)
+
+    def _record_stored(self, request: Request, blocks: list[KVCacheBlock], block_hashes: list[int], start: int,
+                       unhashed: list[bool]) -> None:
+        """One ``BlockStored`` per run of consecutive blocks that ``cache_blocks`` registered
+        (a block that came from a hit, or whose hash another block holds, is not registered)."""
+        registered = [start + i for i, was_unhashed in enumerate(unhashed)
+                      if was_unhashed and blocks[start + i].block_hash is not None]
+        extra = request_extra_keys(request) or None
+        size = self.block_size
+        runs: list[list[int]] = []
+        for index in registered:
+            if runs and runs[-1][-1] == index - 1:
+                runs[-1].append(index)
+            else:
+                runs.append([index])
+        for run in runs:
+            first, last = run[0], run[-1]
+            self.events.append(BlockStored(
+                block_hashes=tuple(block_hashes[first:last + 1]),
+                parent_block_hash=block_hashes[first - 1] if first > 0 else None,
+                token_ids=tuple(request.all_token_ids[first * size:(last + 1) * size]),
+                block_size=size, extra_keys=(extra,) * len(run)))
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Events recorded since the last call, oldest first (empty when events are off)."""
+        return self.events.take()
 
     def free(self, request: Request) -> None:
         """Return every block of the request to the pool, tail first (so the tail is evicted
