@@ -118,8 +118,11 @@ def format_row(cell: Cell) -> str:
 
 def header() -> str:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=False).stdout.strip()
+        git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True,  # noqa: E731
+                                        cwd=Path(__file__).parent, check=False).stdout.strip()
+        commit = git("rev-parse", "--short", "HEAD")
+        if git("status", "--porcelain", "--", "../src/kvserve/kernels", "../src/kvserve/model"):
+            commit += " (kernels/model dirty)"
     except OSError:
         commit = "?"
     flags = Path("/proc/cpuinfo").read_text().split("flags\t\t: ", 1)[-1].split("\n", 1)[0].split()
@@ -171,7 +174,8 @@ def main() -> None:
     if args.mlp:
         bench_mlp(args)
         return
-    print(header())
+    provenance = header()
+    print(provenance)
     print("| linear | M | threads | MKL fp32 ms | ours fp32 ms (vs MKL) | ours bf16 ms (vs MKL fp32) | "
           "torch bf16 ms (vs ours bf16) | ours bf16 GFLOP/s |")
     print("|---|---|---|---|---|---|---|---|")
@@ -182,7 +186,7 @@ def main() -> None:
         cells.append(measure_cell(shape, rows, threads, args))
         print(format_row(cells[-1]), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"header": header(), "cells": [asdict(c) for c in cells]}, indent=1))
+        args.json.write_text(json.dumps({"header": provenance, "cells": [asdict(c) for c in cells]}, indent=1))
 
 
 if __name__ == "__main__":
