@@ -106,8 +106,11 @@ def test_max_model_len_suffixes_as_vllm(tiny_llama, value, tokens):
     ("vllm serve MODEL --enable-lora --lora-modules sql-lora=/adapters/sql", "--enable-lora", "LoRA adapters are not implemented yet"),
     ("vllm serve MODEL --speculative-config '{\"model\": \"ngram\", \"num_speculative_tokens\": 5}'", "--speculative-config",
      "speculative decoding is not implemented yet"),
-    ("vllm serve MODEL --enable-auto-tool-choice --tool-call-parser hermes", "--enable-auto-tool-choice", "tool-call"),
-    ("vllm serve MODEL --reasoning-parser deepseek_r1", "--reasoning-parser", "parsers are not implemented yet"),
+    ("vllm serve MODEL --enable-auto-tool-choice --tool-call-parser hermes_xml", "--tool-call-parser",
+     "unknown tool call parser 'hermes_xml'; allowed: hermes, llama3_json, mistral, pythonic"),
+    ("vllm serve MODEL --reasoning-parser deepseek_v3", "--reasoning-parser",
+     "unknown reasoning parser 'deepseek_v3'; allowed: deepseek_r1, qwen3"),
+    ("vllm serve MODEL --tool-parser-plugin my_parser.py", "--tool-parser-plugin", "parser plugins are not supported"),
     ("vllm serve MODEL --revision main", "--revision", "a local folder has no revisions"),
     ("vllm serve MODEL --max-model-len 1.5K", "--max-model-len", "did you mean 1.5k?"),
     ("vllm serve MODEL --swap-space 16", "--swap-space", "recomputation"),
@@ -129,10 +132,27 @@ def test_config_level_refusals_are_one_line(tiny_llama, capsys, monkeypatch):
         ("vllm serve MODEL --ssl-keyfile key.pem", "--ssl-keyfile and --ssl-certfile go together"),
         ("vllm serve MODEL --model other", "the model is given twice"),
         ("vllm serve MODEL --override-generation-config '{\"temp\": 1}'", "unknown key(s) temp"),
+        ("vllm serve MODEL --enable-auto-tool-choice", "--enable-auto-tool-choice requires --tool-call-parser"),
     ]:
         with pytest.raises(ValueError) as info:
             configs(command, tiny_llama)
         assert message in str(info.value)
+
+
+def test_tool_and_reasoning_flags(tiny_llama):
+    # vLLM's tool-calling docs: vllm serve MODEL --enable-auto-tool-choice --tool-call-parser hermes;
+    # its reasoning docs: --reasoning-parser deepseek_r1.
+    _, server, _ = configs("vllm serve MODEL --enable-auto-tool-choice --tool-call-parser hermes "
+                           "--reasoning-parser deepseek_r1 --exclude-tools-when-tool-choice-none "
+                           "--default-chat-template-kwargs '{\"enable_thinking\": false}'", tiny_llama)
+    assert (server.enable_auto_tool_choice, server.tool_call_parser, server.reasoning_parser) == (
+        True, "hermes", "deepseek_r1")
+    assert server.exclude_tools_when_tool_choice_none and server.default_chat_template_kwargs == {
+        "enable_thinking": False}
+    _, plain, _ = configs("vllm serve MODEL --tool-call-parser pythonic --reasoning-parser ''", tiny_llama)
+    assert (plain.enable_auto_tool_choice, plain.tool_call_parser, plain.reasoning_parser) == (False, "pythonic", None)
+    with pytest.raises(ValueError, match="reasoning_parser applies to the OpenAI server"):
+        engine_config_from_kwargs(str(tiny_llama), reasoning_parser="qwen3")
 
 
 def test_api_keys_from_flags_and_both_environment_variables(tiny_llama, monkeypatch):

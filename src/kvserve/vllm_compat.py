@@ -78,7 +78,8 @@ _EAGER = "kvserve runs eagerly: it has no CUDA graphs and no torch.compile"
 _SPEC = "speculative decoding is not implemented yet"
 _QUANT = "quantized weights are not implemented yet; serve an unquantized (float32/bfloat16/float16) checkpoint"
 _DIST = "kvserve has no distributed or disaggregated serving yet"
-_TOOLS = "tool-call and reasoning parsers are not implemented yet"
+_TOOL_PLUGIN = ("parser plugins are not supported; the built-in tool-call parsers are hermes, llama3_json, "
+                "mistral and pythonic (--tool-call-parser)")
 _POOL = "kvserve runs generative models only (no pooling, embedding or scoring)"
 _CFG = "edit the model folder's config.json instead"
 
@@ -131,7 +132,9 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--use-tqdm-on-load",), "LoadConfig", "kvserve shows no per-shard progress bar", kind="bool"),
     RefusedFlag(("--pt-load-map-location",), "LoadConfig", "kvserve reads no .pt files"),
     # StructuredOutputsConfig
-    RefusedFlag(("--reasoning-parser",), "StructuredOutputsConfig", _TOOLS),
+    RefusedFlag(("--reasoning-parser-plugin",), "StructuredOutputsConfig",
+                "parser plugins are not supported; the built-in reasoning parsers are deepseek_r1 and qwen3 "
+                "(--reasoning-parser)"),
     RefusedFlag(("--guided-decoding-disable-fallback",), "StructuredOutputsConfig",
                 "backend fallback is chosen with --structured-outputs-config '{\"backend\": \"auto\"}'",
                 kind="bool"),
@@ -221,14 +224,11 @@ FRONTEND_REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
                 "message content reaches the template as a string", allowed=("auto", "string")),
     RefusedFlag(("--trust-request-chat-template",), "Frontend",
                 "requests cannot bring their own chat template", kind="bool"),
-    RefusedFlag(("--default-chat-template-kwargs",), "Frontend", "chat template keyword arguments are not supported yet"),
     RefusedFlag(("--return-tokens-as-token-ids",), "Frontend",
                 "set return_tokens_as_token_ids per request instead", kind="bool"),
-    RefusedFlag(("--enable-auto-tool-choice",), "Frontend", _TOOLS, kind="bool"),
-    RefusedFlag(("--exclude-tools-when-tool-choice-none",), "Frontend", _TOOLS, kind="bool"),
-    RefusedFlag(("--tool-call-parser",), "Frontend", _TOOLS),
-    RefusedFlag(("--tool-parser-plugin",), "Frontend", _TOOLS),
-    RefusedFlag(("--tool-server",), "Frontend", _TOOLS),
+    RefusedFlag(("--tool-parser-plugin",), "Frontend", _TOOL_PLUGIN),
+    RefusedFlag(("--tool-server",), "Frontend",
+                "built-in tool servers (browser, code interpreter) are not supported: the client runs its tools"),
     RefusedFlag(("--log-config-file",), "Frontend", "use --log-level and --log-format"),
     RefusedFlag(("--max-log-len",), "Frontend", "request log lines carry no prompt text unless --log-prompts"),
     RefusedFlag(("--enable-prompt-tokens-details",), "Frontend",

@@ -161,22 +161,34 @@ def test_chat_content_parts_are_joined_and_non_text_rejected():
 
 
 def test_chat_tool_history_reaches_the_template():
-    call = {"id": "call_1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+    """Earlier calls' arguments reach the template as objects (vLLM's _postprocess_messages)."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "now", "arguments": '{"tz": "UTC"}'}}
     message = ChatMessage(role="assistant", content=None, tool_calls=[call])
-    assert message.to_template_dict(0) == {"role": "assistant", "content": "", "tool_calls": [call]}
+    assert message.to_template_dict(0) == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "now", "arguments": {"tz": "UTC"}}}]}
+    assert call["function"]["arguments"] == '{"tz": "UTC"}'  # the request is not modified
+    for empty in ("", None, "  "):
+        bare = ChatMessage(role="assistant", tool_calls=[{"function": {"name": "now", "arguments": empty}}])
+        assert bare.to_template_dict(0)["tool_calls"][0]["function"]["arguments"] == {}
     reply = ChatMessage(role="tool", content="12:00", tool_call_id="call_1")
     assert reply.to_template_dict(1) == {"role": "tool", "content": "12:00", "tool_call_id": "call_1"}
+    thought = ChatMessage(role="assistant", content="4", reasoning_content="2+2")
+    assert thought.to_template_dict(2) == {"role": "assistant", "content": "4", "reasoning_content": "2+2",
+                                           "reasoning": "2+2"}
 
 
-def test_tool_choice_none_or_omitted_only():
-    messages = [{"role": "user", "content": "x"}]
-    tools = [{"type": "function", "function": {"name": "now"}}]
-    ChatCompletionRequest(messages=messages, tools=tools).check_http_fields()
-    ChatCompletionRequest(messages=messages, tools=tools, tool_choice="none").check_http_fields()
-    for choice in ("auto", "required", {"type": "function", "function": {"name": "now"}}):
-        with pytest.raises(InvalidRequestError) as info:
-            ChatCompletionRequest(messages=messages, tools=tools, tool_choice=choice).check_http_fields()
-        assert info.value.param == "tool_choice"
+@pytest.mark.parametrize("call, param", [
+    ({"function": {"name": "f", "arguments": "{'a': 1}"}}, "messages.3.tool_calls.1.function.arguments"),
+    ({"function": {"name": "f", "arguments": 5}}, "messages.3.tool_calls.1.function.arguments"),
+    ({"function": {"arguments": "{}"}}, "messages.3.tool_calls.1.function"),
+    ({"name": "f"}, "messages.3.tool_calls.1.function"),
+])
+def test_malformed_earlier_tool_calls_name_the_field(call, param):
+    good = {"id": "a", "type": "function", "function": {"name": "g", "arguments": "{}"}}
+    message = ChatMessage(role="assistant", tool_calls=[good, call])
+    with pytest.raises(InvalidRequestError) as info:
+        message.to_template_dict(3)
+    assert info.value.param == param
 
 
 def test_chat_needs_messages_and_known_roles():

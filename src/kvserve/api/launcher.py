@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from kvserve.api.run import make_server
+from kvserve.api.chat_parsers import ChatParsers
 from kvserve.api.settings import ServerSettings, settings_from_args
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
     arch, max_model_len = check_model(config)
     _log_sampling_defaults(config)
     tokenizer = load_tokenizer(config.model.tokenizer or model, settings.chat_template)
+    ChatParsers.from_settings(settings, tokenizer)  # a parser this model cannot use stops the start here
     logger.info("loading %s (%s) for %s", model, arch.architecture, served_name)
     failure = _LoadFailure()
     input_processor = build_input_processor(config, tokenizer, arch.vocab_size, max_model_len)

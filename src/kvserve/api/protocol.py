@@ -12,6 +12,7 @@ nor vLLM's are ignored, as both servers do.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -310,12 +311,20 @@ class ChatMessage(OpenAIBaseModel):
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[dict] | None = None  # an assistant turn's earlier calls, for the template
+    # An assistant turn's reasoning (vLLM's ``reasoning``; ``reasoning_content`` is its older name).
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     def to_template_dict(self, index: int) -> dict:
-        """The message as chat templates expect it: list content is joined into one string.
+        """The message as chat templates expect it: list content is joined into one string;
+        earlier tool calls get their ``arguments`` as an object, not JSON text (what tool-use
+        templates such as Qwen2.5's and Llama 3.1's expect; vLLM's ``_postprocess_messages``);
+        reasoning is passed as both ``reasoning_content`` (Qwen3's and DeepSeek's templates)
+        and ``reasoning``.
 
         Raises:
-            InvalidRequestError: a content part that is not text.
+            InvalidRequestError: a content part that is not text, or a tool call that is not
+                ``{"id", "type": "function", "function": {"name", "arguments": JSON text}}``.
         """
         content = self.content
         if isinstance(content, list):
@@ -328,14 +337,46 @@ class ChatMessage(OpenAIBaseModel):
                 texts.append(part.text)
             content = "\n".join(texts)
         message = {"role": self.role, "content": content or ""}
-        for key in ("name", "tool_call_id", "tool_calls"):
+        for key in ("name", "tool_call_id"):
             if getattr(self, key) is not None:
                 message[key] = getattr(self, key)
+        if self.tool_calls is not None:
+            message["tool_calls"] = [_template_tool_call(call, f"messages.{index}.tool_calls.{i}")
+                                     for i, call in enumerate(self.tool_calls)]
+        reasoning = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if reasoning is not None:
+            message["reasoning_content"] = message["reasoning"] = reasoning
         return message
 
 
+def _template_tool_call(call: dict, param: str) -> dict:
+    """One earlier tool call for the template, ``arguments`` parsed (empty or null: ``{}``)."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise InvalidRequestError('a tool call must be {"id": ..., "type": "function", "function": '
+                                  '{"name": ..., "arguments": "<JSON text>"}}', param=f"{param}.function")
+    arguments = function.get("arguments")
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        arguments = {}
+    elif isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequestError(f"function.arguments is not valid JSON ({exc.msg} at character "
+                                      f"{exc.pos})", param=f"{param}.function.arguments") from None
+    elif not isinstance(arguments, dict):
+        raise InvalidRequestError("function.arguments must be JSON text (or an object)",
+                                  param=f"{param}.function.arguments")
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # vLLM's values
+
+
 class ChatCompletionRequest(SamplingRequest):
-    """``POST /v1/chat/completions``; ``max_completion_tokens`` wins over ``max_tokens``."""
+    """``POST /v1/chat/completions``; ``max_completion_tokens`` wins over ``max_tokens``.
+    ``tools``/``tool_choice``/``include_reasoning``/``reasoning_effort``: see
+    ``kvserve.api.chat_parsers``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
@@ -344,10 +385,13 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     tools: list[ChatCompletionTool] | None = None
+    # Resolved (defaults, errors, the flags it needs) by kvserve.api.chat_parsers.
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    # Accepted: kvserve returns no tool calls (tool_choice must be "none"), so at most one call is
-    # trivially honoured.
     parallel_tool_calls: bool | None = True
+    # vLLM: with --reasoning-parser, false leaves the reasoning out of the reply.
+    include_reasoning: bool = True
+    # OpenAI's; vLLM passes it to the chat template and derives enable_thinking from it.
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, str]] | None = None
     add_special_tokens: bool = False
@@ -379,27 +423,6 @@ class ChatCompletionRequest(SamplingRequest):
             raise InvalidRequestError(
                 "continue_final_message and add_generation_prompt cannot both be true",
                 param="continue_final_message")
-        self._check_tool_choice()
-
-    def _check_tool_choice(self) -> None:
-        """``tools`` are rendered into the chat template; returning tool calls needs a parser of
-        the model's tool-call format, which this server does not have (vLLM likewise refuses
-        ``"auto"`` without ``--enable-auto-tool-choice``).
-
-        Raises:
-            InvalidRequestError: ``tool_choice`` other than ``"none"`` (or omitted).
-        """
-        if self.tool_choice is None or self.tool_choice == "none":
-            return
-        if isinstance(self.tool_choice, NamedToolChoice):
-            shown = f"a named function ({self.tool_choice.function.name!r})"
-        else:
-            shown = repr(self.tool_choice)
-        raise InvalidRequestError(
-            f"tool_choice {shown} is not supported: tool calling (parsing tool calls out of the "
-            "model's output) is not supported by this server. Use tool_choice 'none' or omit it; "
-            "tools are then passed to the chat template and the reply is plain text.",
-            param="tool_choice")
 
 
 class TokenizeRequest(OpenAIBaseModel):

@@ -87,10 +87,27 @@ class ChatChoiceLogprobs(BaseModel):
 
 
 class ChatResponseMessage(BaseModel):
+    """The reply message. ``tool_calls`` is left out when empty (as OpenAI and vLLM);
+    ``reasoning`` (vLLM's name) and ``reasoning_content`` (its older name, DeepSeek's API) carry
+    the same text and are present only when the server splits reasoning (null: none)."""
+
     role: str = "assistant"
     content: str | None = None
     refusal: str | None = None
     tool_calls: list[dict] = Field(default_factory=list)
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    show_reasoning: bool = Field(default=False, exclude=True)
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler):
+        data = handler(self)
+        if not data.get("tool_calls"):
+            data.pop("tool_calls", None)
+        if not self.show_reasoning:
+            data.pop("reasoning", None)
+            data.pop("reasoning_content", None)
+        return data
 
 
 class ChatCompletionChoice(BaseModel):
@@ -113,10 +130,15 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
-    """A chat stream delta; fields that are None are left out, as OpenAI sends them."""
+    """A chat stream delta; fields that are None are left out, as OpenAI sends them.
+    ``reasoning`` and ``reasoning_content`` carry the same text (see ``ChatResponseMessage``);
+    ``tool_calls`` entries are ``{"index", "id"?, "type"?, "function": {"name"?, "arguments"?}}``."""
 
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler):

@@ -1,11 +1,16 @@
 """``POST /v1/chat/completions``: messages rendered with the chat template, one engine request
-with ``n`` choices, answered as one JSON object or as SSE chunks.
+with ``n`` choices, answered as one JSON object or as SSE chunks. Tool calls and reasoning are
+read out of each choice's text by the request's :class:`kvserve.api.chat_parsers.ChatPlan`.
 
-Stream shape per choice (OpenAI's)::
+Stream shape per choice (OpenAI's; ``reasoning``/``reasoning_content`` are vLLM's)::
 
     {"delta": {"role": "assistant", "content": ""}, "finish_reason": null}   first
+    {"delta": {"reasoning": "Hm", "reasoning_content": "Hm"}}                with --reasoning-parser
     {"delta": {"content": "Hel"},                    "finish_reason": null}   ...
-    {"delta": {"content": "lo"},                     "finish_reason": "stop"} last
+    {"delta": {"tool_calls": [{"index": 0, "id": "chatcmpl-tool-..", "type": "function",
+               "function": {"name": "f", "arguments": "{\"a"}}]}}          a call: name first,
+    {"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\": 1}"}}]}}  then pieces
+    {"delta": {"content": "lo"},                     "finish_reason": "stop"} last ("tool_calls")
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from starlette.responses import Response
 
+from kvserve.api.chat_output import ChoiceOutput, MessageDelta
+from kvserve.api.chat_parsers import ChatPlan
 from kvserve.api.engine_stream import RequestStream
 from kvserve.api.errors import to_api_error
 from kvserve.api.logprobs import chat_logprobs, prompt_logprobs_json
@@ -34,6 +41,7 @@ from kvserve.outputs import CompletionOutput, RequestOutput
 @dataclasses.dataclass
 class _Choice:
     index: int
+    output: ChoiceOutput
     text: str = ""
     num_tokens: int = 0
     logprobs: list[ChatLogprobToken] = dataclasses.field(default_factory=list)
@@ -41,21 +49,26 @@ class _Choice:
     stop_reason: int | str | None = None
 
 
-def render_messages(state: ServingState, request) -> list[int]:
-    """Prompt token ids for ``request.messages`` and ``request.tools`` (chat template of the
-    server or tokenizer).
+def render_messages(state: ServingState, request, plan: ChatPlan | None = None) -> list[int]:
+    """Prompt token ids for ``request.messages`` with the chat template of the server or
+    tokenizer; the tools and template variables are the plan's (without one: the request's
+    ``tools`` and ``chat_template_kwargs`` over ``--default-chat-template-kwargs``).
 
     Raises:
-        InvalidRequestError: a non-text content part, or the template failed.
+        InvalidRequestError: a non-text content part, a malformed earlier tool call, or the
+            template failed.
     """
     messages = [message.to_template_dict(i) for i, message in enumerate(request.messages)]
-    template_kwargs = dict(getattr(request, "chat_template_kwargs", None) or {})
+    if plan is not None:
+        tools, template_kwargs = plan.template_tools, dict(plan.template_kwargs)
+    else:
+        tools, template_kwargs = tools_for_template(request.tools), state.chat_parsers.template_kwargs(request)
     if getattr(request, "documents", None) is not None:
         template_kwargs["documents"] = request.documents
     return render_chat(state.engine.tokenizer, messages,
                        add_generation_prompt=request.add_generation_prompt,
                        continue_final_message=request.continue_final_message,
-                       chat_template=state.settings.chat_template, tools=tools_for_template(request.tools),
+                       chat_template=state.settings.chat_template, tools=tools,
                        chat_template_kwargs=template_kwargs or None)
 
 
@@ -75,34 +88,40 @@ class ChatServing:
         state.check_ready()
         state.check_model(request.model)
         request.check_http_fields()
-        prompt_ids = await asyncio.to_thread(render_messages, state, request)  # templates can be slow
+        plan = state.chat_parsers.plan(request)
+        prompt_ids = await asyncio.to_thread(render_messages, state, request, plan)  # templates can be slow
         params = request.to_sampling_params(max_tokens=request.requested_max_tokens, logprobs=request.num_logprobs,
                                             defaults=state.sampling_defaults)
+        params = plan.sampling_params(params)
         fields = FieldNames(prompt="messages", logprobs="top_logprobs",
                             max_tokens="max_completion_tokens" if request.max_completion_tokens is not None
                             else "max_tokens")
         request_id = new_request_id("chatcmpl", raw_request)
         engine_request = await engine.process_inputs(request_id, {"prompt_token_ids": prompt_ids}, params,
                                                      priority=request.priority, cache_salt=request.cache_salt,
-                                                     fields=fields)
+                                                     fields=fields, reasoning=plan.grammar_reasoning(params))
         return await respond(
             state, api_key, [engine_request],
-            lambda streams: _ChatCall(state, request, request_id, streams[0]), request.stream, raw_request,
+            lambda streams: _ChatCall(state, request, plan, request_id, streams[0]), request.stream, raw_request,
         )
 
 
 class _ChatCall:
     """One admitted chat call: turns engine deltas into choices and chunks."""
 
-    def __init__(self, state: ServingState, request: ChatCompletionRequest, request_id: str,
+    def __init__(self, state: ServingState, request: ChatCompletionRequest, plan: ChatPlan, request_id: str,
                  stream: RequestStream):
         self.state = state
         self.request = request
+        self.plan = plan
         self.request_id = request_id
         self.request_stream = stream
-        self.choices = [_Choice(i) for i in range(request.n)]
+        self.choices = [_Choice(i, plan.choice_output()) for i in range(request.n)]
         self.cached_tokens = 0
         self.prompt_logprobs = None
+        # vLLM: with the reasoning left out, logprobs (which would show it) are left out too.
+        self.logprobs = request.logprobs and not (plan.parsers.reasoning_parser is not None
+                                                   and not plan.include_reasoning)
 
     def _note_prompt(self, output: RequestOutput) -> None:
         """The first delta carries the prefix-cache hits and the prompt logprobs."""
@@ -110,11 +129,12 @@ class _ChatCall:
         if output.prompt_logprobs is not None:
             self.prompt_logprobs = output.prompt_logprobs
 
-    def _delta(self, output: CompletionOutput) -> ChatCompletionStreamChoice | None:
-        """Apply one choice delta; return the chunk choice (None when nothing to send)."""
+    def _apply(self, output: CompletionOutput) -> tuple[_Choice, ChatChoiceLogprobs | None, str | None]:
+        """Add one choice delta to its choice; returns it, the delta's logprobs and the engine's
+        finish reason when this delta finished the choice."""
         choice = self.choices[output.index]
         logprobs = None
-        if self.request.logprobs:
+        if self.logprobs:
             entries = chat_logprobs(self.state.logprob_token_text(self.request), list(output.logprobs or []),
                                     self.request.top_logprobs or 0)
             choice.logprobs += entries
@@ -125,11 +145,32 @@ class _ChatCall:
         if choice.finish_reason is None and output.finish_reason is not None:
             choice.finish_reason, choice.stop_reason = output.finish_reason, output.stop_reason
             finish = output.finish_reason
-        if not output.text and finish is None and logprobs is None:
+        return choice, logprobs, finish
+
+    def _delta(self, output: CompletionOutput) -> ChatCompletionStreamChoice | None:
+        """Apply one choice delta; return the chunk choice (None when nothing to send)."""
+        choice, logprobs, finish = self._apply(output)
+        parsed = choice.output.feed(output.text, final=finish is not None)
+        if not choice.output.parses:
+            delta = DeltaMessage(content=output.text)  # as before parsers: the text, "" included
+        else:
+            delta = _delta_message(parsed)
+        if not (parsed or finish or logprobs):
             return None
-        return ChatCompletionStreamChoice(index=choice.index, delta=DeltaMessage(content=output.text),
-                                          logprobs=logprobs, finish_reason=finish,
+        finish_reason = self.plan.finish_reason(finish, choice.output.tools_called) if finish else None
+        return ChatCompletionStreamChoice(index=choice.index, delta=delta, logprobs=logprobs,
+                                          finish_reason=finish_reason,
                                           stop_reason=output.stop_reason if finish else None)
+
+    def _message(self, choice: _Choice) -> tuple[ChatResponseMessage, str | None]:
+        """A whole choice's message and finish reason."""
+        if not choice.output.parses:
+            return ChatResponseMessage(content=choice.text), choice.finish_reason
+        parsed = choice.output.parse(choice.text)
+        message = ChatResponseMessage(content=parsed.content, tool_calls=[c.to_dict() for c in parsed.tool_calls],
+                                      reasoning=parsed.reasoning, reasoning_content=parsed.reasoning,
+                                      show_reasoning=self.plan.reports_reasoning)
+        return message, self.plan.finish_reason(choice.finish_reason, bool(parsed.tool_calls))
 
     def _usage(self):
         return make_usage(len(self.request_stream.request.prompt_token_ids),
@@ -181,13 +222,16 @@ class _ChatCall:
             async for output in self.request_stream.outputs():
                 self._note_prompt(output)
                 for delta in output.outputs:
-                    self._delta(delta)
+                    self._apply(delta)
         finally:
             await self._close(api_key)
-        choices = [ChatCompletionChoice(
-            index=c.index, message=ChatResponseMessage(content=c.text),
-            logprobs=ChatChoiceLogprobs(content=c.logprobs) if self.request.logprobs else None,
-            finish_reason=c.finish_reason, stop_reason=c.stop_reason) for c in self.choices]
+        choices = []
+        for c in self.choices:
+            message, finish_reason = self._message(c)
+            choices.append(ChatCompletionChoice(
+                index=c.index, message=message,
+                logprobs=ChatChoiceLogprobs(content=c.logprobs) if self.logprobs else None,
+                finish_reason=finish_reason, stop_reason=c.stop_reason))
         prompt_logprobs = None
         if self.request.prompt_logprobs is not None:
             prompt_logprobs = prompt_logprobs_json(self.state.token_text,
@@ -195,3 +239,11 @@ class _ChatCall:
                                                    self.prompt_logprobs)
         return ChatCompletionResponse(id=self.request_id, model=self.state.model_name, choices=choices,
                                       usage=self._usage(), prompt_logprobs=prompt_logprobs)
+
+
+def _delta_message(delta: MessageDelta | None) -> DeltaMessage:
+    if delta is None:
+        return DeltaMessage()
+    calls = [call.to_dict() for call in delta.tool_calls] or None
+    return DeltaMessage(content=delta.content, reasoning=delta.reasoning, reasoning_content=delta.reasoning,
+                        tool_calls=calls)

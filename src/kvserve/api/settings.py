@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvserve.vllm_compat import FRONTEND_REFUSED_FLAGS, add_refused_flags
+
+logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "KVSERVE_API_KEY"
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
@@ -57,6 +62,17 @@ class ServerSettings:
         timeout_keep_alive: seconds an idle keep-alive connection stays open.
         h11_max_incomplete_event_size: most bytes of a header block being parsed (then 400).
         h11_max_header_count: most headers in one request (then 431).
+        enable_auto_tool_choice: ``tool_choice: "auto"`` (the default when a request has
+            ``tools``) parses the model's tool calls with ``tool_call_parser``; without it such
+            requests get vLLM's 400.
+        tool_call_parser: the model's tool-call format (``kvserve.tool_parsers``: ``hermes``,
+            ``llama3_json``, ``mistral``, ``pythonic``), or None.
+        exclude_tools_when_tool_choice_none: ``tool_choice: "none"`` keeps ``tools`` out of the
+            prompt (by default the template shows them).
+        reasoning_parser: splits the model's reasoning into ``reasoning``/``reasoning_content``
+            (``kvserve.reasoning``: ``deepseek_r1``, ``qwen3``), or None.
+        default_chat_template_kwargs: template variables every chat request gets unless it sets
+            them itself (e.g. ``{"enable_thinking": false}``).
     """
 
     host: str = "127.0.0.1"
@@ -90,6 +106,11 @@ class ServerSettings:
     timeout_keep_alive: float = 5.0
     h11_max_incomplete_event_size: int = H11_MAX_INCOMPLETE_EVENT_SIZE
     h11_max_header_count: int = H11_MAX_HEADER_COUNT
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    exclude_tools_when_tool_choice_none: bool = False
+    reasoning_parser: str | None = None
+    default_chat_template_kwargs: Mapping[str, Any] | None = None
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -107,6 +128,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     _add_listen_args(frontend)
     _add_cors_and_tls_args(frontend)
     _add_compat_args(frontend)
+    _add_tool_args(frontend)
     add_refused_flags({"Frontend": frontend}, parser, FRONTEND_REFUSED_FLAGS)
     _add_kvserve_args(parser.add_argument_group("kvserve (limits of this server)"))
 
@@ -157,6 +179,45 @@ def _add_compat_args(group) -> None:
                        default=argparse.SUPPRESS, help="no per-request log lines (the default; vLLM's old flag)")
     group.add_argument("--disable-log-stats", action="store_const", const=0.0, dest="log_stats_interval",
                        default=argparse.SUPPRESS, help="no periodic engine summary lines (= --log-stats-interval 0)")
+
+
+def _add_tool_args(group) -> None:
+    """Tool calling and chat-template defaults (vLLM's ``Frontend`` flags of the same names)."""
+    from kvserve.tool_parsers import tool_parser_names
+
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help="tool_choice \"auto\" (the default when a request has tools) returns the tool calls "
+                            "the model writes, read with --tool-call-parser (without this flag: a 400, as vLLM)")
+    group.add_argument("--tool-call-parser", type=tool_call_parser_name, default=None,
+                       metavar="{" + ",".join(tool_parser_names()) + "}",
+                       help="the model's tool-call format: hermes (Qwen2.5/Qwen3/Hermes <tool_call>), llama3_json, "
+                            "mistral ([TOOL_CALLS]), pythonic")
+    group.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                       help="tool_choice \"none\" keeps the tools out of the prompt (default: the template shows them)")
+    group.add_argument("--default-chat-template-kwargs", type=_json_object, default=None, metavar="JSON",
+                       help="template variables every chat request gets unless it sets them, e.g. "
+                            "'{\"enable_thinking\": false}'")
+
+
+def tool_call_parser_name(text: str) -> str:
+    """argparse type of ``--tool-call-parser``: a registered parser name."""
+    from kvserve.tool_parsers import get_tool_parser
+
+    try:
+        get_tool_parser(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object such as '{{\"enable_thinking\": false}}', got {text!r}")
+    return value
 
 
 def _add_kvserve_args(group) -> None:
@@ -264,17 +325,29 @@ def _check_response_role(role: str) -> str:
     return role
 
 
+def _check_tool_flags(args: argparse.Namespace) -> None:
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser (the model's tool-call format: "
+                         "hermes, llama3_json, mistral or pythonic)")
+    if args.tool_call_parser and not args.enable_auto_tool_choice:
+        logger.warning("--tool-call-parser %s without --enable-auto-tool-choice: tool_choice \"auto\" (the "
+                       "default when a request has tools) gets a 400, as in vLLM", args.tool_call_parser)
+
+
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    """Build :class:`ServerSettings` from parsed flags, ``KVSERVE_API_KEY`` and ``VLLM_API_KEY``.
+    """Build :class:`ServerSettings` from parsed flags, ``KVSERVE_API_KEY`` and ``VLLM_API_KEY``
+    (``--reasoning-parser`` is an engine flag, in vLLM's ``StructuredOutputsConfig`` group).
 
     Raises:
         ValueError: an empty ``--api-key``, a lone ``--ssl-keyfile``/``--ssl-certfile`` or a
-            missing file, an empty ``--served-model-name``.
+            missing file, an empty ``--served-model-name``, ``--enable-auto-tool-choice``
+            without ``--tool-call-parser``.
     """
     from kvserve.engine.arg_utils import served_model_names
 
     keys, env_name = _api_keys(args.api_key)
     _check_tls(args.ssl_keyfile, args.ssl_certfile)
+    _check_tool_flags(args)
     names = served_model_names(getattr(args, "served_model_name", None))
     return ServerSettings(
         host=args.host, port=args.port, api_keys=keys, api_key_env=env_name,
@@ -291,4 +364,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         header_read_timeout=args.header_read_timeout, body_read_timeout=args.body_read_timeout,
         timeout_keep_alive=args.timeout_keep_alive, h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
         h11_max_header_count=args.h11_max_header_count,
+        enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
+        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
+        reasoning_parser=getattr(args, "reasoning_parser", None) or None,
+        default_chat_template_kwargs=args.default_chat_template_kwargs,
     )

@@ -150,6 +150,26 @@ def _add_structured_output_args(group) -> None:
                        help="vLLM's older flag: disable_any_whitespace")
     group.add_argument("--guided-decoding-disable-additional-properties", action="store_true", default=None,
                        help="vLLM's older flag: disable_additional_properties")
+    from kvserve.reasoning import reasoning_parser_names
+
+    group.add_argument("--reasoning-parser", type=reasoning_parser_name, default=None,
+                       metavar="{" + ",".join(reasoning_parser_names()) + "}",
+                       help="kvserve serve: split the model's <think>...</think> into the chat message's "
+                            "reasoning (and reasoning_content); structured outputs and forced tool calls "
+                            "start after the reasoning")
+
+
+def reasoning_parser_name(text: str) -> str | None:
+    """argparse type of ``--reasoning-parser``: a registered parser name (``""``: none, as vLLM)."""
+    from kvserve.reasoning import get_reasoning_parser
+
+    if not text:
+        return None
+    try:
+        get_reasoning_parser(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def structured_outputs_config_from_args(args: argparse.Namespace) -> StructuredOutputsConfig:
@@ -345,6 +365,9 @@ def engine_config_from_kwargs(model: str, **kwargs) -> EngineConfig:
     aliases = {"num_gpu_blocks_override": "num_blocks_override", "num_blocks": "num_blocks_override"}
     kwargs = {aliases.get(key, key): value for key, value in kwargs.items()}
     check_refused_kwargs(kwargs)
+    if kwargs.get("reasoning_parser"):
+        raise ValueError("reasoning_parser applies to the OpenAI server's chat completions (kvserve serve "
+                         "--reasoning-parser NAME); the offline LLM returns the model's text whole")
     for key, value in kwargs.items():
         if key not in known and key not in refused:
             raise TypeError(f"unknown engine argument {key!r}; accepted: {', '.join(sorted(known))}")

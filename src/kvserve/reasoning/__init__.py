@@ -9,7 +9,9 @@ from kvserve.reasoning.abstract import (
     ReasoningDelta,
     ReasoningParser,
     get_reasoning_parser,
+    reasoning_parser_names,
     register_reasoning_parser,
 )
 
-__all__ = ["ReasoningDelta", "ReasoningParser", "get_reasoning_parser", "register_reasoning_parser"]
+__all__ = ["ReasoningDelta", "ReasoningParser", "get_reasoning_parser", "reasoning_parser_names",
+           "register_reasoning_parser"]

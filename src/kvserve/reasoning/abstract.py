@@ -139,3 +139,10 @@ def get_reasoning_parser(name: str) -> type[ReasoningParser]:
         raise ValueError(
             f"unknown reasoning parser {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
+
+
+def reasoning_parser_names() -> list[str]:
+    """The registered names (``--reasoning-parser`` choices)."""
+    import kvserve.reasoning.think_tags  # noqa: F401
+
+    return sorted(_REGISTRY)
