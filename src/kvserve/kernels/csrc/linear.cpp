@@ -6,8 +6,9 @@
 //
 // (float32 accumulation, one fused multiply-add per k in increasing k, the bias added last,
 // then one rounding to the output dtype), whatever the number of rows M, the row's position in
-// the batch and the thread count. That is the whole batch-invariance argument; the rest is how it
-// is made fast without changing that sequence:
+// the batch and the thread count, and whatever the vector width the file was built for (AVX-512,
+// AVX2, portable vectors: the same bits on every host). That is the whole batch-invariance
+// argument; the rest is how it is made fast without changing that sequence:
 //
 // - Weights are packed once (pack_linear_weight) into panels of kNR output columns, each panel
 //   [K][kNR] contiguous, in the weight's own dtype (bfloat16 stays 2 bytes: the decode step
