@@ -12,7 +12,7 @@
                   required / a named function: StructuredOutputsParams(json=forcing schema,
                   source="tool_choice"); special tokens kept when a parser must see them
     plan.grammar_reasoning(params) ──► process_inputs(reasoning=): a constraint starts after </think>
-    plan.choice_output() ──► one ChoiceOutput per choice (kvserve.api.chat_output)
+    plan.choice_output(params) ──► one ChoiceOutput per choice (kvserve.api.chat_output)
 
 ``tool_choice`` semantics (vLLM's chat protocol and serving, OpenAI's API reference):
 
@@ -28,6 +28,12 @@
   With ``parallel_tool_calls: false``, ``required`` is constrained to one call.
 * ``finish_reason`` is ``"tool_calls"`` when a call was returned and the model stopped, except
   for a named function (``"stop"``, OpenAI's rule as vLLM states it).
+
+Reasoning (vLLM's ``include_reasoning`` and ``reasoning_effort``): ``include_reasoning: false``
+drops the reasoning and its logprobs from the reply, and a constraint then applies from the
+first token (vLLM's ``resolve_reasoning_ended``), so such a reply is read as all answer.
+The output is never judged by the prompt's think tags: a conversation whose earlier assistant
+turn closed a think block would otherwise read a new ``<think>`` as content.
 """
 
 from __future__ import annotations
@@ -218,9 +224,12 @@ class ChatPlan:
             return None
         return self._reasoning_parser()
 
-    def choice_output(self) -> ChoiceOutput:
-        """A fresh reader of one choice's text."""
-        return ChoiceOutput(self._reasoning_parser(), self._tool_parser(),
+    def choice_output(self, params: SamplingParams) -> ChoiceOutput:
+        """A fresh reader of one choice's text (``params``: the request's, as admitted). With
+        ``include_reasoning: false`` and a constraint, the constraint ran from the first token,
+        so the model wrote no reasoning and the whole text is the answer."""
+        unreasoned = not self.include_reasoning and params.structured_outputs is not None
+        return ChoiceOutput(None if unreasoned else self._reasoning_parser(), self._tool_parser(),
                             include_reasoning=self.include_reasoning,
                             parallel_tool_calls=self.parallel_tool_calls)
 

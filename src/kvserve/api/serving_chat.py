@@ -116,7 +116,7 @@ class _ChatCall:
         self.plan = plan
         self.request_id = request_id
         self.request_stream = stream
-        self.choices = [_Choice(i, plan.choice_output()) for i in range(request.n)]
+        self.choices = [_Choice(i, plan.choice_output(stream.request.sampling_params)) for i in range(request.n)]
         self.cached_tokens = 0
         self.prompt_logprobs = None
         # vLLM: with the reasoning left out, logprobs (which would show it) are left out too.
