@@ -443,3 +443,23 @@ def test_a_grammar_that_never_compiles_in_time_is_400(tool_model):
         assert out.choices[0].finish_reason in ("stop", "length")
     finally:
         srv.stop()
+
+
+def test_mistral_parser_on_a_tekken_model(tiny_mistral_tekken):
+    """--tool-call-parser mistral: [TOOL_CALLS]name[ARGS]{...} (the v11+ format mistral_common
+    encodes), with Mistral's 9-character ids."""
+    srv = start_live_server(str(tiny_mistral_tekken), served_model_name="tiny", api_key="k", dtype="float32",
+                            max_model_len=1024, num_gpu_blocks_override=128,
+                            settings={"enable_auto_tool_choice": True, "tool_call_parser": "mistral"})
+    try:
+        text = '[TOOL_CALLS]get_time[ARGS]{"tz": "CET"}'
+        out = srv.make_client().chat.completions.create(
+            model="tiny", messages=MESSAGES, tools=TOOLS, max_tokens=64,
+            extra_body={"structured_outputs": {"choice": [text]}})
+        choice = out.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls
+        assert (call.function.name, call.function.arguments) == ("get_time", '{"tz": "CET"}')
+        assert len(call.id) == 9 and call.id.isalnum()
+    finally:
+        srv.stop()
