@@ -23,10 +23,10 @@ import torch
 from timing import time_calls
 
 from kvserve.request import Request
-from kvserve.sample.metadata import SamplingMetadata
 from kvserve.sample.sampler import Sampler, _inverse_cdf_sample
 from kvserve.sample.top_k_top_p import _apply_top_p_from_candidates, _apply_top_p_sorted
 from kvserve.sampling_params import SamplingParams
+from kvserve.testing.sampling import sampling_metadata
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -55,7 +55,7 @@ def sampler_steps(logits: torch.Tensor, repeats: int) -> None:
     for name, params in cases.items():
         requests = [Request(f"r{i}", [1, 2, 3], SamplingParams(**params)) for i in range(rows)]
         generators = [torch.Generator().manual_seed(i) if "seed" in params else None for i in range(rows)]
-        metadata = SamplingMetadata.build(requests, generators, vocab_size, logits.device)
+        metadata = sampling_metadata(requests, vocab_size, generators)
         print(f"Sampler step, {name:21s} {median_ms(lambda: sampler(logits, metadata), repeats):9.2f} ms")
 
 

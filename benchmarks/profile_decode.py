@@ -2,9 +2,9 @@
 
 Builds ``batch`` requests whose KV context is already "computed" (the cache holds zeros: the cost
 of a decode step does not depend on the values), each at a different context length
-(``context + i``, as in a real continuous batch), then times ``ModelExecutor.execute`` for
-``--steps`` decode steps (forward + logits + greedy sampling) and prints torch.profiler's top
-operators of one step.
+(``context + i``, as in a real continuous batch), hands them to the model runner once, then times
+``ModelRunner.execute_model`` for ``--steps`` decode steps (the persistent batch's deltas, forward,
+logits, greedy sampling) and prints torch.profiler's top operators of one step.
 
     python benchmarks/profile_decode.py --model /tmp/qwen-shaped --batch 1 --batch 32 \
         --attention-backend torch --attention-backend cpu_paged
@@ -22,36 +22,54 @@ import torch
 from timing import time_calls
 
 from kvserve.attention import get_attention_backend
-from kvserve.engine.executor import ModelExecutor
 from kvserve.model.loader import load_model
 from kvserve.model.runner import ModelRunner
-from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
-from kvserve.scheduler.output import ScheduledRequest, SchedulerOutput
+from kvserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 
 
-def decode_batch(batch: int, context: int, block_size: int) -> SchedulerOutput:
-    """``batch`` greedy requests, request i with ``context + i`` tokens, 1 new token each."""
-    scheduled, next_block = [], 0
-    for i in range(batch):
-        length = context + i
-        request = Request(f"r{i}", [1] * length, SamplingParams(temperature=0.0, max_tokens=10**6),
-                          max_tokens=10**6)
-        num_blocks = -(-length // block_size)
-        block_ids = list(range(next_block, next_block + num_blocks))
-        next_block += num_blocks
-        scheduled.append(ScheduledRequest(request, length - 1, 1, block_ids))
-    return SchedulerOutput(scheduled=scheduled, total_num_scheduled_tokens=batch)
+class DecodeSteps:
+    """``batch`` greedy requests, request i with ``context + i`` tokens, held by ``runner``; each
+    call runs one decode step (1 new token each) and advances the contexts, so ``steps`` calls
+    need ``context + steps`` tokens of blocks per request (allocated up front)."""
+
+    def __init__(self, runner: ModelRunner, batch: int, context: int, block_size: int, steps: int):
+        self.runner = runner
+        params = SamplingParams(temperature=0.0, max_tokens=10**6)
+        news, next_block = [], 1
+        for i in range(batch):
+            length = context + i
+            num_blocks = -(-(length + steps + 2) // block_size)
+            blocks = list(range(next_block, next_block + num_blocks))
+            next_block += num_blocks
+            news.append(NewRequestData(f"r{i}", [1] * length, [], params, frozenset(), [], 10**6, blocks, length - 1))
+        self.computed = [new.num_computed_tokens for new in news]
+        self.ids = [new.req_id for new in news]
+        runner.execute_model(SchedulerOutput(news, CachedRequestData(), dict.fromkeys(self.ids, 1), batch))
+        self.computed = [c + 1 for c in self.computed]
+
+    def __call__(self) -> None:
+        cached = CachedRequestData(list(self.ids), [[] for _ in self.ids], list(self.computed))
+        self.runner.execute_model(SchedulerOutput([], cached, dict.fromkeys(self.ids, 1), len(self.ids)))
+        self.computed = [c + 1 for c in self.computed]
+
+    def finish(self) -> None:
+        """Drop the requests from the runner (so another batch can use it)."""
+        self.runner.execute_model(SchedulerOutput(finished_req_ids=set(self.ids)))
 
 
-def time_steps(executor: ModelExecutor, plan: SchedulerOutput, steps: int) -> list[float]:
-    """Wall time of ``steps`` decode steps (the same plan re-run; the cache is overwritten in place)."""
-    return time_calls(lambda: executor.execute(plan), steps)
+def blocks_needed(batches: list[int], context: int, block_size: int, steps: int) -> int:
+    return 2 + sum(-(-(context + i + steps + 2) // block_size) for i in range(max(batches)))
 
 
-def profile_step(executor: ModelExecutor, plan: SchedulerOutput, top: int) -> str:
+def time_steps(step: DecodeSteps, steps: int) -> list[float]:
+    """Wall time of ``steps`` decode steps."""
+    return time_calls(step, steps)
+
+
+def profile_step(step: DecodeSteps, top: int) -> str:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        executor.execute(plan)
+        step()
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
@@ -75,19 +93,20 @@ def main(argv: list[str] | None = None) -> None:
     backends = args.attention_backend or ["torch"]
     for backend_name in backends:
         loaded = load_model(args.model, args.dtype, "cpu", get_attention_backend(backend_name))
-        num_blocks = sum(-(-(args.context + i) // args.block_size) for i in range(max(batches))) + 1
-        runner = ModelRunner(loaded, num_blocks, args.block_size, prepack_linears=not args.no_prepack)
-        executor = ModelExecutor(runner, loaded.arch.vocab_size)
+        num_blocks = blocks_needed(batches, args.context, args.block_size, 2 * args.steps + 4)
+        runner = ModelRunner(loaded, num_blocks, args.block_size, prepack_linears=not args.no_prepack,
+                             max_num_reqs=max(batches), max_model_len=args.context + max(batches) + 2 * args.steps + 8)
         for batch in batches:
-            plan = decode_batch(batch, args.context, args.block_size)
-            times = time_steps(executor, plan, args.steps)
+            step = DecodeSteps(runner, batch, args.context, args.block_size, 2 * args.steps + 4)
+            times = time_steps(step, args.steps)
             median = statistics.median(times)
             print(f"backend={backend_name} prepacked={runner.num_prepacked_linears} dtype={loaded.dtype} batch={batch} context={args.context}: "
                   f"step median {median * 1e3:.1f} ms (min {min(times) * 1e3:.1f}), "
                   f"{batch / median:.1f} tok/s", flush=True)
             if args.profile:
-                print(profile_step(executor, plan, args.top), flush=True)
-        del executor, runner, loaded
+                print(profile_step(step, args.top), flush=True)
+            step.finish()
+        del runner, loaded
 
 
 if __name__ == "__main__":

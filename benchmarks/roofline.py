@@ -17,7 +17,7 @@ batch ``B``, context ``L`` per request, ``S`` bytes per element::
     bound     = max(t_weights + t_kv, t_compute)
 
 (``P_matmul`` excludes the input embedding, which is a row lookup, unless tied to the LM head.)
-With ``--measure``, the script then times ``ModelExecutor.execute`` decode steps (forward +
+With ``--measure``, the script then times ``ModelRunner.execute_model`` decode steps (forward +
 logits + greedy sampling, ``profile_decode.py``'s harness) at each batch and prints the step time
 as a multiple of the bound (1.0 = at the roofline).
 
@@ -127,18 +127,22 @@ def decode_bound(arch: ModelArchConfig, peaks: MachinePeaks, batch: int, context
 
 def measure_steps(model: str, dtype: str, batches: list[int], context: int, steps: int) -> dict[int, float]:
     """Median decode-step seconds of kvserve per batch size (engine's default attention backend)."""
-    from profile_decode import decode_batch, time_steps  # noqa: PLC0415 - benchmarks/ sibling
+    from profile_decode import DecodeSteps, blocks_needed, time_steps  # noqa: PLC0415 - benchmarks/ sibling
 
     from kvserve.attention import get_attention_backend  # noqa: PLC0415
-    from kvserve.engine.executor import ModelExecutor  # noqa: PLC0415
     from kvserve.model.loader import load_model  # noqa: PLC0415
     from kvserve.model.runner import ModelRunner  # noqa: PLC0415
 
     loaded = load_model(model, dtype, "cpu", get_attention_backend("auto"))
-    block_size = 16
-    num_blocks = sum(-(-(context + i) // block_size) for i in range(max(batches))) + 1
-    executor = ModelExecutor(ModelRunner(loaded, num_blocks, block_size), loaded.arch.vocab_size)
-    return {b: statistics.median(time_steps(executor, decode_batch(b, context, block_size), steps)) for b in batches}
+    block_size, extra = 16, 2 * steps + 4
+    runner = ModelRunner(loaded, blocks_needed(batches, context, block_size, extra), block_size,
+                         max_num_reqs=max(batches), max_model_len=context + max(batches) + extra + 4)
+    medians = {}
+    for b in batches:
+        step = DecodeSteps(runner, b, context, block_size, extra)
+        medians[b] = statistics.median(time_steps(step, steps))
+        step.finish()
+    return medians
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -78,8 +78,8 @@ class ModelRunner:
         max_model_len: most tokens of one request (default: the model's
             ``max_position_embeddings``).
         seed: seed of the generator shared by requests without their own ``seed``.
-        prepack_linears: on the CPU, swap the model's linears for prepacked ones
-            (``kvserve.model.layers.prepack_cpu_linears``).
+        prepack_linears: on the CPU, swap the model's float32/bf16 linears for kvserve's
+            batch-invariant GEMM (``kvserve.model.invariant_linear.use_invariant_linears``).
     """
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str | torch.device = "cpu",
