@@ -1,4 +1,4 @@
-"""The ``kvserve`` command: ``serve``, ``generate``, ``chat`` and ``bench``."""
+"""The ``kvserve`` command: ``serve``, ``route``, ``generate``, ``chat`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -49,6 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_observability_args(serve)  # --log-stats-interval, --enable-log-requests, --log-format, ...
 
+    route = sub.add_parser("route", help="route OpenAI requests over workers (cache- and load-aware)",
+                           description="A gateway over kvserve (or vLLM, SGLang, llama.cpp) workers: cache-aware "
+                                       "routing from KV events, health checks, retries, drain, a scaling signal "
+                                       "(docs/router.md).")
+    from kvserve.router.config import add_router_args
+
+    add_router_args(route)
+    _add_log_args(route)
+
     gen = sub.add_parser("generate", help="generate text for a prompt in this process")
     _model_arg(gen)
     gen.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
@@ -85,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             from kvserve.cpu_threads import apply_cpu_threads
 
             apply_cpu_threads(args.cpu_threads)  # before torch is imported: see kvserve.cpu_threads
-        return _run(args)
+        return _run(args, list(sys.argv[1:] if argv is None else argv))
     except (KVServeError, ValueError, OSError, ImportError) as exc:
         if level == "DEBUG":
             raise
@@ -102,11 +111,19 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(message or exc).split())
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.command == "serve" and args.data_parallel_size > 1:
+        from kvserve.router.launcher import run_data_parallel
+
+        return run_data_parallel(args, argv[argv.index("serve") + 1:])
     if args.command == "serve":
         from kvserve.api.launcher import run_server
 
         return run_server(args)
+    if args.command == "route":
+        from kvserve.router.launcher import run_route
+
+        return run_route(args)
     if args.command == "generate":
         return _generate(args)
     if args.command == "chat":

@@ -69,20 +69,21 @@ class KVEventsConfig:
 
 def offset_endpoint_port(endpoint: str | None, rank: int) -> str | None:
     """``tcp://*:5557`` -> ``tcp://*:5558`` for rank 1; ``inproc://x`` -> ``inproc://x_dp1``
-    (vLLM's rule; rank 0 and None are left as they are).
+    (vLLM's rule; rank 0 and None are left as they are). kvserve also gives ``ipc://`` paths the
+    ``_dp<rank>`` suffix (vLLM refuses them).
 
     Raises:
-        ConfigError: neither tcp nor inproc.
+        ConfigError: neither tcp, ipc nor inproc.
     """
     if not endpoint or rank == 0:
         return endpoint
-    if "inproc" in endpoint:
+    if endpoint.startswith(("inproc://", "ipc://")):
         return f"{endpoint}_dp{rank}"
     if "tcp" in endpoint:
         base, _, port = endpoint.rpartition(":")
         return f"{base}:{int(port) + rank}"
     raise ConfigError(f"--kv-events-config: cannot give data-parallel rank {rank} its own endpoint for "
-                      f"{endpoint!r}; use tcp:// or inproc://")
+                      f"{endpoint!r}; use tcp://, ipc:// or inproc://")
 
 
 def kv_events_config_from_json(text: str | dict | None) -> KVEventsConfig | None:
