@@ -1,4 +1,4 @@
-"""``kvserve bench {serve,sweep,throughput}``: argument parsing and the flags-to-config step.
+"""``kvserve bench {serve,sweep,throughput,compare}``: argument parsing and the flags-to-config step.
 
 ``serve`` accepts ``vllm bench serve`` command lines unchanged (flags in :mod:`kvserve.bench.flags`,
 refusals in :mod:`kvserve.bench.refused`); the command bodies are in :mod:`kvserve.bench.commands`.
@@ -35,10 +35,11 @@ SWEEP_SEED_STRIDE = 100  # point i of a sweep draws its prompts with seed --seed
 
 
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``bench`` with ``serve``, ``sweep`` and ``throughput`` to an ``add_subparsers()`` object;
+    """Add ``bench`` with ``serve``, ``sweep``, ``throughput`` and ``compare`` to an ``add_subparsers()`` object;
     the parsed namespace's ``bench_command`` names the subcommand. Run it with :func:`run_bench`."""
     bench = subparsers.add_parser("bench", help="benchmark a server (serve, sweep) or the engine (throughput)")
     sub = bench.add_subparsers(dest="bench_command", required=True)
+    add_compare_parser(sub)
     for name, help_text in (("serve", "one online run against an OpenAI-compatible server "
                                       "(takes vllm bench serve's flags)"),
                             ("sweep", "online runs over several concurrencies / request rates"),
@@ -51,6 +52,19 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
             add_refused_args(p)
         add_dataset_args(p)
     return bench
+
+
+def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
+    """``bench compare``: the engine-selection procedure from a workload spec (docs/bench_compare.md)."""
+    p = sub.add_parser("compare", help="every engine x load level of a workload spec, failure probes, capacity "
+                                       "and an HTML report")
+    p.add_argument("--spec", required=True, help="the workload spec (YAML; docs/bench_compare.md)")
+    p.add_argument("--out", required=True, help="output folder; finished cells and probes there are kept (resume)")
+    p.add_argument("--engines", nargs="+", default=None, metavar="NAME", help="only these engines of the spec")
+    p.add_argument("--fresh", action="store_true", help="measure everything again, ignoring stored cells")
+    p.add_argument("--no-probes", action="store_true", help="load levels only, no failure-mode probes")
+    p.add_argument("--report-only", action="store_true", help="write the reports from the stored files only")
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""The bodies of ``kvserve bench serve``, ``sweep`` and ``throughput`` (parsing is in ``cli``).
+"""The bodies of ``kvserve bench serve``, ``sweep``, ``throughput`` and ``compare`` (parsing is in ``cli``).
 
 The environment is read here, once: ``OPENAI_API_KEY`` becomes the ``Authorization`` header, as
 in vLLM's benchmark.
@@ -205,4 +205,23 @@ def throughput_command(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"serve": serve_command, "sweep": sweep_command, "throughput": throughput_command}
+def compare_command(args: argparse.Namespace) -> int:
+    """``bench compare``: engines x levels, probes, reports (``kvserve.bench.compare``); 0 when every
+    engine was measured (or skipped by its only_if), 1 when one failed."""
+    from kvserve.bench.compare.analysis import write_reports
+    from kvserve.bench.compare.run import Compare
+    from kvserve.bench.compare.spec import load_spec
+    from kvserve.bench.compare.store import Store
+
+    spec = load_spec(args.spec)
+    compare = Compare(spec, Path(args.spec).resolve(), Path(args.out), os.environ, engines=args.engines,
+                      fresh=args.fresh, probes=not args.no_probes)
+    if args.report_only:
+        paths = write_reports(spec, Store(args.out), compare.engines)
+        print("report: " + ", ".join(str(p) for p in paths))
+        return 0
+    return asyncio.run(compare.run())
+
+
+COMMANDS = {"serve": serve_command, "sweep": sweep_command, "throughput": throughput_command,
+            "compare": compare_command}

@@ -37,11 +37,18 @@ from kvserve.errors import InvalidRequestError
 
 @dataclass(frozen=True)
 class SampleRequest:
-    """One prompt of a workload. Lengths in tokens; ``prompt_token_ids`` are its ids."""
+    """One prompt of a workload. Lengths in tokens; ``prompt_token_ids`` are its ids.
+
+    ``api`` (``completions`` or ``chat``) sends this request in that shape, to that endpoint,
+    whatever the run's ``--endpoint``; ``extra_body`` joins its payload after the run's (a mixed
+    workload of ``bench compare``: chat and completions, structured outputs, tools). None: the
+    run's settings."""
 
     prompt: str
     prompt_token_ids: list[int]
     expected_output_len: int
+    api: str | None = None
+    extra_body: dict[str, Any] | None = None
 
     @property
     def prompt_len(self) -> int:

@@ -69,15 +69,16 @@ class Provenance:
         return dataclasses.asdict(self)
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+def _git(*args: str, cwd: str | None = None) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, timeout=10,
+                          cwd=cwd).stdout.strip()
 
 
-def git_state() -> tuple[str | None, bool | None, str]:
-    """``(commit, dirty, error)`` of the repository containing the cwd."""
+def git_state(cwd: str | None = None) -> tuple[str | None, bool | None, str]:
+    """``(commit, dirty, error)`` of the repository containing ``cwd`` (default: the cwd)."""
     try:
-        commit = _git("rev-parse", "HEAD")
-        dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+        commit = _git("rev-parse", "HEAD", cwd=cwd)
+        dirty = bool(_git("status", "--porcelain", "--untracked-files=no", cwd=cwd))
     except (OSError, subprocess.SubprocessError) as exc:
         stderr = getattr(exc, "stderr", "") or ""
         return None, None, f"{type(exc).__name__}: {stderr.strip() or exc}"
@@ -131,11 +132,12 @@ def redact_command(argv: list[str]) -> list[str]:
     return out
 
 
-def collect_provenance(server: ServerInfo | None) -> Provenance:
-    """Provenance of a run started now by this process."""
+def collect_provenance(server: ServerInfo | None, repo: str | None = None) -> Provenance:
+    """Provenance of a run started now by this process; the git state is that of ``repo``
+    (default: the cwd's repository)."""
     import kvserve
 
-    commit, dirty, git_error = git_state()
+    commit, dirty, git_error = git_state(repo)
     return Provenance(
         command=redact_command(list(sys.argv)),
         timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -35,6 +35,7 @@ from kvserve.bench.stream import RequestFuncOutput
 from kvserve.errors import InvalidRequestError
 
 READY_RETRY_S = 5.0  # vLLM's wait_for_endpoint retry interval
+ENDPOINT_OF_API = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}  # a sample's own api
 
 
 @dataclass(frozen=True)
@@ -159,10 +160,14 @@ def _inputs(samples: Sequence[SampleRequest], config: ServeConfig, model: str, i
         if config.lora_modules:
             pick = index if config.lora_assignment == "round-robin" else int(rng.integers(len(config.lora_modules)))
             name = config.lora_modules[pick % len(config.lora_modules)]
+        api, endpoint = config.api, config.endpoint
+        if sample.api is not None and sample.api != config.api:
+            api, endpoint = sample.api, ENDPOINT_OF_API[sample.api]
+        extra = {**config.extra_body, **sample.extra_body} if sample.extra_body else config.extra_body
         yield RequestFuncInput(
             prompt=sample.prompt, prompt_len=sample.prompt_len, output_len=sample.expected_output_len,
-            model=name, endpoint=config.endpoint, api=config.api, ignore_eos=config.ignore_eos,
-            logprobs=config.logprobs, extra_body=config.extra_body,
+            model=name, endpoint=endpoint, api=api, ignore_eos=config.ignore_eos,
+            logprobs=config.logprobs, extra_body=extra,
             request_id=f"{id_prefix}{index}" if id_prefix else None,
         )
 

@@ -11,7 +11,8 @@ Timeline of one request as measured here (all times from ``time.perf_counter``, 
     |<────────────────────────── E2E latency ──────────────────>|
 
 Only *content chunks* (a choice with non-empty ``text`` for completions, or non-empty
-``delta.content`` / ``delta.reasoning_content`` for chat) are timed: the role-only first chunk a
+``delta.content`` / ``delta.reasoning_content`` / a tool call's ``function.name`` or
+``function.arguments`` for chat) are timed: the role-only first chunk a
 chat server sends carries no token and would make TTFT look better than it is.
 """
 
@@ -124,6 +125,10 @@ def chunk_content(chunk: dict) -> str:
         delta = choice.get("delta") or {}
         parts.append(delta.get("content") or "")
         parts.append(delta.get("reasoning_content") or "")
+        for call in delta.get("tool_calls") or []:  # a tool call's tokens stream as its name and arguments
+            function = (call or {}).get("function") or {}
+            parts.append(function.get("name") or "")
+            parts.append(function.get("arguments") or "")
     return "".join(parts)
 
 
