@@ -65,7 +65,7 @@ class ChoiceOutput:
         self.tools = tools
         self.include_reasoning = include_reasoning
         self.parallel_tool_calls = parallel_tool_calls
-        self.text = ""
+        self.text = ""  # what was fed so far (kept only when a parser reads it)
         self._answer = ""
 
     @property
@@ -96,9 +96,9 @@ class ChoiceOutput:
     def feed(self, piece: str, final: bool = False) -> MessageDelta | None:
         """What ``piece`` (the next text of the choice) adds; with ``final`` also everything held
         back for more text. Returns None when the piece adds nothing to send yet."""
-        previous, self.text = self.text, self.text + piece
         if not self.parses:
             return MessageDelta(content=piece) if piece else None
+        previous, self.text = self.text, self.text + piece
         reasoning, answer = None, piece
         if self.reasoning is not None:
             if final:

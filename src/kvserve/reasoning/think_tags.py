@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvserve.reasoning.abstract import ReasoningParser, ReasoningState, register_reasoning_parser
+from kvserve.reasoning.abstract import (ReasoningDelta, ReasoningParser, ReasoningState,
+                                        register_reasoning_parser)
 
 START = "<think>"
 END = "</think>"
@@ -57,10 +58,18 @@ class ThinkTagReasoningParser(ReasoningParser):
                              and self.chat_template_kwargs.get("enable_thinking") is False)
         self.start_token_id = _token_id(tokenizer, START)
         self.end_token_id = _token_id(tokenizer, END)
+        self._streamed = False  # a stream's text only grows: searches resume where they stopped
+        self._end = -1  # where END was found in the stream (-1: not yet)
+        self._searched = 0  # the stream's text before this holds no END
         if self.thinking and (self.start_token_id is None or self.end_token_id is None):
             raise ValueError(f"the {self.name} reasoning parser needs {START} and {END} as "
                              "tokens of the model's vocabulary; this tokenizer has "
                              f"{'neither' if self.end_token_id is None else 'no ' + START}")
+
+    def extract_reasoning_streaming(self, previous_text: str, current_text: str,
+                                    delta_text: str) -> ReasoningDelta | None:
+        self._streamed = True
+        return super().extract_reasoning_streaming(previous_text, current_text, delta_text)
 
     def split(self, text: str, final: bool) -> ReasoningState:
         if not self.thinking:
@@ -68,12 +77,22 @@ class ThinkTagReasoningParser(ReasoningParser):
         if START.startswith(text) and not final and text != START:
             return ReasoningState()  # may still become the opening tag
         start = len(START) if text.startswith(START) else 0
-        end = text.find(END, start)
+        end = self._find_end(text, start)
         if end >= 0:
             return ReasoningState(reasoning=text[start:end], content=text[end + len(END):],
                                   reasoning_ended=True)
         held = 0 if final else _partial_suffix(text, END)
         return ReasoningState(reasoning=text[start:len(text) - held])
+
+    def _find_end(self, text: str, start: int) -> int:
+        """``text.find(END, start)``; in a stream, from where the last search stopped (a stream
+        of n pieces then costs O(n) searching instead of O(n^2))."""
+        if not self._streamed:
+            return text.find(END, start)
+        if self._end < 0:
+            self._end = text.find(END, max(start, self._searched))
+            self._searched = max(0, len(text) - len(END) + 1)
+        return self._end
 
     def is_reasoning_end(self, token_ids: Sequence[int]) -> bool:
         if not self.thinking:
