@@ -104,8 +104,6 @@ def test_max_model_len_suffixes_as_vllm(tiny_llama, value, tokens):
     ("vllm serve MODEL --quantization awq", "--quantization/-q", "quantized weights are not implemented yet"),
     ("vllm serve MODEL --kv-cache-dtype fp8", "--kv-cache-dtype", "no fp8 KV cache yet"),
     ("vllm serve MODEL --enable-lora --lora-modules sql-lora=/adapters/sql", "--enable-lora", "LoRA adapters are not implemented yet"),
-    ("vllm serve MODEL --speculative-config '{\"model\": \"ngram\", \"num_speculative_tokens\": 5}'", "--speculative-config",
-     "speculative decoding is not implemented yet"),
     ("vllm serve MODEL --enable-auto-tool-choice --tool-call-parser hermes_xml", "--tool-call-parser",
      "unknown tool call parser 'hermes_xml'; allowed: hermes, llama3_json, mistral, pythonic"),
     ("vllm serve MODEL --reasoning-parser deepseek_v3", "--reasoning-parser",
@@ -133,10 +131,32 @@ def test_config_level_refusals_are_one_line(tiny_llama, capsys, monkeypatch):
         ("vllm serve MODEL --model other", "the model is given twice"),
         ("vllm serve MODEL --override-generation-config '{\"temp\": 1}'", "unknown key(s) temp"),
         ("vllm serve MODEL --enable-auto-tool-choice", "--enable-auto-tool-choice requires --tool-call-parser"),
+        ("vllm serve MODEL --speculative-config '{\"method\": \"eagle\", \"model\": \"yuhuili/EAGLE-LLaMA3-Instruct-8B\", "
+         "\"num_speculative_tokens\": 5}'", "method 'eagle' is not implemented; kvserve speculates with ngram or draft_model"),
+        ("vllm serve MODEL --speculative-config '{\"model\": \"ngram\", \"num_speculative_tokens\": 5, "
+         "\"draft_tensor_parallel_size\": 2}'", "draft_tensor_parallel_size is not supported"),
+        ("vllm serve MODEL --speculative-config '{\"method\": \"ngram\"}'", "num_speculative_tokens is required"),
     ]:
         with pytest.raises(ValueError) as info:
             configs(command, tiny_llama)
         assert message in str(info.value)
+
+
+def test_speculative_config_as_in_vllms_docs(tiny_llama):
+    # docs.vllm.ai "Speculative Decoding", n-gram: --speculative-config '{"method": "ngram",
+    # "num_speculative_tokens": 5, "prompt_lookup_max": 4}'; the older form names the model "ngram".
+    engine, _, _ = configs("vllm serve MODEL --speculative-config '{\"method\": \"ngram\", "
+                           "\"num_speculative_tokens\": 5, \"prompt_lookup_max\": 4}'", tiny_llama)
+    spec = engine.speculative
+    assert (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_max, spec.prompt_lookup_min) == ("ngram", 5, 4, 4)
+    older, _, _ = configs("vllm serve MODEL --speculative-config '{\"model\": \"ngram\", "
+                          "\"num_speculative_tokens\": 3}'", tiny_llama)
+    assert (older.speculative.method, older.speculative.prompt_lookup_max, older.speculative.prompt_lookup_min) == (
+        "ngram", 5, 5)
+    draft, _, _ = configs(f"vllm serve MODEL --speculative-config '{{\"model\": \"{tiny_llama}\", "
+                          "\"num_speculative_tokens\": 2}'", tiny_llama)
+    assert (draft.speculative.method, draft.speculative.model) == ("draft_model", str(tiny_llama))
+    assert configs("vllm serve MODEL", tiny_llama)[0].speculative is None
 
 
 def test_tool_and_reasoning_flags(tiny_llama):

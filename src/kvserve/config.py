@@ -97,6 +97,33 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's ``--speculative-config``; parsed and checked by
+    ``kvserve.spec_decode.config.speculative_config_from_json``).
+
+    Attributes:
+        method: ``ngram`` (prompt lookup in the request's own tokens) or ``draft_model`` (a
+            smaller model with the same tokenizer).
+        num_speculative_tokens: most draft tokens proposed per request and step (``k``).
+        prompt_lookup_max, prompt_lookup_min: n-gram lengths tried, longest first (ngram only).
+        model: the draft model's folder (draft_model only).
+        disable_by_batch_size: no request speculates while more than this many requests run
+            (kvserve's batch-level switch; 0 = never disabled by batch size).
+        min_acceptance_rate: a request whose recent drafts were accepted less often than this
+            (accepted / drafted tokens) stops proposing for a while (kvserve's per-request
+            switch; 0 = never).
+    """
+
+    method: Literal["ngram", "draft_model"]
+    num_speculative_tokens: int
+    prompt_lookup_max: int = 0
+    prompt_lookup_min: int = 0
+    model: str | None = None
+    disable_by_batch_size: int = 0
+    min_acceptance_rate: float = 0.0
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine core needs, passed down explicitly."""
 
@@ -104,3 +131,4 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
+    speculative: SpeculativeConfig | None = None

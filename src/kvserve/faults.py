@@ -4,14 +4,16 @@ dictionary lookup.
 
 Stages: ``prepare`` (the runner takes the request into its batch / builds its inputs),
 ``forward`` (the model runs the batch holding it), ``sample`` (its logits are processed and
-sampled), ``detokenize`` (the front end turns its tokens into text).
+sampled, or its draft tokens verified), ``propose`` (speculative decoding proposes its next draft
+tokens), ``detokenize`` (the front end turns its tokens into text).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-STAGES = ("prepare", "forward", "sample", "detokenize")
+STAGES = ("prepare", "forward", "sample", "detokenize")  # every request passes these
+SPECULATIVE_STAGES = ("propose",)  # only requests that speculate
 
 
 class InjectedFault(RuntimeError):
@@ -27,8 +29,8 @@ class FaultInjector:
         self._rules: dict[str, set[str]] = {}
 
     def fail(self, stage: str, request_id: str) -> None:
-        if stage not in STAGES:
-            raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+        if stage not in STAGES + SPECULATIVE_STAGES:
+            raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES + SPECULATIVE_STAGES)}")
         self._rules.setdefault(stage, set()).add(request_id)
 
     def clear(self) -> None:

@@ -38,18 +38,22 @@ class ModelRunnerOutput:
     """What one model step produced (``ModelRunner.execute_model``).
 
     Attributes:
-        sampled_token_ids: request id -> the tokens sampled for it this step (one today), for each
-            request that sampled.
+        sampled_token_ids: request id -> the tokens sampled for it this step, for each request
+            that sampled: one, or with draft tokens the accepted drafts and the target's own next
+            token.
         logprobs: request id -> logprobs of its sampled tokens (requests asking for logprobs).
         prompt_logprobs: request id -> its prompt positions scored in this step.
         errors: request id -> why processing it failed in this step (the runner went on with the
             others; the scheduler finishes these with ``error``).
+        spec_token_ids: request id -> draft tokens proposed after sampling (speculative
+            decoding), for the scheduler to schedule in the next step.
     """
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass

@@ -71,6 +71,9 @@ class Request:
         error: why the request failed (status FINISHED_ERROR), else None.
         grammar: its structured-output constraint, compiled by the input processor (the
             scheduler only carries it to the runner), or None.
+        spec_token_ids: draft tokens proposed by the runner after the last step (speculative
+            decoding), to be verified in the next step it is scheduled in; never part of
+            ``all_token_ids``, dropped on preemption (vLLM's ``Request.spec_token_ids``).
     """
 
     request_id: str
@@ -92,6 +95,7 @@ class Request:
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
     error: str | None = None
     grammar: GrammarRequest | None = None
+    spec_token_ids: list[int] = field(default_factory=list)
     # Hashes of the request's full blocks, filled incrementally by the KV-cache manager.
     block_hashes: list[int] = field(default_factory=list)
 

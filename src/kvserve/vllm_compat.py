@@ -75,7 +75,7 @@ _PAR = "kvserve runs one engine on one device (no tensor, pipeline, data or expe
 _HUB = ("kvserve loads local model folders and downloads nothing; fetch the model first "
         "(`hf download REPO --revision REV --local-dir DIR`) and pass DIR")
 _EAGER = "kvserve runs eagerly: it has no CUDA graphs and no torch.compile"
-_SPEC = "speculative decoding is not implemented yet"
+_LOOKAHEAD = "lookahead slots are sized by --speculative-config (the draft model's num_speculative_tokens)"
 _QUANT = "quantized weights are not implemented yet; serve an unquantized (float32/bfloat16/float16) checkpoint"
 _DIST = "kvserve has no distributed or disaggregated serving yet"
 _TOOL_PLUGIN = ("parser plugins are not supported; the built-in tool-call parsers are hermes, llama3_json, "
@@ -198,7 +198,7 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
                 "one prompt is prefilled in chunks at a time", allowed=("1",)),
     RefusedFlag(("--max-long-partial-prefills",), "SchedulerConfig",
                 "one prompt is prefilled in chunks at a time", allowed=("1",)),
-    RefusedFlag(("--num-lookahead-slots",), "SchedulerConfig", _SPEC, allowed=("0",)),
+    RefusedFlag(("--num-lookahead-slots",), "SchedulerConfig", _LOOKAHEAD, allowed=("0",)),
     RefusedFlag(("--disable-chunked-mm-input",), "SchedulerConfig", _MM, kind="bool"),
     RefusedFlag(("--scheduler-cls",), "SchedulerConfig", "kvserve has one scheduler"),
     RefusedFlag(("--disable-hybrid-kv-cache-manager",), "SchedulerConfig",
@@ -209,7 +209,6 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--cuda-graph-sizes",), "CompilationConfig", _EAGER, kind="list"),
     RefusedFlag(("--max-cudagraph-capture-size",), "CompilationConfig", _EAGER),
     RefusedFlag(("--compilation-config", "-O"), "VllmConfig", _EAGER),
-    RefusedFlag(("--speculative-config",), "VllmConfig", _SPEC),
     RefusedFlag(("--kv-transfer-config",), "VllmConfig", _DIST),
     RefusedFlag(("--additional-config",), "VllmConfig", "there are no platform plugins to configure"),
     RefusedFlag(("--aggregate-engine-logging",), "VllmConfig", _PAR, kind="bool"),

@@ -128,6 +128,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--data-parallel-rank", "-dpn", type=non_negative_int, default=None, metavar="R",
         help="this server is data-parallel rank R of a fleet behind an external load balancer (vLLM's "
              "meaning): its KV events carry data_parallel_rank R and use the --kv-events-config ports + R")
+    parser.add_argument("--speculative-config", default=None, metavar="JSON",
+                        help="vLLM's speculative decoding JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                             "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' or '{\"method\": \"draft_model\", "
+                             "\"model\": DIR, \"num_speculative_tokens\": 4}' (docs/speculative_decoding.md)")
     parser.add_argument("--kv-events-config", default=None, metavar="JSON",
                         help="vLLM's KV-cache events over ZMQ, e.g. '{\"enable_kv_cache_events\": true, "
                              "\"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
@@ -343,8 +347,11 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
         policy=args.scheduling_policy, enable_chunked_prefill=args.enable_chunked_prefill,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
     )
+    from kvserve.spec_decode.config import speculative_config_from_json
+
     return EngineConfig(model=model_config, cache=cache_config, scheduler=scheduler_config,
-                        structured_outputs=structured_outputs_config_from_args(args))
+                        structured_outputs=structured_outputs_config_from_args(args),
+                        speculative=speculative_config_from_json(getattr(args, "speculative_config", None)))
 
 
 def engine_config_from_kwargs(model: str, **kwargs) -> EngineConfig:

@@ -107,6 +107,7 @@ class EngineCore:
         self.device = resolve_device(config.model.device)
         self.loaded = self._load(config)
         self.max_model_len = resolve_max_model_len(self.loaded.arch, config.model.max_model_len)
+        self.draft = self._load_draft(config)
         self.config = dataclasses.replace(
             config, scheduler=dataclasses.replace(config.scheduler, max_model_len=self.max_model_len)
         )
@@ -115,10 +116,10 @@ class EngineCore:
             self.kv_plan.num_blocks, self.kv_plan.block_size, self.config.cache.enable_prefix_caching,
             enable_kv_cache_events=self.config.cache.enable_kv_cache_events,
         )
-        self.scheduler = Scheduler(self.config.scheduler, self.kv_cache_manager)
+        self.scheduler = Scheduler(self.config.scheduler, self.kv_cache_manager, self.config.speculative)
         self.runner = ModelRunner(self.loaded, self.kv_plan.num_blocks, self.kv_plan.block_size, self.device,
                                   max_num_reqs=self.config.scheduler.max_num_seqs, max_model_len=self.max_model_len,
-                                  seed=config.model.seed)
+                                  seed=config.model.seed, proposer=self._build_proposer())
         # Requests with nothing to compute (max_tokens == 0, no prompt logprobs): finished on
         # admission, reported by the next step() without touching the scheduler or the KV cache.
         self._finished_on_admission: list[Request] = []
@@ -139,9 +140,38 @@ class EngineCore:
         )
         return loaded
 
+    def _load_draft(self, config: EngineConfig) -> LoadedModel | None:
+        """The draft model of ``--speculative-config`` method draft_model (target's dtype,
+        device and attention backend), or None."""
+        spec = config.speculative
+        if spec is None or spec.method != "draft_model":
+            return None
+        from kvserve.spec_decode.draft_model import check_draft_model
+
+        backend = get_attention_backend(config.model.attention_backend, self.device)
+        draft = load_model(spec.model, self.loaded.dtype, self.device, backend)
+        check_draft_model(draft, self.loaded.arch.vocab_size, self.max_model_len)
+        num_params = sum(p.numel() for p in draft.model.parameters())
+        logger.info("Loaded draft model %s (%.1fM parameters, k=%d)", spec.model, num_params / 1e6,
+                    spec.num_speculative_tokens)
+        return draft
+
+    def _build_proposer(self):
+        spec = self.config.speculative
+        if spec is None:
+            return None
+        from kvserve.spec_decode.proposer import build_proposer
+
+        return build_proposer(spec, max_model_len=self.max_model_len, draft=self.draft,
+                              num_blocks=self.kv_plan.num_blocks, block_size=self.kv_plan.block_size)
+
     def _plan_kv_cache(self) -> KVCachePlan:
         cache = self.config.cache
         bytes_per_block = kv_cache_bytes_per_block(self.loaded.arch, cache.block_size, self.loaded.dtype)
+        if self.draft is not None:
+            from kvserve.spec_decode.draft_model import draft_kv_bytes_per_block
+
+            bytes_per_block += draft_kv_bytes_per_block(self.draft, cache.block_size)
         free_device = None
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)

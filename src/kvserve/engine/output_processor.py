@@ -5,6 +5,8 @@ detokenization fails finishes with ``error`` alone (the core is asked to finish 
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import time
 from dataclasses import dataclass, field
@@ -184,6 +186,8 @@ class OutputProcessor:
             return self._fail_choice(state, choice, out.error)
         if not out.new_token_ids and not out.finished:
             return None
+        if choice.stop_matcher is not None and len(out.new_token_ids) > 1:
+            return self._process_tokens_one_by_one(state, choice, out, to_stop)
         unchecked, checked = self._new_text(state.params, choice, out)
         finish_reason, stop_reason = out.finish_reason, out.stop_reason
         if choice.stop_matcher is None:
@@ -204,6 +208,31 @@ class OutputProcessor:
             logprobs=list(out.new_logprobs) if state.params.logprobs is not None else None,
             finish_reason=finish_reason, stop_reason=stop_reason,
         )
+
+    def _process_tokens_one_by_one(self, state: RequestState, choice: ChoiceState, out: EngineCoreOutput,
+                                   to_stop: list[str]) -> CompletionOutput:
+        """Several tokens in one step (speculative decoding) with stop strings: each token is
+        checked on its own, so the output ends at the token that completes a stop string, as it
+        would have without speculation (the engine's later tokens are dropped)."""
+        merged: CompletionOutput | None = None
+        last = len(out.new_token_ids) - 1
+        for i, token_id in enumerate(out.new_token_ids):
+            piece = dataclasses.replace(
+                out, new_token_ids=[token_id], new_logprobs=out.new_logprobs[i : i + 1],
+                finish_reason=out.finish_reason if i == last else None,
+                stop_reason=out.stop_reason if i == last else None)
+            completion = self._process_choice(state, choice, piece, to_stop)
+            if merged is None:
+                merged = completion
+            else:
+                merged.text += completion.text
+                merged.token_ids += completion.token_ids
+                if merged.logprobs is not None:
+                    merged.logprobs += completion.logprobs or []
+                merged.finish_reason, merged.stop_reason = completion.finish_reason, completion.stop_reason
+            if completion.finish_reason is not None:
+                break
+        return merged
 
     @staticmethod
     def _new_text(params: SamplingParams, choice: ChoiceState, out: EngineCoreOutput) -> tuple[str, str]:

@@ -123,6 +123,7 @@ class KVCacheManager:
         num_new_tokens: int,
         new_computed_blocks: list[KVCacheBlock] | tuple = (),
         num_new_computed_tokens: int = 0,
+        num_lookahead_tokens: int = 0,
     ) -> list[KVCacheBlock] | None:
         """Make room for ``num_new_tokens`` more tokens of ``request``.
 
@@ -131,6 +132,8 @@ class KVCacheManager:
             num_new_tokens: tokens to compute this step (>= 1).
             new_computed_blocks, num_new_computed_tokens: a prefix-cache hit from
                 ``get_computed_blocks`` (only when the request holds no blocks yet).
+            num_lookahead_tokens: slots beyond this step's tokens, for a draft model's K/V of
+                the drafts it proposes after the step (vLLM's name; 0 without a draft model).
 
         Returns:
             the newly allocated blocks (possibly empty), or ``None`` when there are not enough free
@@ -140,7 +143,7 @@ class KVCacheManager:
         request_id = request.request_id
         req_blocks = self.req_to_blocks.get(request_id)
         assert not (req_blocks and new_computed_blocks), f"{request_id} holds blocks; a hit is only for new requests"
-        num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens + num_lookahead_tokens
         num_held = (len(req_blocks) if req_blocks else 0) + len(new_computed_blocks)
         num_new_blocks = max(0, self.num_blocks_needed(num_tokens) - num_held)
         if num_new_blocks == 0 and req_blocks is not None:

@@ -10,6 +10,7 @@ format (:mod:`kvserve.metrics.log_format`) carries them as keys.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from kvserve.metrics.prometheus import rejection_reason
 from kvserve.metrics.stats import IterationStats, finished_request_stats
 from kvserve.scheduler.stats import SchedulerStats
+from kvserve.spec_decode.stats import SpecDecodingStats
 
 logger = logging.getLogger("kvserve.stats")
 request_logger = logging.getLogger("kvserve.requests")
@@ -33,6 +35,7 @@ class IntervalSummary:
         kv_cache_usage: fraction 0-1, at the last step.
         prefix_cache_hit_rate: hit tokens / queried tokens over the interval (0 when none).
         num_preemptions: preemptions during the interval.
+        spec_decoding: speculative-decoding counts over the interval, or None when off.
     """
 
     prompt_throughput: float
@@ -42,14 +45,20 @@ class IntervalSummary:
     kv_cache_usage: float
     prefix_cache_hit_rate: float
     num_preemptions: int
+    spec_decoding: SpecDecodingStats | None = None
 
     def format(self) -> str:
-        return (f"Avg prompt throughput: {self.prompt_throughput:.1f} tokens/s, "
+        line = (f"Avg prompt throughput: {self.prompt_throughput:.1f} tokens/s, "
                 f"Avg generation throughput: {self.generation_throughput:.1f} tokens/s, "
                 f"Running: {self.num_running} reqs, Waiting: {self.num_waiting} reqs, "
                 f"KV cache usage: {100 * self.kv_cache_usage:.1f}%, "
                 f"Prefix cache hit rate: {100 * self.prefix_cache_hit_rate:.1f}%, "
                 f"Preemptions: {self.num_preemptions}")
+        spec = self.spec_decoding
+        if spec is not None and spec.num_drafts:
+            line += (f", Spec decode acceptance: {100 * spec.acceptance_rate:.1f}% of {spec.num_draft_tokens} "
+                     f"draft tokens, mean acceptance length {spec.mean_acceptance_length:.2f}")
+        return line
 
 
 class LoggingStatsLogger:
@@ -105,6 +114,8 @@ class LoggingStatsLogger:
             num_running=s.num_running, num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage,
             prefix_cache_hit_rate=(s.prefix_cache_hits - before.prefix_cache_hits) / queries if queries else 0.0,
             num_preemptions=s.num_preemptions - before.num_preemptions,
+            spec_decoding=None if s.spec_decoding is None else s.spec_decoding.minus(
+                before.spec_decoding or SpecDecodingStats()),
         )
         self.last_log_time, self.logged_scheduler = now, s
         self.prompt_tokens = self.generation_tokens = 0
@@ -112,7 +123,10 @@ class LoggingStatsLogger:
         if not (summary.prompt_throughput or summary.generation_throughput or summary.num_preemptions
                 or summary.num_running or summary.num_waiting):
             return None
-        logger.info(summary.format(), extra={"stats": summary.__dict__})
+        fields = dict(summary.__dict__)
+        if summary.spec_decoding is not None:
+            fields["spec_decoding"] = dataclasses.asdict(summary.spec_decoding)
+        logger.info(summary.format(), extra={"stats": fields})
         return summary
 
 

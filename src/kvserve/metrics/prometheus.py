@@ -82,6 +82,21 @@ class SchedulerStatsCollector:
                             s.prefix_cache_queries)
         yield self._counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits)
         yield self._counter("num_preemptions", "Requests preempted (recompute).", s.num_preemptions)
+        if s.spec_decoding is not None:
+            yield from self._spec_decoding(s.spec_decoding)
+
+    def _spec_decoding(self, spec) -> Iterator[Metric]:
+        """vLLM's speculative-decoding counters (``vllm/v1/spec_decode/metrics.py``); acceptance
+        rate = rate(accepted) / rate(draft tokens), mean acceptance length = 1 + rate(accepted) /
+        rate(drafts)."""
+        yield self._counter("spec_decode_num_drafts", "Number of spec decoding drafts.", spec.num_drafts)
+        yield self._counter("spec_decode_num_draft_tokens", "Number of draft tokens.", spec.num_draft_tokens)
+        yield self._counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.", spec.num_accepted_tokens)
+        family = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                     "Accepted tokens per draft position.", labels=[*LABELS, "position"])
+        for position, count in enumerate(spec.num_accepted_tokens_per_pos):
+            family.add_metric([self.model_name, ENGINE, str(position)], count)
+        yield family
 
     def describe(self) -> Iterator[Metric]:
         return self.collect()

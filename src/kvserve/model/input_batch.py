@@ -49,6 +49,8 @@ class CachedRequestState:
         prompt_token_mask, output_token_counts: bool / int32 ``[V]`` statistics for penalties
             (None without penalties).
         grammar: its compiled structured-output constraint (``GrammarRequest``), or None.
+        proposer_state: what the speculative proposer keeps per request (the draft model's
+            K/V progress), or None.
     """
 
     req_id: str
@@ -64,6 +66,7 @@ class CachedRequestState:
     prompt_token_mask: torch.Tensor | None = None
     output_token_counts: torch.Tensor | None = None
     grammar: Any = None
+    proposer_state: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -214,6 +217,26 @@ class InputBatch:
         state.output_token_ids.append(token_id)
         if state.output_token_counts is not None:
             state.output_token_counts[token_id] += 1
+
+    def truncate_tokens(self, row: int, num_tokens: int) -> None:
+        """Take back the tokens of ``row`` past ``num_tokens`` (accepted draft tokens of a
+        verification that then failed): the inverse of :meth:`append_token`."""
+        state = self.states[row]
+        num_removed = int(self.num_tokens[row]) - num_tokens
+        if num_removed <= 0:
+            return
+        removed = state.output_token_ids[-num_removed:]
+        del state.output_token_ids[-num_removed:]
+        self.num_tokens[row] = num_tokens
+        if state.output_token_counts is not None:
+            for token_id in removed:
+                state.output_token_counts[token_id] -= 1
+
+    def set_draft_tokens(self, row: int, draft_token_ids: list[int]) -> None:
+        """Write draft tokens after the row's known tokens (its ``num_tokens`` is unchanged), so
+        the step's inputs include them."""
+        start = int(self.num_tokens[row])
+        self.token_ids[row, start : start + len(draft_token_ids)] = draft_token_ids
 
     # -- sampling --------------------------------------------------------------------------------
 

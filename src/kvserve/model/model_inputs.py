@@ -5,7 +5,8 @@ the attention backends read (``kvserve.attention.backend``)::
     input_ids:      r0 tokens[0:5]      | r1[36:37]      | r2[16:19]
     positions:      0 1 2 3 4           | 36             | 16 17 18
     slot_mapping:   block_table[p // bs] * bs + p % bs, per position p
-    logits_indices: index of each sampling request's last token in the batch
+    logits_indices: index of each sampling request's last token in the batch (its last
+                    1 + k tokens when it verifies k draft tokens)
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class FlatBatch(NamedTuple):
 
 
 def make_flat_batch(token_ids: np.ndarray, num_computed: np.ndarray, num_scheduled: np.ndarray,
-                    block_tables: np.ndarray, block_size: int, samples: np.ndarray) -> FlatBatch:
+                    block_tables: np.ndarray, block_size: int, samples: np.ndarray,
+                    num_logits: np.ndarray | None = None) -> FlatBatch:
     """Lay out ``B`` requests' scheduled tokens (vectorized: no per-token Python loop).
 
     Args:
@@ -63,6 +65,8 @@ def make_flat_batch(token_ids: np.ndarray, num_computed: np.ndarray, num_schedul
         block_tables: int [B, W], block ids; ``W * block_size`` covers every scheduled position.
         block_size: tokens per block.
         samples: bool [B], which requests sample a token this step.
+        num_logits: int [B], positions (the last ones) whose logits a sampling request needs:
+            1, or 1 + its draft tokens (default: 1 each).
     """
     num_computed = num_computed.astype(np.int64)
     query_start_loc = np.zeros(len(num_scheduled) + 1, dtype=np.int64)
@@ -72,8 +76,15 @@ def make_flat_batch(token_ids: np.ndarray, num_computed: np.ndarray, num_schedul
     input_ids = token_ids[req_of_token, positions].astype(np.int64)
     block_tables = block_tables.astype(np.int64)
     slot_mapping = block_tables[req_of_token, positions // block_size] * block_size + positions % block_size
+    ends = query_start_loc[1:][samples]
+    if num_logits is None:
+        logits_indices = ends - 1
+    else:
+        counts = num_logits[samples].astype(np.int64)
+        starts = np.repeat(ends - counts, counts)
+        logits_indices = starts + np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
     return FlatBatch(input_ids, positions, slot_mapping, query_start_loc, num_computed + num_scheduled,
-                     block_tables, query_start_loc[1:][samples] - 1)
+                     block_tables, logits_indices)
 
 
 def to_model_inputs(batch: FlatBatch, device: torch.device) -> ModelInputs:

@@ -5,8 +5,10 @@
     _update_states   apply the scheduler's deltas to the persistent batch (new requests once,
                      new block ids and computed counts after; rows of unscheduled requests leave)
     _run_rows        flat batch (``model_inputs``) -> forward -> logits of the sampling rows
-                     -> prompt logprobs -> logits processors + sampler
+                     -> prompt logprobs -> logits processors + sampler, position by position
+                     for requests verifying draft tokens (``spec_decode.rejection_sampler``)
     _commit          append sampled tokens to the batch; fill the output
+    propose_drafts   speculative decoding: the proposer's drafts for the next step
 
 Failure isolation: if running a group of requests raises, the runner runs each half of the
 group again (recursively) and finishes only a request that fails alone (``ModelRunnerOutput
@@ -36,6 +38,8 @@ from kvserve.sample.logits_processor import build_logits_processors
 from kvserve.sample.logprobs import prompt_logprobs_from_logits
 from kvserve.sample.sampler import Sampler, draw_uniforms
 from kvserve.scheduler.output import NewRequestData, SchedulerOutput
+from kvserve.spec_decode.proposer import Proposer, propose_drafts
+from kvserve.spec_decode.rejection_sampler import RejectionSampler
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +58,8 @@ def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torc
 class _RowsResult:
     """What running a group of rows produced, applied by ``_commit`` only if it all succeeded."""
 
-    def __init__(self, rows: np.ndarray, sampling_rows: np.ndarray, token_ids: list[int],
-                 logprobs: list[TokenLogprobs | None], prompt_logprobs: dict[str, PromptLogprobsChunk]):
+    def __init__(self, rows: np.ndarray, sampling_rows: np.ndarray, token_ids: list[list[int]],
+                 logprobs: list[list[TokenLogprobs | None]], prompt_logprobs: dict[str, PromptLogprobsChunk]):
         self.rows = rows
         self.sampling_rows = sampling_rows
         self.token_ids = token_ids
@@ -80,11 +84,12 @@ class ModelRunner:
         seed: seed of the generator shared by requests without their own ``seed``.
         prepack_linears: on the CPU, swap the model's float32/bf16 linears for kvserve's
             batch-invariant GEMM (``kvserve.model.invariant_linear.use_invariant_linears``).
+        proposer: speculative decoding's proposer (``kvserve.spec_decode.proposer``), or None.
     """
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str | torch.device = "cpu",
                  *, max_num_reqs: int = 256, max_model_len: int | None = None, seed: int = 0,
-                 prepack_linears: bool = True):
+                 prepack_linears: bool = True, proposer: Proposer | None = None):
         self.model = loaded.model
         self.arch = loaded.arch
         self.dtype = loaded.dtype
@@ -105,8 +110,11 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.sampler = Sampler()
+        self.rejection_sampler = RejectionSampler(self.sampler)
+        self.proposer = proposer
         self.faults = FaultInjector()
-        self._step_uniforms: dict[str, float] = {}
+        self._step_uniforms: dict[str, list[float]] = {}
+        self._spec_tokens: dict[str, list[int]] = {}
         self._num_succeeded = 0
 
     def _init_kv_caches(self) -> list[torch.Tensor]:
@@ -121,13 +129,15 @@ class ModelRunner:
 
         Returns:
             sampled tokens and logprobs of the requests that reached the end of their known
-            tokens, prompt logprobs, and the requests whose processing failed (with why).
+            tokens, prompt logprobs, the requests whose processing failed (with why), and the
+            drafts proposed for the next step.
         """
         output = ModelRunnerOutput()
         self._update_states(scheduler_output, output)
         if scheduler_output.is_empty or self.input_batch.num_reqs == 0:
             return output
         self._step_uniforms = {}
+        self._spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         self._num_succeeded = 0
         rows = np.arange(self.input_batch.num_reqs)
         num_scheduled = np.array([scheduler_output.num_scheduled_tokens[r] for r in self.input_batch.req_ids],
@@ -135,6 +145,9 @@ class ModelRunner:
         self._execute_rows(rows, num_scheduled, output)
         if len(rows) > 1 and all(self.input_batch.req_ids[row] in output.errors for row in rows.tolist()):
             raise EngineDeadError(f"every request of the step failed alone: {next(iter(output.errors.values()))}")
+        if self.proposer is not None and scheduler_output.propose_draft_req_ids:
+            propose_drafts(self.proposer, self.input_batch, scheduler_output.propose_draft_req_ids, self.faults,
+                           output)
         return output
 
     def _execute_rows(self, rows: np.ndarray, num_scheduled: np.ndarray, output: ModelRunnerOutput) -> None:
@@ -168,7 +181,9 @@ class ModelRunner:
         self.faults.check("prepare", req_ids)
         samples = ((batch.num_computed_tokens[rows] + num_scheduled >= batch.num_tokens[rows])
                    & (batch.max_tokens[rows] > 0))
-        flat = self._flat_batch(rows, num_scheduled, samples)
+        drafts = [self._spec_tokens.get(req_id, []) for req_id in req_ids]
+        num_logits = np.array([1 + len(d) for d in drafts], dtype=np.int64)
+        flat = self._flat_batch(rows, num_scheduled, samples, num_logits)
         inputs = to_model_inputs(flat, self.device)
         self.faults.check("forward", req_ids)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
@@ -178,12 +193,12 @@ class ModelRunner:
             return _RowsResult(rows, sampling_rows, [], [], prompt_logprobs)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         self.faults.check("sample", [batch.req_ids[row] for row in sampling_rows.tolist()])
-        metadata = batch.sampling_metadata(sampling_rows, self._uniforms(sampling_rows))
-        sampled = self.sampler(logits, metadata)
-        return _RowsResult(rows, sampling_rows, sampled.sampled_token_ids.tolist(), sampled.logprobs,
-                           prompt_logprobs)
+        verified = self.rejection_sampler(logits, sampling_rows, [d for d, s in zip(drafts, samples) if s], batch,
+                                          self._uniforms)
+        return _RowsResult(rows, sampling_rows, verified.token_ids, verified.logprobs, prompt_logprobs)
 
-    def _flat_batch(self, rows: np.ndarray, num_scheduled: np.ndarray, samples: np.ndarray):
+    def _flat_batch(self, rows: np.ndarray, num_scheduled: np.ndarray, samples: np.ndarray,
+                    num_logits: np.ndarray | None = None):
         batch = self.input_batch
         seq_lens = batch.num_computed_tokens[rows] + num_scheduled
         short = batch.num_blocks[rows] * self.block_size < seq_lens
@@ -193,36 +208,42 @@ class ModelRunner:
                              f"tokens cannot hold {seq_lens[short][0]} tokens (a scheduler bug)")
         width = max(1, -(-int(seq_lens.max()) // self.block_size))
         return make_flat_batch(batch.token_ids[rows], batch.num_computed_tokens[rows], num_scheduled,
-                               batch.block_table[rows, :width], self.block_size, samples)
+                               batch.block_table[rows, :width], self.block_size, samples, num_logits)
 
     def _commit(self, result: _RowsResult, output: ModelRunnerOutput) -> None:
-        """Append the sampled tokens to the batch and report them."""
+        """Append each request's last sampled token to the batch (accepted drafts are already
+        there) and report its tokens."""
         batch = self.input_batch
         self._num_succeeded += len(result.rows)
-        for row, token_id, logprobs in zip(result.sampling_rows.tolist(), result.token_ids, result.logprobs):
+        for row, token_ids, logprobs in zip(result.sampling_rows.tolist(), result.token_ids, result.logprobs):
             req_id = batch.req_ids[row]
-            batch.append_token(row, token_id)
-            output.sampled_token_ids[req_id] = [token_id]
-            if logprobs is not None:
-                output.logprobs[req_id] = [logprobs]
+            batch.append_token(row, token_ids[-1])
+            output.sampled_token_ids[req_id] = token_ids
+            if logprobs[0] is not None:
+                output.logprobs[req_id] = logprobs
         output.prompt_logprobs.update(result.prompt_logprobs)
 
     # -- sampling inputs ---------------------------------------------------------------------------
 
-    def _uniforms(self, sampling_rows: np.ndarray) -> torch.Tensor | None:
-        """float64 ``[S]`` draws for the random rows (``draw_uniforms``), taken once per step and
-        request: a request run again after a failed group reuses its number."""
+    def _uniforms(self, sampling_rows: np.ndarray, position: int = 0) -> torch.Tensor | None:
+        """float64 ``[S]`` draws for the random rows at draft position ``position``
+        (``draw_uniforms``), taken once per step, request and position: a request run again after
+        a failed group reuses its numbers, and a seeded request draws one number per token from its
+        own generator, with or without drafts."""
         batch = self.input_batch
         greedy = batch.greedy[sampling_rows].tolist()
         if all(greedy):
             return None
         req_ids = [batch.req_ids[row] for row in sampling_rows.tolist()]
-        missing = [i for i, (req_id, g) in enumerate(zip(req_ids, greedy)) if not g and req_id not in self._step_uniforms]
+        drawn = self._step_uniforms
+        missing = [i for i, (req_id, g) in enumerate(zip(req_ids, greedy))
+                   if not g and len(drawn.get(req_id, ())) <= position]
         if missing:
             generators = [batch.states[int(sampling_rows[i])].generator for i in missing]
             draws = draw_uniforms([False] * len(missing), generators, self.generator, self.device).tolist()
-            self._step_uniforms.update((req_ids[i], u) for i, u in zip(missing, draws))
-        values = [self._step_uniforms.get(req_id, 0.0) for req_id in req_ids]
+            for i, u in zip(missing, draws):
+                drawn.setdefault(req_ids[i], []).append(u)
+        values = [0.0 if g else drawn[req_id][position] for req_id, g in zip(req_ids, greedy)]
         return torch.tensor(values, dtype=torch.float64, device=self.device)
 
     def _prompt_logprobs(self, rows: np.ndarray, req_ids: list[str], hidden: torch.Tensor,
@@ -280,6 +301,10 @@ class ModelRunner:
             if req_id not in batch.req_id_to_index:
                 self._add_row(req_id, output)
         batch.condense()
+        for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+            row = batch.req_id_to_index.get(req_id)
+            if row is not None:
+                batch.set_draft_tokens(row, drafts)
 
     def _new_state(self, new: NewRequestData) -> CachedRequestState:
         params = new.sampling_params

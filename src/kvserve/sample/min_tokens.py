@@ -12,18 +12,20 @@ from collections.abc import Sequence
 
 import torch
 
-from kvserve.sample.logits_processor import LogitsProcessor, RequestView, ban, sampling_rows
+from kvserve.sample.logits_processor import RowStateLogitsProcessor, RequestView, ban, sampling_rows
 
 
-class MinTokensLogitsProcessor(LogitsProcessor):
-    """Keeps, per row below its ``min_tokens``, the live output list, the minimum and the banned
-    ids; a row past its minimum is dropped at the next ``apply``."""
+class MinTokensLogitsProcessor(RowStateLogitsProcessor):
+    """Keeps, per row below its ``min_tokens`` when it entered the batch, the live output list,
+    the minimum and the banned ids; ``apply`` bans them only while the output is shorter (an
+    output can shrink again: a speculative verification that failed takes its accepted drafts
+    back)."""
 
     name = "min_tokens"
 
     def __init__(self, vocab_size: int, device: torch.device):
+        super().__init__()
         self.vocab_size = vocab_size
-        self.rows: dict[int, tuple[list[int], int, list[int]]] = {}
 
     def add_request(self, row: int, request: RequestView) -> None:
         params = request.sampling_params
@@ -34,17 +36,6 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         if banned_ids:
             self.rows[row] = (request.output_token_ids, params.min_tokens, banned_ids)
 
-    def remove_request(self, row: int) -> None:
-        self.rows.pop(row, None)
-
-    def move_request(self, src: int, dst: int) -> None:
-        if src in self.rows:
-            self.rows[dst] = self.rows.pop(src)
-
-    def is_active(self) -> bool:
-        return bool(self.rows)
-
     def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
-        for row in [row for row, (output, least, _) in self.rows.items() if len(output) >= least]:
-            del self.rows[row]
-        ban(logits, [(i, t) for i, row in sampling_rows(self.rows, rows) for t in self.rows[row][2]])
+        ban(logits, [(i, t) for i, row in sampling_rows(self.rows, rows)
+                     if len(self.rows[row][0]) < self.rows[row][1] for t in self.rows[row][2]])

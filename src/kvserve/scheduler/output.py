@@ -8,6 +8,13 @@ data crosses once, when the runner first sees it, and each later step sends only
               cached: r3 (new blocks [], computed 120)                      num_scheduled r3: 1
     step k+1: cached: r7 (new blocks [12], computed 37), r3 (new blocks [], computed 121)
 
+With speculative decoding a running request carries draft tokens (``Request.spec_token_ids``,
+proposed by the runner after the previous step); it is scheduled ``1 + num_drafts`` tokens and
+the drafts it gets travel in ``scheduled_spec_decode_tokens`` (vLLM's name)::
+
+    step k:   cached: r3 (computed 121)   num_scheduled r3: 4   spec tokens r3: [d1, d2, d3]
+              -> the runner computes [t121, d1, d2, d3] in one forward and verifies the drafts
+
 A request preempted in a step leaves the runner's batch (``preempted_req_ids``) and comes back as
 new data, with the tokens it generated so far, when it is scheduled again. The runner appends the
 token it samples for a request to its own copy of the request's tokens, so tokens never travel
@@ -91,6 +98,10 @@ class SchedulerOutput:
             their state (generators included).
         preempted_req_ids: requests preempted in this step: the runner drops their batch rows
             but keeps their random generator (a seeded request continues its stream).
+        scheduled_spec_decode_tokens: request id -> the draft tokens to verify this step (the
+            last ``len(drafts)`` of its scheduled tokens); requests without drafts are absent.
+        propose_draft_req_ids: requests for which the runner proposes drafts after sampling this
+            step (the adaptive switch's choice; empty without speculative decoding).
     """
 
     scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
@@ -99,6 +110,8 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int = 0
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    propose_draft_req_ids: frozenset[str] = frozenset()
 
     @property
     def is_empty(self) -> bool:

@@ -5,7 +5,8 @@ tokens (prompt + output), and a step computes up to ``num_tokens - num_computed_
 (a whole prompt, a chunk of it, or the one decode token). One step spends a token budget::
 
     budget = max_num_batched_tokens
-    1. RUNNING requests: decodes first (1 token each), then unfinished chunked prefills (capped by
+    1. RUNNING requests: decodes first (1 token each, or 1 + its draft tokens with speculative
+       decoding: ``kvserve.scheduler.spec_decode``), then unfinished chunked prefills (capped by
        the budget and long_prefill_token_threshold), so a long prompt never stalls a decode.
        allocate_slots() -> None: preempt (recompute) the lowest-priority / latest running request
        and retry; if that victim is the request itself, stop.
@@ -24,7 +25,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvserve.config import SchedulerConfig
+from kvserve.config import SchedulerConfig, SpeculativeConfig
 from kvserve.kv_cache.block import KVCacheBlock
 from kvserve.kv_cache.manager import KVCacheManager
 from kvserve.outputs import EngineCoreOutput, ModelRunnerOutput
@@ -33,6 +34,7 @@ from kvserve.scheduler.admission import check_kv_fit, check_queue_capacity
 from kvserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from kvserve.scheduler.prompt_logprobs import PromptLogprobsTracker
 from kvserve.scheduler.request_queue import create_request_queue
+from kvserve.scheduler.spec_decode import SpecDecodeScheduling
 from kvserve.scheduler.stats import SchedulerStats
 from kvserve.scheduler.stop import check_prompt_only_done, check_stop
 
@@ -46,6 +48,7 @@ class _StepPlan:
     token_budget: int
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     preempted: dict[str, Request] = field(default_factory=dict)
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -54,13 +57,15 @@ class Scheduler:
     Args:
         scheduler_config: budgets and policy.
         kv_cache_manager: the block tables; the scheduler is its only user.
+        speculative_config: speculative decoding, or None.
 
     Raises:
         ValueError: chunked prefill is off but ``max_num_batched_tokens < max_model_len`` (a
             prompt could never be scheduled).
     """
 
-    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager):
+    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager,
+                 speculative_config: SpeculativeConfig | None = None):
         cfg = scheduler_config
         if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
             raise ValueError(
@@ -77,6 +82,7 @@ class Scheduler:
         # hold the request, so its next scheduling sends it whole as NewRequestData).
         self.num_sent_block_ids: dict[str, int] = {}
         self.prompt_logprobs_tracker = PromptLogprobsTracker()
+        self.spec = None if speculative_config is None else SpecDecodeScheduling(speculative_config, cfg.max_model_len)
         self._init_counters()
 
     def _init_counters(self) -> None:
@@ -128,6 +134,8 @@ class Scheduler:
         """Plan the next step (see the module docstring). Requests' ``num_computed_tokens`` are
         advanced later, by ``update_from_output``."""
         plan = _StepPlan(self.scheduler_config.max_num_batched_tokens)
+        if self.spec is not None:
+            self.spec.start_step(len(self.running))
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
@@ -145,15 +153,20 @@ class Scheduler:
         for r in self.running:
             (decodes if len(r.all_token_ids) - r.num_computed_tokens == 1 else prefills).append(r)
         scheduled = plan.num_scheduled_tokens
-        for request in decodes:  # the common case, kept lean: one token each
+        for request in decodes:  # the common case, kept lean: one token each (+ its drafts)
             if plan.token_budget == 0:
                 return
             if request.status != RequestStatus.RUNNING:  # preempted earlier in this step
                 continue
-            if not self._allocate_or_preempt(request, 1, plan):
+            num_new = min(1 + len(request.spec_token_ids), plan.token_budget)
+            if not self._allocate_or_preempt(request, num_new, plan):
                 return
-            scheduled[request.request_id] = 1
-            plan.token_budget -= 1
+            scheduled[request.request_id] = num_new
+            plan.token_budget -= num_new
+            if request.spec_token_ids:
+                drafts = self.spec.take_drafts(request, num_new)
+                if drafts:
+                    plan.spec_tokens[request.request_id] = drafts
         for request in prefills:
             if plan.token_budget == 0:
                 break
@@ -170,12 +183,16 @@ class Scheduler:
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> bool:
         """Allocate for a running request, preempting others until it fits (False: it was the
         victim itself)."""
-        while self.kv_cache_manager.allocate_slots(request, num_new) is None:
+        lookahead = self._lookahead(request, request.num_computed_tokens + num_new)
+        while self.kv_cache_manager.allocate_slots(request, num_new, num_lookahead_tokens=lookahead) is None:
             victim = self._select_victim()
             self._preempt(victim, plan)
             if victim is request:
                 return False
         return True
+
+    def _lookahead(self, request: Request, end: int) -> int:
+        return 0 if self.spec is None else self.spec.lookahead(request, end)
 
     def _select_victim(self) -> Request:
         if self.scheduler_config.policy == "priority":
@@ -189,7 +206,10 @@ class Scheduler:
         self.num_sent_block_ids.pop(victim.request_id, None)
         # A victim already planned in this step gives its tokens back.
         plan.token_budget += plan.num_scheduled_tokens.pop(victim.request_id, 0)
+        plan.spec_tokens.pop(victim.request_id, None)
         victim.status = RequestStatus.PREEMPTED
+        if self.spec is not None:
+            self.spec.forget(victim)  # drafts dropped; they are proposed again after it resumes
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -254,7 +274,8 @@ class Scheduler:
     ) -> bool:
         """Allocate for the head of waiting and move it to running (False: it must wait)."""
         kv = self.kv_cache_manager
-        while kv.allocate_slots(request, num_new, hit_blocks, num_cached) is None:
+        lookahead = self._lookahead(request, num_cached + num_new)
+        while kv.allocate_slots(request, num_new, hit_blocks, num_cached, lookahead) is None:
             victim = self._select_victim_for_waiting(request)
             if victim is None:
                 return False
@@ -303,17 +324,24 @@ class Scheduler:
             self.num_steps += 1
             self.num_scheduled_tokens += total
         finished, self.finished_req_ids = self.finished_req_ids, set()
-        return SchedulerOutput(new_reqs, cached, plan.num_scheduled_tokens, total, finished, set(plan.preempted))
+        propose = frozenset()
+        if self.spec is not None:
+            requests = self.requests
+            propose = frozenset(r for r, n in plan.num_scheduled_tokens.items()
+                                if self.spec.proposes(requests[r], requests[r].num_computed_tokens + n))
+        return SchedulerOutput(new_reqs, cached, plan.num_scheduled_tokens, total, finished, set(plan.preempted),
+                               plan.spec_tokens, propose)
 
     # -- results -------------------------------------------------------------------------------
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
-        """Apply a step's results: advance ``num_computed_tokens``, append sampled tokens, check
-        stop conditions (``stop.check_stop``), register newly full blocks in the prefix cache and
-        free finished requests. A request the runner could not process (``runner_output.errors``)
-        finishes with ``error``. Requests aborted since ``schedule()`` are skipped.
+        """Apply a step's results: advance ``num_computed_tokens`` (less the rejected draft
+        positions), append sampled tokens, check stop conditions (``stop.check_stop``) after each,
+        register newly full blocks in the prefix cache, keep new drafts and free finished
+        requests. A request the runner could not process (``runner_output.errors``) finishes with
+        ``error``. Requests aborted since ``schedule()`` are skipped.
 
         Returns:
             one output per request that got a token or prompt logprobs or finished, in batch
@@ -324,8 +352,12 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue
-            request.num_computed_tokens += num_new
             error = runner_output.errors.get(request_id)
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(request_id)
+            if drafts and error is None:
+                num_new -= self.spec.num_rejected(request, drafts,
+                                                  len(runner_output.sampled_token_ids.get(request_id, ())))
+            request.num_computed_tokens += num_new
             if error is None:
                 try:
                     output = self._update_request(request, num_new, runner_output)
@@ -363,6 +395,8 @@ class Scheduler:
         if finished:
             self.running.remove(request)
             self._release(request)
+        elif self.spec is not None:
+            self.spec.store_drafts(request, runner_output.spec_token_ids.get(request_id, ()))
         if not new_token_ids and prompt_logprobs is None and not finished:
             return None
         return EngineCoreOutput(
@@ -389,6 +423,8 @@ class Scheduler:
                                 first_scheduled_time=request.first_scheduled_time, error=error)
 
     def _release(self, request: Request) -> None:
+        if self.spec is not None:
+            self.spec.forget(request)
         self.prompt_logprobs_tracker.forget(request.request_id)
         self.num_sent_block_ids.pop(request.request_id, None)
         self.kv_cache_manager.free(request)
@@ -441,4 +477,5 @@ class Scheduler:
             num_scheduled_tokens=self.num_scheduled_tokens,
             num_generated_tokens=self.num_generated_tokens,
             num_finished_requests=self.num_finished_requests,
+            spec_decoding=None if self.spec is None else self.spec.stats(),
         )

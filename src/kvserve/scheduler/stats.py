@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvserve.spec_decode.stats import SpecDecodingStats
+
 
 @dataclass(frozen=True)
 class SchedulerStats:
@@ -20,6 +22,7 @@ class SchedulerStats:
         num_scheduled_tokens: tokens scheduled over all steps (prefill + decode, total).
         num_generated_tokens: tokens sampled and appended over all steps (total).
         num_finished_requests: requests finished or aborted since start-up (total).
+        spec_decoding: speculative-decoding totals, or None when speculation is off.
     """
 
     num_running: int = 0
@@ -32,3 +35,4 @@ class SchedulerStats:
     num_scheduled_tokens: int = 0
     num_generated_tokens: int = 0
     num_finished_requests: int = 0
+    spec_decoding: SpecDecodingStats | None = None

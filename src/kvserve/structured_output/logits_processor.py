@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from kvserve.sample.logits_processor import LogitsProcessor, RequestView, sampling_rows
+from kvserve.sample.logits_processor import RowStateLogitsProcessor, RequestView, sampling_rows
 from kvserve.structured_output.backend import StructuredOutputGrammar
 from kvserve.structured_output.bitmask import apply_token_bitmask_, bitmask_width
 
@@ -43,17 +43,18 @@ class _Row:
     reasoning: Any  # ReasoningParser or None
     reasoning_ended: bool
     fed: int = 0  # output tokens the matcher has seen (when reasoning ended: tokens before it)
+    content_start: int = 0  # output tokens before the constrained content (the reasoning)
 
 
-class GrammarLogitsProcessor(LogitsProcessor):
+class GrammarLogitsProcessor(RowStateLogitsProcessor):
     """Masks each constrained row to the tokens its grammar allows next."""
 
     name = "structured_outputs"
 
     def __init__(self, vocab_size: int, device: torch.device, max_rows: int = 256):
+        super().__init__()
         self.vocab_size = vocab_size
         self.device = device
-        self.rows: dict[int, _Row] = {}
         self._bitmask = torch.full((max_rows, bitmask_width(vocab_size)), -1, dtype=torch.int32)
 
     def add_request(self, row: int, request: RequestView) -> None:
@@ -64,16 +65,6 @@ class GrammarLogitsProcessor(LogitsProcessor):
         ended = reasoning is None or reasoning.is_reasoning_end(request.prompt_token_ids)
         self.rows[row] = _Row(grammar.compiled.new_grammar(), request.prompt_token_ids, request.output_token_ids,
                               reasoning, ended)
-
-    def remove_request(self, row: int) -> None:
-        self.rows.pop(row, None)
-
-    def move_request(self, src: int, dst: int) -> None:
-        if src in self.rows:
-            self.rows[dst] = self.rows.pop(src)
-
-    def is_active(self) -> bool:
-        return bool(self.rows)
 
     def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
         constrained = [(i, self.rows[row]) for i, row in sampling_rows(self.rows, rows)]
@@ -94,14 +85,29 @@ class GrammarLogitsProcessor(LogitsProcessor):
             GrammarViolation: the matcher refuses a token.
         """
         output = state.output_token_ids
+        if len(output) < state.fed:
+            GrammarLogitsProcessor._roll_back(state, len(output))
         if not state.reasoning_ended:
             if not state.reasoning.is_reasoning_end(state.prompt_token_ids + output):
                 return False
             state.reasoning_ended = True
             content = state.reasoning.content_token_ids(output)
-            state.fed = len(output) - len(content)
+            state.fed = state.content_start = len(output) - len(content)
         new = output[state.fed:]
         if new and not state.matcher.accept_tokens(new):
             raise GrammarViolation(f"a sampled token ({new}) breaks the request's structured-output grammar")
         state.fed = len(output)
         return True
+
+    @staticmethod
+    def _roll_back(state: _Row, num_output: int) -> None:
+        """The output shrank to ``num_output`` tokens (a speculative verification that failed took
+        its accepted drafts back): undo the matcher's last tokens, or start over when the output
+        now ends inside the reasoning."""
+        if state.reasoning is not None and num_output < state.content_start:
+            state.matcher.reset()
+            state.fed = state.content_start = 0
+            state.reasoning_ended = False
+            return
+        state.matcher.rollback(state.fed - num_output)
+        state.fed = num_output
