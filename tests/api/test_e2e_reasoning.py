@@ -88,6 +88,15 @@ def stream(srv, **body) -> list[dict]:
     return events
 
 
+def usage_chunk(srv, **body) -> dict:
+    with httpx.stream("POST", srv.base_url + "/v1/chat/completions", timeout=30,
+                      json={"model": "scripted-model", "messages": MESSAGES, "stream": True, **body}) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    assert chunks[-1]["choices"] == []
+    return chunks[-1]["usage"]
+
+
 def joined(events: list[dict], index: int, key: str) -> str | None:
     parts = [e["delta"][key] for e in events if e["index"] == index and e["delta"].get(key)]
     return "".join(parts) if parts else None
@@ -100,6 +109,10 @@ def test_reasoning_split_whole_and_streamed():
             assert choice["message"] == {"role": "assistant", "content": ANSWER, "refusal": None,
                                          "reasoning": THINK, "reasoning_content": THINK}
             assert choice["finish_reason"] == "stop"
+        # vLLM's count: the tokens between the tags (the tags are added tokens: THINK alone)
+        thought = len(build_tool_tokenizer().encode(THINK, add_special_tokens=False))
+        assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3 * thought}
+        assert usage_chunk(srv, n=3, stream_options={"include_usage": True}) == body["usage"]
         events = stream(srv, n=3)
         for index in range(3):
             assert joined(events, index, "reasoning") == THINK and joined(events, index, "content") == ANSWER
@@ -112,8 +125,10 @@ def test_reasoning_split_whole_and_streamed():
 
 def test_include_reasoning_false_drops_it_and_its_logprobs():
     with serve(f"<think>{THINK}</think>{ANSWER}") as srv:
-        choice = post(srv, include_reasoning=False, logprobs=True).json()["choices"][0]
+        body = post(srv, include_reasoning=False, logprobs=True).json()
+        choice = body["choices"][0]
         assert choice["message"] == {"role": "assistant", "content": ANSWER, "refusal": None}
+        assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0  # counted anyway (vLLM)
         assert choice["logprobs"] is None
         events = stream(srv, include_reasoning=False)
         assert joined(events, 0, "content") == ANSWER and joined(events, 0, "reasoning") is None
@@ -142,8 +157,13 @@ def test_reasoning_effort_turns_thinking_on_and_server_defaults_apply_under_the_
 
 def test_deepseek_r1_output_without_the_opening_tag():
     with serve(f"{THINK}</think>{ANSWER}", reasoning_parser="deepseek_r1") as srv:
-        message = post(srv).json()["choices"][0]["message"]
+        body = post(srv).json()
+        message = body["choices"][0]["message"]
         assert (message["reasoning"], message["content"]) == (THINK, ANSWER)
+        thought = len(build_tool_tokenizer().encode(THINK, add_special_tokens=False))
+        assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": thought}
+        final = usage_chunk(srv, stream_options={"include_usage": True})
+        assert final["completion_tokens_details"] == {"reasoning_tokens": thought}
 
 
 def test_tool_calls_after_the_reasoning():

@@ -250,6 +250,7 @@ def test_auto_plain_answer_is_content(server):
                      json={"model": "tiny", "messages": MESSAGES, "tools": TOOLS, "max_tokens": 50,
                            "structured_outputs": {"choice": ["It is sunny in Paris."]}}).json()
     assert set(raw["choices"][0]["message"]) == {"role", "content", "refusal"}  # no tool_calls: [], no reasoning
+    assert set(raw["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"}
 
 
 def test_stream_delta_shapes_follow_openai(server):

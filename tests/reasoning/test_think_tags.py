@@ -112,6 +112,19 @@ def test_reasoning_end_from_token_ids(tokenizer):
     assert not make(R1, tokenizer, {"enable_thinking": False}).is_reasoning_end(opened)
 
 
+def test_reasoning_token_count_as_vllm(tokenizer):
+    """vLLM's BaseThinkingReasoningParser.count_reasoning_tokens: tokens between the first <think>
+    (or the start) and the first </think> (or the end), tags excluded."""
+    encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    thought, answer = encode("2+2 is 4, so"), encode(" four")
+    think, end = encode("<think>"), encode("</think>")
+    parser = make(QWEN3, tokenizer, None)
+    assert parser.count_reasoning_tokens(think + thought + end + answer) == len(thought)
+    assert parser.count_reasoning_tokens(thought + end + answer) == len(thought)
+    assert parser.count_reasoning_tokens(thought) == len(thought)  # cut while thinking
+    assert make(QWEN3, tokenizer, {"enable_thinking": False}).count_reasoning_tokens(thought + end) == 0
+
+
 def test_a_vocabulary_without_think_tokens_is_a_configuration_error():
     plain = build_tokenizer("bpe")
     with pytest.raises(ValueError, match="needs <think> and </think>"):

@@ -38,7 +38,7 @@ turn closed a think block would otherwise read a new ``<think>`` as content.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -228,10 +228,23 @@ class ChatPlan:
         """A fresh reader of one choice's text (``params``: the request's, as admitted). With
         ``include_reasoning: false`` and a constraint, the constraint ran from the first token,
         so the model wrote no reasoning and the whole text is the answer."""
-        unreasoned = not self.include_reasoning and params.structured_outputs is not None
-        return ChoiceOutput(None if unreasoned else self._reasoning_parser(), self._tool_parser(),
+        return ChoiceOutput(None if self._unreasoned(params) else self._reasoning_parser(), self._tool_parser(),
                             include_reasoning=self.include_reasoning,
                             parallel_tool_calls=self.parallel_tool_calls)
+
+    def reasoning_counter(self, params: SamplingParams) -> Callable[[Sequence[int]], int] | None:
+        """Counts an output's reasoning tokens for ``usage`` (None without ``--reasoning-parser``;
+        vLLM counts them also when the reasoning is left out of the reply). A reply constrained
+        from the first token has none."""
+        parser = self._reasoning_parser()
+        if parser is None:
+            return None
+        if self._unreasoned(params):
+            return lambda token_ids: 0
+        return parser.count_reasoning_tokens
+
+    def _unreasoned(self, params: SamplingParams) -> bool:
+        return not self.include_reasoning and params.structured_outputs is not None
 
     def finish_reason(self, engine_reason: str | None, tools_called: bool) -> str | None:
         """``"tool_calls"`` when calls were returned and the model stopped, except for a named

@@ -19,13 +19,27 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
-    """Token counts; ``prompt_tokens_details.cached_tokens`` = prefix-cache hits."""
+    """Token counts; ``prompt_tokens_details.cached_tokens`` = prefix-cache hits;
+    ``completion_tokens_details.reasoning_tokens`` (chat with ``--reasoning-parser`` only, as
+    vLLM; left out otherwise) = output tokens inside the think block."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler):
+        data = handler(self)
+        if data.get("completion_tokens_details") is None:
+            data.pop("completion_tokens_details", None)
+        return data
 
 
 class PromptLogprob(BaseModel):

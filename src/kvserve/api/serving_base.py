@@ -18,7 +18,7 @@ from kvserve.api.chat_parsers import ChatParsers
 from kvserve.api.engine_stream import start_streams
 from kvserve.api.errors import APIError
 from kvserve.api.rate_limit import RateLimiter
-from kvserve.api.responses import PromptTokensDetails, UsageInfo
+from kvserve.api.responses import CompletionTokensDetails, PromptTokensDetails, UsageInfo
 from kvserve.api.settings import ServerSettings
 from kvserve.api.sse import SSEResponse
 from kvserve.api.tokenization import TokenText, make_token_text, token_id_text
@@ -111,10 +111,13 @@ def check_token_ids(token_ids: list[int], vocab_size: int, param: str = "prompt"
                                   f"0..{vocab_size - 1})", param=param)
 
 
-def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+               reasoning_tokens: int | None = None) -> UsageInfo:
+    details = None if reasoning_tokens is None else CompletionTokensDetails(reasoning_tokens=reasoning_tokens)
     return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                      total_tokens=prompt_tokens + completion_tokens,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+                     completion_tokens_details=details)
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> tuple[bool, T | None]:

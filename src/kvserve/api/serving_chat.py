@@ -44,6 +44,7 @@ class _Choice:
     output: ChoiceOutput
     text: str = ""
     num_tokens: int = 0
+    token_ids: list[int] = dataclasses.field(default_factory=list)  # kept to count reasoning tokens
     logprobs: list[ChatLogprobToken] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -119,6 +120,7 @@ class _ChatCall:
         self.choices = [_Choice(i, plan.choice_output(stream.request.sampling_params)) for i in range(request.n)]
         self.cached_tokens = 0
         self.prompt_logprobs = None
+        self.reasoning_counter = plan.reasoning_counter(stream.request.sampling_params)
         # vLLM: with the reasoning left out, logprobs (which would show it) are left out too.
         self.logprobs = request.logprobs and not (plan.parsers.reasoning_parser is not None
                                                    and not plan.include_reasoning)
@@ -141,6 +143,8 @@ class _ChatCall:
             logprobs = ChatChoiceLogprobs(content=entries) if entries else None
         choice.text += output.text
         choice.num_tokens += len(output.token_ids)
+        if self.reasoning_counter is not None:
+            choice.token_ids += output.token_ids
         finish = None
         if choice.finish_reason is None and output.finish_reason is not None:
             choice.finish_reason, choice.stop_reason = output.finish_reason, output.stop_reason
@@ -173,8 +177,11 @@ class _ChatCall:
         return message, self.plan.finish_reason(choice.finish_reason, bool(parsed.tool_calls))
 
     def _usage(self):
+        reasoning = None
+        if self.reasoning_counter is not None:
+            reasoning = sum(self.reasoning_counter(c.token_ids) for c in self.choices)
         return make_usage(len(self.request_stream.request.prompt_token_ids),
-                          sum(c.num_tokens for c in self.choices), self.cached_tokens)
+                          sum(c.num_tokens for c in self.choices), self.cached_tokens, reasoning)
 
     def _chunk(self, choices: list[ChatCompletionStreamChoice], exclude) -> str:
         usage = self._usage() if self.request.continuous_usage else None

@@ -82,6 +82,11 @@ class ReasoningParser(ABC):
     def content_token_ids(self, token_ids: Sequence[int]) -> list[int]:
         """The ids after the end of the reasoning (``[]`` while it has not ended)."""
 
+    def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        """How many of an output's tokens are reasoning (``usage.completion_tokens_details.
+        reasoning_tokens``); 0 unless a parser knows."""
+        return 0
+
     def extract_reasoning(self, text: str) -> tuple[str | None, str | None]:
         """``(reasoning_content, content)`` of a whole output; an empty part is ``None``."""
         state = self._safe_split(text, final=True)

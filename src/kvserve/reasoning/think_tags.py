@@ -115,6 +115,17 @@ class ThinkTagReasoningParser(ReasoningParser):
                 break
         return []
 
+    def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        """The tokens between the output's first ``<think>`` (or its start, the template having
+        opened the block) and its first ``</think>`` (or its end), tags excluded: vLLM's
+        ``BaseThinkingReasoningParser.count_reasoning_tokens``."""
+        if not self.thinking:
+            return 0
+        ids = list(token_ids)
+        start = ids.index(self.start_token_id) + 1 if self.start_token_id in ids else 0
+        end = ids.index(self.end_token_id) if self.end_token_id in ids else len(ids)
+        return max(0, end - start)
+
 
 @register_reasoning_parser("deepseek_r1")
 class DeepSeekR1ReasoningParser(ThinkTagReasoningParser):
