@@ -42,7 +42,7 @@ def test_prompt_hashes_equal_the_workers_block_hashes():
 
 
 def test_cache_aware_cost_prefers_the_cached_worker_until_the_queue_outweighs_it():
-    policy = make_policy("cache_aware", RouterConfig())  # queue_token_cost 64, thresholds 0.3 / 64 / 1.5
+    policy = make_policy("cache_aware", RouterConfig(queue_token_cost=64))  # thresholds 0.3 / 64 / 1.5
     hashes = list(range(40))  # a 641-token prompt: 40 hittable blocks of 16
     request = RouteRequest(hashes, 641, 16)
     owner, other = _worker("http://a", load=3, cached=hashes[:32]), _worker("http://b", load=0)
@@ -56,7 +56,7 @@ def test_cache_aware_cost_prefers_the_cached_worker_until_the_queue_outweighs_it
 
 
 def test_cache_aware_thresholds_send_by_load():
-    config = RouterConfig()
+    config = RouterConfig(queue_token_cost=64)
     policy = make_policy("cache_aware", config)
     hashes = list(range(10))
     # 2 of 10 blocks cached = 32 / 161 tokens = 0.199 < 0.3: least load
@@ -65,7 +65,7 @@ def test_cache_aware_thresholds_send_by_load():
     # imbalance: 100 - 30 > 64 and 100 > 1.5 * 30: least load even though a holds everything
     decision = policy.select([_worker("http://a", 100, hashes), _worker("http://b", 30)], RouteRequest(hashes, 161))
     assert (decision.worker.url, decision.reason) == ("http://b", "imbalance")
-    # 100 - 40 = 60 <= 64: balanced, the cache decides (cost a = 1 + 6400 > cost b = 161 + 2560? no: by cost)
+    # 100 - 40 = 60 <= 64: balanced, the cost decides (a: 1 + 64 * 100, b: 161 + 64 * 40)
     a, b = _worker("http://a", 100, hashes), _worker("http://b", 40)
     costs = {w.url: (161 - m) + 64 * w.load for w, m in ((a, 160), (b, 0))}
     assert policy.select([a, b], RouteRequest(hashes, 161)).worker.url == min(costs, key=costs.get)

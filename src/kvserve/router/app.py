@@ -306,7 +306,7 @@ def _add_worker_routes(app: FastAPI, router: Router) -> None:
     def describe(w: Worker) -> dict:
         return {"url": w.url, "model": w.model, "state": w.state, "healthy": w.healthy, "routable": w.routable,
                 "in_flight": w.in_flight, "breaker": w.breaker.state.value, "load": w.load,
-                "kv_events": w.kv_events.endpoint if w.kv_events else None,
+                "kv_events": f"{w.kv_events.endpoint},{w.kv_events.replay or ''}" if w.kv_events else None,
                 "cached_blocks": len(w.event_index.hashes) if w.event_index is not None else None}
 
     @app.get("/workers")

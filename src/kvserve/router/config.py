@@ -8,7 +8,7 @@ flag                        default   from
 --cache-threshold           0.3       SGLang router's ``cache_threshold`` (router_args.py)
 --balance-abs-threshold     64        SGLang router's ``balance_abs_threshold``
 --balance-rel-threshold     1.5       SGLang router's ``balance_rel_threshold``
---queue-token-cost          64        kvserve: prefill tokens one queued request is worth
+--queue-token-cost          8         kvserve: prefill tokens one request in a queue is worth
 --retry-max-retries         3         SGLang: 5 (kvserve retries only before the first byte)
 --retry-initial-backoff-ms  50        SGLang's; multiplier 1.5 and jitter 0.2 also SGLang's
 --cb-failure-threshold      3         SGLang: 10 (a refused connection opens it at once)
@@ -114,7 +114,7 @@ class RouterConfig:
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
-    queue_token_cost: float = 64.0
+    queue_token_cost: float = 8.0
     api_keys: tuple[str, ...] = ()
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
@@ -162,8 +162,8 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
                    help="cache_aware: below this cached share of the prompt, route by load (default 0.3)")
     r.add_argument("--balance-abs-threshold", type=non_negative_int, default=64)
     r.add_argument("--balance-rel-threshold", type=_positive_float, default=1.5)
-    r.add_argument("--queue-token-cost", type=float, default=64.0,
-                   help="cache_aware: prefill tokens one request in a worker's queue is worth (default 64)")
+    r.add_argument("--queue-token-cost", type=float, default=8.0,
+                   help="cache_aware: prefill tokens one request a worker is busy with is worth (default 8)")
     f = parser.add_argument_group("failures")
     f.add_argument("--health-check-interval", type=_positive_float, default=2.0, help="seconds (default 2)")
     f.add_argument("--health-check-timeout", type=_positive_float, default=2.0)

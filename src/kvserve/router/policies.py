@@ -24,9 +24,14 @@ worker publishes them, as llm-d's precise prefix scorer, and Dynamo's overlap-we
        i.e. the prefill tokens it would still compute, plus queue_token_cost tokens per request
        it is already busy with. Ties: lower load, then turn.
 
-With the defaults (thresholds 64 / 1.5 and 0.3 from SGLang's router, queue_token_cost 64), a
-worker holding a 512-token shared prefix keeps its group until it has 8 more requests than
-another worker; then the prefix is computed on a second worker too (a hot prefix spreads).
+With the defaults (thresholds 64 / 1.5 and 0.3 from SGLang's router, queue_token_cost 8), a
+worker holding a 160-token shared prefix keeps its group until it has 20 more requests than
+another worker (a 512-token one: until the imbalance guard); then the prefix is computed on a
+second worker too (a hot prefix spreads). Why 8: under continuous batching a request a worker is
+busy with costs a newcomer about one token of each step they share, not a queue slot; 8 leaves
+room for steps with a waiting queue. Measured on the shared-prefix workload (docs/router.md): 64
+(one queued request = 4 blocks) broke affinity at load gaps of 3 requests and kept 85% of a single
+worker's hit rate; 8 kept it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,151 @@
+"""Benchmarks of ``kvserve route`` (docs/benchmarks.md, section "Router"), all in one run:
+
+1. policies: 3 workers (built-in model, --num-gpu-blocks-override B each) behind the router, the
+   shared-prefix workload per policy (a new seed per policy = new prefixes, cold caches), beside a
+   single worker with 3B blocks: fleet prefix-cache hit rate (the workers' own counters), request
+   latency p50/p99, TTFT, throughput.
+2. router overhead at concurrency 32: TTFT and latency through the router minus direct to the same
+   worker, runs alternated (direct, router, direct, router, ...), on a kvserve worker and on a
+   scripted zero-work worker (the router's own cost).
+
+    python benchmarks/router.py --out bench_results/router.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "router"))
+from fleet_helpers import MODEL, RouterProcess, WorkerProcess, free_port, healthy, wait_for  # noqa: E402
+
+KVSERVE = [sys.executable, "-m", "kvserve.cli"]
+
+
+def bench(base: str, folder: Path, *args: str) -> dict:
+    result = folder / f"bench-{free_port()}.json"
+    command = [*KVSERVE, "bench", "serve", "--base-url", base, "--model", MODEL, "--disable-tqdm",
+               "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+               "--result-file", str(result), *args]
+    run = subprocess.run(command, capture_output=True, text=True)
+    if not result.exists():
+        raise RuntimeError(run.stdout[-2000:] + run.stderr[-2000:])
+    return json.loads(result.read_text())
+
+
+def counters(workers) -> tuple[float, float]:
+    pairs = [w.prefix_counters() for w in workers]
+    return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+
+def summary(result: dict) -> dict:
+    keys = ("completed", "failed", "duration", "request_throughput", "output_throughput", "mean_ttft_ms",
+            "p50_ttft_ms", "p99_ttft_ms", "p50_e2el_ms", "p90_e2el_ms", "p99_e2el_ms", "mean_e2el_ms")
+    return {k: result.get(k) for k in keys}
+
+
+def policies(folder: Path, blocks: int, groups: int, per_group: int, concurrency: int) -> dict:
+    workers = [WorkerProcess(folder, f"w{i}", blocks) for i in range(3)]
+    single = WorkerProcess(folder, "single", 3 * blocks)
+    for w in (*workers, single):
+        w.start()
+    out = {}
+    workload = ["--dataset-name", "shared-prefix", "--num-groups", str(groups), "--prompts-per-group",
+                str(per_group), "--system-prompt-len", "160", "--question-len", "32", "--output-len", "32",
+                "--max-concurrency", str(concurrency)]
+    try:
+        for w in (*workers, single):
+            w.wait_ready()
+        before = counters([single])
+        result = bench(single.url, folder, *workload, "--seed", "1000")
+        after = counters([single])
+        out["single"] = {**summary(result), "hit_rate": (after[1] - before[1]) / (after[0] - before[0])}
+        for seed, policy in enumerate(("cache_aware", "least_load", "round_robin", "power_of_two"), start=1001):
+            router = RouterProcess(folder, workers, policy=policy).start()
+            try:
+                wait_for(lambda: all(w["routable"] for w in router.workers().values()), 30, "routable")
+                before = counters(workers)
+                result = bench(router.url, folder, *workload, "--seed", str(seed))
+                after = counters(workers)
+                out[policy] = {**summary(result), "hit_rate": (after[1] - before[1]) / (after[0] - before[0])}
+            finally:
+                router.stop()
+            print(policy, out[policy], flush=True)
+    finally:
+        for w in (*workers, single):
+            w.stop()
+    return out
+
+
+def overhead(folder: Path, rounds: int, num_prompts: int) -> dict:
+    worker = WorkerProcess(folder, "solo", 2000).start().wait_ready()
+    fake = subprocess.Popen([sys.executable, str(Path(__file__).with_name("router_fake_worker.py")),
+                             str(port := free_port())])
+    fake_url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: healthy(fake_url), 30, "fake worker")
+    workload = ["--dataset-name", "random", "--input-len", "64", "--output-len", "16", "--num-prompts",
+                str(num_prompts), "--max-concurrency", "32"]
+    out = {}
+    try:
+        for name, url in (("kvserve_worker", worker.url), ("zero_work_worker", fake_url)):
+            router = RouterProcess(folder, [], "--worker-urls", url).start()
+            rows = {"direct": [], "router": []}
+            try:
+                wait_for(lambda: all(w["routable"] for w in router.workers().values()), 30, "routable")
+                bench(url, folder, *workload, "--seed", "1")  # warm-up
+                for r in range(rounds):
+                    for kind, base in (("direct", url), ("router", router.url)):
+                        rows[kind].append(summary(bench(base, folder, *workload, "--seed", str(10 + r))))
+            finally:
+                router.stop()
+            diff = {m: [b[m] - a[m] for a, b in zip(rows["direct"], rows["router"])]
+                    for m in ("mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "mean_e2el_ms")}
+            out[name] = {"rounds": rows, "router_minus_direct_ms": {m: {"mean": statistics.mean(v),
+                                                                       "min": min(v), "max": max(v)}
+                                                                   for m, v in diff.items()}}
+            print(name, out[name]["router_minus_direct_ms"], flush=True)
+    finally:
+        worker.stop()
+        fake.send_signal(signal.SIGTERM)
+        fake.wait(10)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="bench_results/router.json")
+    parser.add_argument("--blocks", type=int, default=300)
+    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--prompts-per-group", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--overhead-prompts", type=int, default=256)
+    parser.add_argument("--skip-policies", action="store_true")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="kvserve-router-bench-"))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
+    report = {"commit": commit, "argv": sys.argv, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
+              "amx": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags}
+    if not args.skip_policies:
+        report["policies"] = policies(folder, args.blocks, args.groups, args.prompts_per_group, args.concurrency)
+    report["overhead_c32"] = overhead(folder, args.rounds, args.overhead_prompts)
+    report["loadavg_end"] = os.getloadavg()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(f"written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
