@@ -111,7 +111,7 @@ def _flags(command: str | None) -> list[str]:
     if not command:
         return []
     words = shlex.split(command)
-    first = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+    first = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))  # past `python -m x`
     return words[first:]
 
 
