@@ -14,18 +14,18 @@ from collections.abc import Sequence
 
 import torch
 
-from kvserve.sample.logits_processor import LogitsProcessor, RequestView, sampling_rows
+from kvserve.sample.logits_processor import RowStateLogitsProcessor, RequestView, sampling_rows
 
 
-class AllowedTokenIdsLogitsProcessor(LogitsProcessor):
+class AllowedTokenIdsLogitsProcessor(RowStateLogitsProcessor):
     """Keeps, per row that sets ``allowed_token_ids``, a bool ``[V]`` mask of what it allows."""
 
     name = "allowed_token_ids"
 
     def __init__(self, vocab_size: int, device: torch.device):
+        super().__init__()
         self.vocab_size = vocab_size
         self.device = device
-        self.masks: dict[int, torch.Tensor] = {}
 
     def add_request(self, row: int, request: RequestView) -> None:
         allowed = request.sampling_params.allowed_token_ids
@@ -33,23 +33,13 @@ class AllowedTokenIdsLogitsProcessor(LogitsProcessor):
             return
         mask = torch.zeros(self.vocab_size, dtype=torch.bool)
         mask[torch.tensor(allowed, dtype=torch.int64)] = True  # ids checked by the input processor
-        self.masks[row] = mask.to(self.device)
-
-    def remove_request(self, row: int) -> None:
-        self.masks.pop(row, None)
-
-    def move_request(self, src: int, dst: int) -> None:
-        if src in self.masks:
-            self.masks[dst] = self.masks.pop(src)
-
-    def is_active(self) -> bool:
-        return bool(self.masks)
+        self.rows[row] = mask.to(self.device)
 
     def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
-        pairs = sampling_rows(self.masks, rows)
+        pairs = sampling_rows(self.rows, rows)
         if not pairs:
             return
-        allowed = torch.stack([self.masks[row] for _, row in pairs])
+        allowed = torch.stack([self.rows[row] for _, row in pairs])
         if len(pairs) == logits.shape[0]:  # every row restricts: no gather/scatter
             logits.masked_fill_(~allowed, float("-inf"))
             return

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kvserve.errors import InvalidRequestError
-from kvserve.sample.logits_processor import LogitsProcessor, RequestView, ban, sampling_rows
+from kvserve.sample.logits_processor import RowStateLogitsProcessor, RequestView, ban, sampling_rows
 from kvserve.tokenizer import require_valid_unicode
 
 
@@ -67,27 +67,17 @@ def banned_token_ids(sequences: list[list[int]], output_token_ids: list[int]) ->
     return sorted(banned)
 
 
-class BadWordsLogitsProcessor(LogitsProcessor):
+class BadWordsLogitsProcessor(RowStateLogitsProcessor):
     """Keeps, per row with bad words, its token-id sequences and its live output list."""
 
     name = "bad_words"
 
     def __init__(self, vocab_size: int, device: torch.device):
-        self.rows: dict[int, tuple[list[list[int]], list[int]]] = {}
+        super().__init__()
 
     def add_request(self, row: int, request: RequestView) -> None:
         if request.bad_words_token_ids:
             self.rows[row] = (request.bad_words_token_ids, request.output_token_ids)
-
-    def remove_request(self, row: int) -> None:
-        self.rows.pop(row, None)
-
-    def move_request(self, src: int, dst: int) -> None:
-        if src in self.rows:
-            self.rows[dst] = self.rows.pop(src)
-
-    def is_active(self) -> bool:
-        return bool(self.rows)
 
     def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
         ban(logits, [(i, t) for i, row in sampling_rows(self.rows, rows)

@@ -10,37 +10,27 @@ from collections.abc import Sequence
 
 import torch
 
-from kvserve.sample.logits_processor import LogitsProcessor, RequestView, sampling_rows
+from kvserve.sample.logits_processor import RowStateLogitsProcessor, RequestView, sampling_rows
 
 
-class LogitBiasLogitsProcessor(LogitsProcessor):
+class LogitBiasLogitsProcessor(RowStateLogitsProcessor):
     """Keeps, per row with a ``logit_bias``, its token ids and biases."""
 
     name = "logit_bias"
 
     def __init__(self, vocab_size: int, device: torch.device):
+        super().__init__()
         self.device = device
-        self.biases: dict[int, tuple[list[int], list[float]]] = {}
 
     def add_request(self, row: int, request: RequestView) -> None:
         bias = request.sampling_params.logit_bias
         if bias:
-            self.biases[row] = (list(bias), [float(v) for v in bias.values()])
-
-    def remove_request(self, row: int) -> None:
-        self.biases.pop(row, None)
-
-    def move_request(self, src: int, dst: int) -> None:
-        if src in self.biases:
-            self.biases[dst] = self.biases.pop(src)
-
-    def is_active(self) -> bool:
-        return bool(self.biases)
+            self.rows[row] = (list(bias), [float(v) for v in bias.values()])
 
     def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
         logits_rows, token_ids, values = [], [], []
-        for i, row in sampling_rows(self.biases, rows):
-            ids, biases = self.biases[row]
+        for i, row in sampling_rows(self.rows, rows):
+            ids, biases = self.rows[row]
             logits_rows.extend([i] * len(ids))
             token_ids.extend(ids)
             values.extend(biases)

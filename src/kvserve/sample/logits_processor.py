@@ -86,6 +86,24 @@ class LogitsProcessor(ABC):
         """
 
 
+class RowStateLogitsProcessor(LogitsProcessor):
+    """A processor whose state is one entry per row that uses it (``self.rows``): removal, moves
+    and ``is_active`` follow from that; subclasses add rows and apply."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, Any] = {}
+
+    def remove_request(self, row: int) -> None:
+        self.rows.pop(row, None)
+
+    def move_request(self, src: int, dst: int) -> None:
+        if src in self.rows:
+            self.rows[dst] = self.rows.pop(src)
+
+    def is_active(self) -> bool:
+        return bool(self.rows)
+
+
 def sampling_rows(own_rows: dict | set, rows: Sequence[int]) -> list[tuple[int, int]]:
     """``(logits row, batch row)`` for each batch row in ``own_rows`` (the rows a processor holds
     state for) that samples now."""
