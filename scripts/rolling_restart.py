@@ -11,7 +11,8 @@ For each worker (all active ones by default, in the router's order):
                        (then wait until /health is 200)
     4. POST /workers {url, model, kv_events} on the router: back in rotation
 
-``{url}``, ``{host}`` and ``{port}`` in the commands are the worker's. Commands run in ``bash -c``.
+``{url}``, ``{host}`` and ``{port}`` in the commands are replaced by the worker's (other braces,
+e.g. a JSON flag, are left alone). Commands run in ``bash -c``.
 
     python scripts/rolling_restart.py --router http://127.0.0.1:9000 \\
         --stop-cmd 'kill -TERM $(cat /tmp/w{port}.pid)' \\
@@ -46,7 +47,7 @@ def _wait(predicate, timeout: float, what: str) -> None:
 
 def _run(template: str, url: str) -> None:
     parts = urlsplit(url)
-    command = template.format(url=url, host=parts.hostname, port=parts.port)
+    command = template.replace("{url}", url).replace("{host}", parts.hostname).replace("{port}", str(parts.port))
     subprocess.run(["bash", "-c", command], check=True)
 
 

@@ -47,8 +47,8 @@ class WorkerProcess:
         self.folder, self.name, self.num_blocks = folder, name, num_blocks
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.events = f"ipc://{folder}/{name}-events"
-        self.replay = f"ipc://{folder}/{name}-replay"
+        self.events = f"ipc://{folder}/{self.port}-events"
+        self.replay = f"ipc://{folder}/{self.port}-replay"
         self.process: subprocess.Popen | None = None
 
     @property
@@ -68,7 +68,7 @@ class WorkerProcess:
                                         env={**os.environ, "OMP_NUM_THREADS": "1"})
         return self
 
-    def wait_ready(self, timeout: float = 120) -> WorkerProcess:
+    def wait_ready(self, timeout: float = 300) -> WorkerProcess:
         wait_for(lambda: self.process.poll() is not None or healthy(self.url), timeout, f"{self.name} ready")
         assert self.process.poll() is None, (self.folder / f"{self.name}.log").read_text()[-2000:]
         return self
