@@ -84,7 +84,9 @@ def analyse_engine(spec: CompareSpec, store: Store, engine: EngineSpec) -> dict[
                              spec.capacity.max_replicas)
         capacity = dataclasses.asdict(plan)
         if partial:
-            capacity["arithmetic"] = "not every load level was measured: capacity unknown"
+            why = info.get("skipped") or info.get("error")
+            capacity["arithmetic"] = (f"engine not measured ({why[:120]})" if why and not levels
+                                      else "not every load level was measured: capacity unknown")
     probes = {}
     for name in PROBES:
         data = store.read(store.probe_path(engine.name, name))
