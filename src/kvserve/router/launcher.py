@@ -87,12 +87,21 @@ def build_router(config: RouterConfig) -> Router:
     return router
 
 
+class _RouterServer(uvicorn.Server):
+    """uvicorn that ends on SIGTERM/SIGINT by returning (uvicorn re-raises the signal after its
+    shutdown, which would kill the process before ``kvserve serve -dp`` stops its engines)."""
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+
 def serve_router(router: Router, sock: socket.socket, log_level: str = "info", on_ready=None) -> None:
     """Serve the router app on a bound socket until SIGTERM/SIGINT."""
     app = build_router_app(router)
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
                             timeout_keep_alive=30)
-    server = uvicorn.Server(config)
+    server = _RouterServer(config)
     if on_ready is not None:
         original = server.startup
 
