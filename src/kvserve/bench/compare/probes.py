@@ -190,13 +190,13 @@ async def _load_worker(ctx: ProbeContext, canary: Canary, stop: asyncio.Event,
 
 
 def _downtime(outputs: list[RequestFuncOutput]) -> float | None:
-    """Seconds from the first failed request's end to the first success after it (None: no failure
-    or no recovery)."""
+    """Seconds from the first failed request's end to the end of the first success sent after it
+    (a request in flight since before the failure proves nothing); None: no failure or no recovery."""
     ordered = sorted(outputs, key=lambda o: o.end_time)
     first_fail = next((o.end_time for o in ordered if not o.success), None)
     if first_fail is None:
         return None
-    back = next((o.end_time for o in ordered if o.success and o.end_time > first_fail), None)
+    back = next((o.end_time for o in ordered if o.success and o.start_time >= first_fail), None)
     return None if back is None else back - first_fail
 
 
