@@ -125,7 +125,6 @@ def test_unimplemented_flags_are_refused_by_name(tiny_llama, capsys, command, fl
 
 def test_config_level_refusals_are_one_line(tiny_llama, capsys, monkeypatch):
     for command, message in [
-        ("vllm serve MODEL --response-role bot", "--response-role 'bot' is not supported yet"),
         ("vllm serve MODEL --api-key ''", "--api-key is empty"),
         ("vllm serve MODEL --ssl-keyfile key.pem", "--ssl-keyfile and --ssl-certfile go together"),
         ("vllm serve MODEL --model other", "the model is given twice"),

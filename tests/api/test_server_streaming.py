@@ -160,3 +160,20 @@ def test_tokenize_detokenize(server, tokenizer):
             [{"role": "user", "content": "x"}], add_generation_prompt=True, return_dict=False)
         bad = http.post("/detokenize", json={"tokens": [10**6]})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_response_role_names_the_reply(tokenizer):
+    """vLLM's --response-role: the reply's role after a generation prompt; the continued
+    message's role without one."""
+    from kvserve.api.settings import ServerSettings
+
+    with LoopbackServer(ScriptedEngine(tokenizer), ServerSettings(response_role="bot")) as srv:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        reply = httpx.post(srv.base_url + "/v1/chat/completions", json=body).json()
+        assert reply["choices"][0]["message"]["role"] == "bot"
+        stream = httpx.post(srv.base_url + "/v1/chat/completions", json={**body, "stream": True})
+        assert json.loads(sse_events(stream)[0])["choices"][0]["delta"]["role"] == "bot"
+        continued = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}],
+                     "max_tokens": 2, "add_generation_prompt": False, "continue_final_message": True}
+        reply = httpx.post(srv.base_url + "/v1/chat/completions", json=continued).json()
+        assert reply["choices"][0]["message"]["role"] == "assistant"

@@ -169,12 +169,20 @@ class _ChatCall:
     def _message(self, choice: _Choice) -> tuple[ChatResponseMessage, str | None]:
         """A whole choice's message and finish reason."""
         if not choice.output.parses:
-            return ChatResponseMessage(content=choice.text), choice.finish_reason
+            return ChatResponseMessage(role=self._role(), content=choice.text), choice.finish_reason
         parsed = choice.output.parse(choice.text)
-        message = ChatResponseMessage(content=parsed.content, tool_calls=[c.to_dict() for c in parsed.tool_calls],
+        message = ChatResponseMessage(role=self._role(), content=parsed.content,
+                                      tool_calls=[c.to_dict() for c in parsed.tool_calls],
                                       reasoning=parsed.reasoning, reasoning_content=parsed.reasoning,
                                       show_reasoning=self.plan.reports_reasoning)
         return message, self.plan.finish_reason(choice.finish_reason, bool(parsed.tool_calls))
+
+    def _role(self) -> str:
+        """The reply's role (vLLM's rule): ``--response-role`` after a generation prompt, else the
+        role of the message being continued."""
+        if self.request.add_generation_prompt:
+            return self.state.settings.response_role
+        return self.request.messages[-1].role
 
     def _usage(self):
         reasoning = None
@@ -207,7 +215,7 @@ class _ChatCall:
                     first = False
                     for choice in self.choices:
                         role = ChatCompletionStreamChoice(index=choice.index,
-                                                          delta=DeltaMessage(role="assistant", content=""))
+                                                          delta=DeltaMessage(role=self._role(), content=""))
                         yield self._chunk([role], exclude)
                 for delta in output.outputs:
                     choice = self._delta(delta)

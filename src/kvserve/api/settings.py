@@ -318,13 +318,6 @@ def _check_tls(keyfile: str | None, certfile: str | None) -> None:
             raise ValueError(f"{flag} {path!r} is not a file")
 
 
-def _check_response_role(role: str) -> str:
-    # Wired in the chat handlers by the API's owner; until then only the default is honest.
-    if role != "assistant":
-        raise ValueError(f"--response-role {role!r} is not supported yet: chat replies use the role 'assistant'")
-    return role
-
-
 def _check_tool_flags(args: argparse.Namespace) -> None:
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser (the model's tool-call format: "
@@ -352,7 +345,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(
         host=args.host, port=args.port, api_keys=keys, api_key_env=env_name,
         served_model_name=names[0] if names else None, served_model_aliases=names[1:],
-        chat_template=_read_chat_template(args.chat_template), response_role=_check_response_role(args.response_role),
+        chat_template=_read_chat_template(args.chat_template), response_role=args.response_role,
         requests_per_minute=args.requests_per_minute, tokens_per_minute=args.tokens_per_minute,
         max_concurrent_requests=args.max_concurrent_requests, shutdown_timeout=args.shutdown_timeout,
         log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
