@@ -268,7 +268,7 @@ class InputBatch:
             index = torch.from_numpy(rows).to(self.device)
             pick = lambda name: columns[name][index]  # noqa: E731
         greedy = self.greedy[rows]
-        num_logprobs = self.num_logprobs[rows].tolist()
+        num_logprobs = self.num_logprobs[rows]
         return SamplingMetadata(
             temperature=pick("temperature"),
             greedy_mask=pick("greedy"),
@@ -281,7 +281,8 @@ class InputBatch:
             generators=[self.states[row].generator for row in rows.tolist()] if uniforms is None else [],
             uniforms=uniforms,
             penalties=self._penalties(rows),
-            num_logprobs=[None if k < 0 else k for k in num_logprobs],
+            num_logprobs=([None] * len(rows) if (num_logprobs < 0).all()
+                          else [None if k < 0 else k for k in num_logprobs.tolist()]),
             logits_processors=[p for p in self.logits_processors if p.is_active()],
             batch_rows=rows.tolist(),
         )

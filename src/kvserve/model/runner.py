@@ -207,6 +207,8 @@ class ModelRunner:
             raise ValueError(f"request {batch.req_ids[row]}: {batch.num_blocks[row]} blocks of {self.block_size} "
                              f"tokens cannot hold {seq_lens[short][0]} tokens (a scheduler bug)")
         width = max(1, -(-int(seq_lens.max()) // self.block_size))
+        # Every row in order (the usual step): views, not copies of the [rows, max_model_len] tokens.
+        rows = slice(0, len(rows)) if np.array_equal(rows, np.arange(len(rows))) else rows
         return make_flat_batch(batch.token_ids[rows], batch.num_computed_tokens[rows], num_scheduled,
                                batch.block_table[rows, :width], self.block_size, samples, num_logits)
 

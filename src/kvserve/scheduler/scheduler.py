@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvserve.config import SchedulerConfig, SpeculativeConfig
@@ -153,20 +153,29 @@ class Scheduler:
         for r in self.running:
             (decodes if len(r.all_token_ids) - r.num_computed_tokens == 1 else prefills).append(r)
         scheduled = plan.num_scheduled_tokens
+        running = RequestStatus.RUNNING
+        block_ids = self.kv_cache_manager.req_to_block_ids
+        block_size = self.kv_cache_manager.block_size
+        spec = self.spec
         for request in decodes:  # the common case, kept lean: one token each (+ its drafts)
             if plan.token_budget == 0:
                 return
-            if request.status != RequestStatus.RUNNING:  # preempted earlier in this step
+            if request.status is not running:  # preempted earlier in this step
+                continue
+            request_id = request.request_id
+            if spec is None and request.num_computed_tokens < len(block_ids[request_id]) * block_size:
+                scheduled[request_id] = 1  # its last block has room: nothing to allocate
+                plan.token_budget -= 1
                 continue
             num_new = min(1 + len(request.spec_token_ids), plan.token_budget)
             if not self._allocate_or_preempt(request, num_new, plan):
                 return
-            scheduled[request.request_id] = num_new
+            scheduled[request_id] = num_new
             plan.token_budget -= num_new
             if request.spec_token_ids:
-                drafts = self.spec.take_drafts(request, num_new)
+                drafts = spec.take_drafts(request, num_new)
                 if drafts:
-                    plan.spec_tokens[request.request_id] = drafts
+                    plan.spec_tokens[request_id] = drafts
         for request in prefills:
             if plan.token_budget == 0:
                 break
@@ -348,19 +357,25 @@ class Scheduler:
             order.
         """
         outputs = []
+        requests = self.requests
+        running = RequestStatus.RUNNING
+        errors = runner_output.errors
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        sampled = runner_output.sampled_token_ids
         for request_id, num_new in scheduler_output.num_scheduled_tokens.items():
-            request = self.requests.get(request_id)
-            if request is None or request.status != RequestStatus.RUNNING:
+            request = requests.get(request_id)
+            if request is None or request.status is not running:
                 continue
-            error = runner_output.errors.get(request_id)
-            drafts = scheduler_output.scheduled_spec_decode_tokens.get(request_id)
-            if drafts and error is None:
-                num_new -= self.spec.num_rejected(request, drafts,
-                                                  len(runner_output.sampled_token_ids.get(request_id, ())))
+            error = errors.get(request_id) if errors else None
+            new_token_ids = sampled.get(request_id, ())
+            if spec_tokens and error is None:
+                drafts = spec_tokens.get(request_id)
+                if drafts:
+                    num_new -= self.spec.num_rejected(request, drafts, len(new_token_ids))
             request.num_computed_tokens += num_new
             if error is None:
                 try:
-                    output = self._update_request(request, num_new, runner_output)
+                    output = self._update_request(request, num_new, new_token_ids, runner_output)
                 except Exception as exc:  # noqa: BLE001 - this request's failure, not the step's
                     logger.exception("updating request %s failed; the others go on", request_id)
                     error = f"{type(exc).__name__}: {exc}"
@@ -370,16 +385,16 @@ class Scheduler:
                 outputs.append(output)
         return outputs
 
-    def _update_request(self, request: Request, num_new: int,
+    def _update_request(self, request: Request, num_new: int, new_token_ids: Sequence[int],
                         runner_output: ModelRunnerOutput) -> EngineCoreOutput | None:
         request_id = request.request_id
-        new_token_ids = runner_output.sampled_token_ids.get(request_id, ())
         finished = False
+        max_model_len = self.scheduler_config.max_model_len
         for token_id in new_token_ids:
             request.output_token_ids.append(token_id)
             request.all_token_ids.append(token_id)
             self.num_generated_tokens += 1
-            finished = check_stop(request, self.scheduler_config.max_model_len)
+            finished = check_stop(request, max_model_len)
             if finished:
                 break
         if not new_token_ids:
@@ -400,14 +415,14 @@ class Scheduler:
         if not new_token_ids and prompt_logprobs is None and not finished:
             return None
         return EngineCoreOutput(
-            request_id=request_id,
-            new_token_ids=list(new_token_ids),
-            new_logprobs=runner_output.logprobs.get(request_id, []) if new_token_ids else [],
-            prompt_logprobs=prompt_logprobs,
-            finish_reason=request.status.finish_reason if finished else None,
-            stop_reason=request.stop_reason if finished else None,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
-            first_scheduled_time=request.first_scheduled_time,
+            request_id,
+            list(new_token_ids),
+            runner_output.logprobs.get(request_id, []) if new_token_ids else [],
+            prompt_logprobs,
+            request.status.finish_reason if finished else None,
+            request.stop_reason if finished else None,
+            max(request.num_cached_tokens, 0),
+            request.first_scheduled_time,
         )
 
     def _fail(self, request: Request, error: str) -> EngineCoreOutput:

@@ -19,16 +19,18 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         ``stop_token_ids``, or FINISHED_LENGTH_CAPPED).
     """
     params = request.sampling_params
-    last_token_id = request.output_token_ids[-1]
-    if request.num_output_tokens >= params.min_tokens:
+    output_token_ids = request.output_token_ids
+    num_output_tokens = len(output_token_ids)
+    last_token_id = output_token_ids[-1]
+    if num_output_tokens >= params.min_tokens:
         if not params.ignore_eos and last_token_id in request.eos_token_ids:
             request.status = RequestStatus.FINISHED_STOPPED
             return True
-        if last_token_id in params.stop_token_ids:
+        if params.stop_token_ids and last_token_id in params.stop_token_ids:
             request.status = RequestStatus.FINISHED_STOPPED
             request.stop_reason = last_token_id
             return True
-    if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
+    if num_output_tokens >= request.max_tokens or len(request.all_token_ids) >= max_model_len:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
