@@ -141,7 +141,7 @@ def measure_apply(args, grammar_bitmask: torch.Tensor) -> dict:
                                 generator=gen)
     methods = {}
     for masks, bitmask in (("grammar", grammar_bitmask), ("random", random_bits)):
-        for label, fn in (("xgrammar_cpu_kernel", apply_token_bitmask_),
+        for label, fn in (("kvserve_cpu_kernel", apply_token_bitmask_),
                           ("torch_portable", apply_token_bitmask_torch_)):
             methods[f"{label}_{masks}_masks"] = (fn, bitmask)
     times: dict[str, list[float]] = {name: [] for name in methods}
