@@ -33,6 +33,7 @@ from kvserve.bench.prompts import encode
 from kvserve.bench.provenance import ServerInfo, server_info
 from kvserve.bench.stream import RequestFuncOutput
 from kvserve.errors import InvalidRequestError
+from kvserve.net import nodelay_transport
 
 READY_RETRY_S = 5.0  # vLLM's wait_for_endpoint retry interval
 ENDPOINT_OF_API = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}  # a sample's own api
@@ -276,8 +277,8 @@ async def run_serve(config: ServeConfig, samples: Sequence[SampleRequest], token
     _check(config, samples)
     timeout = httpx.Timeout(config.request_timeout_s)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=config.base_url, timeout=timeout, limits=limits, headers=config.headers,
-                                 verify=config.verify_tls) as client:
+    async with httpx.AsyncClient(base_url=config.base_url, timeout=timeout, headers=config.headers,
+                                 transport=nodelay_transport(limits, verify=config.verify_tls)) as client:
         server = await server_info(client)
         model = config.model or server.model
         if not model:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -31,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kvserve.api.auth import authenticate
 from kvserve.api.errors import APIError, install_error_handlers
 from kvserve.api.rate_limit import RateLimiter
+from kvserve.net import nodelay_transport
 from kvserve.router.config import RouterConfig
 from kvserve.router.fleet import Fleet
 from kvserve.router.metrics import QUANTILES, FleetCollector, RouterMetrics
@@ -79,10 +79,7 @@ class Router:
 
     async def start(self) -> None:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        # TCP_NODELAY: httpcore writes a request's headers and body separately; with Nagle's
-        # algorithm the body waits for the worker's delayed ACK (40 ms on Linux) on every request.
-        transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-        self.client = httpx.AsyncClient(transport=transport, timeout=self.config.request_timeout)
+        self.client = httpx.AsyncClient(transport=nodelay_transport(limits), timeout=self.config.request_timeout)
         self.monitor = Monitor(self.fleet, self.config.health, self.metrics, self.client,
                                self._on_prefix_delta, self._on_ejected)
         self.proxy = Proxy(self.fleet, self.client, self.config.retry, self.metrics, self.config.request_timeout,

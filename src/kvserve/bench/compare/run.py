@@ -45,6 +45,7 @@ from kvserve.bench.provenance import collect_provenance, cpu_model, server_info
 from kvserve.bench.report import _jsonable, serve_run_to_dict
 from kvserve.bench.runner import ServeConfig, ServeRun, run_serve
 from kvserve.errors import InvalidRequestError
+from kvserve.net import nodelay_transport
 
 LEVEL_SEED_STRIDE = 100  # level i draws its prompts with seed + 100 * i; warmups with that + 1
 PERCENTILES = (50.0, 90.0, 99.0)
@@ -312,7 +313,7 @@ class Compare:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         model = engine.model or self.spec.model.name
         try:
-            async with httpx.AsyncClient(base_url=engine.base_url, headers=headers, limits=limits,
+            async with httpx.AsyncClient(base_url=engine.base_url, headers=headers, transport=nodelay_transport(limits),
                                          timeout=httpx.Timeout(self.spec.load.request_timeout_s)) as client:
                 progress.update(task, description=f"{engine.name}: starting")
                 cold_s, error = await self._start(engine, client, process, model)
