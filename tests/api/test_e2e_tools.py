@@ -8,6 +8,7 @@ with vLLM's words); required / a named function are constrained to valid calls; 
 from __future__ import annotations
 
 import json
+import time
 from typing import Literal
 
 import httpx
@@ -16,6 +17,9 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from kvserve.structured_output.backend_auto import AutoBackend
+from kvserve.structured_output.backend_guidance import GuidanceBackend
+from kvserve.structured_output.backend_xgrammar import XgrammarBackend
 from kvserve.testing.live_server import start_live_server
 from kvserve.testing.tool_checkpoint import build_tool_checkpoint
 from kvserve.tokenizer import apply_chat_template
@@ -427,10 +431,21 @@ def assert_serving(server):
     assert httpx.get(server.base_url + "/health").status_code == 200
 
 
-def test_a_grammar_that_never_compiles_in_time_is_400(tool_model):
+def _slowed(compile_method):
+    def compile_slowly(self, params):
+        time.sleep(0.5)
+        return compile_method(self, params)
+    return compile_slowly
+
+
+def test_a_grammar_that_never_compiles_in_time_is_400(tool_model, monkeypatch):
+    # Every compile takes at least 0.5 s against a 0.05 s limit, so the deadline fires first on any
+    # host (a bare 1e-6 s limit raced a fast host's sub-millisecond compile).
+    for backend in (AutoBackend, XgrammarBackend, GuidanceBackend):
+        monkeypatch.setattr(backend, "compile", _slowed(backend.compile))
     srv = start_live_server(str(tool_model), served_model_name="tiny", api_key="k", dtype="float32",
                             max_model_len=2048, num_gpu_blocks_override=256,
-                            structured_outputs_config={"compile_timeout_s": 1e-6},
+                            structured_outputs_config={"compile_timeout_s": 0.05},
                             settings={"enable_auto_tool_choice": True, "tool_call_parser": "hermes"})
     try:
         client = srv.make_client()
@@ -439,7 +454,7 @@ def test_a_grammar_that_never_compiles_in_time_is_400(tool_model):
                 client.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS,
                                                tool_choice={"type": "function", "function": {"name": name}})
             assert info.value.body["param"] == "tool_choice"
-            assert "took longer than the 1e-06 s limit" in info.value.body["message"]
+            assert "took longer than the 0.05 s limit" in info.value.body["message"]
         out = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3)
         assert out.choices[0].finish_reason in ("stop", "length")
     finally:
