@@ -103,7 +103,8 @@ def test_max_model_len_suffixes_as_vllm(tiny_llama, value, tokens):
     ("vllm serve MODEL --pipeline-parallel-size 2", "--pipeline-parallel-size/-pp", "one device"),
     ("vllm serve MODEL --quantization awq", "--quantization/-q", "quantized weights are not implemented yet"),
     ("vllm serve MODEL --kv-cache-dtype fp8", "--kv-cache-dtype", "no fp8 KV cache yet"),
-    ("vllm serve MODEL --enable-lora --lora-modules sql-lora=/adapters/sql", "--enable-lora", "LoRA adapters are not implemented yet"),
+    ("vllm serve MODEL --enable-lora --fully-sharded-loras", "--fully-sharded-loras", "one device"),
+    ("vllm serve MODEL --enable-lora --lora-extra-vocab-size 256", "--lora-extra-vocab-size", "cannot add tokens"),
     ("vllm serve MODEL --enable-auto-tool-choice --tool-call-parser hermes_xml", "--tool-call-parser",
      "unknown tool call parser 'hermes_xml'; allowed: hermes, llama3_json, mistral, pythonic"),
     ("vllm serve MODEL --reasoning-parser deepseek_v3", "--reasoning-parser",
@@ -199,8 +200,10 @@ def test_offline_llm_keywords_are_refused_the_same_way(tiny_llama):
                                      enforce_eager=True).model.model == str(tiny_llama)
     with pytest.raises(ValueError, match="quantization='awq': 'awq' is not supported: quantized weights"):
         engine_config_from_kwargs(str(tiny_llama), quantization="awq")
-    with pytest.raises(ValueError, match="enable_lora=True: not supported: LoRA"):
-        engine_config_from_kwargs(str(tiny_llama), enable_lora=True)
+    with pytest.raises(ValueError, match="fully_sharded_loras=True: not supported: kvserve runs one engine"):
+        engine_config_from_kwargs(str(tiny_llama), enable_lora=True, fully_sharded_loras=True)
+    lora = engine_config_from_kwargs(str(tiny_llama), enable_lora=True, max_loras=4, max_cpu_loras=8).lora
+    assert (lora.max_loras, lora.max_lora_rank, lora.max_cpu_loras, lora.lora_dtype) == (4, 16, 8, "auto")
     config = engine_config_from_kwargs(str(tiny_llama), override_generation_config={"temperature": 0.3})
     assert config.model.sampling_defaults.temperature == 0.3
 

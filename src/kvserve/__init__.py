@@ -4,7 +4,7 @@ from kvserve.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str):
@@ -13,4 +13,8 @@ def __getattr__(name: str):
         from kvserve.engine.llm import LLM
 
         return LLM
+    if name == "LoRARequest":
+        from kvserve.lora.request import LoRARequest
+
+        return LoRARequest
     raise AttributeError(f"module 'kvserve' has no attribute {name!r}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kvserve.errors import ConfigError
 from kvserve.generation_config import SamplingDefaults
 from kvserve.structured_output.config import StructuredOutputsConfig
 
@@ -124,11 +125,48 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    """Multi-LoRA serving (vLLM's ``--enable-lora`` and its ``LoRAConfig`` flags).
+
+    Attributes:
+        max_loras: most distinct adapters in one batch (``--max-loras``; the runner's
+            preallocated weight slots).
+        max_lora_rank: largest adapter rank accepted (``--max-lora-rank``); every slot is this
+            wide, so it also sets the work per adapter.
+        max_cpu_loras: adapters kept loaded in CPU memory (``--max-cpu-loras``; least recently
+            used ones are dropped and read again from disk when asked for); None = ``max_loras``.
+        lora_dtype: ``auto`` (the model's dtype), ``float32``, ``bfloat16`` or ``float16``
+            (``--lora-dtype``).
+    """
+
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    lora_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ConfigError(f"--max-loras must be >= 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ConfigError(f"--max-lora-rank must be >= 1, got {self.max_lora_rank}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ConfigError(f"--max-cpu-loras ({self.max_cpu_loras}) must be >= --max-loras ({self.max_loras})")
+        if self.lora_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"--lora-dtype must be auto, float32, bfloat16 or float16, got {self.lora_dtype!r}")
+
+    @property
+    def cpu_cache_size(self) -> int:
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
+
+
+@dataclass(frozen=True)
 class EngineConfig:
-    """Everything the engine core needs, passed down explicitly."""
+    """Everything the engine core needs, passed down explicitly. ``lora`` is None unless
+    ``--enable-lora``."""
 
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     speculative: SpeculativeConfig | None = None
+    lora: LoRAConfig | None = None

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from kvserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from kvserve.lora.request import LoRARequest
     from kvserve.structured_output.grammar_request import GrammarRequest
 
 
@@ -74,6 +75,7 @@ class Request:
         spec_token_ids: draft tokens proposed by the runner after the last step (speculative
             decoding), to be verified in the next step it is scheduled in; never part of
             ``all_token_ids``, dropped on preemption (vLLM's ``Request.spec_token_ids``).
+        lora_request: the adapter it runs with, or None for the base model.
     """
 
     request_id: str
@@ -96,6 +98,7 @@ class Request:
     error: str | None = None
     grammar: GrammarRequest | None = None
     spec_token_ids: list[int] = field(default_factory=list)
+    lora_request: LoRARequest | None = None
     # Hashes of the request's full blocks, filled incrementally by the KV-cache manager.
     block_hashes: list[int] = field(default_factory=list)
 

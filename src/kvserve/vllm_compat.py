@@ -7,7 +7,7 @@ vLLM or stops the start with one line naming it, e.g.::
     implemented yet; serve an unquantized (float32/bfloat16/float16) checkpoint
 
 Some flags are accepted at the value that describes what kvserve does anyway (``-tp 1``,
-``--kv-cache-dtype auto``, ``--no-enable-lora``); any other value is refused. The table follows
+``--kv-cache-dtype auto``, ``--no-fully-sharded-loras``); any other value is refused. The table follows
 vLLM's argument groups (``vllm serve --help``); the list as a table: ``docs/vllm_compat.md``.
 """
 
@@ -70,7 +70,7 @@ def _normal(value: Any) -> str:
 
 
 _MM = "kvserve serves text-only models (no images, audio or video)"
-_LORA = "LoRA adapters are not implemented yet"
+_LORA_VOCAB = "LoRA adapters cannot add tokens (vLLM removed extra-vocabulary adapters too)"
 _PAR = "kvserve runs one engine on one device (no tensor, pipeline, data or expert parallelism yet)"
 _HUB = ("kvserve loads local model folders and downloads nothing; fetch the model first "
         "(`hf download REPO --revision REV --local-dir DIR`) and pass DIR")
@@ -184,10 +184,9 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
         ("--mm-encoder-attn-backend", "value"), ("--interleave-mm-strings", "bool"),
         ("--skip-mm-profiling", "bool"), ("--video-pruning-rate", "value"))),
     # LoRAConfig
-    *(RefusedFlag((flag,), "LoRAConfig", _LORA, kind=kind) for flag, kind in (
-        ("--enable-lora", "bool"), ("--max-loras", "value"), ("--max-lora-rank", "value"),
-        ("--lora-extra-vocab-size", "value"), ("--lora-dtype", "value"), ("--max-cpu-loras", "value"),
-        ("--fully-sharded-loras", "bool"), ("--default-mm-loras", "value"))),
+    RefusedFlag(("--lora-extra-vocab-size",), "LoRAConfig", _LORA_VOCAB, allowed=("0",)),
+    RefusedFlag(("--fully-sharded-loras",), "LoRAConfig", _PAR, kind="bool"),
+    RefusedFlag(("--default-mm-loras",), "LoRAConfig", _MM),
     # ObservabilityConfig
     RefusedFlag(("--show-hidden-metrics-for-version",), "ObservabilityConfig",
                 "kvserve has no hidden (deprecated) metrics to show"),
@@ -218,7 +217,6 @@ FRONTEND_REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--uds",), "Frontend", "kvserve listens on TCP only (--host, --port)"),
     RefusedFlag(("--disable-access-log-for-endpoints",), "Frontend",
                 "use --disable-uvicorn-access-log to drop every access line"),
-    RefusedFlag(("--lora-modules",), "Frontend", _LORA, kind="list"),
     RefusedFlag(("--chat-template-content-format",), "Frontend",
                 "message content reaches the template as a string", allowed=("auto", "string")),
     RefusedFlag(("--trust-request-chat-template",), "Frontend",

@@ -180,6 +180,7 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
         input_processor=input_processor, sampling_defaults=config.model.sampling_defaults,
         stats_consumers=consumers, on_dead=on_dead, kv_event_publisher=publisher,
     )
+    async_engine.lora_registry = _lora_registry(config, arch, settings, served_name)
     announce = _Announcer(served_name, settings, start, async_engine, failure)
     install_metrics(async_engine)
     async_engine.start()  # loads the weights on the engine thread; /health is 503 until then
@@ -197,6 +198,28 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
         logger.error("exiting with status 1: the engine failed (%s)", async_engine.dead_reason)
         return 1
     return 0
+
+
+def _lora_registry(config, arch, settings: ServerSettings, served_name: str):
+    """The adapters of ``--enable-lora``, with ``--lora-modules`` registered (each folder checked
+    against the model), or None.
+
+    Raises:
+        LoRAAdapterError, ValueError: an adapter that cannot be served (one line naming it).
+    """
+    if config.lora is None:
+        return None
+    from kvserve.lora.peft_adapter import LoRAAdapterError
+    from kvserve.lora.registry import LoRARegistry
+
+    registry = LoRARegistry(config.lora, arch, reserved_names=(served_name, *settings.served_model_names))
+    for module in settings.lora_modules:
+        try:
+            lora = registry.add(module.name, module.path, module.base_model_name)
+        except LoRAAdapterError as exc:
+            raise LoRAAdapterError(f"--lora-modules {module.name}={module.path}: {exc.message}", exc.field) from None
+        logger.info("LoRA adapter %s (id %d) from %s", lora.lora_name, lora.lora_int_id, lora.lora_path)
+    return registry
 
 
 def _kv_event_publisher(args, config):

@@ -425,6 +425,24 @@ class ChatCompletionRequest(SamplingRequest):
                 param="continue_final_message")
 
 
+class LoadLoRAAdapterRequest(BaseModel):
+    """``POST /v1/load_lora_adapter`` (vLLM): register the PEFT folder ``lora_path`` as ``lora_name``."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str
+    lora_path: str
+    load_inplace: bool = False
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    """``POST /v1/unload_lora_adapter`` (vLLM): forget ``lora_name`` (``lora_int_id``, when given,
+    must be its id)."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str
+    lora_int_id: int | None = None
+
+
 class TokenizeRequest(OpenAIBaseModel):
     """``POST /tokenize`` (vLLM): either ``prompt`` or chat ``messages``."""
 

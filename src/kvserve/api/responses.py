@@ -183,6 +183,7 @@ class ModelCard(OpenAIBaseModel):
     created: int = Field(default_factory=_now)
     owned_by: str = "kvserve"
     root: str | None = None
+    parent: str | None = None
     max_model_len: int | None = None
 
 

@@ -3,7 +3,9 @@
     GET  /health                 200 when the engine is ready, else 503 (HEAD too) (open)
     GET  /version                {"version": ..., "commit": ..., "dirty": ...}     (open)
     GET  /metrics                Prometheus text format                          (open)
-    GET  /v1/models              the served model
+    GET  /v1/models              the served model (and its LoRA adapters, ``parent`` = the model)
+    POST /v1/load_lora_adapter   vLLM's runtime adapter loading (with --allow-runtime-lora-updating)
+    POST /v1/unload_lora_adapter
     POST /v1/completions         see serving_completion.py
     POST /v1/chat/completions    see serving_chat.py
     POST /tokenize, /detokenize  vLLM's tokenizer endpoints
@@ -30,7 +32,7 @@ from kvserve.api.auth import authenticate
 from kvserve.api.errors import APIError, install_error_handlers
 from kvserve.api.middleware import RequestGuardMiddleware, RequestIdMiddleware
 from kvserve.api.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                  TokenizeRequest)
+                                  LoadLoRAAdapterRequest, TokenizeRequest, UnloadLoRAAdapterRequest)
 from kvserve.api.rate_limit import RateLimiter
 from kvserve.api.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
 from kvserve.api.serving_base import ServingState, check_token_ids
@@ -57,6 +59,7 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
     _add_middleware(app, engine, settings)
     _add_open_routes(app, state)
     _add_v1_routes(app, state)
+    _add_lora_routes(app, state)
     _add_tokenizer_routes(app, state)
     if not settings.disable_fastapi_docs:
         _add_docs_routes(app, state)
@@ -133,15 +136,23 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
     def model_card(name: str) -> ModelCard:
         return ModelCard(id=name, root=state.engine.model_name, max_model_len=state.engine.max_model_len)
 
+    def lora_card(lora) -> ModelCard:  # vLLM: root = the adapter's folder, parent = its base model
+        return ModelCard(id=lora.lora_name, root=lora.lora_path, parent=lora.base_model_name or state.model_name,
+                         max_model_len=state.engine.max_model_len)
+
     names = list(dict.fromkeys([state.model_name, *state.settings.served_model_aliases]))
 
     @app.get("/v1/models")
     async def models(_: str = Depends(api_key)) -> ModelList:
-        return ModelList(data=[model_card(name) for name in names])  # one card per served name, as vLLM
+        adapters = state.lora_registry.list() if state.lora_registry is not None else []
+        # one card per served name, then one per adapter, as vLLM
+        return ModelList(data=[model_card(name) for name in names] + [lora_card(a) for a in adapters])
 
     @app.get("/v1/models/{model_id:path}")
     async def retrieve_model(model_id: str, _: str = Depends(api_key)) -> ModelCard:
-        state.check_model(model_id)  # 404 model_not_found for another name
+        lora_request = state.check_model(model_id)  # 404 model_not_found for another name
+        if lora_request is not None:
+            return lora_card(lora_request)
         return model_card(model_id if model_id in names else state.model_name)
 
     @app.post("/v1/completions")
@@ -153,6 +164,51 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
     async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                      key: str = Depends(api_key)) -> Response:
         return await chat.create(body, request, key)
+
+
+def _add_lora_routes(app: FastAPI, state: ServingState) -> None:
+    """vLLM's runtime adapter endpoints; without ``--allow-runtime-lora-updating`` (or without
+    ``--enable-lora``) they answer 404 saying how to turn them on."""
+    api_key = _key_dependency(state)
+
+    def registry():
+        if state.lora_registry is None:
+            raise APIError(404, "LoRA is not enabled on this server: start it with --enable-lora "
+                                "--allow-runtime-lora-updating", code="lora_not_enabled")
+        if not state.settings.allow_runtime_lora_updating:
+            raise APIError(404, "Runtime LoRA updating is off: start the server with --allow-runtime-lora-updating "
+                                "(or VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)", code="runtime_lora_updating_disabled")
+        return state.lora_registry
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest, _: str = Depends(api_key)) -> Response:
+        adapters = registry()
+        if body.load_inplace:
+            raise InvalidRequestError("load_inplace is not supported: unload the adapter, then load it again",
+                                      param="load_inplace")
+        if body.lora_name in state.served_names:
+            raise InvalidRequestError(f"The name '{body.lora_name}' is the base model's; choose another lora_name",
+                                      param="lora_name")
+        from kvserve.lora.peft_adapter import LoRAAdapterError
+
+        try:  # reads the folder's config and tensor headers: off the event loop
+            await asyncio.to_thread(adapters.add, body.lora_name, body.lora_path)
+        except LoRAAdapterError as exc:
+            raise InvalidRequestError(f"LoRA adapter '{body.lora_name}' cannot be loaded: {exc.message}",
+                                      param="lora_path") from None
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), param="lora_name") from None
+        return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, _: str = Depends(api_key)) -> Response:
+        adapters = registry()
+        found = adapters.get(body.lora_name)
+        if found is None or (body.lora_int_id is not None and body.lora_int_id != found.lora_int_id):
+            raise APIError(404, f"The lora adapter '{body.lora_name}' cannot be found.", code="lora_not_found",
+                           param="lora_name")
+        adapters.remove(body.lora_name)
+        return Response(f"Success: LoRA adapter '{body.lora_name}' removed successfully.", media_type="text/plain")
 
 
 def _add_tokenizer_routes(app: FastAPI, state: ServingState) -> None:

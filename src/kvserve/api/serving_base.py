@@ -25,6 +25,7 @@ from kvserve.api.tokenization import TokenText, make_token_text, token_id_text
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.errors import InvalidRequestError
 from kvserve.generation_config import SamplingDefaults
+from kvserve.lora.request import LoRARequest
 
 if TYPE_CHECKING:
     from kvserve.api.protocol import SamplingRequest
@@ -70,11 +71,36 @@ class ServingState:
     def model_name(self) -> str:
         return self.settings.served_model_name or self.engine.model_name
 
-    def check_model(self, model: str | None) -> None:
-        """Raises APIError 404 ``model_not_found`` unless ``model`` is None or served here."""
-        if model is not None and model not in self._served_names:
+    @property
+    def served_names(self) -> frozenset[str]:
+        """Every name of the base model clients may send as ``model``."""
+        return self._served_names
+
+    @property
+    def lora_registry(self):
+        """The engine's adapters (``kvserve.lora.registry.LoRARegistry``), None without LoRA."""
+        return getattr(self.engine, "lora_registry", None)
+
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The adapter ``model`` names (None for the base model or no ``model``).
+
+        Raises:
+            APIError: 404 ``model_not_found`` unless ``model`` is None, a served name or a
+                loaded adapter's name.
+        """
+        if model is None or model in self._served_names:
+            return None
+        registry = self.lora_registry
+        lora_request = registry.get(model) if registry is not None else None
+        if lora_request is None:
+            adapters = "" if registry is None else "".join(f", `{a.lora_name}`" for a in registry.list())
             raise APIError(404, f"The model `{model}` does not exist. This server serves "
-                                f"`{self.model_name}`.", code="model_not_found", param="model")
+                                f"`{self.model_name}`{adapters}.", code="model_not_found", param="model")
+        return lora_request
+
+    def response_model_name(self, lora_request: LoRARequest | None) -> str:
+        """``model`` in responses: the adapter's name, else the served model's (vLLM)."""
+        return lora_request.lora_name if lora_request is not None else self.model_name
 
     def check_ready(self) -> None:
         """Raises APIError 503 while shutting down or while the engine is not ready."""

@@ -87,7 +87,7 @@ class ChatServing:
         """
         state, engine = self.state, self.state.engine
         state.check_ready()
-        state.check_model(request.model)
+        lora_request = state.check_model(request.model)
         request.check_http_fields()
         plan = state.chat_parsers.plan(request)
         prompt_ids = await asyncio.to_thread(render_messages, state, request, plan)  # templates can be slow
@@ -100,7 +100,8 @@ class ChatServing:
         request_id = new_request_id("chatcmpl", raw_request)
         engine_request = await engine.process_inputs(request_id, {"prompt_token_ids": prompt_ids}, params,
                                                      priority=request.priority, cache_salt=request.cache_salt,
-                                                     fields=fields, reasoning=plan.grammar_reasoning(params))
+                                                     fields=fields, reasoning=plan.grammar_reasoning(params),
+                                                     lora_request=lora_request)
         return await respond(
             state, api_key, [engine_request],
             lambda streams: _ChatCall(state, request, plan, request_id, streams[0]), request.stream, raw_request,
@@ -117,6 +118,7 @@ class _ChatCall:
         self.plan = plan
         self.request_id = request_id
         self.request_stream = stream
+        self.model_name = state.response_model_name(stream.request.lora_request)
         self.choices = [_Choice(i, plan.choice_output(stream.request.sampling_params)) for i in range(request.n)]
         self.cached_tokens = 0
         self.prompt_logprobs = None
@@ -193,7 +195,7 @@ class _ChatCall:
 
     def _chunk(self, choices: list[ChatCompletionStreamChoice], exclude) -> str:
         usage = self._usage() if self.request.continuous_usage else None
-        chunk = ChatCompletionStreamResponse(id=self.request_id, model=self.state.model_name,
+        chunk = ChatCompletionStreamResponse(id=self.request_id, model=self.model_name,
                                              choices=choices, usage=usage)
         return format_sse(chunk.model_dump(mode="json", exclude=exclude))
 
@@ -222,7 +224,7 @@ class _ChatCall:
                     if choice is not None:
                         yield self._chunk([choice], exclude)
             if self.request.include_usage:
-                chunk = ChatCompletionStreamResponse(id=self.request_id, model=self.state.model_name,
+                chunk = ChatCompletionStreamResponse(id=self.request_id, model=self.model_name,
                                                      choices=[], usage=self._usage())
                 yield format_sse(chunk)
         except Exception as exc:  # headers are sent: report in-band, as vLLM does
@@ -252,7 +254,7 @@ class _ChatCall:
             prompt_logprobs = prompt_logprobs_json(self.state.token_text,
                                                    self.request_stream.request.prompt_token_ids,
                                                    self.prompt_logprobs)
-        return ChatCompletionResponse(id=self.request_id, model=self.state.model_name, choices=choices,
+        return ChatCompletionResponse(id=self.request_id, model=self.model_name, choices=choices,
                                       usage=self._usage(), prompt_logprobs=prompt_logprobs)
 
 

@@ -67,7 +67,7 @@ class CompletionServing:
             InvalidRequestError, APIError, RequestRejectedError: mapped to 4xx/503 by the app.
         """
         self.state.check_ready()
-        self.state.check_model(request.model)
+        lora_request = self.state.check_model(request.model)
         request.check_http_fields()
         params = request.to_sampling_params(max_tokens=request.max_tokens, logprobs=request.logprobs,
                                             defaults=self.state.sampling_defaults)
@@ -79,7 +79,7 @@ class CompletionServing:
                    else {"prompt_token_ids": p} for p in _prompt_inputs(request)]
         engine_requests = [
             await engine.process_inputs(f"{request_id}-{i}", prompt, params, priority=request.priority,
-                                        cache_salt=request.cache_salt)
+                                        cache_salt=request.cache_salt, lora_request=lora_request)
             for i, prompt in enumerate(prompts)
         ]
         return await respond(
@@ -98,6 +98,7 @@ class _Call:
         self.request_id = request_id
         self.streams = streams
         self.prompts: list[EngineRequest] = [s.request for s in streams]
+        self.model_name = state.response_model_name(self.prompts[0].lora_request)
         n = request.n
         self.choices = [_Choice(i, None if request.logprobs is None else
                                 CompletionLogprobsBuilder(state.logprob_token_text(request), request.logprobs))
@@ -158,7 +159,7 @@ class _Call:
         """SSE events: one chunk per choice delta, the usage chunk if asked, ``[DONE]``. With
         ``continuous_usage_stats`` every chunk carries the call's running usage (all prompts and
         choices so far), so the last choice chunk's equals the usage chunk's."""
-        model = self.state.model_name
+        model = self.model_name
         exclude = None if self.request.include_usage else {"usage"}
         try:
             async for prompt_index, output in merge_outputs(self.streams):
@@ -202,5 +203,5 @@ class _Call:
                                             finish_reason=choice.finish_reason,
                                             stop_reason=choice.stop_reason,
                                             prompt_logprobs=prompt_logprobs))
-        return CompletionResponse(id=self.request_id, model=self.state.model_name, choices=choices,
+        return CompletionResponse(id=self.request_id, model=self.model_name, choices=choices,
                                   usage=self._usage())

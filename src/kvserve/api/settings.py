@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvserve.lora.flags import RUNTIME_UPDATING_ENV, LoRAModulePath, env_allows_runtime_updating, lora_module
 from kvserve.vllm_compat import FRONTEND_REFUSED_FLAGS, add_refused_flags
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,10 @@ class ServerSettings:
             (``kvserve.reasoning``: ``deepseek_r1``, ``qwen3``), or None.
         default_chat_template_kwargs: template variables every chat request gets unless it sets
             them itself (e.g. ``{"enable_thinking": false}``).
+        lora_modules: adapters served from start-up (``--lora-modules``; need ``--enable-lora``).
+        allow_runtime_lora_updating: ``POST /v1/load_lora_adapter`` and
+            ``/v1/unload_lora_adapter`` are allowed (``--allow-runtime-lora-updating`` or vLLM's
+            ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``); otherwise they answer 404 saying so.
     """
 
     host: str = "127.0.0.1"
@@ -111,6 +116,8 @@ class ServerSettings:
     exclude_tools_when_tool_choice_none: bool = False
     reasoning_parser: str | None = None
     default_chat_template_kwargs: Mapping[str, Any] | None = None
+    lora_modules: tuple[LoRAModulePath, ...] = ()
+    allow_runtime_lora_updating: bool = False
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -129,6 +136,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     _add_cors_and_tls_args(frontend)
     _add_compat_args(frontend)
     _add_tool_args(frontend)
+    _add_lora_args(frontend)
     add_refused_flags({"Frontend": frontend}, parser, FRONTEND_REFUSED_FLAGS)
     _add_kvserve_args(parser.add_argument_group("kvserve (limits of this server)"))
 
@@ -197,6 +205,16 @@ def _add_tool_args(group) -> None:
     group.add_argument("--default-chat-template-kwargs", type=_json_object, default=None, metavar="JSON",
                        help="template variables every chat request gets unless it sets them, e.g. "
                             "'{\"enable_thinking\": false}'")
+
+
+def _add_lora_args(group) -> None:
+    group.add_argument("--lora-modules", type=lora_module, nargs="+", action="extend", default=[],
+                       metavar="NAME=PATH|JSON",
+                       help="LoRA adapters to serve (needs --enable-lora): name=path, or vLLM's JSON "
+                            "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'")
+    group.add_argument("--allow-runtime-lora-updating", action="store_true", default=None,
+                       help="allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM: "
+                            f"{RUNTIME_UPDATING_ENV}=True, also honoured)")
 
 
 def tool_call_parser_name(text: str) -> str:
@@ -342,6 +360,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     _check_tls(args.ssl_keyfile, args.ssl_certfile)
     _check_tool_flags(args)
     names = served_model_names(getattr(args, "served_model_name", None))
+    lora_modules, runtime_lora = _lora_settings(args)
     return ServerSettings(
         host=args.host, port=args.port, api_keys=keys, api_key_env=env_name,
         served_model_name=names[0] if names else None, served_model_aliases=names[1:],
@@ -361,4 +380,27 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
         reasoning_parser=getattr(args, "reasoning_parser", None) or None,
         default_chat_template_kwargs=args.default_chat_template_kwargs,
+        lora_modules=lora_modules, allow_runtime_lora_updating=runtime_lora,
     )
+
+
+def _lora_settings(args: argparse.Namespace) -> tuple[tuple[LoRAModulePath, ...], bool]:
+    """``--lora-modules`` and whether runtime loading is allowed (the flag, else the environment).
+
+    Raises:
+        ValueError: adapters or runtime loading asked for without ``--enable-lora``, or one name twice.
+    """
+    modules = tuple(getattr(args, "lora_modules", None) or ())
+    runtime = getattr(args, "allow_runtime_lora_updating", None)
+    if runtime is None:
+        runtime = env_allows_runtime_updating(os.environ.get(RUNTIME_UPDATING_ENV))
+    enabled = bool(getattr(args, "enable_lora", False))
+    if modules and not enabled:
+        raise ValueError("--lora-modules needs --enable-lora")
+    if getattr(args, "allow_runtime_lora_updating", None) and not enabled:
+        raise ValueError("--allow-runtime-lora-updating needs --enable-lora")
+    names = [m.name for m in modules]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"--lora-modules names {repeated[0]!r} twice; give each adapter its own name")
+    return modules, bool(runtime) and enabled

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import re
 
-from kvserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from kvserve.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
 from kvserve.errors import ConfigError
 from kvserve.structured_output.config import StructuredOutputsConfig
 from kvserve.generation_config import MODES, default_sampling_values, parse_override
@@ -114,7 +114,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     and register the vLLM engine flags kvserve refuses (``kvserve.vllm_compat``)."""
     groups = {title: parser.add_argument_group(title) for title in (
         "ModelConfig", "LoadConfig", "DeviceConfig", "ParallelConfig", "CacheConfig", "SchedulerConfig",
-        "StructuredOutputsConfig")}
+        "StructuredOutputsConfig", "LoRAConfig")}
     _add_model_args(groups["ModelConfig"])
     _add_device_args(groups["DeviceConfig"])
     groups["ParallelConfig"].add_argument(
@@ -139,7 +139,43 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     _add_cache_args(groups["CacheConfig"])
     _add_scheduler_args(groups["SchedulerConfig"])
     _add_structured_output_args(groups["StructuredOutputsConfig"])
+    _add_lora_args(groups["LoRAConfig"])
     add_refused_flags(groups, parser)
+
+
+def _add_lora_args(group) -> None:
+    group.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=False,
+                       help="serve LoRA adapters over the base model (requests name one as `model`; "
+                            "docs/lora.md)")
+    group.add_argument("--max-loras", type=positive_int, default=1,
+                       help="most distinct adapters in one batch (default 1, as vLLM)")
+    group.add_argument("--max-lora-rank", type=positive_int, default=16,
+                       help="largest adapter rank accepted (default 16); every adapter slot is this wide")
+    group.add_argument("--max-cpu-loras", type=positive_int, default=None,
+                       help="adapters kept loaded in CPU memory, least recently used dropped beyond it "
+                            "(default: --max-loras)")
+    group.add_argument("--lora-dtype", type=lora_dtype_name, default="auto",
+                       help="dtype of adapter weights: auto (the model's), float32, bfloat16, float16")
+
+
+def lora_dtype_name(text: str) -> str:
+    """argparse type of ``--lora-dtype``: ``auto`` or a dtype name (``half``/``float`` aliases)."""
+    name = _DTYPE_ALIASES.get(text, text).removeprefix("torch.")
+    if name not in ("auto", "float32", "bfloat16", "float16"):
+        raise argparse.ArgumentTypeError(f"must be auto, float32, bfloat16 or float16, got {text!r}")
+    return name
+
+
+def lora_config_from_args(args: argparse.Namespace) -> LoRAConfig | None:
+    """``--enable-lora`` and its flags (None without ``--enable-lora``).
+
+    Raises:
+        ConfigError: inconsistent values (``--max-cpu-loras`` below ``--max-loras``).
+    """
+    if not getattr(args, "enable_lora", False):
+        return None
+    return LoRAConfig(max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+                      max_cpu_loras=args.max_cpu_loras, lora_dtype=args.lora_dtype)
 
 
 def _add_structured_output_args(group) -> None:
@@ -351,7 +387,8 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
 
     return EngineConfig(model=model_config, cache=cache_config, scheduler=scheduler_config,
                         structured_outputs=structured_outputs_config_from_args(args),
-                        speculative=speculative_config_from_json(getattr(args, "speculative_config", None)))
+                        speculative=speculative_config_from_json(getattr(args, "speculative_config", None)),
+                        lora=lora_config_from_args(args))
 
 
 def engine_config_from_kwargs(model: str, **kwargs) -> EngineConfig:

@@ -47,7 +47,8 @@ class EngineClient(ABC):
     - ``model_name: str`` (served model name), ``max_model_len: int`` (tokens),
       ``vocab_size: int``, ``tokenizer`` (a Hugging Face tokenizer), ``eos_token_ids``,
       ``input_processor: InputProcessor``, ``sampling_defaults`` (the model's default sampling
-      values, ``kvserve.generation_config.SamplingDefaults``; optional).
+      values, ``kvserve.generation_config.SamplingDefaults``; optional), ``lora_registry``
+      (``kvserve.lora.registry.LoRARegistry`` with ``--enable-lora``, else None; optional).
     """
 
     model_name: str
@@ -58,18 +59,19 @@ class EngineClient(ABC):
 
     async def process_inputs(self, request_id: str, prompt: PromptInput, params: SamplingParams, *,
                              priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
-                             fields: FieldNames = DEFAULT_FIELDS, reasoning: Any = None) -> EngineRequest:
+                             fields: FieldNames = DEFAULT_FIELDS, reasoning: Any = None,
+                             lora_request: Any = None) -> EngineRequest:
         """Tokenize and validate one prompt's request on a worker thread (the event loop keeps
         serving meanwhile; tokenizers release the GIL; grammars compile there too). ``reasoning``:
         a reasoning parser when a structured-output constraint applies only after the model's
-        reasoning (``InputProcessor.process``).
+        reasoning (``InputProcessor.process``); ``lora_request``: the adapter, or None.
 
         Raises:
             InvalidRequestError: any invalid value (``InputProcessor.process``).
         """
         return await asyncio.to_thread(self.input_processor.process, request_id, prompt, params,
                                        priority=priority, cache_salt=cache_salt, arrival_time=arrival_time,
-                                       fields=fields, reasoning=reasoning)
+                                       fields=fields, reasoning=reasoning, lora_request=lora_request)
 
     @abstractmethod
     async def add_requests(self, requests: list[EngineRequest]) -> list[AsyncIterator[RequestOutput]]:
@@ -187,6 +189,7 @@ class AsyncLLM(EngineClient):
         self._dead: BaseException | None = None
         self._loaded = threading.Event()
         self.snapshot: SchedulerStats = SchedulerStats()
+        self.lora_registry: Any = None
 
     def _set_facts(self, input_processor: InputProcessor) -> None:
         self.input_processor = input_processor
@@ -197,6 +200,8 @@ class AsyncLLM(EngineClient):
 
     def _attach(self, engine: LLMEngine) -> None:
         self.engine = engine
+        if self.lora_registry is None:  # the launcher gives its own (with --lora-modules) up front
+            self.lora_registry = engine.lora_registry
         self._set_facts(engine.input_processor)
         self.sampling_defaults = engine.config.model.sampling_defaults
         self.snapshot = engine.core.make_stats()

@@ -116,10 +116,12 @@ class EngineCore:
             self.kv_plan.num_blocks, self.kv_plan.block_size, self.config.cache.enable_prefix_caching,
             enable_kv_cache_events=self.config.cache.enable_kv_cache_events,
         )
-        self.scheduler = Scheduler(self.config.scheduler, self.kv_cache_manager, self.config.speculative)
+        self.scheduler = Scheduler(self.config.scheduler, self.kv_cache_manager, self.config.speculative,
+                                   max_loras=self.config.lora.max_loras if self.config.lora else 0)
         self.runner = ModelRunner(self.loaded, self.kv_plan.num_blocks, self.kv_plan.block_size, self.device,
                                   max_num_reqs=self.config.scheduler.max_num_seqs, max_model_len=self.max_model_len,
-                                  seed=config.model.seed, proposer=self._build_proposer())
+                                  seed=config.model.seed, proposer=self._build_proposer(),
+                                  lora_config=self.config.lora)
         # Requests with nothing to compute (max_tokens == 0, no prompt logprobs): finished on
         # admission, reported by the next step() without touching the scheduler or the KV cache.
         self._finished_on_admission: list[Request] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from kvserve.lora.request import LoRARequest
 from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
 from kvserve.structured_output.grammar_request import GrammarRequest
@@ -51,6 +52,7 @@ class EngineRequest:
         arrival_time: ``time.time()`` when the caller received the request.
         grammar: the compiled structured-output constraint (each choice gets its own matcher
             in the runner), or None.
+        lora_request: the adapter the request runs with, or None for the base model.
     """
 
     request_id: str
@@ -63,6 +65,7 @@ class EngineRequest:
     cache_salt: str | None
     arrival_time: float
     grammar: GrammarRequest | None = None
+    lora_request: LoRARequest | None = None
 
     @property
     def n(self) -> int:
@@ -90,6 +93,7 @@ class EngineRequest:
                 cache_salt=self.cache_salt,
                 bad_words_token_ids=self.bad_words_token_ids,
                 grammar=self.grammar,
+                lora_request=self.lora_request,
             )
             for i, child_id in enumerate(self.child_ids)
         ]

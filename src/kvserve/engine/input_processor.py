@@ -23,6 +23,7 @@ from typing import Any
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.param_validation import validate_sampling_params
 from kvserve.errors import InvalidRequestError
+from kvserve.lora.request import LoRARequest
 from kvserve.sample.bad_words import tokenize_bad_words
 from kvserve.sampling_params import SamplingParams
 from kvserve.structured_output.grammar_request import GrammarRequest
@@ -65,11 +66,12 @@ class InputProcessor:
         is refused, as vLLM does, rather than silently ignored).
     structured_outputs: compiles ``structured_outputs`` constraints (None: such requests are
         refused).
+    lora_enabled: whether requests may carry a ``LoRARequest`` (``--enable-lora``).
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, eos_token_ids: frozenset[int],
                  max_n: int = 128, priority_scheduling: bool = False,
-                 structured_outputs: StructuredOutputManager | None = None):
+                 structured_outputs: StructuredOutputManager | None = None, lora_enabled: bool = False):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -77,14 +79,17 @@ class InputProcessor:
         self.max_n = max_n
         self.priority_scheduling = priority_scheduling
         self.structured_outputs = structured_outputs
+        self.lora_enabled = lora_enabled
 
     def process(self, request_id: str, prompt: PromptInput, params: SamplingParams, *, priority: int = 0,
                 cache_salt: str | None = None, arrival_time: float | None = None,
-                fields: FieldNames = DEFAULT_FIELDS, reasoning: Any = None) -> EngineRequest:
+                fields: FieldNames = DEFAULT_FIELDS, reasoning: Any = None,
+                lora_request: LoRARequest | None = None) -> EngineRequest:
         """Validate and normalise one prompt's request (see the module docstring). A
         ``structured_outputs`` constraint is compiled here (cached; blocking, so never on the
         event loop or the engine thread); with a ``reasoning`` parser it applies only after the
-        model's reasoning ends.
+        model's reasoning ends. ``lora_request``: the adapter to run with (its folder was checked
+        when it was registered), or None.
 
         Raises:
             InvalidRequestError: any invalid value; ``param`` names the field (as ``fields`` calls
@@ -96,6 +101,9 @@ class InputProcessor:
         except InvalidRequestError as exc:
             raise fields.renamed(exc) from None
         self._check_call(params, priority, cache_salt)
+        if lora_request is not None and not self.lora_enabled:
+            raise InvalidRequestError(f"LoRA adapter {lora_request.lora_name!r} asked for, but this engine serves "
+                                      "no adapters (start it with --enable-lora)", param="model")
         text, token_ids = self._prompt_token_ids(prompt, fields.prompt)
         kept = params.truncated_prompt(token_ids, self.max_model_len)
         if len(kept) < len(token_ids):
@@ -115,6 +123,7 @@ class InputProcessor:
             cache_salt=cache_salt,
             arrival_time=time.time() if arrival_time is None else arrival_time,
             grammar=self._grammar(params, reasoning),
+            lora_request=lora_request,
         )
 
     def _grammar(self, params: SamplingParams, reasoning: Any) -> GrammarRequest | None:

@@ -9,6 +9,7 @@ from typing import Any
 from kvserve.config import EngineConfig
 from kvserve.engine.arg_utils import engine_config_from_kwargs
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.lora.request import LoRARequest
 from kvserve.outputs import CompletionOutput, RequestOutput
 from kvserve.sampling_params import SamplingParams
 from kvserve.tokenizer import apply_chat_template
@@ -86,19 +87,25 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for each prompt (a string, a list of token ids, or ``{"prompt_token_ids":
         [...]}`` / ``{"prompt": "..."}``), all batched together; outputs in prompt order.
+        ``lora_request``: one adapter for every prompt or one per prompt (None: the base model),
+        as vLLM's; needs ``enable_lora=True``.
 
         Raises:
             InvalidRequestError: an invalid prompt or parameter (nothing is run then).
+            LoRAAdapterError: an adapter folder that cannot be served (named field).
             RequestRejectedError: more prompts x n than the waiting queue takes (nothing is run).
         """
         prompt_list = self._as_list(prompts)
         params_list = self._params_list(sampling_params, len(prompt_list))
+        loras = self._lora_list(lora_request, len(prompt_list))
         engine = self.llm_engine
         requests = [
-            engine.process_inputs(str(next(self._ids)), prompt, params, priority=priority[i] if priority else 0)
+            engine.process_inputs(str(next(self._ids)), prompt, params, priority=priority[i] if priority else 0,
+                                  lora_request=loras[i])
             for i, (prompt, params) in enumerate(zip(prompt_list, params_list))
         ]
         engine.add_requests(requests)
@@ -112,6 +119,7 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, using the chat template."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
@@ -122,7 +130,7 @@ class LLM:
             )}
             for conv in conversations
         ]
-        return self.generate(prompts, sampling_params)
+        return self.generate(prompts, sampling_params, lora_request=lora_request)
 
     def _run(self, ids: list[str]) -> list[RequestOutput]:
         engine = self.llm_engine
@@ -142,6 +150,19 @@ class LLM:
         if prompts and isinstance(prompts[0], int):
             return [list(prompts)]
         return list(prompts)
+
+    def _lora_list(self, lora_request, count: int) -> list[LoRARequest | None]:
+        """One adapter (or None) per prompt, each folder checked once against the model."""
+        loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * count
+        if len(loras) != count:
+            raise ValueError(f"got {len(loras)} LoRA requests for {count} prompts")
+        registry = self.llm_engine.lora_registry
+        for lora in loras:
+            if lora is not None and not isinstance(lora, LoRARequest):
+                raise TypeError(f"lora_request must be a LoRARequest, got {type(lora).__name__}")
+            if lora is not None and registry is not None:
+                registry.check(lora)
+        return loras
 
     def get_default_sampling_params(self) -> SamplingParams:
         """``SamplingParams`` with the model's defaults (``generation_config.json``, as vLLM's)."""

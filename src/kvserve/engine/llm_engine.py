@@ -17,6 +17,7 @@ from kvserve.engine.core import EngineCore, StepStats
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.input_processor import DEFAULT_FIELDS, FieldNames, InputProcessor, PromptInput
 from kvserve.engine.output_processor import OutputProcessor, RequestState
+from kvserve.lora.request import LoRARequest
 from kvserve.metrics.stats import IterationStats
 from kvserve.outputs import RequestOutput
 from kvserve.request import RequestStatus
@@ -53,6 +54,7 @@ def build_input_processor(config: EngineConfig, tokenizer, vocab_size: int, max_
     eos = eos_token_ids(config.model.model, tokenizer)
     return InputProcessor(tokenizer, vocab_size, max_model_len, eos,
                           priority_scheduling=config.scheduler.policy == "priority",
+                          lora_enabled=config.lora is not None,
                           structured_outputs=StructuredOutputManager(tokenizer, vocab_size, eos,
                                                                      config.structured_outputs))
 
@@ -80,6 +82,11 @@ class LLMEngine:
         self.tokenizer = input_processor.tokenizer
         self.eos_token_ids = input_processor.eos_token_ids
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.lora_registry = None
+        if self.config.lora is not None:
+            from kvserve.lora.registry import LoRARegistry
+
+            self.lora_registry = LoRARegistry(self.config.lora, self.core.loaded.arch)
 
     @property
     def max_model_len(self) -> int:
@@ -91,10 +98,12 @@ class LLMEngine:
 
     def process_inputs(self, request_id: str, prompt: PromptInput, params: SamplingParams, *, priority: int = 0,
                        cache_salt: str | None = None, arrival_time: float | None = None,
-                       fields: FieldNames = DEFAULT_FIELDS, reasoning: Any = None) -> EngineRequest:
+                       fields: FieldNames = DEFAULT_FIELDS, reasoning: Any = None,
+                       lora_request: LoRARequest | None = None) -> EngineRequest:
         """Validate and normalise one prompt's request (``InputProcessor.process``)."""
         return self.input_processor.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
-                                            arrival_time=arrival_time, fields=fields, reasoning=reasoning)
+                                            arrival_time=arrival_time, fields=fields, reasoning=reasoning,
+                                            lora_request=lora_request)
 
     def add_requests(self, requests: list[EngineRequest]) -> list[RequestState]:
         """Queue the requests of one call as one unit: all of them, or (when it raises) none.

@@ -78,6 +78,7 @@ class RequestState:
     num_cached_tokens: int = 0
     sent_first: bool = False
     error: str | None = None
+    lora_name: str | None = None  # the adapter it runs with (metrics and logs), None: the base model
 
     @property
     def finished(self) -> bool:
@@ -108,6 +109,8 @@ class OutputProcessor:
             self._parent_of[child_id] = request.request_id
         state = RequestState(request.request_id, request.prompt, request.prompt_token_ids, params, choices,
                              RequestTimes(request.arrival_time))
+        if request.lora_request is not None:
+            state.lora_name = request.lora_request.lora_name
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]
         self.requests[request.request_id] = state
@@ -146,7 +149,13 @@ class OutputProcessor:
                 completion = self._fail_choice(state, choice, f"{type(exc).__name__}: {exc}")
                 if out.finish_reason is None:
                     to_fail.append(out.request_id)
-            _record_choice_times(choice, out, len(state.prompt_token_ids), now, iteration)
+            if state.lora_name is None:
+                _record_choice_times(choice, out, len(state.prompt_token_ids), now, iteration)
+            else:
+                before = (iteration.num_prompt_tokens, iteration.num_generation_tokens)
+                _record_choice_times(choice, out, len(state.prompt_token_ids), now, iteration)
+                iteration.add_lora_tokens(state.lora_name, iteration.num_prompt_tokens - before[0],
+                                          iteration.num_generation_tokens - before[1])
             delta = deltas.get(parent_id)
             if delta is None:
                 delta = deltas[parent_id] = self._new_delta(state, out)

@@ -45,11 +45,15 @@ def hash_block_tokens(parent_hash: int, token_ids: Sequence[int], extra_keys: tu
 
 
 def request_extra_keys(request: Request) -> tuple:
-    """The extra hash keys of a request: ``(cache_salt,)`` when it has a salt, else ``()``.
-
-    This is the one place to add further keys (e.g. a LoRA adapter id) when requests carry them.
-    """
-    return (request.cache_salt,) if request.cache_salt is not None else ()
+    """The extra hash keys of a request: its adapter (``LoRARequest.hash_key``) when it has one,
+    then ``cache_salt`` when it has a salt; ``()`` for a base-model request without a salt (so
+    such hashes are unchanged by LoRA support)."""
+    keys: tuple = ()
+    if request.lora_request is not None:
+        keys += (request.lora_request.hash_key,)
+    if request.cache_salt is not None:
+        keys += (request.cache_salt,)
+    return keys
 
 
 def update_block_hashes(request: Request, block_size: int) -> list[int]:

@@ -150,6 +150,8 @@ class RequestLogger:
                     "cached_tokens": stats.num_cached_tokens, "e2e_seconds": round(stats.e2e_latency, 6),
                     "ttft_seconds": round(stats.time_to_first_token, 6),
                 }
+                if state.lora_name is not None:
+                    fields["lora_name"] = state.lora_name
                 if self.log_prompts:
                     fields["prompt"] = state.prompt
                 text = " ".join(f"{key}={value!r}" if key == "prompt" else f"{key}={value}"

@@ -15,6 +15,7 @@ still query them: ``time_per_output_token_seconds`` (the same per-token observat
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -84,6 +85,17 @@ class SchedulerStatsCollector:
         yield self._counter("num_preemptions", "Requests preempted (recompute).", s.num_preemptions)
         if s.spec_decoding is not None:
             yield from self._spec_decoding(s.spec_decoding)
+        if s.lora is not None:
+            yield self._lora_info(s.lora)
+
+    def _lora_info(self, lora) -> Metric:
+        """vLLM's ``lora_requests_info``: the adapters of running and waiting requests as
+        comma-separated label values, the value the time of the reading (seconds)."""
+        family = GaugeMetricFamily(PREFIX + "lora_requests_info", "Running stats on LoRA requests.",
+                                   labels=[*LABELS, "max_lora", "waiting_lora_adapters", "running_lora_adapters"])
+        family.add_metric([self.model_name, ENGINE, str(lora.max_loras), ",".join(sorted(lora.waiting)),
+                           ",".join(sorted(lora.running))], time.time())
+        return family
 
     def _spec_decoding(self, spec) -> Iterator[Metric]:
         """vLLM's speculative-decoding counters (``vllm/v1/spec_decode/metrics.py``); acceptance
@@ -194,6 +206,10 @@ class PrometheusStatsLogger:
         self.request_aborted = self._counter("request_aborted", "Requests aborted (client gone).")
         self.request_rejected = self._counter("request_rejected", "Generation requests refused (error response).",
                                               ("reason",))
+        self.lora_prompt_tokens = self._counter("lora_prompt_tokens", "Prompt tokens processed, per LoRA adapter.",
+                                                ("lora_name",))
+        self.lora_generation_tokens = self._counter("lora_generation_tokens", "Tokens generated, per LoRA adapter.",
+                                                    ("lora_name",))
         for reason in FINISH_REASONS:
             self.request_success.labels(self.model_name, ENGINE, reason)
 
@@ -210,6 +226,9 @@ class PrometheusStatsLogger:
         self.generation_tokens.inc(iteration.num_generation_tokens)
         if step_ran:
             self.iteration_tokens.observe(iteration.num_prompt_tokens + iteration.num_generation_tokens)
+        for name, (prompt, generation) in iteration.lora_tokens.items():
+            self.lora_prompt_tokens.labels(self.model_name, ENGINE, name).inc(prompt)
+            self.lora_generation_tokens.labels(self.model_name, ENGINE, name).inc(generation)
         for value in iteration.time_to_first_tokens:
             self.time_to_first_token.observe(value)
         for value in iteration.inter_token_latencies:

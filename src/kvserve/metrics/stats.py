@@ -31,12 +31,20 @@ class IterationStats:
         time_to_first_tokens: seconds from arrival to first token, one per choice that got it.
         inter_token_latencies: seconds between a choice's previous and this step's token, one per
             choice that already had a token (vLLM's ITL).
+        lora_tokens: adapter name -> [prompt tokens, generation tokens] of the above that belong
+            to requests running with that LoRA adapter.
     """
 
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
+    lora_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+    def add_lora_tokens(self, lora_name: str, num_prompt_tokens: int, num_generation_tokens: int) -> None:
+        counts = self.lora_tokens.setdefault(lora_name, [0, 0])
+        counts[0] += num_prompt_tokens
+        counts[1] += num_generation_tokens
 
 
 @dataclass(frozen=True)

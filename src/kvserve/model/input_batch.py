@@ -10,6 +10,7 @@ request that leaves frees its row and the last row moves into the hole)::
     token_ids:      [prompt | output ...      ]  int32 [max_num_reqs, max_model_len]
     block_table:    [b4 b9 b12 0 ...]            int32 [max_num_reqs, max_blocks_per_req]
     num_tokens, num_computed_tokens, max_tokens  int64 [max_num_reqs]
+    lora_key:       0 0 3                        int64 [max_num_reqs], the row's adapter (0: base)
     temperature, top_p, min_p, top_k, greedy     per-row sampling parameters (tensors)
 
 A request keeps its ``CachedRequestState`` (tokens, blocks, generator) while it runs, also in a
@@ -51,6 +52,8 @@ class CachedRequestState:
         grammar: its compiled structured-output constraint (``GrammarRequest``), or None.
         proposer_state: what the speculative proposer keeps per request (the draft model's
             K/V progress), or None.
+        lora_request: its adapter, or None for the base model.
+        lora_key: the runner's dense key of that adapter (``LoRAManager.key_of``; 0 = base).
     """
 
     req_id: str
@@ -67,6 +70,8 @@ class CachedRequestState:
     output_token_counts: torch.Tensor | None = None
     grammar: Any = None
     proposer_state: Any = None
+    lora_request: Any = None
+    lora_key: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -113,6 +118,7 @@ class InputBatch:
         self.max_tokens = np.zeros(rows, dtype=np.int64)
         self.block_table = np.zeros((rows, max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(rows, dtype=np.int64)
+        self.lora_key = np.zeros(rows, dtype=np.int64)
 
     def _init_sampling_arrays(self, rows: int) -> None:
         self.temperature = np.ones(rows, dtype=np.float32)
@@ -147,6 +153,7 @@ class InputBatch:
         self.num_tokens[row] = num_tokens
         self.num_computed_tokens[row] = state.num_computed_tokens
         self.max_tokens[row] = state.max_tokens
+        self.lora_key[row] = state.lora_key
         self.num_blocks[row] = 0
         self.append_block_ids(row, state.block_ids)
         self._set_sampling_row(row, state.sampling_params)
@@ -194,7 +201,8 @@ class InputBatch:
         self.req_id_to_index[req_id] = dst
         num_tokens = self.num_tokens[src]
         self.token_ids[dst, :num_tokens] = self.token_ids[src, :num_tokens]
-        for array in (self.num_tokens, self.num_computed_tokens, self.max_tokens, self.num_blocks, self.temperature,
+        for array in (self.num_tokens, self.num_computed_tokens, self.max_tokens, self.num_blocks, self.lora_key,
+                      self.temperature,
                       self.greedy, self.top_k, self.top_p, self.min_p, self.num_logprobs, self.penalized):
             array[dst] = array[src]
         self.block_table[dst, : self.num_blocks[dst]] = self.block_table[src, : self.num_blocks[dst]]

@@ -20,12 +20,14 @@ unattributable).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 
 import numpy as np
 import torch
 
+from kvserve.config import LoRAConfig
 from kvserve.errors import EngineDeadError
 from kvserve.faults import FaultInjector
 from kvserve.model.arch_config import ModelArchConfig
@@ -85,11 +87,14 @@ class ModelRunner:
         prepack_linears: on the CPU, swap the model's float32/bf16 linears for kvserve's
             batch-invariant GEMM (``kvserve.model.invariant_linear.use_invariant_linears``).
         proposer: speculative decoding's proposer (``kvserve.spec_decode.proposer``), or None.
+        lora_config: LoRA serving (``--enable-lora``): the projections get adapter slots
+            (``kvserve.lora.manager``); None = no adapters.
     """
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str | torch.device = "cpu",
                  *, max_num_reqs: int = 256, max_model_len: int | None = None, seed: int = 0,
-                 prepack_linears: bool = True, proposer: Proposer | None = None):
+                 prepack_linears: bool = True, proposer: Proposer | None = None,
+                 lora_config: LoRAConfig | None = None):
         self.model = loaded.model
         self.arch = loaded.arch
         self.dtype = loaded.dtype
@@ -101,6 +106,11 @@ class ModelRunner:
         # CPU: float32/bf16 linears through kvserve's batch-invariant GEMM (weights packed once).
         on_cpu = self.device.type == "cpu"
         self.num_prepacked_linears = use_invariant_linears(self.model) if on_cpu and prepack_linears else 0
+        self.lora = None
+        if lora_config is not None:
+            from kvserve.lora.manager import LoRAManager
+
+            self.lora = LoRAManager(self.model, self.arch, lora_config, self.device, self.dtype)
         max_model_len = max_model_len or loaded.arch.max_position_embeddings
         self.input_batch = InputBatch(max_num_reqs, max_model_len, math.ceil(max_model_len / block_size),
                                       self.vocab_size, self.device,
@@ -186,7 +196,8 @@ class ModelRunner:
         flat = self._flat_batch(rows, num_scheduled, samples, num_logits)
         inputs = to_model_inputs(flat, self.device)
         self.faults.check("forward", req_ids)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+        with self._adapters(rows, num_scheduled):
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
         prompt_logprobs = self._prompt_logprobs(rows, req_ids, hidden, flat.query_start_loc)
         sampling_rows = rows[samples]
         if len(sampling_rows) == 0:
@@ -196,6 +207,12 @@ class ModelRunner:
         verified = self.rejection_sampler(logits, sampling_rows, [d for d, s in zip(drafts, samples) if s], batch,
                                           self._uniforms)
         return _RowsResult(rows, sampling_rows, verified.token_ids, verified.logprobs, prompt_logprobs)
+
+    def _adapters(self, rows: np.ndarray, num_scheduled: np.ndarray):
+        """The rows' adapters for the forward inside the ``with`` (nothing without LoRA)."""
+        if self.lora is None:
+            return contextlib.nullcontext()
+        return self.lora.activate(self.input_batch.lora_key[rows], num_scheduled)
 
     def _flat_batch(self, rows: np.ndarray, num_scheduled: np.ndarray, samples: np.ndarray,
                     num_logits: np.ndarray | None = None):
@@ -317,7 +334,7 @@ class ModelRunner:
             req_id=new.req_id, prompt_token_ids=new.prompt_token_ids, output_token_ids=list(new.output_token_ids),
             sampling_params=params, eos_token_ids=new.eos_token_ids, bad_words_token_ids=new.bad_words_token_ids,
             max_tokens=new.max_tokens, block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens,
-            generator=generator, grammar=new.grammar,
+            generator=generator, grammar=new.grammar, lora_request=new.lora_request,
         )
 
     def _add_row(self, req_id: str, output: ModelRunnerOutput) -> None:
@@ -325,7 +342,14 @@ class ModelRunner:
         batch = self.input_batch
         try:
             self.faults.check("prepare", [req_id])
-            batch.add(self.requests[req_id])
+            state = self.requests[req_id]
+            if state.lora_request is not None:
+                if self.lora is None:
+                    raise ValueError(f"request {req_id} asks for LoRA adapter {state.lora_request.lora_name!r} "
+                                     "but LoRA is not enabled")
+                self.lora.ensure_loaded(state.lora_request)  # a folder that cannot be read fails this request
+                state.lora_key = self.lora.key_of(state.lora_request)
+            batch.add(state)
         except Exception as exc:  # noqa: BLE001 - this request's failure, not the step's
             logger.exception("request %s failed entering the batch; the others go on", req_id)
             output.errors[req_id] = f"{type(exc).__name__}: {exc}"
@@ -336,11 +360,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, token_ids: list[list[int]], block_tables: list[list[int]],
-                num_computed: list[int] | None = None) -> list[torch.Tensor]:
+                num_computed: list[int] | None = None, lora_requests: list | None = None) -> list[torch.Tensor]:
         """Run requests' tokens through the model as one flat batch, outside the persistent batch
         (no sampling): returns each request's logits ``[num_new_tokens, V]`` (model dtype). With
         ``num_computed``, request ``i`` computes ``token_ids[i][num_computed[i]:]`` against the K/V
-        of its first ``num_computed[i]`` tokens already in its blocks."""
+        of its first ``num_computed[i]`` tokens already in its blocks; with ``lora_requests``,
+        request ``i`` runs with adapter ``lora_requests[i]`` (None: the base model)."""
         num_computed_arr = np.array(num_computed or [0] * len(token_ids), dtype=np.int64)
         lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
         width_tokens = int(lengths.max())
@@ -355,7 +380,15 @@ class ModelRunner:
         flat = make_flat_batch(tokens, num_computed_arr, num_new, tables, self.block_size,
                                np.zeros(len(token_ids), dtype=bool))
         inputs = to_model_inputs(flat, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+        adapters = contextlib.nullcontext()
+        if lora_requests is not None:
+            for lora in lora_requests:
+                if lora is not None:
+                    self.lora.ensure_loaded(lora)
+            keys = np.array([self.lora.key_of(lora) for lora in lora_requests], dtype=np.int64)
+            adapters = self.lora.activate(keys, num_new)
+        with adapters:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
         logits = self.model.compute_logits(hidden)
         starts = flat.query_start_loc.tolist()
         return [logits[starts[i] : starts[i + 1]] for i in range(len(token_ids))]

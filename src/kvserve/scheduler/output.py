@@ -46,6 +46,7 @@ class NewRequestData:
         block_ids: its whole block table.
         num_computed_tokens: tokens whose K/V are already in the cache (a prefix-cache hit).
         grammar: its compiled structured-output constraint, or None.
+        lora_request: its adapter, or None for the base model.
     """
 
     req_id: str
@@ -58,12 +59,14 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     grammar: Any = None
+    lora_request: Any = None
 
     @classmethod
     def from_request(cls, request: Request, block_ids: list[int]) -> NewRequestData:
         return cls(request.request_id, request.prompt_token_ids, list(request.output_token_ids),
                    request.sampling_params, request.eos_token_ids, request.bad_words_token_ids,
-                   request.max_tokens, block_ids, request.num_computed_tokens, request.grammar)
+                   request.max_tokens, block_ids, request.num_computed_tokens, request.grammar,
+                   request.lora_request)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ tokens (prompt + output), and a step computes up to ``num_tokens - num_computed_
     2. WAITING requests in policy order (only when step 1 preempted nobody): prefix-cache lookup,
        then the rest of the prompt (chunked when it exceeds the remaining budget) while
        max_num_seqs and the KV cache allow. Under ``priority`` a waiting request may preempt
-       running requests of lower priority.
+       running requests of lower priority. With LoRA, a request whose adapter would be one more
+       than ``max_loras`` among running requests waits (in its place) while later ones go.
 
 Method after vLLM v1's ``Scheduler`` (recompute preemption; preempted requests resume first).
 """
@@ -35,7 +36,7 @@ from kvserve.scheduler.output import CachedRequestData, NewRequestData, Schedule
 from kvserve.scheduler.prompt_logprobs import PromptLogprobsTracker
 from kvserve.scheduler.request_queue import create_request_queue
 from kvserve.scheduler.spec_decode import SpecDecodeScheduling
-from kvserve.scheduler.stats import SchedulerStats
+from kvserve.scheduler.stats import LoRAStats, SchedulerStats
 from kvserve.scheduler.stop import check_prompt_only_done, check_stop
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class Scheduler:
         scheduler_config: budgets and policy.
         kv_cache_manager: the block tables; the scheduler is its only user.
         speculative_config: speculative decoding, or None.
+        max_loras: most distinct LoRA adapters among running requests (``--max-loras``; 0 = LoRA
+            off).
 
     Raises:
         ValueError: chunked prefill is off but ``max_num_batched_tokens < max_model_len`` (a
@@ -65,7 +68,7 @@ class Scheduler:
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 speculative_config: SpeculativeConfig | None = None):
+                 speculative_config: SpeculativeConfig | None = None, max_loras: int = 0):
         cfg = scheduler_config
         if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
             raise ValueError(
@@ -83,6 +86,7 @@ class Scheduler:
         self.num_sent_block_ids: dict[str, int] = {}
         self.prompt_logprobs_tracker = PromptLogprobsTracker()
         self.spec = None if speculative_config is None else SpecDecodeScheduling(speculative_config, cfg.max_model_len)
+        self.max_loras = max_loras
         self._init_counters()
 
     def _init_counters(self) -> None:
@@ -228,11 +232,15 @@ class Scheduler:
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         max_num_seqs = self.scheduler_config.max_num_seqs
         in_flight = self._in_flight_block_hashes()
+        adapters = self._running_adapters()
         deferred: list[Request] = []
         while self.waiting and plan.token_budget > 0 and len(self.running) < max_num_seqs:
             request = self.waiting.peek()
             if request.request_id in plan.preempted:
                 break  # preempted in this very step: memory is short, resume next step
+            if adapters is not None and self._adapter_full(request, adapters):
+                deferred.append(self.waiting.pop())
+                continue
             hit_blocks, num_cached = self.kv_cache_manager.get_computed_blocks(request)
             if self._next_block_in_flight(request, len(hit_blocks), in_flight):
                 deferred.append(self.waiting.pop())
@@ -246,8 +254,21 @@ class Scheduler:
             if not self._admit(request, num_new, hit_blocks, num_cached, plan):
                 break
             in_flight.update(self._uncomputed_prompt_hashes(request))
+            if adapters is not None and request.lora_request is not None:
+                adapters.add(request.lora_request)
         for request in reversed(deferred):  # back at the head, in their order
             self.waiting.prepend(request)
+
+    def _running_adapters(self) -> set | None:
+        """The adapters of running requests (None without LoRA)."""
+        if self.max_loras == 0:
+            return None
+        return {r.lora_request for r in self.running if r.lora_request is not None}
+
+    def _adapter_full(self, request: Request, adapters: set) -> bool:
+        """True when admitting ``request`` would run more than ``max_loras`` adapters."""
+        lora = request.lora_request
+        return lora is not None and lora not in adapters and len(adapters) >= self.max_loras
 
     # -- cache-aware admission ---------------------------------------------------------------
     #
@@ -493,4 +514,16 @@ class Scheduler:
             num_generated_tokens=self.num_generated_tokens,
             num_finished_requests=self.num_finished_requests,
             spec_decoding=None if self.spec is None else self.spec.stats(),
+            lora=self._lora_stats(),
         )
+
+    def _lora_stats(self) -> LoRAStats | None:
+        if self.max_loras == 0:
+            return None
+        counts: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        for requests, count in ((self.running, counts[0]), (self.waiting, counts[1])):
+            for request in requests:
+                if request.lora_request is not None:
+                    name = request.lora_request.lora_name
+                    count[name] = count.get(name, 0) + 1
+        return LoRAStats(self.max_loras, *counts)

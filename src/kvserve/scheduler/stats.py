@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvserve.spec_decode.stats import SpecDecodingStats
 
@@ -23,6 +23,7 @@ class SchedulerStats:
         num_generated_tokens: tokens sampled and appended over all steps (total).
         num_finished_requests: requests finished or aborted since start-up (total).
         spec_decoding: speculative-decoding totals, or None when speculation is off.
+        lora: adapters of running and waiting requests, or None when LoRA is off.
     """
 
     num_running: int = 0
@@ -36,3 +37,19 @@ class SchedulerStats:
     num_generated_tokens: int = 0
     num_finished_requests: int = 0
     spec_decoding: SpecDecodingStats | None = None
+    lora: LoRAStats | None = None
+
+
+@dataclass(frozen=True)
+class LoRAStats:
+    """Adapters in use (vLLM's ``LoRAStats``, read by ``lora_requests_info``).
+
+    Attributes:
+        max_loras: most adapters in one batch (``--max-loras``).
+        running: adapter name -> running requests with it.
+        waiting: adapter name -> waiting requests with it.
+    """
+
+    max_loras: int
+    running: dict[str, int] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)

@@ -90,6 +90,8 @@ def start_live_server(
         host="127.0.0.1", port=port, api_keys=(api_key,) if api_key else (),
         served_model_name=served_model_name, log_level="warning", **(settings or {}),
     )
+    for module in server_settings.lora_modules:  # what the launcher does for --lora-modules
+        async_llm.lora_registry.add(module.name, module.path, module.base_model_name)
     server = make_server(async_llm, server_settings)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()

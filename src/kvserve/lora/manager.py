@@ -1,0 +1,199 @@
+"""The runner's side of LoRA: adapters read from disk into a CPU cache, copied into the model's
+preallocated slots, and each step's token -> slot map.
+
+    LoRARequest ──key_of──► dense key (the persistent batch's per-row column; 0 = base model)
+                ──ensure_loaded──► CPU cache (LRU, --max-cpu-loras adapters; a miss reads the folder)
+    a step's rows ──activate──► slots (--max-loras; a missing adapter takes a free slot or the
+                                least recently used one no row of this step needs) ──► LoRABatch
+
+The scheduler admits at most ``max_loras`` adapters among running requests, so a step never
+needs more slots than there are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from kvserve.config import LoRAConfig
+from kvserve.lora.layers import LoRABatch, LoRALinear
+from kvserve.lora.peft_adapter import LoRAWeights, load_adapter, module_shapes
+from kvserve.lora.request import LoRARequest
+from kvserve.model.arch_config import ModelArchConfig
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Our module names -> where they live in a decoder layer.
+_MODULE_PATHS = {"qkv_proj": "self_attn", "o_proj": "self_attn", "gate_up_proj": "mlp", "down_proj": "mlp"}
+
+
+def lora_dtype(config: LoRAConfig, model_dtype: torch.dtype) -> torch.dtype:
+    """``--lora-dtype``: ``auto`` = the model's dtype."""
+    return model_dtype if config.lora_dtype == "auto" else _DTYPES[config.lora_dtype]
+
+
+def _kernels_for(device: torch.device, model_dtype: torch.dtype, dtype: torch.dtype):
+    if device.type != "cpu" or model_dtype not in (torch.float32, torch.bfloat16) \
+            or dtype not in (torch.float32, torch.bfloat16):
+        return None
+    from kvserve.kernels import cpu_kernels
+
+    return cpu_kernels()
+
+
+class LoRAManager:
+    """Wraps ``model``'s projections in ``LoRALinear`` (in place) and keeps their slots.
+
+    Args:
+        model: a loaded decoder (``model.model.layers[i].self_attn.qkv_proj`` ...), after its
+            linears were swapped for the invariant ones.
+        arch: its config.
+        config: the LoRA flags.
+        device: the model's device.
+        model_dtype: the model's dtype.
+    """
+
+    def __init__(self, model: nn.Module, arch: ModelArchConfig, config: LoRAConfig, device: torch.device,
+                 model_dtype: torch.dtype):
+        self.arch, self.config, self.device = arch, config, device
+        self.dtype = lora_dtype(config, model_dtype)
+        kernels = _kernels_for(device, model_dtype, self.dtype)
+        self.layers = self._wrap(model, kernels)
+        self.slots: list[LoRARequest | None] = [None] * config.max_loras
+        self._slot_used = [0] * config.max_loras  # step counter of last use (LRU)
+        self._step = 0
+        self.cache: OrderedDict[LoRARequest, LoRAWeights] = OrderedDict()
+        self._keys: dict[LoRARequest, int] = {}
+        self._requests: dict[int, LoRARequest] = {}
+        self.num_disk_loads = 0
+
+    def _wrap(self, model: nn.Module, kernels) -> list[dict[str, LoRALinear]]:
+        shapes = module_shapes(self.arch)
+        wrapped = []
+        for layer in model.model.layers:
+            modules = {}
+            for name, parent_name in _MODULE_PATHS.items():
+                parent = getattr(layer, parent_name)
+                in_features, outs = shapes[name]
+                module = LoRALinear(getattr(parent, name), in_features, list(outs), self.config.max_loras,
+                                    self.config.max_lora_rank, self.dtype, self.device, kernels)
+                setattr(parent, name, module)
+                modules[name] = module
+            wrapped.append(modules)
+        return wrapped
+
+    # -- adapters ----------------------------------------------------------------------------------
+
+    def key_of(self, lora_request: LoRARequest | None) -> int:
+        """A dense key per adapter (never reused), 0 for the base model."""
+        if lora_request is None:
+            return 0
+        key = self._keys.get(lora_request)
+        if key is None:
+            key = self._keys[lora_request] = len(self._keys) + 1
+            self._requests[key] = lora_request
+        return key
+
+    def ensure_loaded(self, lora_request: LoRARequest) -> LoRAWeights:
+        """The adapter's weights from the CPU cache, read from its folder on a miss (the least
+        recently used adapter beyond ``--max-cpu-loras`` is dropped).
+
+        Raises:
+            LoRAAdapterError: the folder cannot be read or does not fit the model.
+        """
+        weights = self.cache.get(lora_request)
+        if weights is not None:
+            self.cache.move_to_end(lora_request)
+            return weights
+        weights = load_adapter(lora_request.lora_path, self.arch, self.config.max_lora_rank, self.dtype)
+        self.num_disk_loads += 1
+        logger.info("LoRA adapter %s loaded from %s (rank %d, %.1f MB)", lora_request.lora_name,
+                    lora_request.lora_path, weights.rank, weights.num_bytes / 1e6)
+        self.cache[lora_request] = weights
+        while len(self.cache) > self.config.cpu_cache_size:
+            evicted, _ = self.cache.popitem(last=False)
+            logger.info("LoRA adapter %s dropped from the CPU cache (--max-cpu-loras %d)", evicted.lora_name,
+                        self.config.cpu_cache_size)
+        return weights
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def activate(self, row_keys: np.ndarray, num_scheduled: np.ndarray) -> Iterator[None]:
+        """Put the adapters of a step's rows in slots and give every ``LoRALinear`` the token ->
+        slot map for the forward inside the ``with`` (cleared after it).
+
+        Args:
+            row_keys: int [B], each row's ``key_of`` (0: base model).
+            num_scheduled: int [B], tokens each row computes (its tokens are consecutive).
+
+        Raises:
+            RuntimeError: more adapters than slots (the scheduler prevents it).
+            LoRAAdapterError: an adapter's folder cannot be read again.
+        """
+        batch = self._make_batch(row_keys, num_scheduled)
+        for modules in self.layers:
+            for module in modules.values():
+                module.batch = batch
+        try:
+            yield
+        finally:
+            for modules in self.layers:
+                for module in modules.values():
+                    module.batch = None
+
+    def _make_batch(self, row_keys: np.ndarray, num_scheduled: np.ndarray) -> LoRABatch | None:
+        keys = [int(k) for k in np.unique(row_keys) if k > 0]
+        if not keys:
+            return None
+        if len(keys) > len(self.slots):
+            raise RuntimeError(f"{len(keys)} adapters in one step but --max-loras is {len(self.slots)}")
+        self._step += 1
+        slot_of_key = self._assign_slots([self._requests[k] for k in keys])
+        lookup = np.full(max(keys) + 1, -1, dtype=np.int64)
+        for key in keys:
+            lookup[key] = slot_of_key[self._requests[key]]
+        token_slots = np.repeat(lookup[row_keys.astype(np.int64)], num_scheduled)
+        used = token_slots[token_slots >= 0]
+        return LoRABatch(token_slots, int(used.min()), int(used.max()) + 1, self.device)
+
+    def _assign_slots(self, needed: list[LoRARequest]) -> dict[LoRARequest, int]:
+        resident = {request: slot for slot, request in enumerate(self.slots) if request is not None}
+        wanted = set(needed)
+        result = {}
+        for request in needed:
+            slot = resident.get(request)
+            if slot is None:
+                slot = self._free_slot(wanted)
+                self._load_slot(slot, request)
+            self._slot_used[slot] = self._step
+            result[request] = slot
+        return result
+
+    def _free_slot(self, wanted: set[LoRARequest]) -> int:
+        """The lowest empty slot (keeps the used range short), else the least recently used slot
+        whose adapter this step does not need."""
+        for slot, request in enumerate(self.slots):
+            if request is None:
+                return slot
+        candidates = [s for s, request in enumerate(self.slots) if request not in wanted]
+        return min(candidates, key=lambda s: (self._slot_used[s], s))
+
+    def _load_slot(self, slot: int, request: LoRARequest) -> None:
+        weights = self.ensure_loaded(request)
+        self.slots[slot] = None  # a failure below leaves the slot empty, never half written
+        for layer, modules in enumerate(self.layers):
+            for name, module in modules.items():
+                module.set_slot(slot, weights.modules.get((layer, name)))
+        self.slots[slot] = request
+
+    def remove(self, lora_request: LoRARequest) -> None:
+        """Forget an adapter's cached weights (its slot is reused when needed)."""
+        self.cache.pop(lora_request, None)
