@@ -8,6 +8,8 @@ Sources (``csrc/``):
 - ``linear.cpp``: the batch-invariant linear (GEMM) over prepacked float32/bfloat16 weights
 - ``bitmask.cpp``: a structured-output token bitmask applied to float32 logits
   (``kvserve.structured_output.bitmask``)
+- ``lora.cpp``: every token's LoRA adapter added to a projection, all adapters in one call
+  (``kvserve.lora.layers``)
   (``kvserve.model.invariant_linear``);
 - ``bindings.cpp``: the Python module.
 
@@ -36,7 +38,7 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("paged_attention.cpp", "argmax.cpp", "linear.cpp", "bitmask.cpp", "bindings.cpp")
+SOURCES = ("paged_attention.cpp", "argmax.cpp", "linear.cpp", "bitmask.cpp", "lora.cpp", "bindings.cpp")
 
 
 def cpu_tag() -> str:

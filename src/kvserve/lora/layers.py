@@ -1,27 +1,19 @@
 """Applying many adapters in one batch: ``LoRALinear`` wraps a projection and adds each token's
-adapter, ``y = base(x) + B_s (A_s x)`` (scaling folded into ``B_s``), with a stacked-slot layout in
-the spirit of Punica's BGMV / S-LoRA (Chen et al. 2023, "Punica"; Sheng et al. 2023, "S-LoRA").
+adapter, ``y = base(x) + B_s (A_s x)`` (scaling folded into ``B_s``), with the weights of the
+loaded adapters in preallocated slots (the layout of Punica / S-LoRA: Chen et al. 2023,
+"Punica"; Sheng et al. 2023, "S-LoRA").
 
-Weights of the loaded adapters sit in ``max_loras`` preallocated slots of ``max_rank`` per shard
-(an adapter of a smaller rank is zero-padded, which adds exact zeros)::
+Slots hold ``max_rank`` per shard (an adapter of a smaller rank is zero-padded: exact zeros)::
 
-    A (shrink), all shards of a slot together, slots stacked along the outputs:
-        rows:  [ slot 0: q r | k r | v r | pad ][ slot 1: ... ] ...         W_A [slots * a_width, in]
-    B (expand), one matrix per shard, slots stacked along the inputs (the rank):
-        cols:  [ slot 0: r ][ slot 1: r ] ...                                 W_B,j [out_j, slots * r]
+    A^T  [slots, in, shards * r]    columns [q r | k r | v r] of slot s (one shard for o_proj, down_proj)
+    B^T  [slots, r, out]            output column n reads the r values of its own shard
 
-One step uses the slots ``lo .. hi - 1`` (the range holding its adapters) and, per module::
-
-    H = x W_A[lo:hi]^T                  [T, S * a_width]   every token against every used slot
-    H_j = H masked to the token's slot  [T, S * r]         (other slots' columns set to 0)
-    y[:, shard j] += H_j W_B,j[:, lo*r : hi*r]^T
-
-so a step runs one shrink and one expand per shard, whatever the number of adapters, and reads
-each used adapter's weights once. On the CPU both products go through kvserve's batch-invariant
-GEMM (``kvserve.model.invariant_linear``): a token's delta is the same sequence of FMAs as its
-adapter alone would give (the masked columns add exact zeros), so a request's logits have the
-same bits alone and in any mixed batch. Elsewhere (CUDA, no compiler) ``F.linear`` computes the
-same products without that guarantee.
+A step's tokens are grouped by slot once (``LoRABatch``: the segments of Punica's SGMV). On the
+CPU, kvserve's ``lora_apply`` kernel (``kvserve/kernels/csrc/lora.cpp``) then does shrink and
+expand for all segments in one call per projection, reading each used adapter's weights once,
+every value one fixed sequence of float operations: a request gets the same bits alone and in any
+mixed batch. Elsewhere (CUDA, no compiler) the same products run per segment through torch
+matmuls (not batch-invariant).
 """
 
 from __future__ import annotations
@@ -30,45 +22,56 @@ from types import ModuleType
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kvserve.lora.peft_adapter import ModuleLoRA
 
 
+class Segments:
+    """The adapted tokens of some rows grouped by slot (int64 tensors on the CPU).
+
+    Attributes:
+        order: [Ta] token indices (relative to the rows' first token), grouped by slot.
+        starts: [S + 1] segment ``i`` is ``order[starts[i]:starts[i + 1]]``.
+        slots: [S] each segment's slot.
+    """
+
+    def __init__(self, token_slots: np.ndarray):
+        adapted = np.flatnonzero(token_slots >= 0)
+        order = adapted[np.argsort(token_slots[adapted], kind="stable")]
+        slots, counts = np.unique(token_slots[order], return_counts=True)
+        self.order = torch.from_numpy(order.astype(np.int64))
+        self.starts = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+        self.slots = torch.from_numpy(slots.astype(np.int64))
+        self.num_segments = len(slots)
+
+
 class LoRABatch:
-    """The adapter of each token of one forward, shared by every ``LoRALinear``.
+    """The adapter slot of each token of one forward, shared by every ``LoRALinear``.
 
     Args:
         token_slots: int [T], each token's slot, -1 for the base model.
-        lo, hi: the slot range used (``lo <= slot < hi`` for every adapted token).
-        device: where the masks go.
 
-    A module called on a tile of the rows (the MLP runs long prefills in tiles) gets the mask of
-    that tile: each module sees every token once per forward, in order, so a per-module cursor
+    A module called on a tile of the rows (the MLP runs long prefills in tiles) gets the segments
+    of that tile: each module sees every token once per forward, in order, so a per-module cursor
     says where its next call starts.
     """
 
-    def __init__(self, token_slots: np.ndarray, lo: int, hi: int, device: torch.device):
-        self.lo, self.hi = lo, hi
+    def __init__(self, token_slots: np.ndarray):
+        self.token_slots = token_slots
         self.num_tokens = len(token_slots)
-        adapted = token_slots >= 0
-        self._adapted_before = np.concatenate([[0], np.cumsum(adapted)])
-        local = np.where(adapted, token_slots - lo, -1)
-        mask = local[:, None] == np.arange(hi - lo)[None, :]
-        self.mask = torch.from_numpy(mask[:, :, None]).to(device)  # [T, S, 1] bool
+        self._segments: dict[tuple[int, int], Segments] = {}
         self._cursor: dict[int, int] = {}
 
-    def rows(self, module: nn.Module, n: int) -> tuple[int, int]:
-        """The rows ``[start, start + n)`` of ``module``'s next call."""
-        start = self._cursor.get(id(module), 0)
-        if n == self.num_tokens:
-            start = 0
+    def segments(self, module: nn.Module, n: int) -> Segments:
+        """The segments of ``module``'s next call, on ``n`` rows."""
+        start = 0 if n == self.num_tokens else self._cursor.get(id(module), 0)
         self._cursor[id(module)] = (start + n) % self.num_tokens
-        return start, start + n
-
-    def any_adapted(self, start: int, end: int) -> bool:
-        return bool(self._adapted_before[end] - self._adapted_before[start])
+        key = (start, start + n)
+        found = self._segments.get(key)
+        if found is None:
+            found = self._segments[key] = Segments(self.token_slots[start : start + n])
+        return found
 
 
 class LoRALinear(nn.Module):
@@ -85,7 +88,7 @@ class LoRALinear(nn.Module):
         max_rank: rank per shard and slot.
         dtype: the slots' dtype (``--lora-dtype``).
         device: the model's device.
-        kernels: ``kvserve.kernels.cpu_kernels()`` for the batch-invariant CPU path, or None.
+        kernels: ``kvserve.kernels.cpu_kernels()`` for the CPU kernel, or None (torch matmuls).
     """
 
     def __init__(self, base: nn.Module, in_features: int, shard_sizes: list[int], max_loras: int, max_rank: int,
@@ -95,83 +98,54 @@ class LoRALinear(nn.Module):
         self.in_features = in_features
         self.shard_sizes = list(shard_sizes)
         self.offsets = np.concatenate([[0], np.cumsum(shard_sizes)]).tolist()
+        self.shard_offsets = torch.tensor(self.offsets, dtype=torch.int64)
         self.max_loras, self.rank = max_loras, max_rank
         self._kernels = kernels
-        self.panel = kernels.linear_panel_width() if kernels is not None else 1
-        self.a_width = -(-len(shard_sizes) * max_rank // self.panel) * self.panel
         self.batch: LoRABatch | None = None
-        self._init_slots(dtype, device)
-
-    def _init_slots(self, dtype: torch.dtype, device: torch.device) -> None:
-        slots, r, p = self.max_loras, self.rank, self.panel
-        if self._kernels is not None:  # packed panels [P, K, panel] (kvserve/kernels/csrc/linear.cpp)
-            self.a = torch.zeros(slots * self.a_width // p, self.in_features, p, dtype=dtype, device=device)
-            self.b = [torch.zeros(-(-n // p), slots * r, p, dtype=dtype, device=device) for n in self.shard_sizes]
-        else:
-            self.a = torch.zeros(slots * self.a_width, self.in_features, dtype=dtype, device=device)
-            self.b = [torch.zeros(n, slots * r, dtype=dtype, device=device) for n in self.shard_sizes]
-
-    # -- slots -------------------------------------------------------------------------------------
+        num_shards, out = len(shard_sizes), sum(shard_sizes)
+        self.a = torch.zeros(max_loras, in_features, num_shards * max_rank, dtype=dtype, device=device)  # A^T
+        self.b = torch.zeros(max_loras, max_rank, out, dtype=dtype, device=device)  # B^T
 
     def set_slot(self, slot: int, weights: ModuleLoRA | None) -> None:
         """Write one adapter's weights (or zeros: None / shards it does not adapt) into ``slot``."""
         r = self.rank
-        dtype, device = self.a.dtype, self.a.device
-        a = torch.zeros(self.a_width, self.in_features, dtype=dtype)
-        bs = [torch.zeros(n, r, dtype=dtype) for n in self.shard_sizes]
-        for j in range(len(self.shard_sizes)):
+        a, b = torch.zeros_like(self.a[slot]), torch.zeros_like(self.b[slot])
+        for j, (first, last) in enumerate(zip(self.offsets[:-1], self.offsets[1:])):
             a_j = None if weights is None else weights.a[j]
             if a_j is not None:
                 rank = a_j.shape[0]
-                a[j * r : j * r + rank] = a_j
-                bs[j][:, :rank] = weights.b[j]
-        if self._kernels is not None:
-            pa = self.a_width // self.panel
-            self.a[slot * pa : (slot + 1) * pa] = self._kernels.pack_linear_weight(a).to(device)
-            for j, b in enumerate(bs):
-                self.b[j][:, slot * r : (slot + 1) * r] = self._kernels.pack_linear_weight(b).to(device)
-        else:
-            self.a[slot * self.a_width : (slot + 1) * self.a_width] = a.to(device)
-            for j, b in enumerate(bs):
-                self.b[j][:, slot * r : (slot + 1) * r] = b.to(device)
-
-    # -- forward -----------------------------------------------------------------------------------
+                a[:, j * r : j * r + rank] = a_j.t().to(a.dtype)
+                b[:rank, first:last] = weights.b[j].t().to(b.dtype)
+        self.a[slot] = a
+        self.b[slot] = b
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
         batch = self.batch
         if batch is None:
             return y
-        start, end = batch.rows(self, x.shape[0])
-        if not batch.any_adapted(start, end):
+        segments = batch.segments(self, x.shape[0])
+        if segments.num_segments == 0:
             return y
-        lo, hi, r = batch.lo, batch.hi, self.rank
-        num_slots = hi - lo
         rows = x.reshape(-1, self.in_features).contiguous()
-        h = self._shrink(rows, lo, hi).view(rows.shape[0], num_slots, self.a_width)
-        mask = batch.mask[start:end]
         out = y.view(-1, y.shape[-1])
-        for j, (first, last) in enumerate(zip(self.offsets[:-1], self.offsets[1:])):
-            h_j = torch.where(mask, h[:, :, j * r : (j + 1) * r], 0).view(rows.shape[0], num_slots * r)
-            delta = self._expand(h_j, j, lo, hi)
-            if len(self.shard_sizes) == 1:
-                out += delta
-            else:
-                out[:, first:last] += delta
+        if self._kernels is not None:
+            self._kernels.lora_apply(rows, out, self.a, self.b, segments.order, segments.starts, segments.slots,
+                                     self.shard_offsets, self.rank)
+        else:
+            self._apply_torch(rows, out, segments)
         return y
 
-    def _shrink(self, rows: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-        if self._kernels is not None:
-            pa = self.a_width // self.panel
-            return self._kernels.invariant_linear(rows, self.a[lo * pa : hi * pa], None, (hi - lo) * self.a_width)
-        return F.linear(rows, self.a[lo * self.a_width : hi * self.a_width].to(rows.dtype))
-
-    def _expand(self, h: torch.Tensor, shard: int, lo: int, hi: int) -> torch.Tensor:
+    def _apply_torch(self, rows: torch.Tensor, out: torch.Tensor, segments: Segments) -> None:
         r = self.rank
-        if self._kernels is not None:
-            return self._kernels.invariant_linear(h, self.b[shard][:, lo * r : hi * r], None, self.shard_sizes[shard])
-        return F.linear(h, self.b[shard][:, lo * r : hi * r].to(h.dtype))
+        starts = segments.starts.tolist()
+        for i, slot in enumerate(segments.slots.tolist()):
+            index = segments.order[starts[i] : starts[i + 1]].to(rows.device)
+            h = rows.index_select(0, index) @ self.a[slot].to(rows.dtype)
+            for j, (first, last) in enumerate(zip(self.offsets[:-1], self.offsets[1:])):
+                delta = h[:, j * r : (j + 1) * r] @ self.b[slot, :, first:last].to(rows.dtype)
+                out[:, first:last].index_add_(0, index, delta)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, shard_sizes={self.shard_sizes}, max_loras={self.max_loras}, "
-                f"max_rank={self.rank}, packed={self._kernels is not None}")
+                f"max_rank={self.rank}, kernel={self._kernels is not None}")

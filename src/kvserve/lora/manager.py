@@ -160,9 +160,7 @@ class LoRAManager:
         lookup = np.full(max(keys) + 1, -1, dtype=np.int64)
         for key in keys:
             lookup[key] = slot_of_key[self._requests[key]]
-        token_slots = np.repeat(lookup[row_keys.astype(np.int64)], num_scheduled)
-        used = token_slots[token_slots >= 0]
-        return LoRABatch(token_slots, int(used.min()), int(used.max()) + 1, self.device)
+        return LoRABatch(np.repeat(lookup[row_keys.astype(np.int64)], num_scheduled))
 
     def _assign_slots(self, needed: list[LoRARequest]) -> dict[LoRARequest, int]:
         resident = {request: slot for slot, request in enumerate(self.slots) if request is not None}
@@ -178,8 +176,7 @@ class LoRAManager:
         return result
 
     def _free_slot(self, wanted: set[LoRARequest]) -> int:
-        """The lowest empty slot (keeps the used range short), else the least recently used slot
-        whose adapter this step does not need."""
+        """An empty slot, else the least recently used slot whose adapter this step does not need."""
         for slot, request in enumerate(self.slots):
             if request is None:
                 return slot

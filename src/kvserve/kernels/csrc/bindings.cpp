@@ -10,6 +10,8 @@ torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor packed, c10::optio
                                int64_t out_features);
 int64_t linear_panel_width();
 void apply_token_bitmask(torch::Tensor logits, torch::Tensor bitmask, torch::Tensor rows);
+void lora_apply(torch::Tensor x, torch::Tensor y, torch::Tensor a, torch::Tensor b, torch::Tensor order,
+                torch::Tensor seg_starts, torch::Tensor seg_slots, torch::Tensor shard_offsets, int64_t rank);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over the block cache (see paged_attention.cpp)");
@@ -17,5 +19,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_linear_weight", &pack_linear_weight, "weight [N, K] into the panels of invariant_linear (see linear.cpp)");
   m.def("invariant_linear", &invariant_linear, "batch-invariant x W^T + b over packed weights (see linear.cpp)");
   m.def("linear_panel_width", &linear_panel_width, "output columns per packed weight panel");
+  m.def("lora_apply", &lora_apply, "y[t] += B_s A_s x[t], each token with its adapter slot (see lora.cpp)");
   m.def("apply_token_bitmask", &apply_token_bitmask, "logits[r, t] = -inf where the token bitmask bans t (see bitmask.cpp)");
 }

@@ -259,7 +259,7 @@ Blocking choose_blocking(int64_t M, int64_t K, int64_t panels, int64_t threads, 
 
 template <typename act_t, typename weight_t>
 void linear_kernel(const act_t* x, const weight_t* packed, const float* bias, act_t* out, int64_t M, int64_t K,
-                   int64_t N, int64_t panel_stride) {
+                   int64_t N) {
   const int64_t panels = (N + kNR - 1) / kNR;
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const Blocking blk = choose_blocking(M, K, panels, threads, sizeof(weight_t));
@@ -284,7 +284,7 @@ void linear_kernel(const act_t* x, const weight_t* packed, const float* bias, ac
         const bool last = kb == k_blocks - 1;
         pack_rows(x, K, row0, rows, k0, kc, rows_packed.get());
         for (int64_t p = p0; p < p1; ++p) {
-          const weight_t* b = packed + p * panel_stride + k0 * kNR;
+          const weight_t* b = packed + p * K * kNR + k0 * kNR;
           const int64_t col0 = p * kNR;
           const int64_t cols = std::min<int64_t>(kNR, N - col0);
           for (int64_t g = 0; g < groups; ++g) {
@@ -347,26 +347,22 @@ torch::Tensor pack_linear_weight(torch::Tensor weight) {
 template <typename act_t>
 void linear_dispatch_weight(const torch::Tensor& x, const torch::Tensor& packed, const float* bias, torch::Tensor& out,
                             int64_t M, int64_t K, int64_t N) {
-  const int64_t stride = packed.stride(0);
   if (packed.scalar_type() == torch::kFloat) {
-    linear_kernel(x.data_ptr<act_t>(), packed.data_ptr<float>(), bias, out.data_ptr<act_t>(), M, K, N, stride);
+    linear_kernel(x.data_ptr<act_t>(), packed.data_ptr<float>(), bias, out.data_ptr<act_t>(), M, K, N);
   } else {
-    linear_kernel(x.data_ptr<act_t>(), packed.data_ptr<c10::BFloat16>(), bias, out.data_ptr<act_t>(), M, K, N, stride);
+    linear_kernel(x.data_ptr<act_t>(), packed.data_ptr<c10::BFloat16>(), bias, out.data_ptr<act_t>(), M, K, N);
   }
 }
 
-// x: contiguous [M, K] float32 or bfloat16; packed: from pack_linear_weight, or a slice of one
-// along K (packed[:, k0:k1, :]: the panels of the rows k0..k1 of W^T, e.g. one LoRA slot's rank
-// columns of a stacked B; each panel's rows stay contiguous, panels are packed.stride(0) apart);
-// bias: float32 [N] or None; out_features: N. Returns [M, N] in x's dtype.
+// x: contiguous [M, K] float32 or bfloat16; packed: from pack_linear_weight; bias: float32 [N] or
+// None; out_features: N. Returns [M, N] in x's dtype.
 torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
                                int64_t out_features) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous 2-D CPU tensor");
   TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16,
               "invariant_linear supports float32 and bfloat16 activations");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kNR && packed.stride(2) == 1 && packed.stride(1) == kNR &&
-                  (packed.size(0) <= 1 || packed.stride(0) >= packed.size(1) * kNR),
-              "packed must come from pack_linear_weight (or be a slice of one along K)");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kNR && packed.is_contiguous(),
+              "packed must come from pack_linear_weight");
   TORCH_CHECK(packed.scalar_type() == torch::kFloat || packed.scalar_type() == torch::kBFloat16,
               "packed weight must be float32 or bfloat16");
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
