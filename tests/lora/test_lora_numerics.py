@@ -84,3 +84,16 @@ def test_mlp_tiles_keep_each_token_on_its_adapter(tiny_checkpoint, adapter_facto
         assert relative_error(tiled[i].float(), peft_logits(refs[i], prompt)) < TOLERANCE
         if _invariant(runner):
             assert torch.equal(tiled[i], untiled[i])
+
+
+def test_torch_path_without_kernels_matches_peft(tiny_checkpoint, adapter_factory, monkeypatch):
+    """Where the C++ kernels cannot run (CUDA, no compiler) the adapters go through torch matmuls."""
+    import kvserve.lora.manager as manager
+
+    monkeypatch.setattr(manager, "_kernels_for", lambda *args: None)
+    runner, hf_model, refs, loras = _setup(tiny_checkpoint, adapter_factory, "qwen2")
+    assert not _invariant(runner)
+    mixed = runner.forward(PROMPTS, _tables(), lora_requests=loras + [None])
+    for i, prompt in enumerate(PROMPTS[:-1]):
+        assert relative_error(mixed[i].float(), peft_logits(refs[i], prompt)) < TOLERANCE, i
+    assert relative_error(mixed[-1].float(), hf_logits(hf_model, PROMPTS[-1])) < TOLERANCE
