@@ -12,6 +12,7 @@ import pytest
 
 from kvserve.api.settings import ServerSettings, settings_from_args
 from kvserve.cli import build_parser
+from kvserve.config import QuantizationConfig
 from kvserve.engine.arg_utils import engine_config_from_args, engine_config_from_kwargs, model_from_args
 from kvserve.generation_config import SamplingDefaults
 from kvserve.metrics.wiring import observability_config_from_args
@@ -101,8 +102,10 @@ def test_max_model_len_suffixes_as_vllm(tiny_llama, value, tokens):
     ("vllm serve MODEL --tensor-parallel-size 4", "--tensor-parallel-size/-tp", "'4' is not supported: kvserve runs one engine on one device"),
     ("vllm serve MODEL -tp 2", "--tensor-parallel-size/-tp", "(accepted: 1)"),
     ("vllm serve MODEL --pipeline-parallel-size 2", "--pipeline-parallel-size/-pp", "one device"),
-    ("vllm serve MODEL --quantization awq", "--quantization/-q", "quantized weights are not implemented yet"),
-    ("vllm serve MODEL --kv-cache-dtype fp8", "--kv-cache-dtype", "no fp8 KV cache yet"),
+    ("vllm serve MODEL --quantization awq", "--quantization/-q",
+     "'awq' is not supported: pre-quantized checkpoints (GPTQ, AWQ, GGUF, ...) and other methods are not implemented"),
+    ("vllm serve MODEL -q fp8", "--quantization/-q", "(accepted: int8, int4)"),
+    ("vllm serve MODEL --kv-cache-dtype fp8_inc", "--kv-cache-dtype", "other dtypes are not implemented"),
     ("vllm serve MODEL --enable-lora --fully-sharded-loras", "--fully-sharded-loras", "one device"),
     ("vllm serve MODEL --enable-lora --lora-extra-vocab-size 256", "--lora-extra-vocab-size", "cannot add tokens"),
     ("vllm serve MODEL --enable-auto-tool-choice --tool-call-parser hermes_xml", "--tool-call-parser",
@@ -195,15 +198,28 @@ def test_no_op_flags_and_accepted_values_change_nothing(tiny_llama):
     assert same == plain
 
 
+def test_quantization_int8_int4_are_accepted(tiny_llama):
+    engine, _, _ = configs("vllm serve MODEL --quantization int8", tiny_llama)
+    assert engine.model.quantization == QuantizationConfig("int8", 32, False)
+    engine, _, _ = configs("vllm serve MODEL -q int4 --quantization-group-size 128 --quantize-lm-head", tiny_llama)
+    assert engine.model.quantization == QuantizationConfig("int4", 128, True)
+    assert engine.model.quantization.label == "int4-g128+lm_head"
+    assert configs("vllm serve MODEL", tiny_llama)[0].model.quantization.label is None
+    with pytest.raises(ValueError, match="--quantize-lm-head needs --quantization int8 or int4"):
+        configs("vllm serve MODEL --quantize-lm-head", tiny_llama)
+
+
 def test_offline_llm_keywords_are_refused_the_same_way(tiny_llama):
     assert engine_config_from_kwargs(str(tiny_llama), tensor_parallel_size=1, quantization=None,
                                      enforce_eager=True).model.model == str(tiny_llama)
-    with pytest.raises(ValueError, match="quantization='awq': 'awq' is not supported: quantized weights"):
+    with pytest.raises(ValueError, match="quantization='awq': 'awq' is not supported: pre-quantized checkpoints"):
         engine_config_from_kwargs(str(tiny_llama), quantization="awq")
     with pytest.raises(ValueError, match="fully_sharded_loras=True: not supported: kvserve runs one engine"):
         engine_config_from_kwargs(str(tiny_llama), enable_lora=True, fully_sharded_loras=True)
     lora = engine_config_from_kwargs(str(tiny_llama), enable_lora=True, max_loras=4, max_cpu_loras=8).lora
     assert (lora.max_loras, lora.max_lora_rank, lora.max_cpu_loras, lora.lora_dtype) == (4, 16, 8, "auto")
+    config = engine_config_from_kwargs(str(tiny_llama), quantization="int4", quantization_group_size=64)
+    assert config.model.quantization == QuantizationConfig("int4", 64, False)
     config = engine_config_from_kwargs(str(tiny_llama), override_generation_config={"temperature": 0.3})
     assert config.model.sampling_defaults.temperature == 0.3
 
@@ -224,7 +240,8 @@ def test_help_groups_flags_as_vllm(capsys):
     positions = [out.index(f"\n{title}:\n") for title in
                  ("ModelConfig", "LoadConfig", "ParallelConfig", "CacheConfig", "SchedulerConfig", "Frontend")]
     assert positions == sorted(positions)
-    assert "--quantization" not in out  # refused flags without an accepted value stay out of --help
+    assert "--swap-space" not in out  # refused flags without an accepted value stay out of --help
+    assert "--quantization" in out and "accepted: int8, int4" in out
     assert "--tensor-parallel-size" in out and "accepted: 1" in out
 
 

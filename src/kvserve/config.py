@@ -16,6 +16,36 @@ from kvserve.structured_output.config import StructuredOutputsConfig
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
 
+INT4_GROUP_SIZES = (32, 64, 128)
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """Weight-only quantization at load (``--quantization``, ``--quantization-group-size``,
+    ``--quantize-lm-head``; ``kvserve.model.quant_linear``).
+
+    Attributes:
+        method: ``None`` = the checkpoint's float weights; ``int8`` (per output channel,
+            symmetric) or ``int4`` (group-wise) = quantized at load from them.
+        group_size: inputs per int4 scale (32, 64 or 128).
+        lm_head: quantize the LM head as well (also a tied one: the embedding keeps its float
+            weights for the lookup).
+    """
+
+    method: str | None = None
+    group_size: int = 32
+    lm_head: bool = False
+
+    @property
+    def label(self) -> str | None:
+        """Short label for ``/v1/models``, ``/version`` and bench provenance: None (float
+        weights), ``int8``, ``int4-g32``, with ``+lm_head`` when the LM head is quantized too."""
+        if self.method is None:
+            return None
+        label = self.method if self.method == "int8" else f"{self.method}-g{self.group_size}"
+        return label + ("+lm_head" if self.lm_head else "")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What to load and how.
@@ -35,6 +65,7 @@ class ModelConfig:
         sampling_defaults: sampling values for requests that omit them, from the model's
             generation_config.json and ``--generation-config`` / ``--override-generation-config``
             (``kvserve.generation_config``); empty = the API's own defaults.
+        quantization: weight quantization (``QuantizationConfig``).
     """
 
     model: str
@@ -46,6 +77,7 @@ class ModelConfig:
     tokenizer: str | None = None
     attention_backend: str = "auto"
     sampling_defaults: SamplingDefaults = SamplingDefaults()
+    quantization: QuantizationConfig = QuantizationConfig()
 
 
 @dataclass(frozen=True)
@@ -62,6 +94,9 @@ class CacheConfig:
         num_blocks_override: exact number of blocks (tests; overrides the byte budget).
         enable_kv_cache_events: the KV manager records what enters and leaves the prefix cache
             (``--kv-events-config``); each step's events come back in ``StepResult.kv_events``.
+        kv_cache_dtype: ``auto`` (the model's dtype), ``int8``, ``fp8_e4m3`` or ``fp8_e5m2``: each
+            token's K/V row per KV head as one-byte values and a float32 scale
+            (``--kv-cache-dtype``, ``kvserve.attention.kv_quant``).
     """
 
     block_size: int = 16
@@ -71,6 +106,7 @@ class CacheConfig:
     num_blocks_override: int | None = None
     cpu_kv_cache_fraction: float = 0.25
     enable_kv_cache_events: bool = False
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass(frozen=True)

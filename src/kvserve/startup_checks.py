@@ -32,6 +32,9 @@ def check_architecture(model_dir: str | Path) -> str:
         CheckpointError: no/invalid config.json, or an architecture kvserve does not run (the
             message names it, its ``model_type`` and the supported list).
     """
+    if str(model_dir).lower().endswith(".gguf"):
+        raise CheckpointError(f"{model_dir}: GGUF files are not supported yet; serve the Hugging Face folder "
+                              "(safetensors) instead, quantized at load with --quantization int8 or int4")
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{model_dir} has no config.json; a Hugging Face model folder holds config.json, "
@@ -49,6 +52,12 @@ def check_architecture(model_dir: str | Path) -> str:
         model_type = f" (model_type {raw['model_type']})" if raw.get("model_type") else ""
         raise CheckpointError(f"{model_dir}: architecture {architecture}{model_type} is not supported; "
                               f"kvserve runs {', '.join(supported)}")
+    stored = raw.get("quantization_config")
+    if stored is not None:
+        method = stored.get("quant_method") if isinstance(stored, dict) else stored
+        raise CheckpointError(f"{path}: quantization_config.quant_method = {method!r}: pre-quantized checkpoints "
+                              "(GPTQ, AWQ, ...) are not supported yet; serve the float checkpoint, quantized at "
+                              "load with --quantization int8 or int4")
     return architecture
 
 

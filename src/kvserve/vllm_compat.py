@@ -3,11 +3,13 @@
 A vLLM command line carries over to ``kvserve serve``: every flag either means what it means in
 vLLM or stops the start with one line naming it, e.g.::
 
-    kvserve: error: argument --quantization/-q: 'awq' is not supported: quantized weights are not
-    implemented yet; serve an unquantized (float32/bfloat16/float16) checkpoint
+    kvserve: error: argument --quantization/-q: 'awq' is not supported: pre-quantized checkpoints
+    (GPTQ, AWQ, GGUF, ...) are not implemented yet; kvserve quantizes a float checkpoint at load
+    (accepted: int8, int4)
 
 Some flags are accepted at the value that describes what kvserve does anyway (``-tp 1``,
-``--kv-cache-dtype auto``, ``--no-fully-sharded-loras``); any other value is refused. The table follows
+``--kv-cache-dtype auto``, ``--no-fully-sharded-loras``) or at the values kvserve implements
+(``--quantization int8``, ``--kv-cache-dtype int8|fp8``); any other value is refused. The table follows
 vLLM's argument groups (``vllm serve --help``); the list as a table: ``docs/vllm_compat.md``.
 """
 
@@ -76,7 +78,8 @@ _HUB = ("kvserve loads local model folders and downloads nothing; fetch the mode
         "(`hf download REPO --revision REV --local-dir DIR`) and pass DIR")
 _EAGER = "kvserve runs eagerly: it has no CUDA graphs and no torch.compile"
 _LOOKAHEAD = "lookahead slots are sized by --speculative-config (the draft model's num_speculative_tokens)"
-_QUANT = "quantized weights are not implemented yet; serve an unquantized (float32/bfloat16/float16) checkpoint"
+_QUANT = ("pre-quantized checkpoints (GPTQ, AWQ, GGUF, ...) and other methods are not implemented yet; kvserve "
+          "quantizes a float checkpoint at load: int8 (per channel) or int4 (group-wise, --quantization-group-size)")
 _DIST = "kvserve has no distributed or disaggregated serving yet"
 _TOOL_PLUGIN = ("parser plugins are not supported; the built-in tool-call parsers are hermes, llama3_json, "
                 "mistral and pythonic (--tool-call-parser)")
@@ -99,7 +102,7 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--tokenizer-revision",), "ModelConfig", "a local folder has no revisions; " + _HUB),
     RefusedFlag(("--rope-scaling",), "ModelConfig", _CFG),
     RefusedFlag(("--rope-theta",), "ModelConfig", _CFG),
-    RefusedFlag(("--quantization", "-q"), "ModelConfig", _QUANT),
+    RefusedFlag(("--quantization", "-q"), "ModelConfig", _QUANT, allowed=("int8", "int4")),
     RefusedFlag(("--max-logprobs",), "ModelConfig", "kvserve returns at most 20 logprobs per token",
                 allowed=("20",)),
     RefusedFlag(("--logprobs-mode",), "ModelConfig",
@@ -164,7 +167,8 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--worker-extension-cls",), "ParallelConfig", "kvserve has no worker classes to swap"),
     # CacheConfig
     RefusedFlag(("--kv-cache-dtype",), "CacheConfig",
-                "the KV cache is stored in the model's dtype (no fp8 KV cache yet)", allowed=("auto",)),
+                "one-byte KV caches store each K/V row with a float32 scale; other dtypes are not implemented",
+                allowed=("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")),
     RefusedFlag(("--swap-space",), "CacheConfig",
                 "kvserve preempts by recomputation and keeps no CPU swap space"),
     RefusedFlag(("--cpu-offload-gb",), "CacheConfig", "weight offloading is not implemented", allowed=("0",)),

@@ -179,6 +179,7 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
         failure.wrap(lambda: LLMEngine(config, settings.chat_template, input_processor)), served_name,
         input_processor=input_processor, sampling_defaults=config.model.sampling_defaults,
         stats_consumers=consumers, on_dead=on_dead, kv_event_publisher=publisher,
+        quantization=config.model.quantization.label,
     )
     async_engine.lora_registry = _lora_registry(config, arch, settings, served_name)
     announce = _Announcer(served_name, settings, start, async_engine, failure)
@@ -269,7 +270,7 @@ def check_model(config):
         dtype = default_dtype_for_device(config.model.model, device)
     else:
         dtype = resolve_dtype(config.model.dtype, arch)
-    bytes_per_block = kv_cache_bytes_per_block(arch, config.cache.block_size, dtype)
+    bytes_per_block = kv_cache_bytes_per_block(arch, config.cache.block_size, dtype, config.cache.kv_cache_dtype)
     if config.cache.num_blocks_override is None:
         check_kv_budget(config.cache.kv_cache_memory_bytes, bytes_per_block, config.cache.block_size, max_model_len)
     return arch, max_model_len

@@ -185,6 +185,7 @@ class ModelCard(OpenAIBaseModel):
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+    quantization: str | None = None  # kvserve's: the weights' quantization (QuantizationConfig.label), None = float
 
 
 class ModelList(OpenAIBaseModel):

@@ -15,6 +15,10 @@ padded and masked). ``TorchAttentionBackend(batch_invariant=False)`` instead pad
 ``max_seq_len`` with a mask: one call per step, equal up to rounding. Mixed batches loop over
 requests.
 
+A one-byte cache (``--kv-cache-dtype int8|fp8_e4m3|fp8_e5m2``, ``kvserve.attention.kv_quant``)
+holds each row as one-byte values and a float32 scale: the write quantizes, the gather
+dequantizes to the query's dtype.
+
 Attention is ``torch.nn.functional.scaled_dot_product_attention`` on 4-D inputs in the model
 dtype; its CPU and CUDA kernels keep the softmax statistics and the accumulation in float32. These
 are the same kernel calls transformers makes (``sdpa`` attention), so bfloat16 results round the
@@ -28,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
+from kvserve.attention.kv_quant import ONE_BYTE_DTYPES, dequantize_kv_rows, quantize_kv_rows
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -69,26 +74,39 @@ def write_kv_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """Store key/value [T, H_kv, D] at ``slot_mapping`` (int64 [T]) of
-    ``kv_cache`` [2, num_blocks, block_size, H_kv, D], in place."""
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
-    flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+    ``kv_cache`` [2, num_blocks, block_size, H_kv, D] (one-byte dtypes: [..., D + 4], rows quantized), in place."""
+    _, num_blocks, block_size, num_kv_heads, row = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, row)
+    if kv_cache.dtype in ONE_BYTE_DTYPES:  # int8 / fp8 rows and their scales, copied as bytes
+        flat = flat.view(torch.int8)
+        key = quantize_kv_rows(key, kv_cache.dtype).view(torch.int8)
+        value = quantize_kv_rows(value, kv_cache.dtype).view(torch.int8)
+    flat[0].index_copy_(0, slot_mapping, key.to(flat.dtype))
+    flat[1].index_copy_(0, slot_mapping, value.to(flat.dtype))
 
 
-def _gather_context(kv_cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values of ``block_ids`` (int [N] or [B, N]), each [..., length, H_kv, D]."""
-    keys = kv_cache[0][block_ids]  # [..., N, block_size, H_kv, D]
-    values = kv_cache[1][block_ids]
+def _gather_context(kv_cache: torch.Tensor, block_ids: torch.Tensor, length: int,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of ``block_ids`` (int [N] or [B, N]), each [..., length, H_kv, D] in
+    ``dtype`` (a one-byte cache's rows dequantized)."""
+    one_byte = kv_cache.dtype in ONE_BYTE_DTYPES
+    cache = kv_cache.view(torch.int8) if one_byte else kv_cache  # fp8 tensors index as bytes
+    keys = cache[0][block_ids]  # [..., N, block_size, H_kv, D]
+    values = cache[1][block_ids]
     shape = keys.shape[:-4] + (-1,) + keys.shape[-2:]
-    return keys.reshape(shape)[..., :length, :, :], values.reshape(shape)[..., :length, :, :]
+    keys, values = keys.reshape(shape)[..., :length, :, :], values.reshape(shape)[..., :length, :, :]
+    if one_byte:
+        return (dequantize_kv_rows(keys.contiguous().view(kv_cache.dtype), dtype),
+                dequantize_kv_rows(values.contiguous().view(kv_cache.dtype), dtype))
+    return keys, values
 
 
-def _gather_padded_contexts(kv_cache: torch.Tensor, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather_padded_contexts(kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Every request's K and V, padded to ``max_seq_len``: two [B, H_kv, max_seq_len, D] tensors."""
     max_len = metadata.max_seq_len
     blocks = metadata.block_tables[:, : -(-max_len // kv_cache.shape[2])].long()
-    keys, values = _gather_context(kv_cache, blocks, max_len)
+    keys, values = _gather_context(kv_cache, blocks, max_len, dtype)
     return keys.transpose(1, 2), values.transpose(1, 2)
 
 
@@ -110,7 +128,7 @@ def _grouped_decode_attention(
     The contexts are gathered once, padded to max_seq_len; each call then reads an unpadded view
     ``[rows, :, :seq_len]`` of them, so no padding reaches the kernel.
     """
-    keys, values = _gather_padded_contexts(kv_cache, metadata)  # [B, H_kv, max_len, D]
+    keys, values = _gather_padded_contexts(kv_cache, metadata, query.dtype)  # [B, H_kv, max_len, D]
     queries = query[:, :, None, :]  # [B, H, 1, D]
     out = torch.empty_like(queries)
     groups: dict[int, list[int]] = {}
@@ -136,7 +154,7 @@ def _padded_decode_attention(
     sliding_window: int | None,
 ) -> torch.Tensor:
     """One query per request: query [B, H, D] -> [B, H, D]; contexts padded to max_seq_len."""
-    keys, values = _gather_padded_contexts(kv_cache, metadata)  # [B, H_kv, max_len, D]
+    keys, values = _gather_padded_contexts(kv_cache, metadata, query.dtype)  # [B, H_kv, max_len, D]
     key_pos = torch.arange(metadata.max_seq_len, device=query.device)[None, :]
     seq_lens = metadata.seq_lens.to(torch.long)[:, None]
     mask = key_pos < seq_lens  # [B, max_len]
@@ -177,7 +195,7 @@ def _varlen_attention(
         if q_len < min_query_len:
             continue
         blocks = metadata.block_tables[r, : -(-seq_len // block_size)].long()
-        keys, values = _gather_context(kv_cache, blocks, seq_len)
+        keys, values = _gather_context(kv_cache, blocks, seq_len, query.dtype)
         mask = _causal_mask(q_len, seq_len, sliding_window, query.device)
         out[start:end] = _attend(
             query[None, start:end].transpose(1, 2),  # [1, H, q_len, D]

@@ -7,7 +7,8 @@ import dataclasses
 import json
 import re
 
-from kvserve.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
+from kvserve.config import (INT4_GROUP_SIZES, CacheConfig, EngineConfig, LoRAConfig, ModelConfig, QuantizationConfig,
+                            SchedulerConfig)
 from kvserve.errors import ConfigError
 from kvserve.structured_output.config import StructuredOutputsConfig
 from kvserve.generation_config import MODES, default_sampling_values, parse_override
@@ -96,6 +97,17 @@ def dtype_name(text: str) -> str:
     if name not in ("auto", "float32", "bfloat16", "float16"):
         raise argparse.ArgumentTypeError(f"must be auto, float32 (float), bfloat16 or float16 (half), got {text!r}")
     return name
+
+
+def int4_group_size(text: str) -> int:
+    """argparse type of ``--quantization-group-size``: 32, 64 or 128."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value not in INT4_GROUP_SIZES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not supported; use one of {', '.join(map(str, INT4_GROUP_SIZES))}")
+    return value
 
 
 def generation_config_mode(text: str) -> str:
@@ -254,6 +266,13 @@ def _add_model_args(model) -> None:
     model.add_argument("--attention-backend", choices=["auto", "torch", "cpu_paged"], default="auto",
                        help="attention implementation: auto (the C++ paged kernel on CPU where it builds, else "
                             "torch), torch (the portable reference), cpu_paged")
+    # --quantization/-q (vLLM's flag, accepted at None, int8 and int4) is in vllm_compat's table.
+    model.add_argument("--quantization-group-size", type=int4_group_size, default=QuantizationConfig.group_size,
+                       metavar="{32,64,128}",
+                       help=f"inputs per scale of --quantization int4 (default {QuantizationConfig.group_size})")
+    model.add_argument("--quantize-lm-head", action="store_true",
+                       help="with --quantization int8/int4, quantize the LM head as well (a tied one too; the "
+                            "embedding lookup keeps the float weights)")
     model.add_argument("--max-model-len", type=human_readable_positive_int, default=None,
                        help="context length in tokens (prompt + output), e.g. 4096, 4k (4,000) or 4K "
                             "(4,096); default: the model's")
@@ -348,6 +367,27 @@ def _default_dtype(model: str, dtype: str) -> str:
     return dtype
 
 
+def _kv_cache_dtype(value) -> str:
+    """``--kv-cache-dtype`` (admitted by ``kvserve.vllm_compat``'s table; ``fp8`` = ``fp8_e4m3``)."""
+    name = "auto" if value is None or str(value) in ("", "None") else str(value).lower()
+    return "fp8_e4m3" if name == "fp8" else name
+
+
+def quantization_config_from_args(args: argparse.Namespace) -> QuantizationConfig:
+    """``--quantization`` (``None``/``none`` or absent: float weights; the table in
+    ``kvserve.vllm_compat`` admits only None, int8 and int4), ``--quantization-group-size``,
+    ``--quantize-lm-head``.
+
+    Raises:
+        ValueError: ``--quantize-lm-head`` without ``--quantization``.
+    """
+    method = getattr(args, "quantization", None)
+    method = None if method is None or str(method).lower() in ("none", "") else str(method).lower()
+    if args.quantize_lm_head and method is None:
+        raise ValueError("--quantize-lm-head needs --quantization int8 or int4")
+    return QuantizationConfig(method=method, group_size=args.quantization_group_size, lm_head=args.quantize_lm_head)
+
+
 def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfig:
     """Build the frozen :class:`EngineConfig` from parsed flags (``max_model_len`` is resolved
     against the checkpoint later, when the model is loaded); the sampling defaults are read from
@@ -364,6 +404,7 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
         seed=args.seed, served_model_name=names[0] if names else None, tokenizer=args.tokenizer,
         attention_backend=args.attention_backend,
         sampling_defaults=default_sampling_values(model, args.generation_config, override),
+        quantization=quantization_config_from_args(args),
     )
     if getattr(args, "data_parallel_size", 1) > 1:
         raise ValueError(f"--data-parallel-size {args.data_parallel_size}: data parallelism runs several engine "
@@ -376,6 +417,7 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=args.enable_prefix_caching, num_blocks_override=args.num_blocks_override,
         enable_kv_cache_events=kv_events is not None and kv_events.publishes,
+        kv_cache_dtype=_kv_cache_dtype(getattr(args, "kv_cache_dtype", None)),
     )
     scheduler_config = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,

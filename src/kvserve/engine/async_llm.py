@@ -48,7 +48,8 @@ class EngineClient(ABC):
       ``vocab_size: int``, ``tokenizer`` (a Hugging Face tokenizer), ``eos_token_ids``,
       ``input_processor: InputProcessor``, ``sampling_defaults`` (the model's default sampling
       values, ``kvserve.generation_config.SamplingDefaults``; optional), ``lora_registry``
-      (``kvserve.lora.registry.LoRARegistry`` with ``--enable-lora``, else None; optional).
+      (``kvserve.lora.registry.LoRARegistry`` with ``--enable-lora``, else None; optional),
+      ``quantization`` (the weights' quantization, ``QuantizationConfig.label``; optional).
     """
 
     model_name: str
@@ -160,6 +161,7 @@ class AsyncLLM(EngineClient):
         stats_consumers: list[Any] | None = None,
         on_dead: Callable[[BaseException], None] | None = None,
         kv_event_publisher: Any = None,
+        quantization: str | None = None,
     ) -> AsyncLLM:
         """An ``AsyncLLM`` whose engine is built by ``factory`` on the engine thread after
         ``start()``, so the HTTP server can answer (``/health`` 503) while the weights load. The
@@ -172,6 +174,7 @@ class AsyncLLM(EngineClient):
         self._factory = factory
         self._set_facts(input_processor)
         self.sampling_defaults = sampling_defaults or SamplingDefaults()
+        self.quantization = quantization
         return self
 
     def _init_common(self, served_model_name: str, stats_consumers: list[Any] | None,
@@ -179,6 +182,7 @@ class AsyncLLM(EngineClient):
         self.engine: LLMEngine | None = None
         self._factory: Callable[[], LLMEngine] | None = None
         self.model_name = served_model_name
+        self.quantization: str | None = None
         self.stats_consumers = list(stats_consumers or [])
         self.on_dead = on_dead
         self.metrics_registry: Any = None
@@ -204,6 +208,7 @@ class AsyncLLM(EngineClient):
             self.lora_registry = engine.lora_registry
         self._set_facts(engine.input_processor)
         self.sampling_defaults = engine.config.model.sampling_defaults
+        self.quantization = engine.config.model.quantization.label
         self.snapshot = engine.core.make_stats()
         self._loaded.set()
 

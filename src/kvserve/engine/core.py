@@ -121,7 +121,8 @@ class EngineCore:
         self.runner = ModelRunner(self.loaded, self.kv_plan.num_blocks, self.kv_plan.block_size, self.device,
                                   max_num_reqs=self.config.scheduler.max_num_seqs, max_model_len=self.max_model_len,
                                   seed=config.model.seed, proposer=self._build_proposer(),
-                                  lora_config=self.config.lora)
+                                  lora_config=self.config.lora,
+                                  kv_cache_dtype=self.config.cache.kv_cache_dtype)
         # Requests with nothing to compute (max_tokens == 0, no prompt logprobs): finished on
         # admission, reported by the next step() without touching the scheduler or the KV cache.
         self._finished_on_admission: list[Request] = []
@@ -133,11 +134,10 @@ class EngineCore:
         if dtype == "auto":
             dtype = default_dtype_for_device(config.model.model, self.device)
         backend = get_attention_backend(config.model.attention_backend, self.device)
-        loaded = load_model(config.model.model, dtype, self.device, backend)
-        num_params = sum(p.numel() for p in loaded.model.parameters())
+        loaded = load_model(config.model.model, dtype, self.device, backend, config.model.quantization)
         logger.info(
-            "Loaded %s (%s, %.1fM parameters, %s, %s attention) on %s in %.2f s", config.model.model,
-            loaded.arch.architecture, num_params / 1e6, str(loaded.dtype).removeprefix("torch."), backend.name,
+            "Loaded %s (%s, %s, weights %s, %s attention) on %s in %.2f s", config.model.model,
+            loaded.arch.architecture, str(loaded.dtype).removeprefix("torch."), loaded.weight_format, backend.name,
             self.device, time.perf_counter() - start,
         )
         return loaded
@@ -169,7 +169,8 @@ class EngineCore:
 
     def _plan_kv_cache(self) -> KVCachePlan:
         cache = self.config.cache
-        bytes_per_block = kv_cache_bytes_per_block(self.loaded.arch, cache.block_size, self.loaded.dtype)
+        bytes_per_block = kv_cache_bytes_per_block(self.loaded.arch, cache.block_size, self.loaded.dtype,
+                                                   cache.kv_cache_dtype)
         if self.draft is not None:
             from kvserve.spec_decode.draft_model import draft_kv_bytes_per_block
 

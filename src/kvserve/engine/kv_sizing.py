@@ -90,8 +90,9 @@ def plan_kv_cache(
         budget_bytes=budget, max_concurrency=(num_blocks - 1) / blocks_per_seq,
     )
     logger.info(
-        "KV cache: %d blocks x %d tokens (%.1f MiB, %.1f KiB/block); max concurrency %.1fx at "
-        "max_model_len=%d", plan.num_blocks, plan.block_size, num_blocks * bytes_per_block / 2**20,
-        bytes_per_block / 1024, plan.max_concurrency, max_model_len,
+        "KV cache%s: %d blocks x %d tokens (%.1f MiB, %.1f KiB/block); max concurrency %.1fx at "
+        "max_model_len=%d", "" if cache.kv_cache_dtype == "auto" else f" ({cache.kv_cache_dtype})", plan.num_blocks,
+        plan.block_size, num_blocks * bytes_per_block / 2**20, bytes_per_block / 1024, plan.max_concurrency,
+        max_model_len,
     )
     return plan

@@ -6,11 +6,13 @@ Sources (``csrc/``):
 - ``argmax.cpp``: row-wise argmax of float32/bfloat16 logits without an upcast copy
   (``kvserve.sample.greedy``);
 - ``linear.cpp``: the batch-invariant linear (GEMM) over prepacked float32/bfloat16 weights
-- ``bitmask.cpp``: a structured-output token bitmask applied to float32 logits
-  (``kvserve.structured_output.bitmask``)
-- ``lora.cpp``: every token's LoRA adapter added to a projection, all adapters in one call
-  (``kvserve.lora.layers``)
   (``kvserve.model.invariant_linear``);
+- ``quant_linear.cpp`` (+ ``quant_linear_impl.h``): the same over weight-only int8/int4 weights
+  (``kvserve.model.quant_linear``);
+- ``bitmask.cpp``: a structured-output token bitmask applied to float32 logits
+  (``kvserve.structured_output.bitmask``);
+- ``lora.cpp``: every token's LoRA adapter added to a projection, all adapters in one call
+  (``kvserve.lora.layers``);
 - ``bindings.cpp``: the Python module.
 
 The build uses ``torch.utils.cpp_extension.load`` (g++ with OpenMP, ``-O3 -march=native``; about a
@@ -38,7 +40,8 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("paged_attention.cpp", "argmax.cpp", "linear.cpp", "bitmask.cpp", "lora.cpp", "bindings.cpp")
+SOURCES = ("paged_attention.cpp", "argmax.cpp", "linear.cpp", "quant_linear.cpp", "bitmask.cpp", "lora.cpp",
+           "bindings.cpp")
 
 
 def cpu_tag() -> str:

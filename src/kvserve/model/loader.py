@@ -25,9 +25,12 @@ from torch import nn
 
 from kvserve.attention import get_attention_backend
 from kvserve.attention.backend import AttentionBackend
-from kvserve.errors import CheckpointError
+from kvserve.config import QuantizationConfig
+from kvserve.errors import CheckpointError, ConfigError
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.layers import MergedLinear
+from kvserve.model.quant_linear import quantize_linears
+from kvserve.model.quant_summary import describe_weights
 from kvserve.model.registry import get_model_class
 from kvserve.startup_checks import check_architecture, missing_safetensors_message
 
@@ -45,6 +48,8 @@ class LoadedModel:
         dtype: parameter dtype.
         generation_config: generation_config.json as a dict ({} when absent).
         model_dir: the folder it was loaded from.
+        weight_format: what the linear weights are, e.g. ``bfloat16`` or ``int4 (group 32,
+            symmetric); LM head bfloat16`` (``kvserve.model.quant_summary``).
     """
 
     model: nn.Module
@@ -52,6 +57,7 @@ class LoadedModel:
     dtype: torch.dtype
     generation_config: dict[str, Any] = field(default_factory=dict)
     model_dir: str = ""
+    weight_format: str = ""
 
 
 class _Target(NamedTuple):
@@ -129,6 +135,7 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
     attn_backend: AttentionBackend | None = None,
+    quantization: QuantizationConfig = QuantizationConfig(),
 ) -> LoadedModel:
     """Read config.json (+ generation_config.json) and the safetensors weights of ``model_dir``.
 
@@ -138,11 +145,16 @@ def load_model(
             ``float16``.
         device: where the parameters live.
         attn_backend: attention backend the model calls (default: ``get_attention_backend("torch")``).
+        quantization: ``--quantization`` int8/int4: after loading, every linear (the LM head with
+            ``lm_head``) is quantized from its float weight in ``dtype``
+            (``kvserve.model.quant_linear.quantize_linears``).
 
     Raises:
-        CheckpointError: missing config.json, unknown architecture, no safetensors file, missing
-            tensor, tensor of the wrong shape, or an unexpected tensor (rotary ``inv_freq`` buffers
-            and a tied ``lm_head.weight`` are ignored).
+        CheckpointError: missing config.json, unknown architecture, a pre-quantized checkpoint
+            (``quantization_config``), no safetensors file, missing tensor, tensor of the wrong
+            shape, or an unexpected tensor (rotary ``inv_freq`` buffers and a tied
+            ``lm_head.weight`` are ignored).
+        ConfigError: an int4 group size that does not divide a layer's inputs.
     """
     model_dir = Path(model_dir)
     check_architecture(model_dir)  # names an unsupported one before its config fields are parsed
@@ -158,10 +170,16 @@ def load_model(
         # to_empty gives each parameter its own storage; tie again.
         model.lm_head.weight = model.model.embed_tokens.weight
     _load_weights(model, files, tied=arch.tie_word_embeddings)
+    if quantization.method is not None:
+        try:
+            quantize_linears(model, quantization.method, quantization.group_size, quantization.lm_head)
+        except ValueError as exc:
+            raise ConfigError(f"--quantization {quantization.method}: {exc}") from None
     model.eval()
     gen_path = model_dir / "generation_config.json"
     generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-    return LoadedModel(model, arch, torch_dtype, generation_config, str(model_dir))
+    return LoadedModel(model, arch, torch_dtype, generation_config, str(model_dir),
+                       describe_weights(model, torch_dtype))
 
 
 def _safetensors_files(model_dir: Path) -> list[Path]:

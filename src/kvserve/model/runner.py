@@ -32,6 +32,7 @@ from kvserve.errors import EngineDeadError
 from kvserve.faults import FaultInjector
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.input_batch import CachedRequestState, InputBatch, request_generator
+from kvserve.attention.kv_quant import kv_cache_torch_dtype, kv_row_size
 from kvserve.model.invariant_linear import use_invariant_linears
 from kvserve.model.loader import LoadedModel
 from kvserve.model.model_inputs import make_flat_batch, to_model_inputs
@@ -50,11 +51,15 @@ logger = logging.getLogger(__name__)
 MAX_ISOLATED_FAILURES = 4
 
 
-def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:
+def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype,
+                             kv_cache_dtype: str = "auto") -> int:
     """Bytes of K and V of one block over all layers:
-    ``2 * num_layers * block_size * num_kv_heads * head_dim * dtype size``."""
-    element_size = torch.empty((), dtype=dtype).element_size()
-    return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * arch.head_dim * element_size
+    ``2 * num_layers * block_size * num_kv_heads * row bytes``, a row being ``head_dim`` values
+    of ``dtype`` or, with a one-byte ``kv_cache_dtype`` (int8, fp8_e4m3, fp8_e5m2), ``head_dim + 4``
+    bytes (``kvserve.attention.kv_quant``)."""
+    cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, dtype)
+    row = kv_row_size(arch.head_dim, kv_cache_dtype) * torch.empty((), dtype=cache_dtype).element_size()
+    return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * row
 
 
 class _RowsResult:
@@ -73,7 +78,9 @@ class ModelRunner:
     """Runs a loaded model over paged KV blocks.
 
     ``kv_caches`` holds one tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim]
-    in the model dtype, zero-initialised (the backends rely on padded slots being finite).
+    in the model dtype (a one-byte ``kv_cache_dtype``: int8 or float8 [..., head_dim + 4], each
+    row's codes and float32 scale, ``kvserve.attention.kv_quant``), zero-initialised (the backends
+    rely on padded slots being finite).
 
     Args:
         loaded: the model from ``kvserve.model.loader.load_model``.
@@ -89,12 +96,15 @@ class ModelRunner:
         proposer: speculative decoding's proposer (``kvserve.spec_decode.proposer``), or None.
         lora_config: LoRA serving (``--enable-lora``): the projections get adapter slots
             (``kvserve.lora.manager``); None = no adapters.
+        kv_cache_dtype: ``auto`` (the model's dtype), ``int8``, ``fp8_e4m3`` or ``fp8_e5m2``
+            (``--kv-cache-dtype``).
     """
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str | torch.device = "cpu",
                  *, max_num_reqs: int = 256, max_model_len: int | None = None, seed: int = 0,
                  prepack_linears: bool = True, proposer: Proposer | None = None,
                  lora_config: LoRAConfig | None = None):
+                 prepack_linears: bool = True, proposer: Proposer | None = None, kv_cache_dtype: str = "auto"):
         self.model = loaded.model
         self.arch = loaded.arch
         self.dtype = loaded.dtype
@@ -102,6 +112,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = torch.device(device)
         self.vocab_size = loaded.arch.vocab_size
+        self.kv_cache_dtype = kv_cache_dtype
         self.kv_caches = self._init_kv_caches()
         # CPU: float32/bf16 linears through kvserve's batch-invariant GEMM (weights packed once).
         on_cpu = self.device.type == "cpu"
@@ -128,8 +139,10 @@ class ModelRunner:
         self._num_succeeded = 0
 
     def _init_kv_caches(self) -> list[torch.Tensor]:
-        shape = (2, self.num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
-        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_hidden_layers)]
+        row = kv_row_size(self.arch.head_dim, self.kv_cache_dtype)
+        shape = (2, self.num_blocks, self.block_size, self.arch.num_key_value_heads, row)
+        dtype = kv_cache_torch_dtype(self.kv_cache_dtype, self.dtype)
+        return [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.arch.num_hidden_layers)]
 
     # -- the step ----------------------------------------------------------------------------------
 

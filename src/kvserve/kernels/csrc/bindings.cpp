@@ -9,6 +9,11 @@ torch::Tensor pack_linear_weight(torch::Tensor weight);
 torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
                                int64_t out_features);
 int64_t linear_panel_width();
+torch::Tensor quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
+                           c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
+                           int64_t out_features, int64_t group_size, int64_t bits, int64_t isa);
+std::vector<int64_t> quant_linear_layout(int64_t isa);
+int64_t quant_linear_isa();
 void apply_token_bitmask(torch::Tensor logits, torch::Tensor bitmask, torch::Tensor rows);
 void lora_apply(torch::Tensor x, torch::Tensor y, torch::Tensor a, torch::Tensor b, torch::Tensor order,
                 torch::Tensor seg_starts, torch::Tensor seg_slots, torch::Tensor shard_offsets, int64_t rank);
@@ -20,5 +25,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("invariant_linear", &invariant_linear, "batch-invariant x W^T + b over packed weights (see linear.cpp)");
   m.def("linear_panel_width", &linear_panel_width, "output columns per packed weight panel");
   m.def("lora_apply", &lora_apply, "y[t] += B_s A_s x[t], each token with its adapter slot (see lora.cpp)");
+  m.def("quant_linear", &quant_linear, "batch-invariant x W^T + b over int8/int4 weights (see quant_linear.cpp)");
+  m.def("quant_linear_layout", &quant_linear_layout, "(vector width, vectors per panel) of the quantized panels of an ISA");
+  m.def("quant_linear_isa", &quant_linear_isa, "instruction set of quant_linear here: 1 portable, 2 AVX2, 3 AVX-512");
   m.def("apply_token_bitmask", &apply_token_bitmask, "logits[r, t] = -inf where the token bitmask bans t (see bitmask.cpp)");
 }

@@ -20,6 +20,11 @@
 // A row's chunks, their valid ranges and the order of every sum depend only on its position and
 // the K/V values, never on the tile, the chunking of the prompt or the rest of the batch, so a
 // row's result is bit-identical alone, in a prefill chunk or in any batch (batch invariance).
+// A one-byte cache (--kv-cache-dtype int8 / fp8_e4m3 / fp8_e5m2, kvserve/attention/kv_quant.py)
+// stores each (token, KV head) row as head_dim one-byte codes followed by its float32 scale;
+// attend_one (generic and AVX-512 loops) widens a row in registers as float32(code) * scale (fp8
+// codes through a 256-entry table), the product the reference backend's dequantization
+// computes; no dequantized copy is made.
 // Padded, masked and other requests' tokens are never read. Tasks are taken from a shared queue,
 // costliest first, so causal prefill rows of uneven cost keep every thread busy.
 #include <torch/extension.h>
@@ -63,6 +68,72 @@ inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_
   }
 }
 
+// fp8 cache codes: one byte each, decoded through a table of the 256 values.
+struct Fp8E4M3 { uint8_t bits; };
+struct Fp8E5M2 { uint8_t bits; };
+
+// float8_e4m3fn (no infinities; S.1111.111 is NaN) and float8_e5m2 (the upper byte of a float16).
+inline float decode_e4m3(uint8_t b) {
+  const int sign = b >> 7, exponent = (b >> 3) & 15, mantissa = b & 7;
+  float v = exponent == 0 ? std::ldexp(mantissa / 8.f, -6)
+            : (exponent == 15 && mantissa == 7) ? std::numeric_limits<float>::quiet_NaN()
+                                                 : std::ldexp(1.f + mantissa / 8.f, exponent - 7);
+  return sign ? -v : v;
+}
+inline float decode_e5m2(uint8_t b) {
+  const int sign = b >> 7, exponent = (b >> 2) & 31, mantissa = b & 3;
+  float v = exponent == 0 ? std::ldexp(mantissa / 4.f, -14)
+            : exponent == 31 ? (mantissa ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity())
+                             : std::ldexp(1.f + mantissa / 4.f, exponent - 15);
+  return sign ? -v : v;
+}
+
+template <typename code_t>
+struct Fp8Table {
+  float value[256];
+  Fp8Table() {
+    for (int b = 0; b < 256; ++b)
+      value[b] = std::is_same_v<code_t, Fp8E4M3> ? decode_e4m3(static_cast<uint8_t>(b)) : decode_e5m2(static_cast<uint8_t>(b));
+  }
+};
+template <typename code_t>
+const float* fp8_table() {
+  static const Fp8Table<code_t> table;
+  return table.value;
+}
+
+template <typename cache_t>
+constexpr bool is_one_byte_v = std::is_same_v<cache_t, int8_t> || std::is_same_v<cache_t, Fp8E4M3> ||
+                               std::is_same_v<cache_t, Fp8E5M2>;
+
+// The float32 scale stored after the head_dim codes of a one-byte cache row (1 for float caches).
+template <typename cache_t>
+inline float row_scale(const cache_t* row, int64_t dim) {
+  if constexpr (is_one_byte_v<cache_t>) {
+    float s;
+    __builtin_memcpy(&s, reinterpret_cast<const uint8_t*>(row) + dim, sizeof(s));
+    return s;
+  } else {
+    return 1.f;
+  }
+}
+
+// One cache row as float32: converted (float caches) or float32(code) * scale (one-byte caches).
+template <typename cache_t>
+inline void row_to_float(const cache_t* src, float* dst, int64_t n) {
+  if constexpr (std::is_same_v<cache_t, int8_t>) {
+    const float s = row_scale(src, n);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]) * s;
+  } else if constexpr (is_one_byte_v<cache_t>) {
+    const float s = row_scale(src, n);
+    const float* table = fp8_table<cache_t>();
+    for (int64_t i = 0; i < n; ++i) dst[i] = table[src[i].bits] * s;
+  } else {
+    to_float(src, dst, n);
+  }
+}
+
 inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
@@ -101,6 +172,27 @@ inline __m512 load16(const c10::BFloat16* p) {
 inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+// 16 int8 values times the row's scale (float32(q) * s, one rounding).
+inline __m512 load16(const int8_t* p, __m512 scale) {
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))),
+                       scale);
+}
+template <typename cache_t>
+inline void load_row16(const cache_t* row, int64_t nvec, int64_t dim, __m512* out) {
+  if constexpr (std::is_same_v<cache_t, int8_t>) {
+    const __m512 scale = _mm512_set1_ps(row_scale(row, dim));
+    for (int64_t j = 0; j < nvec; ++j) out[j] = load16(row + 16 * j, scale);
+  } else if constexpr (is_one_byte_v<cache_t>) {  // fp8: 16 table lookups per vector
+    const __m512 scale = _mm512_set1_ps(row_scale(row, dim));
+    const float* table = fp8_table<cache_t>();
+    for (int64_t j = 0; j < nvec; ++j) {
+      const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * j)));
+      out[j] = _mm512_mul_ps(_mm512_i32gather_ps(codes, table, 4), scale);
+    }
+  } else {
+    for (int64_t j = 0; j < nvec; ++j) out[j] = load16(row + 16 * j);
+  }
+}
 #endif
 
 struct Task {
@@ -123,6 +215,7 @@ constexpr int64_t kTileRows = 8;
 struct Shape {
   int64_t num_heads, group, head_dim, block_size, num_kv_heads, window;
   float scale;
+  int64_t row;  // cache elements per (token, KV head) row: head_dim, or head_dim + 4 (int8 + scale)
 };
 
 // Scores of positions [start, end) for every head of the group: s[h][t - start] = q_h . k_t.
@@ -130,15 +223,15 @@ template <typename scalar_t>
 void score_chunk(const float (*q)[kMaxHeadDim], float (*s)[kChunk], const scalar_t* key_cache,
                  const int32_t* block_table, int64_t kv_head, int64_t start, int64_t end, const Shape& sh) {
   float kf[kMaxHeadDim];
-  const int64_t token_stride = sh.num_kv_heads * sh.head_dim;
+  const int64_t token_stride = sh.num_kv_heads * sh.row;
 #if defined(__AVX512F__)
   if constexpr (!std::is_same_v<scalar_t, double>) if (sh.head_dim % 16 == 0) {
     const int64_t nvec = sh.head_dim / 16;
     __m512 k[kMaxHeadDim / 16];
     for (int64_t t = start; t < end; ++t) {
       const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
-      const scalar_t* row = key_cache + slot * token_stride + kv_head * sh.head_dim;
-      for (int64_t j = 0; j < nvec; ++j) k[j] = load16(row + 16 * j);
+      const scalar_t* row = key_cache + slot * token_stride + kv_head * sh.row;
+      load_row16(row, nvec, sh.head_dim, k);
       for (int64_t h = 0; h < sh.group; ++h) {
         __m512 a = _mm512_mul_ps(_mm512_loadu_ps(q[h]), k[0]);
         for (int64_t j = 1; j < nvec; ++j) a = _mm512_fmadd_ps(_mm512_loadu_ps(q[h] + 16 * j), k[j], a);
@@ -150,7 +243,7 @@ void score_chunk(const float (*q)[kMaxHeadDim], float (*s)[kChunk], const scalar
 #endif
   for (int64_t t = start; t < end; ++t) {
     const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
-    to_float(key_cache + slot * token_stride + kv_head * sh.head_dim, kf, sh.head_dim);
+    row_to_float(key_cache + slot * token_stride + kv_head * sh.row, kf, sh.head_dim);
     for (int64_t h = 0; h < sh.group; ++h) s[h][t - start] = dot(q[h], kf, sh.head_dim);
   }
 }
@@ -159,15 +252,15 @@ void score_chunk(const float (*q)[kMaxHeadDim], float (*s)[kChunk], const scalar
 template <typename scalar_t>
 void accumulate_chunk(const float (*s)[kChunk], float (*acc)[kMaxHeadDim], const scalar_t* value_cache,
                       const int32_t* block_table, int64_t kv_head, int64_t start, int64_t end, const Shape& sh) {
-  const int64_t token_stride = sh.num_kv_heads * sh.head_dim, dim = sh.head_dim;
+  const int64_t token_stride = sh.num_kv_heads * sh.row, dim = sh.head_dim;
 #if defined(__AVX512F__)
   if constexpr (!std::is_same_v<scalar_t, double>) if (dim % 16 == 0) {
     const int64_t nvec = dim / 16;
     __m512 v[kMaxHeadDim / 16];
     for (int64_t t = start; t < end; ++t) {
       const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
-      const scalar_t* row = value_cache + slot * token_stride + kv_head * dim;
-      for (int64_t j = 0; j < nvec; ++j) v[j] = load16(row + 16 * j);
+      const scalar_t* row = value_cache + slot * token_stride + kv_head * sh.row;
+      load_row16(row, nvec, dim, v);
       for (int64_t h = 0; h < sh.group; ++h) {
         const __m512 p = _mm512_set1_ps(s[h][t - start]);
         for (int64_t j = 0; j < nvec; ++j)
@@ -180,7 +273,7 @@ void accumulate_chunk(const float (*s)[kChunk], float (*acc)[kMaxHeadDim], const
   float vf[kMaxHeadDim];
   for (int64_t t = start; t < end; ++t) {
     const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
-    to_float(value_cache + slot * token_stride + kv_head * dim, vf, dim);
+    row_to_float(value_cache + slot * token_stride + kv_head * sh.row, vf, dim);
     for (int64_t h = 0; h < sh.group; ++h) {
       const float p = s[h][t - start];
       float* a = acc[h];
@@ -190,9 +283,9 @@ void accumulate_chunk(const float (*s)[kChunk], float (*acc)[kMaxHeadDim], const
   }
 }
 
-template <typename scalar_t>
-void attend_one(const Task& task, int64_t kv_head, const scalar_t* query, scalar_t* out, const scalar_t* key_cache,
-                const scalar_t* value_cache, const int32_t* block_table, const Shape& sh) {
+template <typename scalar_t, typename cache_t>
+void attend_one(const Task& task, int64_t kv_head, const scalar_t* query, scalar_t* out, const cache_t* key_cache,
+                const cache_t* value_cache, const int32_t* block_table, const Shape& sh) {
   float q[kMaxGroup][kMaxHeadDim], acc[kMaxGroup][kMaxHeadDim], s[kMaxGroup][kChunk];
   float m[kMaxGroup], l[kMaxGroup];
   const int64_t first_head = kv_head * sh.group, dim = sh.head_dim;
@@ -442,11 +535,11 @@ std::vector<Tile> make_tiles(const torch::Tensor& query_start_loc, const torch::
 }
 
 // One tile for one KV head: the bfloat16 fast path where it applies, else row by row.
-template <typename scalar_t>
-void run_tile(const Tile& tile, int64_t kv_head, const scalar_t* query, scalar_t* out, const scalar_t* key_cache,
-              const scalar_t* value_cache, const int32_t* block_table, const Shape& sh) {
+template <typename scalar_t, typename cache_t>
+void run_tile(const Tile& tile, int64_t kv_head, const scalar_t* query, scalar_t* out, const cache_t* key_cache,
+              const cache_t* value_cache, const int32_t* block_table, const Shape& sh) {
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<cache_t, c10::BFloat16>) {
     if (sh.head_dim % 32 == 0) {
       attend_tile_bf16(tile, kv_head, query, out, key_cache, value_cache, block_table, sh);
       return;
@@ -454,47 +547,66 @@ void run_tile(const Tile& tile, int64_t kv_head, const scalar_t* query, scalar_t
   }
 #endif
   for (int64_t r = 0; r < tile.rows; ++r)
-    attend_one<scalar_t>({tile.row0 + r, tile.request, tile.position0 + r}, kv_head, query, out, key_cache, value_cache,
-                         block_table, sh);
+    attend_one<scalar_t, cache_t>({tile.row0 + r, tile.request, tile.position0 + r}, kv_head, query, out, key_cache,
+                                  value_cache, block_table, sh);
 }
 
-}  // namespace
 
-// out/query: [T, H, D]; kv_cache: [2, num_blocks, block_size, H_kv, D] (same dtype as query);
-// block_tables: int32 [B, W]; seq_lens: int32 [B] and query_start_loc: int32 [B + 1], both on the
-// CPU. Writes the rows of requests with 1 <= q_len <= max_q_len; other rows are left untouched.
-void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
-                     torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t window,
-                     int64_t max_q_len) {
-  TORCH_CHECK(query.is_contiguous() && out.is_contiguous() && kv_cache.is_contiguous() && block_tables.is_contiguous());
-  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && out.scalar_type() == query.scalar_type());
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
-              query_start_loc.scalar_type() == torch::kInt32);
-  const int64_t num_heads = query.size(1), head_dim = query.size(2);
-  const int64_t block_size = kv_cache.size(2), num_kv_heads = kv_cache.size(3);
-  const int64_t group = num_heads / num_kv_heads;
-  TORCH_CHECK(group * num_kv_heads == num_heads && group <= kMaxGroup && head_dim <= kMaxHeadDim &&
-              kv_cache.size(4) == head_dim);
-  const Shape shape{num_heads, group, head_dim, block_size, num_kv_heads, window, static_cast<float>(scale)};
-  const std::vector<Tile> tiles = make_tiles(query_start_loc, seq_lens, max_q_len);
-  const int64_t width = block_tables.size(1);
+template <typename scalar_t, typename cache_t>
+void run_tasks(const torch::Tensor& query, torch::Tensor& out, const torch::Tensor& kv_cache,
+               const torch::Tensor& block_tables, const std::vector<Tile>& tiles, const Shape& shape) {
+  const int64_t width = block_tables.size(1), num_kv_heads = shape.num_kv_heads;
   const int64_t num_tasks = static_cast<int64_t>(tiles.size()) * num_kv_heads;
   // A shared work queue: tasks differ in cost (context lengths, causal prefill rows), so each
   // thread takes the next one when it is free instead of a fixed contiguous share.
   std::atomic<int64_t> next{0};
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_tasks));
+  const scalar_t* q = query.data_ptr<scalar_t>();
+  scalar_t* o = out.data_ptr<scalar_t>();
+  const cache_t* keys = static_cast<const cache_t*>(kv_cache.data_ptr());
+  const cache_t* values = keys + kv_cache.stride(0);
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1); i < num_tasks; i = next.fetch_add(1)) {
+      const Tile& tile = tiles[i / num_kv_heads];
+      const int64_t kv_head = i % num_kv_heads;
+      run_tile<scalar_t, cache_t>(tile, kv_head, q, o, keys, values, tables + tile.request * width, shape);
+    }
+  });
+}
+
+}  // namespace
+
+// out/query: [T, H, D]; kv_cache: [2, num_blocks, block_size, H_kv, D] in query's dtype, or int8
+// [..., D + 4] (each row's float32 scale after its values); block_tables: int32 [B, W]; seq_lens:
+// int32 [B] and query_start_loc: int32 [B + 1], both on the CPU. Writes the rows of requests with
+// 1 <= q_len <= max_q_len; other rows are left untouched.
+void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
+                     torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t window,
+                     int64_t max_q_len) {
+  TORCH_CHECK(query.is_contiguous() && out.is_contiguous() && kv_cache.is_contiguous() && block_tables.is_contiguous());
+  const auto cache_type = kv_cache.scalar_type();
+  const bool one_byte = cache_type == torch::kChar || cache_type == at::kFloat8_e4m3fn || cache_type == at::kFloat8_e5m2;
+  TORCH_CHECK((one_byte || query.scalar_type() == cache_type) && out.scalar_type() == query.scalar_type());
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
+              query_start_loc.scalar_type() == torch::kInt32);
+  const int64_t num_heads = query.size(1), head_dim = query.size(2);
+  const int64_t block_size = kv_cache.size(2), num_kv_heads = kv_cache.size(3);
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t row = one_byte ? head_dim + 4 : head_dim;
+  TORCH_CHECK(group * num_kv_heads == num_heads && group <= kMaxGroup && head_dim <= kMaxHeadDim &&
+              kv_cache.size(4) == row);
+  const Shape shape{num_heads, group, head_dim, block_size, num_kv_heads, window, static_cast<float>(scale), row};
+  const std::vector<Tile> tiles = make_tiles(query_start_loc, seq_lens, max_q_len);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
-    const scalar_t* q = query.data_ptr<scalar_t>();
-    scalar_t* o = out.data_ptr<scalar_t>();
-    const scalar_t* keys = kv_cache.data_ptr<scalar_t>();
-    const scalar_t* values = keys + kv_cache.stride(0);
-    const int32_t* tables = block_tables.data_ptr<int32_t>();
-    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-      for (int64_t i = next.fetch_add(1); i < num_tasks; i = next.fetch_add(1)) {
-        const Tile& tile = tiles[i / num_kv_heads];
-        const int64_t kv_head = i % num_kv_heads;
-        run_tile<scalar_t>(tile, kv_head, q, o, keys, values, tables + tile.request * width, shape);
-      }
-    });
+    if (cache_type == torch::kChar) {
+      run_tasks<scalar_t, int8_t>(query, out, kv_cache, block_tables, tiles, shape);
+    } else if (cache_type == at::kFloat8_e4m3fn) {
+      run_tasks<scalar_t, Fp8E4M3>(query, out, kv_cache, block_tables, tiles, shape);
+    } else if (cache_type == at::kFloat8_e5m2) {
+      run_tasks<scalar_t, Fp8E5M2>(query, out, kv_cache, block_tables, tiles, shape);
+    } else {
+      run_tasks<scalar_t, scalar_t>(query, out, kv_cache, block_tables, tiles, shape);
+    }
   });
 }

@@ -1,0 +1,193 @@
+// Batch-invariant linear layer y = x W^T + b over weight-only quantized weights: int8 per output
+// channel, int4 group-wise (symmetric or with offsets).
+//
+// A quantized weight holds integers q[n][k] and, per output column n and group g of G consecutive
+// inputs (G = K: one group per column, "per channel"), a scale s[n][g] and, for int4 with zero
+// points, an offset m[n][g]:
+//
+//   int8:                 w[n][k] = s[n][g] * q[n][k]          q in [-127, 127]
+//   int4, symmetric:      w[n][k] = s[n][g] * (q[n][k] - 8)    q in [0, 15]
+//   int4, with offsets:   w[n][k] = s[n][g] * q[n][k] - m[n][g]  q in [0, 15]
+//
+// Every output element y[m][n] is one fixed sequence of float32 operations, whatever the number
+// of rows M, the row's position in the batch, the thread count and the instruction set:
+//
+//     acc = 0
+//     for each group g, in increasing k:
+//         p = 0;   for k in g, increasing:  p = fma(x[m][k], v[n][k], p)     v = q, or q - 8 (exact)
+//         acc = fma(p, s[n][g], acc)
+//         with offsets:  acc = fma(-m[n][g], xsum[m][g], acc)   xsum = ((x_k0 + x_k1) + ...) in k order
+//     y[m][n] = round(acc + b[n])        (float32, then once to the activation dtype)
+//
+// The weights are never dequantized to memory: the integers are widened in registers
+// (vpmovsxbd / vpmovzxbd, and/shift for the two nibbles, vcvtdq2ps) and each scale (and offset)
+// enters once per group. tests/model/test_quant_linear.py checks the bits against the sequence
+// emulated in float64, for every instruction set this CPU runs.
+//
+// Instruction set, chosen at run time (quant_linear_isa): AVX-512F (16-float vectors, 64-column
+// panels) where the CPU has it, else AVX2 + FMA (8-float vectors, 16-column panels), else portable
+// GCC vectors (4 floats). Each is this file's quant_linear_impl.h compiled in its own namespace
+// under `#pragma GCC target`; all compute the same sequence, so they give the same bits. Integer
+// dot products (VNNI, AMX-INT8) would need int8 activations: another sequence and lower quality;
+// they are not used.
+//
+// Layout (packed by kvserve/model/quant_linear.py for the layout quant_linear_layout reports):
+// - panels of kNR = kNV * kW output columns, [P][K][row bytes], the last panel padded with zero
+//   columns (computed, never stored);
+//       int8: a row is kNR bytes, column j at byte j;
+//       int4: a row is kNR / 2 bytes; for each pair of vectors (2g, 2g + 1), byte g * kW + i holds
+//             column 2g * kW + i in its low nibble and column (2g + 1) * kW + i in its high one,
+//             so one load of kW bytes gives both vectors with a mask and a shift.
+// - scales float32 [P][K / G][kNR]; negated offsets (-m) the same (int4 with offsets only).
+//
+// Kernels: a kMR-row microkernel (one panel, kMR x kNV accumulators) for row groups of 2 or more
+// rows, and a one-row kernel over kNP panels at once (kNP x kNV accumulators) for a lone row
+// (decode at batch 1), which would otherwise pay kMR times the FMAs of a padded group on top of
+// the widening. Both compute each element with the sequence above, so which one runs never changes
+// a bit. A group's partial sums and the running acc live in a float32 scratch tile between groups
+// and K blocks. Threads split rows and columns only, never K.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define KVSERVE_QUANT_X86 1
+#endif
+
+namespace kvserve_quant {
+
+struct QuantArgs {
+  const uint8_t* packed;
+  const float* scales;
+  const float* neg_offsets;  // nullptr: no offsets (int8, symmetric int4)
+  const float* bias;         // nullptr: no bias
+  int64_t M, K, N, G, bits;
+};
+
+}  // namespace kvserve_quant
+
+#pragma GCC push_options
+#pragma GCC optimize("no-fast-math", "fp-contract=off")
+
+#if defined(KVSERVE_QUANT_X86)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+namespace kvserve_quant_avx512 {
+using kvserve_quant::QuantArgs;
+#define QL_ISA 3
+#include "quant_linear_impl.h"
+#undef QL_ISA
+}  // namespace kvserve_quant_avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace kvserve_quant_avx2 {
+using kvserve_quant::QuantArgs;
+#define QL_ISA 2
+#include "quant_linear_impl.h"
+#undef QL_ISA
+}  // namespace kvserve_quant_avx2
+#pragma GCC pop_options
+#endif
+
+namespace kvserve_quant_portable {
+using kvserve_quant::QuantArgs;
+#define QL_ISA 1
+#include "quant_linear_impl.h"
+#undef QL_ISA
+}  // namespace kvserve_quant_portable
+
+#pragma GCC pop_options
+
+namespace {
+
+// 1 portable, 2 AVX2 + FMA, 3 AVX-512F.
+int64_t best_isa() {
+#if defined(KVSERVE_QUANT_X86)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return 3;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
+#endif
+  return 1;
+}
+
+int64_t resolve_isa(int64_t isa) {
+  static const int64_t best = best_isa();
+  if (isa == 0) return best;
+  TORCH_CHECK(isa >= 1 && isa <= best, "instruction set ", isa, " is not available here (best: ", best, ")");
+  return isa;
+}
+
+std::vector<int64_t> layout_of(int64_t isa) {
+  switch (isa) {
+#if defined(KVSERVE_QUANT_X86)
+    case 3: return {kvserve_quant_avx512::kW, kvserve_quant_avx512::kNV};
+    case 2: return {kvserve_quant_avx2::kW, kvserve_quant_avx2::kNV};
+#endif
+    default: return {kvserve_quant_portable::kW, kvserve_quant_portable::kNV};
+  }
+}
+
+}  // namespace
+
+// The instruction set used when none is asked for: 1 portable, 2 AVX2 + FMA, 3 AVX-512F.
+int64_t quant_linear_isa() { return resolve_isa(0); }
+
+// (vector width in floats, vectors per panel) of instruction set `isa` (0: the best here).
+std::vector<int64_t> quant_linear_layout(int64_t isa) { return layout_of(resolve_isa(isa)); }
+
+// x: contiguous [M, K] float32 or bfloat16; packed: uint8 [P, K, row bytes]; scales (and
+// neg_offsets, int4 only): float32 [P, K / group_size, kNR]; bias: float32 [N] or None; bits 8 or
+// 4 (int4 without offsets is symmetric: q - 8); isa: 0 (the best here) or the instruction set the
+// weights were packed for. Returns [M, N] in x's dtype.
+torch::Tensor quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
+                           c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
+                           int64_t out_features, int64_t group_size, int64_t bits, int64_t isa) {
+  isa = resolve_isa(isa);
+  const std::vector<int64_t> layout = layout_of(isa);
+  const int64_t nr = layout[0] * layout[1];
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous 2-D CPU tensor");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16,
+              "quant_linear supports float32 and bfloat16 activations");
+  TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4");
+  const int64_t M = x.size(0), K = x.size(1), N = out_features, P = (N + nr - 1) / nr;
+  TORCH_CHECK(group_size > 0 && K % group_size == 0, "group_size must divide in_features");
+  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 3 &&
+                  packed.size(0) == P && packed.size(1) == K && packed.size(2) == (bits == 8 ? nr : nr / 2),
+              "packed must be uint8 [P, K, row bytes] from kvserve.model.quant_linear");
+  const std::vector<int64_t> param_shape{P, K / group_size, nr};
+  TORCH_CHECK(scales.is_contiguous() && scales.sizes() == param_shape && scales.scalar_type() == torch::kFloat,
+              "scales must be float32 [P, K / group_size, kNR]");
+  const bool has_offsets = neg_offsets.has_value() && neg_offsets->defined();
+  TORCH_CHECK(!has_offsets || (bits == 4 && neg_offsets->is_contiguous() && neg_offsets->sizes() == param_shape &&
+                               neg_offsets->scalar_type() == torch::kFloat),
+              "offsets (int4 only) must be float32 like the scales");
+  const float* bias_ptr = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->is_contiguous() && bias->numel() == N,
+                "bias must be a contiguous float32 [N]");
+    bias_ptr = bias->data_ptr<float>();
+  }
+  auto out = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return out;
+  const kvserve_quant::QuantArgs q{packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
+                                   has_offsets ? neg_offsets->data_ptr<float>() : nullptr, bias_ptr, M, K, N,
+                                   group_size, bits};
+  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  switch (isa) {
+#if defined(KVSERVE_QUANT_X86)
+    case 3: kvserve_quant_avx512::quant_linear(x.data_ptr(), out.data_ptr(), bf16, q); break;
+    case 2: kvserve_quant_avx2::quant_linear(x.data_ptr(), out.data_ptr(), bf16, q); break;
+#endif
+    default: kvserve_quant_portable::quant_linear(x.data_ptr(), out.data_ptr(), bf16, q);
+  }
+  return out;
+}

@@ -1,0 +1,395 @@
+// The quantized GEMM of quant_linear.cpp for one instruction set, included once per ISA inside its
+// own namespace and `#pragma GCC target` region, with QL_ISA set to 1 (portable vectors), 2 (AVX2 +
+// FMA) or 3 (AVX-512F). Nothing here includes headers: quant_linear.cpp includes them first.
+// The sequence of operations per output element, the layout and the kernels are described at the
+// top of quant_linear.cpp; this file only makes them fast.
+
+#if QL_ISA == 3
+constexpr int kW = 16;  // floats per vector
+constexpr int kNV = 4;  // vectors per panel row
+#elif QL_ISA == 2
+constexpr int kW = 8;
+constexpr int kNV = 2;
+#else
+constexpr int kW = 4;
+constexpr int kNV = 2;
+#endif
+constexpr int kMR = 4;               // rows per microkernel
+constexpr int kNR = kNV * kW;        // output columns per panel
+constexpr int kNP = 8 / kNV;         // panels of the one-row kernel (8 independent accumulators)
+
+typedef float vfloat __attribute__((vector_size(kW * sizeof(float))));
+typedef int32_t vint __attribute__((vector_size(kW * sizeof(int32_t))));
+
+inline vfloat broadcast(float value) {
+#if QL_ISA == 3
+  return _mm512_set1_ps(value);
+#elif QL_ISA == 2
+  return _mm256_set1_ps(value);
+#else
+  vfloat v;
+  for (int i = 0; i < kW; ++i) v[i] = value;
+  return v;
+#endif
+}
+
+// a * b + c with one rounding.
+inline vfloat fmadd(vfloat a, vfloat b, vfloat c) {
+#if QL_ISA == 3
+  return _mm512_fmadd_ps(a, b, c);
+#elif QL_ISA == 2
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  vfloat r;
+  for (int i = 0; i < kW; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+  return r;
+#endif
+}
+
+template <typename T>
+inline T load_vector(const void* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+inline void store_vector(float* p, vfloat v) { std::memcpy(p, &v, sizeof(v)); }
+
+// kW consecutive bytes widened to int32 lanes: sign-extended (int8) or zero-extended (int4 pairs).
+template <bool kSigned>
+inline vint widen(const uint8_t* p) {
+#if QL_ISA == 3
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return (vint)(kSigned ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
+#elif QL_ISA == 2
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return (vint)(kSigned ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+#else
+  vint v;
+  for (int i = 0; i < kW; ++i) v[i] = kSigned ? static_cast<int32_t>(static_cast<int8_t>(p[i])) : p[i];
+  return v;
+#endif
+}
+
+inline vfloat to_vfloat(vint v) {  // exact: |v| < 2^24
+#if QL_ISA == 3
+  return _mm512_cvtepi32_ps((__m512i)v);
+#elif QL_ISA == 2
+  return _mm256_cvtepi32_ps((__m256i)v);
+#else
+  return __builtin_convertvector(v, vfloat);
+#endif
+}
+
+// Bytes of one packed panel row; "32 bits" is a row of already widened float32 values (below).
+constexpr int64_t row_bytes(int bits) { return bits == 32 ? kNR * 4 : bits == 8 ? kNR : kNR / 2; }
+
+// One packed weight row (kNR columns) as kNV float vectors holding the integers the sequence
+// multiplies by: q (int8), q - 8 (symmetric int4) or q (int4 with offsets).
+template <int kBits, bool kMinus8>
+inline void load_weights(const uint8_t* b, vfloat (&out)[kNV]) {
+  if constexpr (kBits == 32) {
+    for (int v = 0; v < kNV; ++v) out[v] = load_vector<vfloat>(b + v * kW * sizeof(float));
+  } else if constexpr (kBits == 8) {
+    for (int v = 0; v < kNV; ++v) out[v] = to_vfloat(widen<true>(b + v * kW));
+  } else {
+    for (int g = 0; g < kNV / 2; ++g) {
+      const vint bytes = widen<false>(b + g * kW);
+      vint low = bytes & 15, high = bytes >> 4;
+      if constexpr (kMinus8) {
+        low -= 8;
+        high -= 8;
+      }
+      out[2 * g] = to_vfloat(low);
+      out[2 * g + 1] = to_vfloat(high);
+    }
+  }
+}
+
+// Rows [0, kc) of a panel widened once into float32 rows (kNR floats each) of `out`, for the row
+// groups of a larger M to share: the values are the integers the sequence multiplies by, exact,
+// so the FMAs that read them are the same operations on the same numbers.
+template <int kBits, bool kMinus8>
+inline void widen_rows(int64_t kc, const uint8_t* __restrict b, float* __restrict out) {
+  constexpr int64_t rb = row_bytes(kBits);
+  for (int64_t k = 0; k < kc; ++k) {
+    vfloat w[kNV];
+    load_weights<kBits, kMinus8>(b + k * rb, w);
+    for (int v = 0; v < kNV; ++v) store_vector(out + k * kNR + v * kW, w[v]);
+  }
+}
+
+constexpr int64_t kPrefetchBytes = 4096;
+
+// The kMR-row microkernel over one panel: p[i][:] (+)= sum over k < kc of a[k][i] * W[k][:], one
+// FMA per k in increasing k; `accumulate` continues the sums stored in p.
+template <int kBits, bool kMinus8>
+inline void micro_kernel(int64_t kc, const float* __restrict a, const uint8_t* __restrict b, float* __restrict p,
+                         bool accumulate) {
+  vfloat acc[kMR][kNV];
+  for (int i = 0; i < kMR; ++i)
+    for (int v = 0; v < kNV; ++v) acc[i][v] = accumulate ? load_vector<vfloat>(p + i * kNR + v * kW) : vfloat{};
+  constexpr int64_t rb = row_bytes(kBits);
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    __builtin_prefetch(b + k * rb + kPrefetchBytes, 0, 0);
+    vfloat w[kNV];
+    load_weights<kBits, kMinus8>(b + k * rb, w);
+    for (int i = 0; i < kMR; ++i) {
+      const vfloat x = broadcast(a[k * kMR + i]);
+      for (int v = 0; v < kNV; ++v) acc[i][v] = fmadd(x, w[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < kMR; ++i)
+    for (int v = 0; v < kNV; ++v) store_vector(p + i * kNR + v * kW, acc[i][v]);
+}
+
+// The one-row kernel: np <= kNP panels at once (each `panel_stride` bytes after the previous),
+// row 0 of a ([k][kMR]); sums p[j][kNR] of panel j. Same per-element sequence as micro_kernel.
+template <int kBits, bool kMinus8>
+inline void row_kernel(int64_t kc, const float* __restrict a, const uint8_t* __restrict b, int64_t panel_stride,
+                       int np, float* __restrict p, bool accumulate) {
+  constexpr int64_t rb = row_bytes(kBits);
+  if (np == kNP) {
+    vfloat acc[kNP][kNV];
+    for (int j = 0; j < kNP; ++j)
+      for (int v = 0; v < kNV; ++v) acc[j][v] = accumulate ? load_vector<vfloat>(p + j * kNR + v * kW) : vfloat{};
+    for (int64_t k = 0; k < kc; ++k) {
+      const vfloat x = broadcast(a[k * kMR]);
+      for (int j = 0; j < kNP; ++j) {
+        const uint8_t* row = b + j * panel_stride + k * rb;
+        __builtin_prefetch(row + kPrefetchBytes, 0, 0);
+        vfloat w[kNV];
+        load_weights<kBits, kMinus8>(row, w);
+        for (int v = 0; v < kNV; ++v) acc[j][v] = fmadd(x, w[v], acc[j][v]);
+      }
+    }
+    for (int j = 0; j < kNP; ++j)
+      for (int v = 0; v < kNV; ++v) store_vector(p + j * kNR + v * kW, acc[j][v]);
+    return;
+  }
+  for (int j = 0; j < np; ++j) {  // a block's last panels: one at a time
+    vfloat acc[kNV];
+    for (int v = 0; v < kNV; ++v) acc[v] = accumulate ? load_vector<vfloat>(p + j * kNR + v * kW) : vfloat{};
+    for (int64_t k = 0; k < kc; ++k) {
+      const vfloat x = broadcast(a[k * kMR]);
+      const uint8_t* row = b + j * panel_stride + k * rb;
+      __builtin_prefetch(row + kPrefetchBytes, 0, 0);
+      vfloat w[kNV];
+      load_weights<kBits, kMinus8>(row, w);
+      for (int v = 0; v < kNV; ++v) acc[v] = fmadd(x, w[v], acc[v]);
+    }
+    for (int v = 0; v < kNV; ++v) store_vector(p + j * kNR + v * kW, acc[v]);
+  }
+}
+
+// Group end: acc[r][:] = fma(p[r][:], s, acc[r][:]) (from zero at the first group), then with
+// offsets acc[r][:] = fma(-m, xsum[r], acc[r][:]).
+inline void merge_group(int rows, const float* p, const float* scale, const float* neg_offset, const float* xsum,
+                        float* acc, bool first) {
+  for (int r = 0; r < rows; ++r) {
+    for (int v = 0; v < kNV; ++v) {
+      vfloat a = first ? vfloat{} : load_vector<vfloat>(acc + r * kNR + v * kW);
+      a = fmadd(load_vector<vfloat>(p + r * kNR + v * kW), load_vector<vfloat>(scale + v * kW), a);
+      if (neg_offset != nullptr) a = fmadd(load_vector<vfloat>(neg_offset + v * kW), broadcast(xsum[r]), a);
+      store_vector(acc + r * kNR + v * kW, a);
+    }
+  }
+}
+
+inline float to_float(float v) { return v; }
+inline float to_float(c10::BFloat16 v) {  // exact: the bfloat16 bits are the float's upper half
+  const uint32_t word = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &word, sizeof(f));
+  return f;
+}
+
+template <typename out_t>
+inline out_t from_float(float v);
+template <>
+inline float from_float<float>(float v) { return v; }
+template <>
+inline c10::BFloat16 from_float<c10::BFloat16>(float v) {  // round to nearest even, as c10 does
+  uint32_t word;
+  std::memcpy(&word, &v, sizeof(word));
+  const uint16_t bits = v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>((word + 0x7fffu + ((word >> 16) & 1u)) >> 16);
+  return c10::BFloat16(bits, c10::BFloat16::from_bits());
+}
+
+// Rows [row0, row0 + rows) x inputs [k0, k0 + kc) of x [M][K] as float32 groups of kMR rows,
+// [row group][k][kMR] (rows past `rows` are zero); with `sums`, each row's input sum over every
+// quantization group of the block, xsum[(row group * qgroups + q) * kMR + r] (k0 and kc are
+// multiples of G then), a plain float32 sum in increasing k.
+template <typename act_t>
+void pack_rows(const act_t* x, int64_t K, int64_t row0, int64_t rows, int64_t k0, int64_t kc, int64_t G, bool sums,
+               float* out, float* xsum) {
+  const int64_t groups = (rows + kMR - 1) / kMR, qgroups = (kc + G - 1) / G;
+  for (int64_t g = 0; g < groups; ++g) {
+    float* dst = out + g * kc * kMR;
+    for (int r = 0; r < kMR; ++r) {
+      const int64_t row = g * kMR + r;
+      if (row < rows) {
+        const act_t* src = x + (row0 + row) * K + k0;
+        for (int64_t k = 0; k < kc; ++k) dst[k * kMR + r] = to_float(src[k]);
+      } else {
+        for (int64_t k = 0; k < kc; ++k) dst[k * kMR + r] = 0.f;
+      }
+      if (!sums) continue;
+      for (int64_t q = 0; q < qgroups; ++q) {
+        float s = 0.f;
+        for (int64_t k = q * G; k < std::min(kc, (q + 1) * G); ++k) s += dst[k * kMR + r];
+        xsum[(g * qgroups + q) * kMR + r] = s;
+      }
+    }
+  }
+}
+
+template <typename out_t>
+void store_tile(const float* tile, const float* bias, out_t* out, int64_t N, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    out_t* dst = out + r * N;
+    const float* src = tile + r * kNR;
+    for (int64_t c = 0; c < cols; ++c) dst[c] = from_float<out_t>(bias != nullptr ? src[c] + bias[c] : src[c]);
+  }
+}
+
+struct Blocking {
+  int64_t row_block;    // rows per work item (a multiple of kMR)
+  int64_t panel_block;  // panels per work item
+  int64_t k_block;      // K per pass (a multiple of G when there are offsets)
+};
+
+// Any blocking gives the same bits; this only decides speed. Work items are row blocks x panel
+// blocks (at::parallel_for gives each thread a contiguous run of items). A lone row group (decode)
+// splits the panels evenly over the threads, at most 16 per item; more rows make about 8 items
+// per thread (row blocks are uneven: 64 rows are a block of 48 and one of 16).
+Blocking choose_blocking(int64_t M, int64_t K, int64_t G, int64_t panels, int64_t threads, int64_t rb, bool sums) {
+  Blocking b;
+  const int64_t row_groups = (M + kMR - 1) / kMR;
+  b.row_block = std::min<int64_t>(row_groups, 12) * kMR;
+  const int64_t row_blocks = (M + b.row_block - 1) / b.row_block;
+  if (M <= kMR) {
+    const int64_t per_thread = std::max<int64_t>(1, (panels + threads - 1) / threads);
+    const int64_t rounds = (per_thread + 15) / 16;
+    b.panel_block = std::max<int64_t>(1, (panels + threads * rounds - 1) / (threads * rounds));
+  } else {
+    const int64_t wanted_items = threads * 8;
+    b.panel_block = std::clamp<int64_t>((panels * row_blocks + wanted_items - 1) / wanted_items, 1, 16);
+  }
+  b.panel_block = std::min(b.panel_block, panels);
+  // A lone row group streams each panel whole; larger M reuses a K block (about half of L1d).
+  const int64_t target = std::max<int64_t>(1, 16384 / rb);
+  if (M <= kMR) {
+    b.k_block = K;
+  } else if (sums) {
+    b.k_block = std::min(K, std::max<int64_t>(G, target / G * G));
+  } else {
+    b.k_block = std::min(K, target);
+  }
+  return b;
+}
+
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+using Scratch = std::unique_ptr<float[], FreeDeleter>;
+
+inline Scratch scratch(int64_t floats) {
+  const size_t bytes = (static_cast<size_t>(std::max<int64_t>(floats, 1)) * sizeof(float) + 63) / 64 * 64;
+  return Scratch(static_cast<float*>(std::aligned_alloc(64, bytes)));
+}
+
+template <int kBits, bool kMinus8, typename act_t>
+void kernel(const act_t* x, act_t* out, const QuantArgs& q) {
+  const int64_t M = q.M, K = q.K, N = q.N, G = q.G;
+  const int64_t panels = (N + kNR - 1) / kNR, ngroups = K / G;
+  constexpr int64_t rb = row_bytes(kBits);
+  const int64_t panel_bytes = K * rb;
+  const bool sums = q.neg_offsets != nullptr;
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  // More than one row group: each K block of a panel is widened to float32 once and shared.
+  const Blocking blk = choose_blocking(M, K, G, panels, threads, M <= kMR ? rb : row_bytes(32), sums);
+  const int64_t row_blocks = (M + blk.row_block - 1) / blk.row_block;
+  const int64_t panel_blocks = (panels + blk.panel_block - 1) / blk.panel_block;
+  const int64_t k_blocks = (K + blk.k_block - 1) / blk.k_block;
+  const int64_t tile = kMR * kNR;
+  at::parallel_for(0, row_blocks * panel_blocks, 1, [&](int64_t begin, int64_t end) {
+    const int64_t row_groups = blk.row_block / kMR;
+    Scratch rows_packed = scratch(blk.row_block * blk.k_block);
+    Scratch xsum = scratch(sums ? row_groups * ((blk.k_block + G - 1) / G) * kMR : 1);
+    Scratch widened = scratch(M <= kMR ? 1 : std::min(blk.k_block, G) * kNR);
+    // Per (row group, panel) of an item: the current group's partial sums and the running acc
+    // (a one-row item keeps panel j's at j * kNR of its first panel's tile: kNP * kNR <= tile).
+    Scratch partial = scratch(row_groups * blk.panel_block * tile);
+    Scratch running = scratch(row_groups * blk.panel_block * tile);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t row0 = item % row_blocks * blk.row_block;
+      const int64_t rows = std::min(blk.row_block, M - row0);
+      const int64_t groups = (rows + kMR - 1) / kMR;
+      const int64_t p0 = item / row_blocks * blk.panel_block;
+      const int64_t p1 = std::min(panels, p0 + blk.panel_block);
+      for (int64_t kb = 0; kb < k_blocks; ++kb) {
+        const int64_t k0 = kb * blk.k_block, kc = std::min(blk.k_block, K - k0);
+        const int64_t qgroups = (kc + G - 1) / G;
+        pack_rows(x, K, row0, rows, k0, kc, G, sums, rows_packed.get(), xsum.get());
+        const int64_t step = M == 1 ? kNP : 1;
+        for (int64_t p = p0; p < p1; p += step) {
+          const int np = static_cast<int>(std::min<int64_t>(step, p1 - p));
+          // Segments of one quantization group within this K block: [k0 + s0, k0 + s1).
+          for (int64_t s0 = 0; s0 < kc;) {
+            const int64_t kabs = k0 + s0, group = kabs / G;
+            const int64_t s1 = std::min(kc, (group + 1) * G - k0);
+            const bool cont = kabs % G != 0, ends = k0 + s1 == (group + 1) * G;
+            const uint8_t* b = q.packed + p * panel_bytes + kabs * rb;
+            if (M > kMR) widen_rows<kBits, kMinus8>(s1 - s0, b, widened.get());
+            for (int64_t g = 0; g < groups; ++g) {
+              const int64_t grows = std::min<int64_t>(kMR, rows - g * kMR);
+              const float* a = rows_packed.get() + g * kc * kMR + s0 * kMR;
+              float* part = partial.get() + (g * blk.panel_block + (p - p0)) * tile;
+              float* run = running.get() + (g * blk.panel_block + (p - p0)) * tile;
+              if (M == 1) {
+                row_kernel<kBits, kMinus8>(s1 - s0, a, b, panel_bytes, np, part, cont);
+              } else if (M <= kMR) {
+                micro_kernel<kBits, kMinus8>(s1 - s0, a, b, part, cont);
+              } else {
+                micro_kernel<32, false>(s1 - s0, a, reinterpret_cast<const uint8_t*>(widened.get()), part, cont);
+              }
+              if (!ends) continue;
+              const float* xs = sums ? xsum.get() + (g * qgroups + s0 / G) * kMR : nullptr;
+              for (int j = 0; j < np; ++j) {
+                const int64_t at = ((p + j) * ngroups + group) * kNR;
+                const int64_t off = M == 1 ? j * kNR : 0;
+                merge_group(static_cast<int>(grows), part + off, q.scales + at, sums ? q.neg_offsets + at : nullptr,
+                            xs, run + off, group == 0);
+              }
+            }
+            s0 = s1;
+          }
+          if (kb < k_blocks - 1) continue;
+          for (int64_t g = 0; g < groups; ++g) {
+            const int64_t grows = std::min<int64_t>(kMR, rows - g * kMR);
+            const float* run = running.get() + (g * blk.panel_block + (p - p0)) * tile;
+            for (int j = 0; j < np; ++j) {
+              const int64_t col0 = (p + j) * kNR, cols = std::min<int64_t>(kNR, N - col0);
+              store_tile(run + (M == 1 ? j * kNR : 0), q.bias == nullptr ? nullptr : q.bias + col0,
+                         out + (row0 + g * kMR) * N + col0, N, grows, cols);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename act_t>
+void run(const act_t* x, act_t* out, const QuantArgs& q) {
+  if (q.bits == 8) kernel<8, false>(x, out, q);
+  else if (q.neg_offsets == nullptr) kernel<4, true>(x, out, q);
+  else kernel<4, false>(x, out, q);
+}
+
+void quant_linear(const void* x, void* out, bool bf16, const QuantArgs& q) {
+  if (bf16) run(static_cast<const c10::BFloat16*>(x), static_cast<c10::BFloat16*>(out), q);
+  else run(static_cast<const float*>(x), static_cast<float*>(out), q);
+}

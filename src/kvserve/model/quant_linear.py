@@ -1,0 +1,174 @@
+"""``QuantizedLinear``: ``y = x W^T + b`` over a weight-only int8/int4 ``QuantizedTensor``, and
+``quantize_linears``, which swaps a loaded model's linears for them (``--quantization``).
+
+On the CPU the integers are packed once into the panels of kvserve's quantized GEMM
+(``kernels/csrc/quant_linear.cpp``), which widens them in registers and applies each group's
+scale (and offset) once; every output element is one fixed sequence of float32 operations
+whatever the number of rows, the row's place in the batch, the thread count and the instruction
+set (the file's header has the sequence), so quantized models are batch-invariant like float
+ones. Elsewhere (CUDA, no compiler) the weight is dequantized per call and ``F.linear`` runs.
+
+Packed layout (kW floats per vector, kNV vectors per panel, kNR = kW * kNV output columns per
+panel, from ``quant_linear_layout`` of the instruction set the kernel runs)::
+
+    packed      uint8 [P, K, kNR]       int8: column j of the panel at byte j
+                uint8 [P, K, kNR / 2]   int4: byte g*kW + i = column 2g*kW + i (low nibble)
+                                              | column (2g+1)*kW + i (high nibble)
+    scales      float32 [P, K / group_size, kNR]
+    neg_offsets float32 [P, K / group_size, kNR]  (-offsets; int4 with zero points only)
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvserve.kernels import cpu_kernels
+from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+METHODS = ("int8", "int4")
+# int4 without zero points, by measurement (docs/benchmarks.md, "Quantized weights"): on the
+# built-in model's held-out perplexity the two forms differ by at most 0.02% at each group size
+# (zero points ahead by 0.02% at group 32, symmetric by 0.01% at 128), while zero points read 20%
+# more bytes per step at group 32 (a float32 offset per group) and one more FMA per group.
+INT4_SYMMETRIC = True
+
+
+def pack_quantized(weight: QuantizedTensor, width: int, vectors: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                                               torch.Tensor | None]:
+    """(packed, scales, neg_offsets) in the kernel's panel layout (module docstring) for vectors
+    of ``width`` floats and ``vectors`` vectors per panel."""
+    n, k = weight.shape
+    cols = width * vectors
+    panels = -(-n // cols)
+    pad = panels * cols - n
+
+    def panel_major(t: torch.Tensor) -> torch.Tensor:  # [N, X] -> [P, X, cols]
+        t = F.pad(t, (0, 0, 0, pad)) if pad else t
+        return t.reshape(panels, cols, t.shape[1]).transpose(1, 2).contiguous()
+
+    q = panel_major(weight.q.view(torch.uint8))
+    if weight.bits == 4:
+        pairs = q.reshape(panels, k, vectors // 2, 2, width)
+        q = (pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)).reshape(panels, k, cols // 2).contiguous()
+    scales = panel_major(weight.scales.to(torch.float32))
+    neg_offsets = None if weight.offsets is None else panel_major(-weight.offsets.to(torch.float32))
+    return q, scales, neg_offsets
+
+
+class QuantizedLinear(nn.Module):
+    """A linear layer over a ``QuantizedTensor`` (module docstring).
+
+    Input [..., in_features] float32 or bfloat16 (other dtypes and devices: the dequantized
+    path) -> [..., out_features] in the input's dtype. The bias is kept as float32. Holds no
+    ``nn.Parameter``.
+
+    Args:
+        weight: the quantized [out_features, in_features] weight.
+        bias: [out_features] or None.
+        kernels: the compiled module from ``kvserve.kernels.cpu_kernels()``, or None for the
+            dequantize-per-call path (CUDA, no compiler).
+        isa: the kernel's instruction set (0: the best of this CPU; tests force the others).
+    """
+
+    def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None, kernels: ModuleType | None,
+                 isa: int = 0):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.bits, self.group_size, self.symmetric = weight.bits, weight.group_size, weight.symmetric
+        self.weight_bytes = weight.nbytes()
+        self._kernels = kernels if kernels is not None and weight.q.device.type == "cpu" else None
+        self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous()
+        self.weight = weight  # kept on the fallback path only (below)
+        self.isa = isa
+        if self._kernels is not None:
+            self.packed, self.scales, self.neg_offsets = pack_quantized(weight, *self._kernels.quant_linear_layout(isa))
+            self.weight = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._kernels is None or x.dtype not in KERNEL_DTYPES or x.device.type != "cpu":
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
+        shape = x.shape
+        rows = x.reshape(-1, self.in_features).contiguous()
+        out = self._kernels.quant_linear(rows, self.packed, self.scales, self.neg_offsets, self.bias,
+                                         self.out_features, self.group_size, self.bits, self.isa)
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """float32 [out_features, in_features] (``QuantizedTensor.dequantize``; from the packed
+        panels when packed)."""
+        return (self.weight if self.weight is not None else unpack_quantized(self)).dequantize()
+
+    def format(self) -> str:
+        """e.g. ``int8 (per channel)``, ``int4 (group 32, symmetric)``."""
+        if self.bits == 8:
+            return "int8 (per channel)" if self.group_size == self.in_features else f"int8 (group {self.group_size})"
+        return f"int4 (group {self.group_size}, {'symmetric' if self.symmetric else 'zero points'})"
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"{self.format()}")
+
+
+def unpack_quantized(layer: QuantizedLinear) -> QuantizedTensor:
+    """The ``QuantizedTensor`` a packed layer holds (inverse of ``pack_quantized``; int4 scales
+    and offsets come back as float16, as the quantizer made them)."""
+    n, k = layer.out_features, layer.in_features
+    panels, _, cols = layer.scales.shape
+    q = layer.packed
+    if layer.bits == 4:
+        width = layer._kernels.quant_linear_layout(layer.isa)[0]
+        q = q.reshape(panels, k, cols // width // 2, width)
+        q = torch.stack((q & 15, q >> 4), dim=3).reshape(panels, k, cols)
+
+    def row_major(t: torch.Tensor) -> torch.Tensor:  # [P, X, cols] -> [N, X]
+        return t.transpose(1, 2).reshape(panels * cols, t.shape[1])[:n].contiguous()
+
+    q = row_major(q)
+    if layer.bits == 8:
+        return QuantizedTensor(q.view(torch.int8), row_major(layer.scales), None, 8, layer.group_size)
+    offsets = None if layer.neg_offsets is None else (-row_major(layer.neg_offsets)).to(torch.float16)
+    return QuantizedTensor(q, row_major(layer.scales).to(torch.float16), offsets, 4, layer.group_size)
+
+
+def quantize_weight(weight: torch.Tensor, method: str, group_size: int) -> QuantizedTensor:
+    """A float [N, K] weight by ``method`` (``int8``: per channel; ``int4``: groups of
+    ``group_size``, ``INT4_SYMMETRIC``).
+
+    Raises:
+        ValueError: unknown method; an int4 group size that is not 32/64/128 or does not divide K.
+    """
+    if method == "int8":
+        return quantize_int8(weight)
+    if method == "int4":
+        return quantize_int4(weight, group_size, INT4_SYMMETRIC)
+    raise ValueError(f"unknown quantization method {method!r}; kvserve quantizes to {', '.join(METHODS)}")
+
+
+@torch.no_grad()
+def quantize_linears(model: nn.Module, method: str, group_size: int = 32, lm_head: bool = False) -> int:
+    """Replace every ``nn.Linear`` of a loaded ``model`` (QKV, O, gate-up, down; the LM head too
+    with ``lm_head``, a tied one included: the embedding keeps its float weight for the lookup)
+    by a ``QuantizedLinear`` quantized from its float weight, in place, one layer at a time.
+    Returns how many were replaced.
+
+    Raises:
+        ValueError: as ``quantize_weight`` (an int4 group size that does not divide a layer's
+            inputs names the layer).
+    """
+    kernels = cpu_kernels()
+    head = getattr(model, "lm_head", None)
+    targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if isinstance(child, nn.Linear) and (lm_head or child is not head)]
+    for parent, name, child in targets:
+        try:
+            weight = quantize_weight(child.weight, method, group_size)
+        except ValueError as exc:
+            raise ValueError(f"{name} ({child.in_features} inputs): {exc}") from None
+        setattr(parent, name, QuantizedLinear(weight, child.bias, kernels))
+    return len(targets)

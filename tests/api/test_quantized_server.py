@@ -1,0 +1,42 @@
+"""A server with quantized weights says so: ``/v1/models`` (each card's ``quantization``),
+``/version`` (what ``kvserve bench`` records as provenance) and the start-up log; a float model
+reports ``null``."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+
+from kvserve.kernels import cpu_kernels_available
+from kvserve.testing.live_server import start_live_server
+
+pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="no C++ compiler for the kernels")
+
+
+def test_quantization_in_models_version_and_log(tiny_llama, caplog):
+    with caplog.at_level(logging.INFO, logger="kvserve.engine.core"):
+        server = start_live_server(str(tiny_llama), quantization="int4", quantize_lm_head=True, dtype="float32",
+                                   max_model_len=128, num_gpu_blocks_override=32)
+    try:
+        headers = {"Authorization": f"Bearer {server.api_key}"}
+        cards = httpx.get(server.base_url + "/v1/models", headers=headers).json()["data"]
+        assert [c["quantization"] for c in cards] == ["int4-g32+lm_head"]
+        assert httpx.get(server.base_url + "/version").json()["quantization"] == "int4-g32+lm_head"
+        client = server.make_client()
+        reply = client.completions.create(model=server.model, prompt="hello", max_tokens=3, temperature=0)
+        assert reply.usage.completion_tokens == 3
+    finally:
+        server.stop()
+    assert "weights int4 (group 32, symmetric); LM head int4 (group 32, symmetric)" in caplog.text
+
+
+def test_float_model_reports_null(tiny_llama):
+    server = start_live_server(str(tiny_llama), dtype="float32", max_model_len=128, num_gpu_blocks_override=32)
+    try:
+        cards = httpx.get(server.base_url + "/v1/models", headers={"Authorization": f"Bearer {server.api_key}"})
+        assert cards.json()["data"][0]["quantization"] is None
+        assert httpx.get(server.base_url + "/version").json()["quantization"] is None
+    finally:
+        server.stop()
