@@ -103,8 +103,7 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str | torch.device = "cpu",
                  *, max_num_reqs: int = 256, max_model_len: int | None = None, seed: int = 0,
                  prepack_linears: bool = True, proposer: Proposer | None = None,
-                 lora_config: LoRAConfig | None = None):
-                 prepack_linears: bool = True, proposer: Proposer | None = None, kv_cache_dtype: str = "auto"):
+                 lora_config: LoRAConfig | None = None, kv_cache_dtype: str = "auto"):
         self.model = loaded.model
         self.arch = loaded.arch
         self.dtype = loaded.dtype
