@@ -411,13 +411,16 @@ class Scheduler:
         request_id = request.request_id
         finished = False
         max_model_len = self.scheduler_config.max_model_len
-        for token_id in new_token_ids:
+        num_kept = 0
+        for token_id in new_token_ids:  # several with accepted drafts: a stop among them ends there
             request.output_token_ids.append(token_id)
             request.all_token_ids.append(token_id)
             self.num_generated_tokens += 1
+            num_kept += 1
             finished = check_stop(request, max_model_len)
             if finished:
                 break
+        new_token_ids = new_token_ids[:num_kept]
         if not new_token_ids:
             finished = check_prompt_only_done(request)
         block_size = self.kv_cache_manager.block_size
@@ -438,7 +441,7 @@ class Scheduler:
         return EngineCoreOutput(
             request_id,
             list(new_token_ids),
-            runner_output.logprobs.get(request_id, []) if new_token_ids else [],
+            runner_output.logprobs.get(request_id, [])[:num_kept],
             prompt_logprobs,
             request.status.finish_reason if finished else None,
             request.stop_reason if finished else None,

@@ -68,7 +68,10 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
 
     def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
         constrained = [(i, self.rows[row]) for i, row in sampling_rows(self.rows, rows)]
-        constrained = [(i, state) for i, state in constrained if self._catch_up(state)]
+        # A terminated matcher (its EOS was an accepted draft token) leaves the row unconstrained:
+        # the request ends at that EOS, and tokens verified after it are dropped.
+        constrained = [(i, state) for i, state in constrained
+                       if self._catch_up(state) and not state.matcher.is_terminated()]
         if not constrained:
             return
         if logits.shape[0] > self._bitmask.shape[0]:
