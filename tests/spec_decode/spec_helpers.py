@@ -20,8 +20,10 @@ def make_llm(model_dir, **kwargs) -> LLM:
 
 
 def results(outputs) -> list[list[tuple]]:
-    """Per prompt, per choice: (token ids, logprob of each token, finish reason, text)."""
-    return [[(c.token_ids, [lp.logprob for lp in c.logprobs or []], c.finish_reason, c.text) for c in o.outputs]
+    """Per prompt, per choice: (token ids, logprobs of each token, finish reason, text); a
+    token's logprobs are its whole ``TokenLogprobs`` (id, logprob, rank, top ids and their
+    logprobs), compared as Python floats: bit for bit."""
+    return [[(c.token_ids, [tuple(lp) for lp in c.logprobs or []], c.finish_reason, c.text) for c in o.outputs]
             for o in outputs]
 
 

@@ -26,14 +26,17 @@ def reference_map(prompts, ref) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama_bf16", "qwen2", "qwen3", "mistral_tekken", "llama_sentencepiece"])
-def test_ngram_greedy_equals_plain_on_checkpoints(request, kind):
+def test_ngram_greedy_equals_plain_on_checkpoints(request, kind, reference):
+    """The n-gram proposer on six checkpoints (float32 and bfloat16, biases, q/k norms, tokenizers
+    of 1k to 131k tokens); the K/V checked after every step on the first."""
     fixture = {"llama": "tiny_llama", "llama_bf16": "tiny_llama_bf16", "qwen2": "tiny_qwen2", "qwen3": "tiny_qwen3",
                "mistral_tekken": "tiny_mistral_tekken", "llama_sentencepiece": "tiny_llama_sentencepiece"}[kind]
     model_dir = request.getfixturevalue(fixture)
     dtype = "bfloat16" if kind.endswith("bf16") else "float32"
-    plain = results(make_llm(model_dir, dtype=dtype).generate(PROMPTS, GREEDY))
+    plain = reference if kind == "llama" else results(make_llm(model_dir, dtype=dtype).generate(PROMPTS, GREEDY))
     spec = make_llm(model_dir, dtype=dtype, speculative_config=NGRAM)
-    assert results(generate_checked(spec, PROMPTS, GREEDY)) == plain
+    got = generate_checked(spec, PROMPTS, GREEDY) if kind == "llama" else spec.generate(PROMPTS, GREEDY)
+    assert results(got) == plain
     stats = spec_stats(spec)
     assert stats.num_drafts > 0 and stats.num_draft_tokens >= stats.num_accepted_tokens
 
@@ -94,17 +97,24 @@ def test_preemption_on_a_tiny_kv_cache(tiny_llama, reference):
     assert draft.llm_engine.core.scheduler.num_preemptions > 0
 
 
-def test_prefix_caching_and_chunked_prefill(tiny_llama):
+DRAFT = {"method": "draft_model", "model": None, "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("kwargs, method", [({}, "ngram"), ({"max_num_batched_tokens": 8}, "draft_model"),
+                                            ({"long_prefill_token_threshold": 5}, "ngram")],
+                         ids=["whole-prefill", "budget-8", "chunk-threshold-5"])
+def test_prefix_caching_and_chunked_prefill(tiny_llama, kwargs, method):
+    """A shared prefix, prompts then run again in reverse order (prefix-cache hits), prefills
+    chunked by a tiny budget (drafts and chunks share it) or a chunk threshold."""
     shared = copy_prompts(1, seed=99)[0] * 2
-    prompts = [shared + p for p in PROMPTS]
+    prompts = [shared + p for p in PROMPTS[:3]]
     plain = results(make_llm(tiny_llama, enable_prefix_caching=False).generate(prompts, GREEDY))
-    for kwargs in ({}, {"max_num_batched_tokens": 8}, {"long_prefill_token_threshold": 5}):
-        for config in (NGRAM, {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 3}):
-            llm = make_llm(tiny_llama, speculative_config=config, **kwargs)
-            assert results(generate_checked(llm, prompts, GREEDY)) == plain
-            again = generate_checked(llm, prompts[::-1], GREEDY)  # prefix-cache hits
-            assert results(again)[::-1] == plain
-            assert sum(o.num_cached_tokens for o in again) > 0
+    config = NGRAM if method == "ngram" else {**DRAFT, "model": str(tiny_llama)}
+    llm = make_llm(tiny_llama, speculative_config=config, **kwargs)
+    assert results(generate_checked(llm, prompts, GREEDY)) == plain
+    again = generate_checked(llm, prompts[::-1], GREEDY)  # prefix-cache hits
+    assert results(again)[::-1] == plain
+    assert sum(o.num_cached_tokens for o in again) > 0 and spec_stats(llm).num_accepted_tokens > 0
 
 
 def test_max_tokens_is_never_exceeded(tiny_llama, reference):
@@ -123,7 +133,7 @@ def test_stop_strings_and_stop_token_ids_inside_accepted_drafts(tiny_llama, refe
     plain_llm = make_llm(tiny_llama)
     llm = make_llm(tiny_llama, speculative_config=NGRAM)
     llm.llm_engine.core.runner.proposer = ForcedProposer(reference_drafts(reference_map(PROMPTS, reference), 4))
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(PROMPTS[:3]):
         tokens, _, _, text = reference[i][0]
         stop_text = text[len(text) // 2 : len(text) // 2 + 3]
         for params in (SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[tokens[9]]),

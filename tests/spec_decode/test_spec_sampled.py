@@ -60,9 +60,9 @@ def test_seeded_request_is_the_same_alone_and_in_any_batch(tiny_llama):
              SamplingParams(temperature=0.6, seed=1, max_tokens=30, ignore_eos=True)]
     llm = make_llm(tiny_llama, speculative_config=NGRAM)
     alone = results(llm.generate([PROMPTS[0]], seeded))[0]
-    for others in ([], noise[:1], noise, noise[::-1]):
+    for others in (noise[:1], noise, noise[::-1]):
         prompts = [PROMPTS[0]] + PROMPTS[1 : 1 + len(others)]
-        got = results(generate_checked(llm, prompts, [seeded, *others]))
+        got = results(llm.generate(prompts, [seeded, *others]))
         assert got[0] == alone
     assert results(make_llm(tiny_llama).generate([PROMPTS[0]], seeded))[0] == alone
 
@@ -104,7 +104,7 @@ def test_joint_distribution_equals_plain_sampling(tiny_llama, drafts):
     tokens: the first is sampled after the prompt, then two forced drafts are verified (accepted
     or not) and the target samples the fourth. The joint distribution of the 81 sequences passes
     a chi-square test against the exact probabilities, for the speculative engine and the plain
-    one alike."""
+    one alike (a check of the test itself)."""
     allowed, temperature, num_requests, length = [11, 12, 13], 1.5, 3000, 4
     prompt = PROMPTS[0]
     options = dict(num_gpu_blocks_override=1600, max_num_seqs=256, max_num_waiting=4096, seed=1234)

@@ -44,6 +44,7 @@ class _Row:
     reasoning_ended: bool
     fed: int = 0  # output tokens the matcher has seen (when reasoning ended: tokens before it)
     content_start: int = 0  # output tokens before the constrained content (the reasoning)
+    ends_at_eos: bool = True  # the grammar's EOS finishes the request (not ignore_eos)
 
 
 class GrammarLogitsProcessor(RowStateLogitsProcessor):
@@ -64,14 +65,16 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
         reasoning = grammar.reasoning
         ended = reasoning is None or reasoning.is_reasoning_end(request.prompt_token_ids)
         self.rows[row] = _Row(grammar.compiled.new_grammar(), request.prompt_token_ids, request.output_token_ids,
-                              reasoning, ended)
+                              reasoning, ended, ends_at_eos=not request.sampling_params.ignore_eos)
 
     def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
         constrained = [(i, self.rows[row]) for i, row in sampling_rows(self.rows, rows)]
-        # A terminated matcher (its EOS was an accepted draft token) leaves the row unconstrained:
-        # the request ends at that EOS, and tokens verified after it are dropped.
+        # A matcher terminated by an EOS that finishes the request (an accepted draft token of
+        # speculative decoding: positions after it are still verified) leaves the row
+        # unconstrained: the scheduler drops every token after that EOS. Without speculation such
+        # a row never samples again.
         constrained = [(i, state) for i, state in constrained
-                       if self._catch_up(state) and not state.matcher.is_terminated()]
+                       if self._catch_up(state) and not (state.ends_at_eos and state.matcher.is_terminated())]
         if not constrained:
             return
         if logits.shape[0] > self._bitmask.shape[0]:

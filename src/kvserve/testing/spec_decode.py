@@ -70,10 +70,11 @@ def reference_drafts(reference: dict[tuple[int, ...], list[int]], k: int, mode: 
 
 
 def check_kv_integrity(core: Any) -> int:
-    """Recompute, for every running request, the K/V of its computed tokens into free uncached
-    blocks and compare them bit for bit with what its own blocks hold; also the KV manager's
-    accounting (``check_integrity``). Positions past ``num_computed_tokens`` (e.g. rejected
-    drafts) are not compared: they are not part of the cache.
+    """Recompute the K/V of every running request's computed tokens into free uncached blocks
+    (all requests in one forward) and compare them bit for bit with what its own blocks hold;
+    also the KV manager's accounting (``check_integrity``). Positions past
+    ``num_computed_tokens`` (e.g. rejected drafts) are not compared: they are not part of the
+    cache. Requests for which no scratch blocks are left are skipped (a tiny cache).
 
     Returns:
         the number of positions compared.
@@ -84,19 +85,21 @@ def check_kv_integrity(core: Any) -> int:
     manager, runner = core.kv_cache_manager, core.runner
     manager.check_integrity()
     pool, block_size = manager.block_pool, manager.block_size
-    compared = 0
+    free = [b.block_id for b in pool.blocks[1:] if b.ref_cnt == 0 and b.block_hash is None]
+    checked = []  # (request, computed, scratch block ids)
     for request in core.scheduler.running:
         computed = request.num_computed_tokens
-        if computed == 0:
-            continue
         assert computed <= request.num_tokens, f"{request.request_id}: computed {computed} > {request.num_tokens} tokens"
-        scratch = [b.block_id for b in pool.blocks[1:] if b.ref_cnt == 0 and b.block_hash is None]
         needed = -(-computed // block_size)
-        if len(scratch) < needed:
-            continue  # no room to recompute this one now
-        scratch = scratch[:needed]
-        runner.forward([request.all_token_ids[:computed]], [scratch])
-        own = manager.req_to_block_ids[request.request_id][:needed]
+        if computed == 0 or len(free) < needed:
+            continue
+        checked.append((request, computed, free[:needed]))
+        free = free[needed:]
+    if not checked:
+        return 0
+    runner.forward([r.all_token_ids[:n] for r, n, _ in checked], [scratch for _, _, scratch in checked])
+    for request, computed, scratch in checked:
+        own = manager.req_to_block_ids[request.request_id][: len(scratch)]
         positions = np.arange(computed)
         for layer, cache in enumerate(runner.kv_caches):
             mine = cache[:, own][:, positions // block_size, positions % block_size]
@@ -105,5 +108,4 @@ def check_kv_integrity(core: Any) -> int:
                 bad = int((mine != fresh).flatten(2).any(-1).any(0).nonzero()[0])
                 raise AssertionError(f"{request.request_id}: layer {layer} K/V differ from a recomputation "
                                      f"at position {bad} (of {computed} computed)")
-        compared += computed
-    return compared
+    return sum(n for _, n, _ in checked)
