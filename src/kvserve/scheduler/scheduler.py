@@ -138,11 +138,11 @@ class Scheduler:
         """Plan the next step (see the module docstring). Requests' ``num_computed_tokens`` are
         advanced later, by ``update_from_output``."""
         plan = _StepPlan(self.scheduler_config.max_num_batched_tokens)
-        if self.spec is not None:
-            self.spec.start_step(len(self.running))
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
+        if self.spec is not None:  # the batch switch judges the batch this step runs
+            self.spec.start_step(len(self.running))
         return self._make_output(plan)
 
     def _num_new_tokens(self, request: Request, num_computed: int, token_budget: int) -> int:

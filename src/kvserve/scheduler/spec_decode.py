@@ -37,7 +37,9 @@ class SpecDecodeScheduling:
         self._batch_allows = True
 
     def start_step(self, num_running: int) -> None:
-        """Once per ``schedule()``, with the number of running requests before it."""
+        """Once per ``schedule()``, with the number of requests running in the step planned (the
+        batch switch judges it; the draft model's lookahead slots, allocated while planning, follow
+        the previous step's judgement: slots too many are harmless, too few only shorten drafts)."""
         self._batch_allows = self.policy.batch_allows(num_running)
 
     def proposes(self, request: Request, end: int) -> bool:
