@@ -23,7 +23,7 @@ def reencode(tokenizer, text: str) -> list[int]:
 
 def test_registry_names():
     assert set(DATASETS) == {"random", "shared-prefix", "sharegpt", "jsonl", "prefix_repetition", "custom",
-                             "spec_bench"}
+                             "spec_bench", "copy-edit"}
     with pytest.raises(InvalidRequestError, match="choose one of"):
         get_dataset(SimpleNamespace(dataset_name="nope"))
 

@@ -218,7 +218,7 @@ def prepare_online_args(args: argparse.Namespace) -> None:
         InvalidRequestError: a refused flag, backend, dataset or tokenizer mode.
     """
     check_refused(args)
-    if args.dataset_name in ("random", "prefix_repetition", "shared-prefix") and args.dataset_path is not None:
+    if args.dataset_name in ("random", "prefix_repetition", "shared-prefix", "copy-edit") and args.dataset_path is not None:
         raise InvalidRequestError(f"--dataset-name {args.dataset_name} generates its prompts and takes no "
                                   f"--dataset-path; name the file's format (sharegpt, custom, spec_bench, jsonl)",
                                   "dataset_path")

@@ -31,6 +31,7 @@ from kvserve.bench.prompts import load_tokenizer
 from kvserve.bench.provenance import collect_provenance
 from kvserve.bench.report import print_notes, serve_run_to_dict, write_result
 from kvserve.bench.runner import ServeRun, run_serve
+from kvserve.bench.spec_metrics import acceptance, format_acceptance, read_counters
 from kvserve.bench.sweep import plot_sweep, print_sweep_table, run_sweep, sweep_points
 from kvserve.bench.throughput import format_throughput, run_throughput
 from kvserve.bench.vllm_result import (
@@ -140,12 +141,17 @@ def serve_command(args: argparse.Namespace) -> int:
     tokenizer, tokenizer_id = online_tokenizer(args, model_id)
     samples = load_samples(args, tokenizer)
     _print_plan(args)
+    spec_before = read_counters(base_url(args), headers, not args.insecure)
     run = asyncio.run(run_serve(config, samples, tokenizer, load_warmup_samples(args, tokenizer)))
+    spec = acceptance(spec_before, read_counters(base_url(args), headers, not args.insecure))
     num_prompts = args.num_prompts if args.num_prompts is not None and args.num_prompts > 0 else len(samples)
     header = ResultHeader(backend, args.label, model_id, tokenizer_id, num_prompts, metadata)
     result = flat_result(run, header, selected, args.metric_percentiles, args.save_detailed)
     print_notes(run)  # failures first, as vLLM prints them before its summary
     print(format_summary(result, selected, args.metric_percentiles))
+    if spec is not None:  # the server speculated: its acceptance over the run (warm-ups included)
+        result.update(spec)
+        print(format_acceptance(spec))
     path = _save_path(args, header, run)
     if path:
         payload = {**result, "workload": _workload_args(args), **serve_run_to_dict(run)}

@@ -8,6 +8,8 @@ random             (vLLM's) a fixed random prefix of ``prefix_len`` tokens + ran
 prefix_repetition  (vLLM's) ``num_prefixes`` prefixes x ``num_prompts // num_prefixes``
                    suffixes: the shared-prefix generator with vLLM's parameters
 shared-prefix      G groups x P prompts: a group's system prompt of S tokens + a question of Q
+copy-edit          prompts asking to repeat or lightly edit a passage (``copy_dataset``): the
+                   copy-heavy work n-gram speculative decoding speeds up
 sharegpt           (vLLM's) first human turn of each ShareGPT conversation; output length
                    from the reply
 custom, spec_bench (vLLM's) JSONL prompts (``prompt`` / ``turns[0]``) in the chat template
@@ -271,5 +273,6 @@ def _read_json(path: str, loader: Callable[[Any], Any]) -> Any:
         raise InvalidRequestError(f"cannot read dataset file {path!r}: {exc}", "dataset_path") from exc
 
 
-# Datasets read from files live in their own module; importing it registers them.
-from kvserve.bench import file_datasets  # noqa: E402,F401
+# Datasets read from files and the copy-edit workload live in their own modules; importing them
+# registers them.
+from kvserve.bench import copy_dataset, file_datasets  # noqa: E402,F401

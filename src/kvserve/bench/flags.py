@@ -61,7 +61,7 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload (vLLM's dataset flags)")
     g.add_argument("--dataset-name", default="random",
                    help="random, sharegpt, custom, prefix_repetition, spec_bench (vLLM's); shared-prefix, "
-                        "jsonl (kvserve's)")
+                        "copy-edit, jsonl (kvserve's)")
     g.add_argument("--dataset-path", help="ShareGPT JSON, custom / spec_bench / jsonl JSONL file")
     g.add_argument("--num-prompts", type=int, default=None,
                    help=f"requests (default {DEFAULT_NUM_PROMPTS}; jsonl: the whole file; <= 0 with custom or "
@@ -98,6 +98,11 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     k.add_argument("--prompts-per-group", type=int, default=8, help="shared-prefix: P")
     k.add_argument("--system-prompt-len", type=int, default=512, help="shared-prefix: S tokens")
     k.add_argument("--question-len", type=int, default=64, help="shared-prefix: Q tokens")
+    c = p.add_argument_group("workload (kvserve's copy-edit dataset: repeat or lightly edit a passage)")
+    c.add_argument("--copy-passage-len", type=int, default=128,
+                   help="copy-edit: least passage length in tokens (whole sentences)")
+    c.add_argument("--copy-kinds", default="repeat,replace,spelling,continue",
+                   help="copy-edit: prompt kinds to draw from (repeat, replace, spelling, continue)")
 
 
 def _add_server_args(g: argparse._ArgumentGroup) -> None:
