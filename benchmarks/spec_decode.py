@@ -100,7 +100,8 @@ def run_closed_loop(llm: LLM, prompts: list[tuple[list[int], SamplingParams]], b
 
 def build_engines(args) -> dict[str, LLM]:
     engines = {}
-    kwargs = dict(dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=max(args.batch), seed=0)
+    kwargs = dict(dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=max(args.batch), seed=0,
+                  num_gpu_blocks_override=args.kv_blocks)
     for config in args.config:
         spec = None if config == "none" else json.loads(config)
         engines[config] = LLM(args.model, speculative_config=spec, **kwargs)
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default="/tmp/qwen-shaped")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--kv-blocks", type=int, default=1024, help="KV blocks of 16 tokens per engine")
     p.add_argument("--dataset", choices=("copy-edit", "random"), default="copy-edit")
     p.add_argument("--kinds", default="repeat,replace,spelling,continue", help="copy-edit prompt kinds")
     p.add_argument("--passage-len", type=int, default=96)
