@@ -9,8 +9,8 @@ alternating configs, so drift of a shared machine hits each alike. A batch of B 
 flight (closed loop). Per request: TPOT = (finish - first token) / (output tokens - 1). Reported
 per config and batch: median TPOT, its ratio to the first config's, output tokens/s, acceptance
 (``spec_decode_*`` counters), and whether each greedy output equals the first config's token for
-token. ``--oracle all|prefix`` adds a config whose drafts are the first config's own outputs (all
-accepted, or cut at a seeded position: ``kvserve.testing.spec_decode``): what verification costs
+token. ``--oracle all|prefix|none`` adds a config whose drafts are the first config's own outputs (all
+accepted, cut at a seeded position, or all wrong: ``kvserve.testing.spec_decode``): what verification costs
 at a known acceptance on this model's shape, whatever the model's weights would copy.
 
 The roofline beside (``roofline.py``): a step reads every weight once, so at batch 1 the bound
@@ -105,10 +105,11 @@ def build_engines(args) -> dict[str, LLM]:
     for config in args.config:
         spec = None if config == "none" else json.loads(config)
         engines[config] = LLM(args.model, speculative_config=spec, **kwargs)
-    if args.oracle:
-        spec = {"method": "ngram", "num_speculative_tokens": args.oracle_k, "min_acceptance_rate": 0,
-                "disable_by_batch_size": 0}
-        engines[f"oracle-{args.oracle}"] = LLM(args.model, speculative_config=spec, **kwargs)
+    for mode in args.oracle or []:
+        spec = {"method": "ngram", "num_speculative_tokens": args.oracle_k}
+        if not args.oracle_adaptive:
+            spec.update(min_acceptance_rate=0, disable_by_batch_size=0)
+        engines[f"oracle-{mode}"] = LLM(args.model, speculative_config=spec, **kwargs)
     return engines
 
 
@@ -146,7 +147,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", action="append", help="'none' or a --speculative-config JSON (repeatable)")
-    p.add_argument("--oracle", choices=("all", "prefix"), default=None)
+    p.add_argument("--oracle", choices=("all", "prefix", "none"), action="append",
+                   help="add an engine whose drafts are the first config's outputs: all accepted, cut at a "
+                        "seeded position, or all wrong (repeatable)")
+    p.add_argument("--oracle-adaptive", action="store_true",
+                   help="oracle engines keep the adaptive switch's defaults (else it is off)")
     p.add_argument("--oracle-k", type=int, default=4)
     p.add_argument("--result-file", default=None)
     args = p.parse_args(argv)
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
                         continue
                     mapping = {tuple(pr): out for (pr, _), out in zip(prompts, base)}
                     llm.llm_engine.core.runner.proposer = ForcedProposer(
-                        reference_drafts(mapping, args.oracle_k, args.oracle, seed=rnd))
+                        reference_drafts(mapping, args.oracle_k, name.removeprefix("oracle-"), seed=rnd))
                 run = run_closed_loop(llm, prompts, batch, f"b{batch}r{rnd}")
                 if rnd:
                     runs[name].append(run)
