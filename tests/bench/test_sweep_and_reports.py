@@ -150,3 +150,25 @@ def test_throughput_with_the_real_engine(tiny_llama):
     assert result.num_requests == 6
     assert result.total_input_tokens == sum(s.prompt_len for s in samples)
     assert result.total_output_tokens == result.expected_output_tokens == sum(s.expected_output_len for s in samples)
+
+
+def test_throughput_reports_the_acceptance_of_a_speculating_engine(tiny_llama):
+    """With ``--engine-kwargs '{"speculative_config": ...}'`` the summary adds the acceptance (the
+    engine's spec_decode counters over the run)."""
+    import numpy as np
+
+    from kvserve.bench.copy_dataset import CopyEditDataset
+    from kvserve.bench.prompts import load_tokenizer
+    from kvserve.bench.throughput import format_throughput, run_throughput
+
+    samples = CopyEditDataset(passage_len=24, output_len=12).sample(load_tokenizer(str(tiny_llama)), 3,
+                                                                   np.random.default_rng(0))
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "min_acceptance_rate": 0}
+    result = run_throughput(str(tiny_llama), samples, {"speculative_config": spec}, ignore_eos=True)
+    figures = result.spec_decoding
+    assert figures["num_drafts"] > 0 and figures["acceptance_rate"] == figures["num_accepted_tokens"] / figures[
+        "num_draft_tokens"]
+    assert result.total_output_tokens == 36
+    assert format_throughput(result).splitlines()[-1].startswith("Spec decode acceptance: ")
+    plain = run_throughput(str(tiny_llama), samples, {}, ignore_eos=True)
+    assert plain.spec_decoding is None and "Spec decode" not in format_throughput(plain)

@@ -8,6 +8,7 @@ tokens are counted from the returned ``CompletionOutput.token_ids``. The engine 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ class ThroughputResult:
     request_throughput: float
     output_throughput: float
     total_token_throughput: float
+    spec_decoding: dict[str, Any] | None = None  # acceptance when the engine speculated
 
 
 def sampling_params_for(samples: Sequence[SampleRequest], ignore_eos: bool, temperature: float) -> list[SamplingParams]:
@@ -77,7 +79,10 @@ def format_throughput(result: ThroughputResult) -> str:
         f"Total num output tokens:  {result.total_output_tokens} (asked for {result.expected_output_tokens})",
         f"Requests: {result.num_requests}, generate time: {result.elapsed_s:.2f} s, engine start-up: "
         f"{result.load_s:.2f} s",
-    ])
+    ] + ([] if not result.spec_decoding else [
+        f"Spec decode acceptance: {100 * result.spec_decoding['acceptance_rate']:.1f}% of "
+        f"{result.spec_decoding['num_draft_tokens']} draft tokens, mean acceptance length "
+        f"{result.spec_decoding['mean_acceptance_length']:.2f}"]))
 
 
 def run_throughput(model: str, samples: Sequence[SampleRequest], engine_kwargs: dict[str, Any],
@@ -97,4 +102,12 @@ def run_throughput(model: str, samples: Sequence[SampleRequest], engine_kwargs: 
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
-    return summarize(samples, outputs, elapsed, load_s)
+    result = summarize(samples, outputs, elapsed, load_s)
+    spec = llm.llm_engine.core.scheduler.make_stats().spec_decoding
+    if spec is None or not spec.num_drafts:
+        return result
+    return dataclasses.replace(result, spec_decoding={
+        "num_drafts": spec.num_drafts, "num_draft_tokens": spec.num_draft_tokens,
+        "num_accepted_tokens": spec.num_accepted_tokens, "acceptance_rate": spec.acceptance_rate,
+        "mean_acceptance_length": spec.mean_acceptance_length,
+        "num_accepted_tokens_per_pos": list(spec.num_accepted_tokens_per_pos)})
