@@ -103,7 +103,8 @@ def run_throughput(model: str, samples: Sequence[SampleRequest], engine_kwargs: 
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
     result = summarize(samples, outputs, elapsed, load_s)
-    spec = llm.llm_engine.core.scheduler.make_stats().spec_decoding
+    core = getattr(getattr(llm, "llm_engine", None), "core", None)  # None: a stand-in engine (tests)
+    spec = None if core is None else core.scheduler.make_stats().spec_decoding
     if spec is None or not spec.num_drafts:
         return result
     return dataclasses.replace(result, spec_decoding={
