@@ -23,7 +23,8 @@ from kvserve.errors import ConfigError
 
 FLAG = "--speculative-config"
 METHODS = ("ngram", "draft_model")
-# Defaults of kvserve's switch, measured on this project's CPU hosts (docs/speculative_decoding.md).
+# Defaults of kvserve's switch; the measured break-even is in docs/speculative_decoding.md
+# ("The adaptive switch") and docs/benchmarks.md section 15.
 DEFAULT_DISABLE_BY_BATCH_SIZE = 16
 DEFAULT_MIN_ACCEPTANCE_RATE = 0.1
 

@@ -11,8 +11,8 @@ to) ``k`` tokens that followed it::
 Method (numpy, no per-token Python loop): the candidates are the earlier positions holding the
 last token; each step back extends every candidate that still matches, for at most
 ``prompt_lookup_max - 1`` steps. Cost O(L + C * max) per request for L tokens and C candidates
-(vLLM runs KMP over the reversed tokens in numba: O(L)); measured in
-``docs/speculative_decoding.md``.
+(vLLM runs KMP over the reversed tokens in numba: O(L)); not timed on its own (its share of a
+step is inside the TPOT figures of ``docs/benchmarks.md`` section 15).
 """
 
 from __future__ import annotations
