@@ -53,7 +53,10 @@ class GrammarCompileService:
             max_workers=max_workers or config.max_compile_workers,
             thread_name_prefix="kvserve-grammar",
         )
-        self._lock = threading.Lock()
+        # Reentrant: a compile that finishes before ``submit`` registers its callback runs
+        # ``_store`` at once, in ``submit``'s thread, under ``submit``'s lock (a plain Lock
+        # deadlocked there).
+        self._lock = threading.RLock()
         self._cache: OrderedDict[tuple, CompiledGrammar | StructuredOutputError] = OrderedDict()
         self._running: dict[tuple, Future] = {}
         self.hits = 0
