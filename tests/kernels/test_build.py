@@ -51,3 +51,27 @@ def test_a_build_is_announced_once_then_loads_quietly(fake_load, capsys):
     kernels.cpu_kernels.cache_clear()
     kernels.cpu_kernels()
     assert "building the C++ CPU kernels" in capsys.readouterr().err
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_the_build_goes_on(fake_load):
+    directory = kernels.build_directory()
+    directory.mkdir(parents=True)
+    (directory / "lock").touch()  # torch's marker of a build in progress, from a build that was killed
+    assert kernels.cpu_kernels() == f"module in {directory}"
+    assert not (directory / "lock").exists()
+
+
+def test_a_second_build_in_the_same_folder_waits_for_the_first(fake_load, tmp_path):
+    import fcntl
+    import threading
+
+    directory = kernels.build_directory()
+    directory.mkdir(parents=True)
+    guard = open(directory / "kvserve_build.flock", "w")  # another process is building here
+    fcntl.flock(guard, fcntl.LOCK_EX)
+    done = threading.Event()
+    threading.Thread(target=lambda: (kernels.cpu_kernels(), done.set()), daemon=True).start()
+    assert not done.wait(0.5) and fake_load == []
+    fcntl.flock(guard, fcntl.LOCK_UN)
+    guard.close()
+    assert done.wait(10) and len(fake_load) == 1

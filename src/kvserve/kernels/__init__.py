@@ -27,6 +27,8 @@ to stderr when it starts and one when it ends. Where no compiler or headers are 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -34,6 +36,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -84,6 +87,27 @@ def _build_stamp(directory: Path) -> str:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def _build_guard(directory: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the build folder while torch builds or loads there.
+
+    torch marks a build in progress with a plain ``lock`` file and waits, without end, while it
+    exists; a build killed midway (Ctrl-C during the first start) leaves it behind and every later
+    start would hang. The kernel releases a ``flock`` when its holder dies, so while this process
+    holds it no other kvserve build runs in the folder, and a ``lock`` file found then is stale.
+    """
+    with open(directory / "kvserve_build.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                logger.warning("removing %s, left by a kernel build that did not finish", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+
+
 @functools.cache
 def cpu_kernels() -> ModuleType | None:
     """The compiled module (``paged_attention``, ``argmax_rows``, ``pack_linear_weight``,
@@ -100,15 +124,16 @@ def cpu_kernels() -> ModuleType | None:
             print(f"kvserve: building the C++ CPU kernels in {directory} (once per install and CPU, about a "
                   "minute) ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        module = load(
-            name=f"kvserve_cpu_kernels_{cpu_tag()}",
-            sources=[str(_CSRC / name) for name in SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
-                          "-fno-strict-aliasing"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-            verbose=False,
-        )
+        with _build_guard(directory):
+            module = load(
+                name=f"kvserve_cpu_kernels_{cpu_tag()}",
+                sources=[str(_CSRC / name) for name in SOURCES],
+                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
+                              "-fno-strict-aliasing"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                verbose=False,
+            )
         if announce:
             _stamp_file(directory).write_text(stamp)
             print(f"kvserve: CPU kernels built in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
