@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.bench.spec_metrics import SpecDecodeCounters, acceptance, format_acceptance, parse_counters
+from kvserve.bench.spec_metrics import acceptance, format_acceptance, parse_counters
+from kvserve.spec_decode.stats import SpecDecodingStats
 
 
 def body(prefix: str, drafts: int, draft_tokens: int, accepted: int, per_pos: list[int], engines=("0",)) -> str:
@@ -25,7 +26,7 @@ def body(prefix: str, drafts: int, draft_tokens: int, accepted: int, per_pos: li
 def test_acceptance_over_a_run(prefix):
     before = parse_counters(body(prefix, 10, 40, 20, [8, 6, 4, 2]))
     after = parse_counters(body(prefix, 30, 120, 90, [28, 24, 20, 18]))
-    assert before == SpecDecodeCounters(10, 40, 20, (8, 6, 4, 2))
+    assert before == SpecDecodingStats(10, 40, 20, (8, 6, 4, 2))
     figures = acceptance(before, after)
     assert figures == {"spec_decode_acceptance_rate": 100 * 70 / 80, "spec_decode_acceptance_length": 1 + 70 / 20,
                        "spec_decode_num_drafts": 20, "spec_decode_draft_tokens": 80, "spec_decode_accepted_tokens": 70,
@@ -36,7 +37,7 @@ def test_acceptance_over_a_run(prefix):
 
 def test_engines_are_summed_and_absent_counters_give_nothing():
     two = parse_counters(body("kvserve:", 1, 4, 3, [1, 1, 1, 0], engines=("0", "1")))
-    assert two == SpecDecodeCounters(2, 8, 6, (2, 2, 2, 0))
+    assert two == SpecDecodingStats(2, 8, 6, (2, 2, 2, 0))
     assert parse_counters("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n") is None
     assert acceptance(None, None) is None
     same = parse_counters(body("kvserve:", 5, 20, 10, [3, 3, 2, 2]))

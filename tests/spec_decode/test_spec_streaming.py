@@ -69,7 +69,8 @@ def test_metrics_export_the_engine_counts(server):
     stream(server, PROMPTS[0])
     counts = server.core.scheduler.make_stats().spec_decoding
     exported = parse_counters(httpx.get(server.base_url + "/metrics", timeout=10).text)
-    assert exported.drafts == counts.num_drafts > 0
-    assert exported.draft_tokens == counts.num_draft_tokens and exported.accepted_tokens == counts.num_accepted_tokens
-    assert exported.per_pos == counts.num_accepted_tokens_per_pos and len(exported.per_pos) == 4
+    assert exported.num_drafts == counts.num_drafts > 0
+    assert exported.num_draft_tokens == counts.num_draft_tokens and exported.num_accepted_tokens == counts.num_accepted_tokens
+    assert (exported.num_accepted_tokens_per_pos == counts.num_accepted_tokens_per_pos
+            and len(exported.num_accepted_tokens_per_pos) == 4)
     assert 0 < counts.num_accepted_tokens < counts.num_draft_tokens
