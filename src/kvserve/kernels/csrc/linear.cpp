@@ -142,9 +142,11 @@ inline void load_weights(const c10::BFloat16* b, vfloat (&out)[kNV]) {
   }
 }
 
-// Weight bytes requested ahead of the microkernel's reads. At a few rows per call the kernel
-// streams the weights from memory once; the hardware prefetcher alone left it at 60-75% of the
-// bandwidth MKL reached (Qwen2.5-0.5B shapes, one thread, docs/benchmarks.md).
+// Weight bytes requested ahead of the microkernel's reads, into L2 (prefetcht2). At a few rows per
+// call the kernel streams the weights from memory once; the hardware prefetcher alone left it at
+// 60-75% of the bandwidth MKL reached (Qwen2.5-0.5B shapes, one thread, AMD EPYC), and a
+// non-temporal prefetch (prefetchnta) at 12 GB/s where prefetcht2 reads 19 GB/s (AMX Xeon, one
+// row, two threads; docs/benchmarks.md).
 constexpr int64_t kPrefetchBytes = 4096;
 // A weight micro-panel (kc x kNR) of one K block fills half of a 32 KiB L1d.
 constexpr int64_t kMicroPanelBytes = 16384;
@@ -159,7 +161,7 @@ inline void micro_kernel(int64_t kc, const float* __restrict a, const weight_t* 
     for (int v = 0; v < kNV; ++v) acc[i][v] = accumulate ? load_vector<vfloat>(c + i * kNR + v * kW) : vfloat{};
 #pragma GCC unroll 2
   for (int64_t k = 0; k < kc; ++k) {
-    __builtin_prefetch(reinterpret_cast<const char*>(b + k * kNR) + kPrefetchBytes, 0, 0);
+    __builtin_prefetch(reinterpret_cast<const char*>(b + k * kNR) + kPrefetchBytes, 0, 1);
     vfloat w[kNV];
     load_weights(b + k * kNR, w);
     for (int i = 0; i < kMR; ++i) {
