@@ -102,9 +102,9 @@ def test_max_model_len_suffixes_as_vllm(tiny_llama, value, tokens):
     ("vllm serve MODEL --tensor-parallel-size 4", "--tensor-parallel-size/-tp", "'4' is not supported: kvserve runs one engine on one device"),
     ("vllm serve MODEL -tp 2", "--tensor-parallel-size/-tp", "(accepted: 1)"),
     ("vllm serve MODEL --pipeline-parallel-size 2", "--pipeline-parallel-size/-pp", "one device"),
-    ("vllm serve MODEL --quantization awq", "--quantization/-q",
-     "'awq' is not supported: pre-quantized checkpoints (GPTQ, AWQ, GGUF, ...) and other methods are not implemented"),
-    ("vllm serve MODEL -q fp8", "--quantization/-q", "(accepted: int8, int4)"),
+    ("vllm serve MODEL --quantization bitsandbytes", "--quantization/-q",
+     "'bitsandbytes' is not supported: kvserve quantizes a float checkpoint at load"),
+    ("vllm serve MODEL -q fp8", "--quantization/-q", "(accepted: int8, int4, gptq, awq)"),
     ("vllm serve MODEL --kv-cache-dtype fp8_inc", "--kv-cache-dtype", "other dtypes are not implemented"),
     ("vllm serve MODEL --enable-lora --fully-sharded-loras", "--fully-sharded-loras", "one device"),
     ("vllm serve MODEL --enable-lora --lora-extra-vocab-size 256", "--lora-extra-vocab-size", "cannot add tokens"),
@@ -212,7 +212,9 @@ def test_quantization_int8_int4_are_accepted(tiny_llama):
 def test_offline_llm_keywords_are_refused_the_same_way(tiny_llama):
     assert engine_config_from_kwargs(str(tiny_llama), tensor_parallel_size=1, quantization=None,
                                      enforce_eager=True).model.model == str(tiny_llama)
-    with pytest.raises(ValueError, match="quantization='awq': 'awq' is not supported: pre-quantized checkpoints"):
+    with pytest.raises(ValueError, match="quantization='fp8': 'fp8' is not supported: kvserve quantizes"):
+        engine_config_from_kwargs(str(tiny_llama), quantization="fp8")
+    with pytest.raises(ValueError, match="--quantization awq: .* has no quantization_config in config.json"):
         engine_config_from_kwargs(str(tiny_llama), quantization="awq")
     with pytest.raises(ValueError, match="fully_sharded_loras=True: not supported: kvserve runs one engine"):
         engine_config_from_kwargs(str(tiny_llama), enable_lora=True, fully_sharded_loras=True)

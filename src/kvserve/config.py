@@ -17,32 +17,75 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 INT4_GROUP_SIZES = (32, 64, 128)
+# Methods of pre-quantized checkpoints kvserve loads (config.json ``quantization_config.quant_method``).
+CHECKPOINT_METHODS = ("gptq", "awq")
+
+
+@dataclass(frozen=True)
+class CheckpointQuantization:
+    """A pre-quantized checkpoint's ``quantization_config`` (parsed and checked by
+    ``kvserve.checkpoint_quantization``; the tensors are read by ``kvserve.model.prequantized``).
+
+    Attributes:
+        method: ``gptq`` or ``awq``.
+        bits: 4 (GPTQ also 8, symmetric).
+        group_size: inputs per scale; -1 = one group over all inputs (per output channel).
+        desc_act: GPTQ act-order (``g_idx`` gives each input's group); False for AWQ.
+        sym: the quantizer's choice (informational: kvserve reads the stored zero points).
+        checkpoint_format: ``gptq`` (v1: qzeros hold zero - 1), ``gptq_v2`` (qzeros hold the
+            zero) or ``gemm`` (AWQ's GEMM layout).
+        lm_head: the checkpoint declares its LM head quantized (GPTQModel's ``lm_head``).
+    """
+
+    method: str
+    bits: int = 4
+    group_size: int = 128
+    desc_act: bool = False
+    sym: bool = True
+    checkpoint_format: str = "gptq"
+    lm_head: bool = False
+
+    @property
+    def label(self) -> str:
+        """e.g. ``gptq-int4-g128``, ``gptq-int4-g128-act_order``, ``awq-int4-g128``,
+        ``gptq-int4-channel`` (group_size -1)."""
+        group = "channel" if self.group_size == -1 else f"g{self.group_size}"
+        return f"{self.method}-int{self.bits}-{group}" + ("-act_order" if self.desc_act else "")
 
 
 @dataclass(frozen=True)
 class QuantizationConfig:
-    """Weight-only quantization at load (``--quantization``, ``--quantization-group-size``,
-    ``--quantize-lm-head``; ``kvserve.model.quant_linear``).
+    """Weight quantization: made at load (``--quantization int8|int4``,
+    ``--quantization-group-size``, ``--quantize-lm-head``; ``kvserve.model.quant_linear``) or
+    read from a pre-quantized checkpoint (``--quantization gptq|awq`` or detected from its
+    config.json, as vLLM does; ``checkpoint``).
 
     Attributes:
         method: ``None`` = the checkpoint's float weights; ``int8`` (per output channel,
-            symmetric) or ``int4`` (group-wise) = quantized at load from them.
-        group_size: inputs per int4 scale (32, 64 or 128).
-        lm_head: quantize the LM head as well (also a tied one: the embedding keeps its float
-            weights for the lookup).
+            symmetric) or ``int4`` (group-wise) = quantized at load from them; ``gptq`` or
+            ``awq`` = the checkpoint's own integers (``checkpoint``).
+        group_size: inputs per int4 scale (32, 64 or 128; a checkpoint's own for gptq/awq).
+        lm_head: the LM head is quantized as well (made at load: also a tied one, the embedding
+            keeps its float weights for the lookup; gptq/awq: as the checkpoint declares).
+        checkpoint: the pre-quantized checkpoint's parsed ``quantization_config`` (gptq/awq).
     """
 
     method: str | None = None
     group_size: int = 32
     lm_head: bool = False
+    checkpoint: CheckpointQuantization | None = None
 
     @property
     def label(self) -> str | None:
         """Short label for ``/v1/models``, ``/version`` and bench provenance: None (float
-        weights), ``int8``, ``int4-g32``, with ``+lm_head`` when the LM head is quantized too."""
+        weights), ``int8``, ``int4-g32``, a checkpoint's ``CheckpointQuantization.label``, with
+        ``+lm_head`` when the LM head is quantized too."""
         if self.method is None:
             return None
-        label = self.method if self.method == "int8" else f"{self.method}-g{self.group_size}"
+        if self.checkpoint is not None:
+            label = self.checkpoint.label
+        else:
+            label = self.method if self.method == "int8" else f"{self.method}-g{self.group_size}"
         return label + ("+lm_head" if self.lm_head else "")
 
 

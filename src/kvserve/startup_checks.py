@@ -29,8 +29,9 @@ def check_architecture(model_dir: str | Path) -> str:
     """The folder's ``architectures[0]``, if kvserve runs it.
 
     Raises:
-        CheckpointError: no/invalid config.json, or an architecture kvserve does not run (the
-            message names it, its ``model_type`` and the supported list).
+        CheckpointError: no/invalid config.json, an architecture kvserve does not run (the
+            message names it, its ``model_type`` and the supported list), or a
+            ``quantization_config`` it does not load (``kvserve.checkpoint_quantization``).
     """
     if str(model_dir).lower().endswith(".gguf"):
         raise CheckpointError(f"{model_dir}: GGUF files are not supported yet; serve the Hugging Face folder "
@@ -52,12 +53,9 @@ def check_architecture(model_dir: str | Path) -> str:
         model_type = f" (model_type {raw['model_type']})" if raw.get("model_type") else ""
         raise CheckpointError(f"{model_dir}: architecture {architecture}{model_type} is not supported; "
                               f"kvserve runs {', '.join(supported)}")
-    stored = raw.get("quantization_config")
-    if stored is not None:
-        method = stored.get("quant_method") if isinstance(stored, dict) else stored
-        raise CheckpointError(f"{path}: quantization_config.quant_method = {method!r}: pre-quantized checkpoints "
-                              "(GPTQ, AWQ, ...) are not supported yet; serve the float checkpoint, quantized at "
-                              "load with --quantization int8 or int4")
+    from kvserve.checkpoint_quantization import read_checkpoint_quantization
+
+    read_checkpoint_quantization(model_dir)  # a quantization_config kvserve does not load, named
     return architecture
 
 

@@ -3,9 +3,9 @@
 A vLLM command line carries over to ``kvserve serve``: every flag either means what it means in
 vLLM or stops the start with one line naming it, e.g.::
 
-    kvserve: error: argument --quantization/-q: 'awq' is not supported: pre-quantized checkpoints
-    (GPTQ, AWQ, GGUF, ...) are not implemented yet; kvserve quantizes a float checkpoint at load
-    (accepted: int8, int4)
+    kvserve: error: argument --quantization/-q: 'fp8' is not supported: kvserve quantizes a float
+    checkpoint at load (...) or loads 4-bit GPTQ and AWQ (GEMM) checkpoints (...); other methods
+    (fp8, bitsandbytes, gguf, marlin repacks, ...) are not implemented (accepted: int8, int4, gptq, awq)
 
 Some flags are accepted at the value that describes what kvserve does anyway (``-tp 1``,
 ``--kv-cache-dtype auto``, ``--no-fully-sharded-loras``) or at the values kvserve implements
@@ -78,8 +78,10 @@ _HUB = ("kvserve loads local model folders and downloads nothing; fetch the mode
         "(`hf download REPO --revision REV --local-dir DIR`) and pass DIR")
 _EAGER = "kvserve runs eagerly: it has no CUDA graphs and no torch.compile"
 _LOOKAHEAD = "lookahead slots are sized by --speculative-config (the draft model's num_speculative_tokens)"
-_QUANT = ("pre-quantized checkpoints (GPTQ, AWQ, GGUF, ...) and other methods are not implemented yet; kvserve "
-          "quantizes a float checkpoint at load: int8 (per channel) or int4 (group-wise, --quantization-group-size)")
+_QUANT = ("kvserve quantizes a float checkpoint at load (int8 per channel, int4 group-wise with "
+          "--quantization-group-size) or loads 4-bit GPTQ and AWQ (GEMM) checkpoints and 8-bit symmetric GPTQ "
+          "(detected from config.json); other methods (fp8, bitsandbytes, gguf, marlin repacks, ...) are not "
+          "implemented")
 _DIST = "kvserve has no distributed or disaggregated serving yet"
 _TOOL_PLUGIN = ("parser plugins are not supported; the built-in tool-call parsers are hermes, llama3_json, "
                 "mistral and pythonic (--tool-call-parser)")
@@ -102,7 +104,7 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--tokenizer-revision",), "ModelConfig", "a local folder has no revisions; " + _HUB),
     RefusedFlag(("--rope-scaling",), "ModelConfig", _CFG),
     RefusedFlag(("--rope-theta",), "ModelConfig", _CFG),
-    RefusedFlag(("--quantization", "-q"), "ModelConfig", _QUANT, allowed=("int8", "int4")),
+    RefusedFlag(("--quantization", "-q"), "ModelConfig", _QUANT, allowed=("int8", "int4", "gptq", "awq")),
     RefusedFlag(("--max-logprobs",), "ModelConfig", "kvserve returns at most 20 logprobs per token",
                 allowed=("20",)),
     RefusedFlag(("--logprobs-mode",), "ModelConfig",
@@ -286,7 +288,7 @@ def add_refused_flags(groups: dict[str, Any], parser: argparse.ArgumentParser,
 
 
 def check_refused_kwargs(kwargs: dict[str, Any], table: Sequence[RefusedFlag] = REFUSED_FLAGS) -> None:
-    """The offline ``LLM(model, quantization="awq")`` path: the same refusal as the flag.
+    """The offline ``LLM(model, quantization="fp8")`` path: the same refusal as the flag.
 
     Raises:
         ValueError: a keyword names a refused flag with a value kvserve does not honour.

@@ -266,7 +266,7 @@ def _add_model_args(model) -> None:
     model.add_argument("--attention-backend", choices=["auto", "torch", "cpu_paged"], default="auto",
                        help="attention implementation: auto (the C++ paged kernel on CPU where it builds, else "
                             "torch), torch (the portable reference), cpu_paged")
-    # --quantization/-q (vLLM's flag, accepted at None, int8 and int4) is in vllm_compat's table.
+    # --quantization/-q (vLLM's flag, accepted at None, int8, int4, gptq and awq) is in vllm_compat's table.
     model.add_argument("--quantization-group-size", type=int4_group_size, default=QuantizationConfig.group_size,
                        metavar="{32,64,128}",
                        help=f"inputs per scale of --quantization int4 (default {QuantizationConfig.group_size})")
@@ -373,19 +373,27 @@ def _kv_cache_dtype(value) -> str:
     return "fp8_e4m3" if name == "fp8" else name
 
 
-def quantization_config_from_args(args: argparse.Namespace) -> QuantizationConfig:
+def quantization_config_from_args(args: argparse.Namespace, model: str | None = None) -> QuantizationConfig:
     """``--quantization`` (``None``/``none`` or absent: float weights; the table in
-    ``kvserve.vllm_compat`` admits only None, int8 and int4), ``--quantization-group-size``,
-    ``--quantize-lm-head``.
+    ``kvserve.vllm_compat`` admits only None, int8, int4, gptq and awq), ``--quantization-group-size``,
+    ``--quantize-lm-head``; with ``model``, reconciled with the folder's config.json (a GPTQ/AWQ
+    checkpoint's method is detected, as vLLM does: ``kvserve.checkpoint_quantization``).
 
     Raises:
-        ValueError: ``--quantize-lm-head`` without ``--quantization``.
+        ValueError: ``--quantize-lm-head`` without ``--quantization``; a ``--quantization`` that
+            contradicts the checkpoint, or a quantization_config kvserve does not load.
     """
     method = getattr(args, "quantization", None)
     method = None if method is None or str(method).lower() in ("none", "") else str(method).lower()
-    if args.quantize_lm_head and method is None:
+    requested = QuantizationConfig(method=method, group_size=args.quantization_group_size,
+                                   lm_head=args.quantize_lm_head)
+    if model is not None:
+        from kvserve.checkpoint_quantization import resolve_quantization
+
+        requested = resolve_quantization(model, requested)
+    if requested.lm_head and requested.method is None:
         raise ValueError("--quantize-lm-head needs --quantization int8 or int4")
-    return QuantizationConfig(method=method, group_size=args.quantization_group_size, lm_head=args.quantize_lm_head)
+    return requested
 
 
 def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfig:
@@ -404,7 +412,7 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
         seed=args.seed, served_model_name=names[0] if names else None, tokenizer=args.tokenizer,
         attention_backend=args.attention_backend,
         sampling_defaults=default_sampling_values(model, args.generation_config, override),
-        quantization=quantization_config_from_args(args),
+        quantization=quantization_config_from_args(args, model),
     )
     if getattr(args, "data_parallel_size", 1) > 1:
         raise ValueError(f"--data-parallel-size {args.data_parallel_size}: data parallelism runs several engine "
@@ -441,7 +449,7 @@ def engine_config_from_kwargs(model: str, **kwargs) -> EngineConfig:
 
     Raises:
         TypeError: an unknown keyword (the message lists the accepted ones).
-        ValueError: a vLLM keyword kvserve refuses (``quantization="awq"``, ...), with why.
+        ValueError: a vLLM keyword kvserve refuses (``quantization="fp8"``, ...), with why.
     """
     parser = argparse.ArgumentParser(add_help=False)
     add_engine_args(parser)

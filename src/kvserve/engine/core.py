@@ -95,7 +95,8 @@ class EngineCore:
 
     Args:
         config: the engine configuration; ``scheduler.max_model_len`` is replaced by the resolved
-            context length (``--max-model-len`` or the checkpoint's ``max_position_embeddings``).
+            context length (``--max-model-len`` or the checkpoint's ``max_position_embeddings``)
+            and ``model.quantization`` by what the checkpoint holds (a GPTQ/AWQ one's method).
 
     Raises:
         CheckpointError: the model folder cannot be loaded.
@@ -109,7 +110,8 @@ class EngineCore:
         self.max_model_len = resolve_max_model_len(self.loaded.arch, config.model.max_model_len)
         self.draft = self._load_draft(config)
         self.config = dataclasses.replace(
-            config, scheduler=dataclasses.replace(config.scheduler, max_model_len=self.max_model_len)
+            config, scheduler=dataclasses.replace(config.scheduler, max_model_len=self.max_model_len),
+            model=dataclasses.replace(config.model, quantization=self.loaded.quantization),
         )
         self.kv_plan = self._plan_kv_cache()
         self.kv_cache_manager = KVCacheManager(

@@ -10,6 +10,11 @@ Name mapping (Hugging Face -> ours), done from ``MergedLinear.shard_names``::
     ...self_attn.{q,k,v}_proj.{weight,bias}  -> ...self_attn.qkv_proj rows [q | k | v]
     ...mlp.{gate,up}_proj.{weight,bias}      -> ...mlp.gate_up_proj rows [gate | up]
     everything else                          -> the same name
+
+A GPTQ/AWQ checkpoint (config.json ``quantization_config``; ``kvserve.checkpoint_quantization``)
+stores its quantized linears as ``<module>.{qweight,qzeros,scales,g_idx}``: those linears get no
+float weight (only their biases are loaded as float), their packed tensors are collected by the
+same pass and repacked into ``QuantizedLinear`` layers (``kvserve.model.prequantized``).
 """
 
 from __future__ import annotations
@@ -25,10 +30,14 @@ from torch import nn
 
 from kvserve.attention import get_attention_backend
 from kvserve.attention.backend import AttentionBackend
+from kvserve.checkpoint_quantization import resolve_quantization
 from kvserve.config import QuantizationConfig
 from kvserve.errors import CheckpointError, ConfigError
+from kvserve.kernels import cpu_kernels
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.layers import MergedLinear
+from kvserve.model.prequantized import (PACKED_TENSORS, drop_float_weights, install_quantized_linears,
+                                        plan_quantized_linears)
 from kvserve.model.quant_linear import quantize_linears
 from kvserve.model.quant_summary import describe_weights
 from kvserve.model.registry import get_model_class
@@ -48,8 +57,11 @@ class LoadedModel:
         dtype: parameter dtype.
         generation_config: generation_config.json as a dict ({} when absent).
         model_dir: the folder it was loaded from.
-        weight_format: what the linear weights are, e.g. ``bfloat16`` or ``int4 (group 32,
-            symmetric); LM head bfloat16`` (``kvserve.model.quant_summary``).
+        weight_format: what the linear weights are, e.g. ``bfloat16``, ``int4 (group 32,
+            symmetric); LM head bfloat16`` (``kvserve.model.quant_summary``) or ``gptq
+            (gptq_v2): int4 (group 128, zero points, act order); LM head bfloat16``.
+        quantization: the quantization it runs (a checkpoint's gptq/awq resolved, as
+            ``kvserve.checkpoint_quantization.resolve_quantization``).
     """
 
     model: nn.Module
@@ -58,6 +70,7 @@ class LoadedModel:
     generation_config: dict[str, Any] = field(default_factory=dict)
     model_dir: str = ""
     weight_format: str = ""
+    quantization: QuantizationConfig = QuantizationConfig()
 
 
 class _Target(NamedTuple):
@@ -147,30 +160,39 @@ def load_model(
         attn_backend: attention backend the model calls (default: ``get_attention_backend("torch")``).
         quantization: ``--quantization`` int8/int4: after loading, every linear (the LM head with
             ``lm_head``) is quantized from its float weight in ``dtype``
-            (``kvserve.model.quant_linear.quantize_linears``).
+            (``kvserve.model.quant_linear.quantize_linears``). A GPTQ/AWQ checkpoint is read as
+            such whatever this says (``gptq``/``awq`` or None; another method is refused).
 
     Raises:
-        CheckpointError: missing config.json, unknown architecture, a pre-quantized checkpoint
-            (``quantization_config``), no safetensors file, missing tensor, tensor of the wrong
+        CheckpointError: missing config.json, unknown architecture, a quantization_config kvserve
+            does not load (named), no safetensors file, missing tensor, tensor of the wrong
             shape, or an unexpected tensor (rotary ``inv_freq`` buffers and a tied
             ``lm_head.weight`` are ignored).
-        ConfigError: an int4 group size that does not divide a layer's inputs.
+        ConfigError: an int4 group size that does not divide a layer's inputs; a
+            ``quantization`` that contradicts the checkpoint's.
     """
     model_dir = Path(model_dir)
     check_architecture(model_dir)  # names an unsupported one before its config fields are parsed
     arch = ModelArchConfig.from_file(model_dir / "config.json")
+    quantization = resolve_quantization(model_dir, quantization)
+    spec = quantization.checkpoint
     model_cls = get_model_class(arch.architecture)
     files = _safetensors_files(model_dir)
     torch_dtype = resolve_dtype(dtype, arch, _stored_dtype(files) if arch.torch_dtype is None else None)
     backend = attn_backend if attn_backend is not None else get_attention_backend("torch")
     with torch.device("meta"):
         model = model_cls(arch, backend)
+    plan = {} if spec is None else plan_quantized_linears(model, _tensor_names(files), spec)
+    drop_float_weights(model, plan)
     model = model.to(dtype=torch_dtype).to_empty(device=device)
-    if arch.tie_word_embeddings:
+    if arch.tie_word_embeddings and "lm_head" not in plan:
         # to_empty gives each parameter its own storage; tie again.
         model.lm_head.weight = model.model.embed_tokens.weight
-    _load_weights(model, files, tied=arch.tie_word_embeddings)
-    if quantization.method is not None:
+    packed = {shard: {} for shards in plan.values() for shard in shards}
+    _load_weights(model, files, tied=arch.tie_word_embeddings, packed=packed)
+    if spec is not None:
+        install_quantized_linears(model, plan, packed, spec, cpu_kernels(), device)
+    elif quantization.method is not None:
         try:
             quantize_linears(model, quantization.method, quantization.group_size, quantization.lm_head)
         except ValueError as exc:
@@ -178,8 +200,10 @@ def load_model(
     model.eval()
     gen_path = model_dir / "generation_config.json"
     generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-    return LoadedModel(model, arch, torch_dtype, generation_config, str(model_dir),
-                       describe_weights(model, torch_dtype))
+    weight_format = describe_weights(model, torch_dtype)
+    if spec is not None:
+        weight_format = f"{spec.method} ({spec.checkpoint_format}): {weight_format}"
+    return LoadedModel(model, arch, torch_dtype, generation_config, str(model_dir), weight_format, quantization)
 
 
 def _safetensors_files(model_dir: Path) -> list[Path]:
@@ -195,6 +219,14 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
     if single.is_file():
         return [single]
     raise CheckpointError(missing_safetensors_message(model_dir))
+
+
+def _tensor_names(files: list[Path]) -> list[str]:
+    names: list[str] = []
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            names.extend(f.keys())
+    return names
 
 
 def _weight_targets(model: nn.Module) -> dict[str, _Target]:
@@ -219,14 +251,22 @@ def _is_ignorable(name: str, tied: bool) -> bool:
 
 
 @torch.no_grad()
-def _load_weights(model: nn.Module, files: list[Path], tied: bool) -> None:
+def _load_weights(model: nn.Module, files: list[Path], tied: bool,
+                  packed: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
+    """Copy each checkpoint tensor into its parameter; the packed tensors of the quantized
+    checkpoint modules named in ``packed`` are collected there instead."""
     targets = _weight_targets(model)
+    packed = {} if packed is None else packed
     loaded: set[str] = set()
     for path in files:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
                 target = targets.get(name)
                 if target is None:
+                    module, _, kind = name.rpartition(".")
+                    if module in packed and kind in PACKED_TENSORS:
+                        packed[module][kind] = f.get_tensor(name)
+                        continue
                     if _is_ignorable(name, tied):
                         continue
                     raise CheckpointError(f"unexpected tensor {name!r} in {path.name}; this model has no such weight")

@@ -16,6 +16,11 @@ panel, from ``quant_linear_layout`` of the instruction set the kernel runs)::
                                               | column (2g+1)*kW + i (high nibble)
     scales      float32 [P, K / group_size, kNR]
     neg_offsets float32 [P, K / group_size, kNR]  (-offsets; int4 with zero points only)
+
+A GPTQ act-order checkpoint (``kvserve.model.prequantized``) groups inputs by ``g_idx``, not by
+position: its weight is stored with the inputs sorted by group (``input_perm``), and each input
+row is permuted the same way before the GEMM (``x[..., input_perm] @ W[:, input_perm]^T`` is
+``x @ W^T``); the permutation is a copy, so rows stay batch-invariant.
 """
 
 from __future__ import annotations
@@ -73,11 +78,15 @@ class QuantizedLinear(nn.Module):
         kernels: the compiled module from ``kvserve.kernels.cpu_kernels()``, or None for the
             dequantize-per-call path (CUDA, no compiler).
         isa: the kernel's instruction set (0: the best of this CPU; tests force the others).
+        input_perm: int64 [in_features] or None: ``weight`` holds the inputs in this order
+            (column j of ``weight`` is input ``input_perm[j]``; GPTQ act-order, module docstring).
     """
 
     def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None, kernels: ModuleType | None,
-                 isa: int = 0):
+                 isa: int = 0, input_perm: torch.Tensor | None = None):
         super().__init__()
+        self.input_perm = None if input_perm is None else input_perm.to(weight.q.device, torch.int64)
+        self._param_dtypes = (weight.scales.dtype, None if weight.offsets is None else weight.offsets.dtype)
         self.out_features, self.in_features = weight.shape
         self.bits, self.group_size, self.symmetric = weight.bits, weight.group_size, weight.symmetric
         self.weight_bytes = weight.nbytes()
@@ -90,6 +99,8 @@ class QuantizedLinear(nn.Module):
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_perm is not None:
+            x = x.index_select(-1, self.input_perm)
         if self._kernels is None or x.dtype not in KERNEL_DTYPES or x.device.type != "cpu":
             bias = None if self.bias is None else self.bias.to(x.dtype)
             return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
@@ -101,14 +112,18 @@ class QuantizedLinear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """float32 [out_features, in_features] (``QuantizedTensor.dequantize``; from the packed
-        panels when packed)."""
-        return (self.weight if self.weight is not None else unpack_quantized(self)).dequantize()
+        panels when packed), inputs in their original order (``input_perm`` undone)."""
+        w = (self.weight if self.weight is not None else unpack_quantized(self)).dequantize()
+        return w if self.input_perm is None else w[:, torch.argsort(self.input_perm)]
 
     def format(self) -> str:
-        """e.g. ``int8 (per channel)``, ``int4 (group 32, symmetric)``."""
+        """e.g. ``int8 (per channel)``, ``int4 (group 32, symmetric)``, ``int4 (group 128, zero
+        points, act order)``."""
+        order = ", act order" if self.input_perm is not None else ""
         if self.bits == 8:
-            return "int8 (per channel)" if self.group_size == self.in_features else f"int8 (group {self.group_size})"
-        return f"int4 (group {self.group_size}, {'symmetric' if self.symmetric else 'zero points'})"
+            group = "per channel" if self.group_size == self.in_features else f"group {self.group_size}"
+            return f"int8 ({group}{order})"
+        return f"int4 (group {self.group_size}, {'symmetric' if self.symmetric else 'zero points'}{order})"
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -117,7 +132,8 @@ class QuantizedLinear(nn.Module):
 
 def unpack_quantized(layer: QuantizedLinear) -> QuantizedTensor:
     """The ``QuantizedTensor`` a packed layer holds (inverse of ``pack_quantized``; int4 scales
-    and offsets come back as float16, as the quantizer made them)."""
+    and offsets come back in the dtypes the layer was given: float16 from the quantizer, a
+    checkpoint's own, float32 offsets)."""
     n, k = layer.out_features, layer.in_features
     panels, _, cols = layer.scales.shape
     q = layer.packed
@@ -132,8 +148,9 @@ def unpack_quantized(layer: QuantizedLinear) -> QuantizedTensor:
     q = row_major(q)
     if layer.bits == 8:
         return QuantizedTensor(q.view(torch.int8), row_major(layer.scales), None, 8, layer.group_size)
-    offsets = None if layer.neg_offsets is None else (-row_major(layer.neg_offsets)).to(torch.float16)
-    return QuantizedTensor(q, row_major(layer.scales).to(torch.float16), offsets, 4, layer.group_size)
+    scale_dtype, offset_dtype = layer._param_dtypes
+    offsets = None if layer.neg_offsets is None else (-row_major(layer.neg_offsets)).to(offset_dtype)
+    return QuantizedTensor(q, row_major(layer.scales).to(scale_dtype), offsets, 4, layer.group_size)
 
 
 def quantize_weight(weight: torch.Tensor, method: str, group_size: int) -> QuantizedTensor:

@@ -8,7 +8,13 @@ an offset::
     bits 8:                 w[n, k] = scales[n, g] * q[n, k]                 q int8 in [-127, 127]
     bits 4, symmetric:      w[n, k] = scales[n, g] * (q[n, k] - 8)           q uint8 in [0, 15]
     bits 4, zero points:    w[n, k] = scales[n, g] * q[n, k] - offsets[n, g] q uint8 in [0, 15]
-                            (offsets = scale * zero point, stored rounded)     g = k // group_size
+                            (offsets = scale * zero point)                     g = k // group_size
+
+The offsets of kvserve's own quantizer are float16 (``scale * zero`` rounded); a GPTQ/AWQ
+checkpoint's (``kvserve.model.prequantized``) are float32, where ``scale * zero`` of a float16 or
+bfloat16 scale and a zero point up to 16 is exact, so ``scales * q - offsets`` is exactly the
+format's ``scale * (q - zero)``. A symmetric 8-bit GPTQ checkpoint is int8 with group-wise
+float32 scales and ``q - 128`` in [-128, 127].
 
 kvserve's GEMM (``kernels/csrc/quant_linear.cpp``) reads the integers and the per-group values
 directly; ``dequantize`` is the reference for tests and the portable (no C++ kernels, CUDA) path.
@@ -46,8 +52,9 @@ class QuantizedTensor:
 
     Attributes:
         q: int8 [N, K] (bits 8) or uint8 [N, K] holding 0..15 (bits 4).
-        scales: [N, K // group_size], float32 (int8) or float16 (int4).
-        offsets: [N, K // group_size] of the scales' dtype, or None (int8; symmetric int4).
+        scales: [N, K // group_size], float32 (int8) or float16 (int4; bfloat16 from a checkpoint).
+        offsets: [N, K // group_size] of the scales' dtype or float32 (exact products, see the
+            module docstring), or None (int8; symmetric int4).
         bits: 8 or 4.
         group_size: inputs per group; divides K (K = one group per output channel).
     """
@@ -68,8 +75,8 @@ class QuantizedTensor:
         if tuple(self.scales.shape) != expected:
             raise ValueError(f"scales have shape {tuple(self.scales.shape)}, expected {expected}")
         if self.offsets is not None and (self.bits != 4 or self.offsets.shape != self.scales.shape
-                                         or self.offsets.dtype != self.scales.dtype):
-            raise ValueError("offsets are int4 only and must match the scales' shape and dtype")
+                                         or self.offsets.dtype not in (self.scales.dtype, torch.float32)):
+            raise ValueError("offsets are int4 only and must match the scales' shape (dtype: theirs or float32)")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -82,7 +89,7 @@ class QuantizedTensor:
     def nbytes(self) -> int:
         """Bytes of the packed integers and the group parameters."""
         n, k = self.shape
-        params = self.scales.numel() * self.scales.element_size() * (1 if self.offsets is None else 2)
+        params = sum(t.numel() * t.element_size() for t in (self.scales, self.offsets) if t is not None)
         return n * k * self.bits // 8 + params
 
     def dequantize(self) -> torch.Tensor:
