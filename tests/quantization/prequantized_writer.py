@@ -104,10 +104,10 @@ def awq_tensors(q, zeros, scales) -> dict[str, np.ndarray]:
 
 
 def quantization_config(method: str, group_size: int, desc_act=False, sym=True, checkpoint_format="gptq_v2",
-                        bits: int = 4):
+                        bits: int = 4, lm_head: bool = False):
     if method == "gptq":
         return {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": sym,
-                "checkpoint_format": checkpoint_format, "lm_head": False, "true_sequential": True,
+                "checkpoint_format": checkpoint_format, "lm_head": lm_head, "true_sequential": True,
                 "damp_percent": 0.01}
     return {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm",
             "modules_to_not_convert": None}
@@ -130,11 +130,14 @@ def quantize_linear(w: np.ndarray, method: str, group_size: int, desc_act: bool,
 
 def write_prequantized(float_dir: Path, out_dir: Path, ref_dir: Path, method: str = "gptq", group_size: int = 32,
                        desc_act: bool = False, sym: bool = False, checkpoint_format: str = "gptq_v2",
-                       shared_order: bool = True, seed: int = 0, bits: int = 4) -> dict[str, np.ndarray]:
+                       shared_order: bool = True, seed: int = 0, bits: int = 4, lm_head: bool = False,
+                       declare_lm_head: bool | None = None) -> dict[str, np.ndarray]:
     """Quantize every q/k/v/o/gate/up/down projection of ``float_dir`` (a float32 single-file
-    checkpoint) into ``out_dir``; write the dequantized weights as float32 into ``ref_dir``.
-    ``shared_order`` False gives q/k/v (and gate/up) different act orders. Returns module name ->
-    reference weight."""
+    checkpoint; the untied LM head too with ``lm_head``) into ``out_dir``; write the dequantized
+    weights as float32 into ``ref_dir``. ``shared_order`` False gives q/k/v (and gate/up)
+    different act orders; ``declare_lm_head`` writes another ``lm_head`` field than the truth.
+    Returns module name -> reference weight."""
+    projections = PROJECTIONS + (("lm_head",) if lm_head else ())
     rng = np.random.default_rng(seed)
     tensors = load_file(str(float_dir / "model.safetensors"))
     for folder in (out_dir, ref_dir):
@@ -143,7 +146,7 @@ def write_prequantized(float_dir: Path, out_dir: Path, ref_dir: Path, method: st
     for name, value in tensors.items():
         module, _, kind = name.rpartition(".")
         projection = module.rpartition(".")[2]
-        if kind != "weight" or projection not in PROJECTIONS:
+        if kind != "weight" or projection not in projections:
             quantized[name] = reference[name] = value
             continue
         key = (module.rpartition(".")[0].rpartition(".")[0], _SAME_INPUT.get(projection, projection))
@@ -156,7 +159,9 @@ def write_prequantized(float_dir: Path, out_dir: Path, ref_dir: Path, method: st
     save_file(quantized, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     save_file(reference, str(ref_dir / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((float_dir / "config.json").read_text())
-    config["quantization_config"] = quantization_config(method, group_size, desc_act, sym, checkpoint_format, bits)
+    declared = lm_head if declare_lm_head is None else declare_lm_head
+    config["quantization_config"] = quantization_config(method, group_size, desc_act, sym, checkpoint_format, bits,
+                                                        declared)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     return refs
 

@@ -109,6 +109,7 @@ CHECKPOINTS = {
     "gptq_v1_sym": ("Qwen2ForCausalLM", dict(method="gptq", group_size=64, sym=True, checkpoint_format="gptq")),
     "awq": ("Qwen2ForCausalLM", dict(method="awq", group_size=32)),
     "gptq_int8": ("LlamaForCausalLM", dict(method="gptq", group_size=-1, desc_act=True, sym=True, bits=8)),
+    "gptq_lm_head": ("LlamaForCausalLM", dict(method="gptq", group_size=64, sym=False, lm_head=True)),
 }
 
 
@@ -145,9 +146,14 @@ def test_checkpoint_loads_every_linear_exactly(prequantized, name):
             assert torch.equal(module.dequantized_weight(), expected), ours
         for ours in ("self_attn.o_proj", "mlp.down_proj"):
             assert torch.equal(layer.get_submodule(ours).dequantized_weight(), refs[f"{prefix}.{ours}"]), ours
-    assert not isinstance(model.lm_head, QuantizedLinear)
     assert loaded.weight_format.startswith(f"{spec.method} ({spec.checkpoint_format}): int{spec.bits} (")
-    assert loaded.weight_format.endswith("; LM head float32")
+    if spec.lm_head:
+        assert torch.equal(model.lm_head.dequantized_weight(), refs["lm_head"])
+        assert loaded.quantization.label == "gptq-int4-g64+lm_head"
+        assert loaded.weight_format.endswith("; LM head int4 (group 64, zero points)")
+    else:
+        assert not isinstance(model.lm_head, QuantizedLinear)
+        assert loaded.weight_format.endswith("; LM head float32")
 
 
 def hf_greedy(ref_dir, prompts, max_tokens):
@@ -182,6 +188,22 @@ def test_float32_greedy_matches_the_dequantized_float_model(prequantized, name):
     for (tokens, logprobs), (hf_tokens, hf_logprobs) in zip(ours, theirs, strict=True):
         assert list(tokens) == hf_tokens
         assert np.allclose(logprobs, hf_logprobs, rtol=0, atol=1e-5), (logprobs, hf_logprobs)
+
+
+def test_bfloat16_logprobs_alone_and_batched_equal(prequantized):
+    """Act-order GPTQ in bfloat16 (the CPU default with AMX/AVX512-BF16): a request's tokens and
+    logprob bits do not depend on the batch it runs in (the permutation is a copy, the kernel's
+    sequence is fixed)."""
+    out, _, _ = prequantized("gptq_act_order")
+    prompts = [[(7 * i + 3) % 200 + 3 for i in range(n)] for n in (5, 17, 30)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
+    llm = LLM(str(out), dtype="bfloat16", max_model_len=128, num_gpu_blocks_override=64, enable_prefix_caching=False)
+
+    def scored(outputs):
+        return [(list(o.outputs[0].token_ids), [e.logprob for e in o.outputs[0].logprobs]) for o in outputs]
+
+    solo = [scored(llm.generate([p], params))[0] for p in prompts]
+    assert scored(llm.generate(prompts, params)) == solo
 
 
 def test_label_in_models_version_and_start_up_line(prequantized, caplog):
@@ -258,9 +280,14 @@ def test_gptq_exclusions_and_side_files(tmp_path):
         read_checkpoint_quantization(tmp_path)
 
 
-def test_fused_shards_with_different_act_orders_are_refused(checkpoint_factory, tmp_path):
+@pytest.mark.parametrize(("options", "words"), [
+    (dict(desc_act=True, shared_order=False),
+     r"tensors model.layers.0.self_attn.q_proj.g_idx and model.layers.0.self_attn.k_proj.g_idx differ"),
+    (dict(lm_head=True, declare_lm_head=False),
+     "quantization_config.lm_head = false but the checkpoint stores the LM head quantized"),
+])
+def test_checkpoints_that_disagree_with_themselves_are_refused(checkpoint_factory, tmp_path, options, words):
     source = checkpoint_factory("LlamaForCausalLM")
-    write_prequantized(source, tmp_path / "q", tmp_path / "ref", group_size=32, desc_act=True, shared_order=False)
-    with pytest.raises(CheckpointError, match=r"tensors model.layers.0.self_attn.q_proj.g_idx and "
-                                              r"model.layers.0.self_attn.k_proj.g_idx differ"):
+    write_prequantized(source, tmp_path / "q", tmp_path / "ref", group_size=32, **options)
+    with pytest.raises(CheckpointError, match=words):
         load_model(tmp_path / "q", dtype="float32")
