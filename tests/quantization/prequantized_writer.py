@@ -131,11 +131,13 @@ def quantize_linear(w: np.ndarray, method: str, group_size: int, desc_act: bool,
 def write_prequantized(float_dir: Path, out_dir: Path, ref_dir: Path, method: str = "gptq", group_size: int = 32,
                        desc_act: bool = False, sym: bool = False, checkpoint_format: str = "gptq_v2",
                        shared_order: bool = True, seed: int = 0, bits: int = 4, lm_head: bool = False,
-                       declare_lm_head: bool | None = None) -> dict[str, np.ndarray]:
+                       declare_lm_head: bool | None = None, extra_bias: float | None = None) -> dict[str, np.ndarray]:
     """Quantize every q/k/v/o/gate/up/down projection of ``float_dir`` (a float32 single-file
     checkpoint; the untied LM head too with ``lm_head``) into ``out_dir``; write the dequantized
     weights as float32 into ``ref_dir``. ``shared_order`` False gives q/k/v (and gate/up)
-    different act orders; ``declare_lm_head`` writes another ``lm_head`` field than the truth.
+    different act orders; ``declare_lm_head`` writes another ``lm_head`` field than the truth;
+    ``extra_bias`` adds a constant bias to each quantized linear that has none (older GPTQ writers
+    store zeros).
     Returns module name -> reference weight."""
     projections = PROJECTIONS + (("lm_head",) if lm_head else ())
     rng = np.random.default_rng(seed)
@@ -155,6 +157,8 @@ def write_prequantized(float_dir: Path, out_dir: Path, ref_dir: Path, method: st
                                                shared, bits)
         orders[key] = g_idx
         quantized.update({f"{module}.{kind}": t for kind, t in packed.items()})
+        if extra_bias is not None and f"{module}.bias" not in tensors:
+            quantized[f"{module}.bias"] = np.full(value.shape[0], extra_bias, np.float16)
         reference[name] = refs[module] = w_ref
     save_file(quantized, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     save_file(reference, str(ref_dir / "model.safetensors"), metadata={"format": "pt"})

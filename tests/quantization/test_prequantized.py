@@ -109,7 +109,9 @@ CHECKPOINTS = {
     "gptq_v1_sym": ("Qwen2ForCausalLM", dict(method="gptq", group_size=64, sym=True, checkpoint_format="gptq")),
     "awq": ("Qwen2ForCausalLM", dict(method="awq", group_size=32)),
     "gptq_int8": ("LlamaForCausalLM", dict(method="gptq", group_size=-1, desc_act=True, sym=True, bits=8)),
-    "gptq_lm_head": ("LlamaForCausalLM", dict(method="gptq", group_size=64, sym=False, lm_head=True)),
+    # With the zero biases older GPTQ writers store for bias-free layers (skipped, as vLLM does).
+    "gptq_lm_head": ("LlamaForCausalLM", dict(method="gptq", group_size=64, sym=False, lm_head=True,
+                                              extra_bias=0.0)),
 }
 
 
@@ -285,6 +287,7 @@ def test_gptq_exclusions_and_side_files(tmp_path):
      r"tensors model.layers.0.self_attn.q_proj.g_idx and model.layers.0.self_attn.k_proj.g_idx differ"),
     (dict(lm_head=True, declare_lm_head=False),
      "quantization_config.lm_head = false but the checkpoint stores the LM head quantized"),
+    (dict(extra_bias=0.5), r"unexpected tensor 'model.layers.0.mlp.down_proj.bias' in model.safetensors"),
 ])
 def test_checkpoints_that_disagree_with_themselves_are_refused(checkpoint_factory, tmp_path, options, words):
     source = checkpoint_factory("LlamaForCausalLM")

@@ -254,7 +254,8 @@ def _is_ignorable(name: str, tied: bool) -> bool:
 def _load_weights(model: nn.Module, files: list[Path], tied: bool,
                   packed: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
     """Copy each checkpoint tensor into its parameter; the packed tensors of the quantized
-    checkpoint modules named in ``packed`` are collected there instead."""
+    checkpoint modules named in ``packed`` are collected there instead (and an all-zero bias of
+    such a module without one is skipped)."""
     targets = _weight_targets(model)
     packed = {} if packed is None else packed
     loaded: set[str] = set()
@@ -267,6 +268,8 @@ def _load_weights(model: nn.Module, files: list[Path], tied: bool,
                     if module in packed and kind in PACKED_TENSORS:
                         packed[module][kind] = f.get_tensor(name)
                         continue
+                    if module in packed and kind == "bias" and not f.get_tensor(name).any():
+                        continue  # a zero bias some GPTQ writers store for bias-free layers (vLLM skips it too)
                     if _is_ignorable(name, tied):
                         continue
                     raise CheckpointError(f"unexpected tensor {name!r} in {path.name}; this model has no such weight")
