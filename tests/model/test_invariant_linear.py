@@ -1,6 +1,7 @@
-"""``InvariantLinear``: the result is exactly the documented sequence of float32 FMAs (emulated
-here), lies within the error bound of that sequence from a float64 reference, handles bias and
-odd shapes, and swapping a model's linears keeps its logits (against ``F.linear``)."""
+"""``InvariantLinear``: the vector path's result is exactly the documented sequence of float32 FMAs
+(emulated here); every path (vector, and AMX tiles where the CPU has them) lies within the error
+bound of that sequence from a float64 reference and handles bias and odd shapes; swapping a
+model's linears keeps its logits (against ``F.linear``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ DTYPES = [torch.float32, torch.bfloat16]
 # (in_features, out_features): tile multiples, odd sizes on both sides, K = 1, K past the cache
 # block (256) and the Qwen2.5-0.5B down_proj width.
 SHAPES = [(64, 32), (53, 37), (1, 16), (300, 130), (896, 81), (4864, 24)]
+# The vector path everywhere, and AMX tiles (bfloat16 layers) on a CPU that has them.
+PATHS = [False] + ([True] if cpu_kernels_available() and invariant_linear.cpu_kernels().amx_linear_available() else [])
 
 
 def fma_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -53,21 +56,25 @@ def _layer(in_features: int, out_features: int, dtype: torch.dtype, bias: bool, 
 def test_bits_are_the_fma_chain(dtype, in_features, out_features, bias):
     linear = _layer(in_features, out_features, dtype, bias, seed=in_features)
     x = torch.randn(23, in_features, generator=torch.Generator().manual_seed(1)).to(dtype)
-    ours = InvariantLinear(linear, invariant_linear.cpu_kernels())(x)
+    ours = InvariantLinear(linear, invariant_linear.cpu_kernels(), amx=False)(x)
     assert ours.dtype == dtype
     assert torch.equal(ours, fma_chain(x, linear.weight, linear.bias).to(dtype))
 
 
+@pytest.mark.parametrize("amx", PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("in_features", "out_features"), SHAPES)
-def test_within_the_summation_bound_of_float64(dtype, in_features, out_features):
+def test_within_the_summation_bound_of_float64(dtype, in_features, out_features, amx):
     """|fl32(y) - y| <= gamma_(K+1) * (sum_k |x_k w_k| + |b|) for K + 1 sequential roundings
     (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1; u = 2^-24), then the rounding
-    to the output dtype adds at most u_out * |fl32(y)| (u_out = 2^-24 float32, 2^-8 bfloat16)."""
+    to the output dtype adds at most u_out * |fl32(y)| (u_out = 2^-24 float32, 2^-8 bfloat16).
+    The bound holds for any order of the sum: the AMX tiles' too."""
+    if amx and dtype != torch.bfloat16:
+        pytest.skip("AMX tiles take bfloat16 layers only")
     linear = _layer(in_features, out_features, dtype, True, seed=7)
     x = torch.randn(9, in_features, generator=torch.Generator().manual_seed(2)).to(dtype)
     with torch.inference_mode():
-        ours = InvariantLinear(linear, invariant_linear.cpu_kernels())(x).double()
+        ours = InvariantLinear(linear, invariant_linear.cpu_kernels(), amx=amx)(x).double()
         x64, w64, b64 = x.double(), linear.weight.double(), linear.bias.double()
         exact = x64 @ w64.T + b64
         u, steps = 2.0**-24, in_features + 1
@@ -80,10 +87,13 @@ def test_within_the_summation_bound_of_float64(dtype, in_features, out_features)
     assert bound.max() < 0.05 * exact.abs().max()
 
 
+@pytest.mark.parametrize("amx", PATHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_shapes_and_mixed_dtypes(dtype):
+def test_shapes_and_mixed_dtypes(dtype, amx):
+    if amx and dtype != torch.bfloat16:
+        pytest.skip("AMX tiles take bfloat16 layers only")
     linear = _layer(40, 24, dtype, True, seed=3)
-    layer = InvariantLinear(linear, invariant_linear.cpu_kernels())
+    layer = InvariantLinear(linear, invariant_linear.cpu_kernels(), amx=amx)
     x = torch.randn(2, 5, 40).to(dtype)
     out = layer(x)
     assert out.shape == (2, 5, 24)

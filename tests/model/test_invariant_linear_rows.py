@@ -17,17 +17,24 @@ pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="no C++ comp
 BIG = 1030  # several row blocks and a partial one
 
 
-def _layer(in_features: int, out_features: int, dtype: torch.dtype) -> InvariantLinear:
+# Every path a CPU runs: the vector FMA path (float32 and bfloat16), AMX tiles (bfloat16) where
+# the CPU has them.
+PATHS = [(torch.float32, False), (torch.bfloat16, False)]
+if cpu_kernels_available() and cpu_kernels().amx_linear_available():
+    PATHS.append((torch.bfloat16, True))
+
+
+def _layer(in_features: int, out_features: int, dtype: torch.dtype, amx: bool | None = None) -> InvariantLinear:
     torch.manual_seed(in_features + out_features)
-    return InvariantLinear(nn.Linear(in_features, out_features).to(dtype), cpu_kernels())
+    return InvariantLinear(nn.Linear(in_features, out_features).to(dtype), cpu_kernels(), amx=amx)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("dtype", "amx"), PATHS)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("in_features", "out_features"), [(64, 48), (131, 37), (896, 160), (1025, 17), (4864, 40)])
-def test_every_row_count_and_position_gives_the_same_bits(dtype, threads, in_features, out_features):
+def test_every_row_count_and_position_gives_the_same_bits(dtype, amx, threads, in_features, out_features):
     torch.set_num_threads(threads)  # restored by the conftest fixture
-    layer = _layer(in_features, out_features, dtype)
+    layer = _layer(in_features, out_features, dtype, amx)
     x = torch.randn(BIG, in_features, generator=torch.Generator().manual_seed(5)).to(dtype)
     with torch.inference_mode():
         full = layer(x)
@@ -39,8 +46,9 @@ def test_every_row_count_and_position_gives_the_same_bits(dtype, threads, in_fea
         assert torch.equal(torch.cat([layer(x[i : i + 1]) for i in range(0, BIG, 7)]), full[::7])
 
 
-def test_thread_counts_agree():
-    layer = _layer(896, 1000, torch.bfloat16)
+@pytest.mark.parametrize("amx", sorted({amx for _, amx in PATHS}))
+def test_thread_counts_agree(amx):
+    layer = _layer(896, 1000, torch.bfloat16, amx)
     x = torch.randn(300, 896, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
     results = []
     for threads in (1, 2, 3):

@@ -7,6 +7,7 @@ Sources (``csrc/``):
   (``kvserve.sample.greedy``);
 - ``linear.cpp``: the batch-invariant linear (GEMM) over prepacked float32/bfloat16 weights
   (``kvserve.model.invariant_linear``);
+- ``amx_linear.cpp``: the same for bfloat16 on AMX tiles, where the CPU has them;
 - ``quant_linear.cpp`` (+ ``quant_linear_impl.h``): the same over weight-only int8/int4 weights
   (``kvserve.model.quant_linear``);
 - ``bitmask.cpp``: a structured-output token bitmask applied to float32 logits
@@ -43,8 +44,8 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("paged_attention.cpp", "argmax.cpp", "linear.cpp", "quant_linear.cpp", "bitmask.cpp", "lora.cpp",
-           "bindings.cpp")
+SOURCES = ("paged_attention.cpp", "argmax.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp", "bitmask.cpp",
+           "lora.cpp", "bindings.cpp")
 
 
 def cpu_tag() -> str:

@@ -12,6 +12,14 @@ pick kernels (and summation orders) by the number of rows M, so a request decodi
 in float32 (bfloat16 inputs are widened exactly), with the weight packed once into panels in its
 own dtype. Rows are independent, so the same token gives the same bits alone, batched, in a
 chunked prefill, from the prefix cache or after preemption.
+
+On a CPU with AMX-BF16 tiles (Intel Sapphire Rapids and later) a bfloat16 layer runs on the tiles
+instead (``kvserve/kernels/csrc/amx_linear.cpp``): the same per-element accumulation in increasing
+k (the tile instruction's own rounding), every row independent of the others and one kernel for
+every row count, so it is batch-invariant too, 4-6x faster at 64 rows and 1.2-1.9x at one
+(docs/benchmarks.md). Its bits may differ in the last place from the vector path's, so they differ
+between hosts with and without AMX; on one host they never depend on the batch.
+``KVSERVE_AMX=0`` keeps the vector path.
 """
 
 from __future__ import annotations
@@ -38,25 +46,48 @@ class InvariantLinear(nn.Module):
     Args:
         linear: the layer to replace (its weight is copied into the packed layout).
         kernels: the compiled module from ``kvserve.kernels.cpu_kernels()``.
+        amx: run a bfloat16 layer on AMX tiles: None (default) where the CPU has them, False
+            never (tests of the vector path), True insists (an error where they are missing).
     """
 
-    def __init__(self, linear: nn.Linear, kernels: ModuleType):
+    def __init__(self, linear: nn.Linear, kernels: ModuleType, amx: bool | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self._kernels = kernels
         self.weight_dtype = linear.weight.dtype
-        self.packed = kernels.pack_linear_weight(linear.weight.detach())
+        available = linear.weight.dtype == torch.bfloat16 and kernels.amx_linear_available()
+        if amx and not available:
+            raise ValueError("AMX tiles need a bfloat16 weight and a CPU (and OS) that provides AMX-BF16")
+        self.amx = available if amx is None else amx
+        weight = linear.weight.detach()
+        self.packed = kernels.pack_amx_weight(weight) if self.amx else kernels.pack_linear_weight(weight)
         self.bias = None if linear.bias is None else linear.bias.detach().to(torch.float32).contiguous()
+        self._vector_packed: torch.Tensor | None = None  # an AMX layer's panels for float32 inputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, self.in_features).contiguous()
-        out = self._kernels.invariant_linear(rows, self.packed, self.bias, self.out_features)
+        if self.amx and rows.dtype == torch.bfloat16:
+            out = self._kernels.amx_linear(rows, self.packed, self.bias, self.out_features)
+        else:
+            out = self._kernels.invariant_linear(rows, self._vector_panels(), self.bias, self.out_features)
         return out.reshape(*shape[:-1], self.out_features)
+
+    def _vector_panels(self) -> torch.Tensor:
+        """linear.cpp's panels: ``packed`` itself, or for an AMX layer (whose tiles take only
+        bfloat16 activations) made once from its tiles when float32 activations first arrive."""
+        if not self.amx:
+            return self.packed
+        if self._vector_packed is None:
+            panels, chunks, rows, cols = self.packed.shape  # [N/16, K/32, 16, 32]: pairs of k per column
+            weight = self.packed.view(panels, chunks, rows, cols // 2, 2).permute(0, 3, 1, 2, 4)
+            weight = weight.reshape(panels * cols // 2, chunks * rows * 2)[: self.out_features, : self.in_features]
+            self._vector_packed = self._kernels.pack_linear_weight(weight.contiguous())
+        return self._vector_packed
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, weight_dtype={self.weight_dtype}")
+                f"bias={self.bias is not None}, weight_dtype={self.weight_dtype}, amx={self.amx}")
 
 
 def use_invariant_linears(model: nn.Module) -> int:

@@ -1,0 +1,275 @@
+// The batch-invariant bfloat16 linear y = x W^T + b on AMX tiles (Intel AMX-BF16: Sapphire Rapids
+// and later), for hosts that have them; linear.cpp's vector-FMA GEMM everywhere else.
+//
+// One tile instruction, TDPBF16PS, adds to each float32 element C[m][n] of a 16 x 16 tile the 32
+// products of row m of A (32 bfloat16 inputs) and column n of B (32 bfloat16 weights), one at a
+// time in increasing k as Intel's pseudocode defines it: each product of two bfloat16 values is
+// exact in float32, so each step is one rounding of acc + x*w, i.e. the fma(x, w, acc) of
+// linear.cpp's sequence (denormal inputs and results are flushed to zero: DAZ/FTZ). Each element
+// depends only on its own row of x, its own column of W and its own accumulator, and the K chunks
+// are accumulated in increasing order into a tile that stays in its register for the whole K, so
+// every output element is one fixed sequence of operations whatever the number of rows, the row's
+// position among them and the thread count: the path is batch-invariant, and it is used for every
+// M on a host where it is used (tests/model/test_amx_linear.py compares its bits with linear.cpp's
+// and across row counts).
+//
+// Layout: the weight [N][K] is packed once into panels of 16 output columns and chunks of 32
+// inputs, [N/16][K/32][16][32] bfloat16, each chunk one B tile in AMX's pair-interleaved ("VNNI")
+// form: tile row r holds, for each column j, the pair (W[n0+j][k0+2r], W[n0+j][k0+2r+1]). N and K
+// are padded with zeros. Activations are read in place as A tiles (16 rows, 64 bytes each, stride
+// K) when K is a multiple of 32 and the rows fill the tile; a row tail (and any row when K is not)
+// goes through a zero-padded copy. Padding adds exact zeros: it never changes a valid element.
+//
+// Work: a microkernel of up to 32 rows x 32 columns (2 A tiles, 2 B tiles, 4 C tiles); threads
+// split the column panels (and, for many rows, row blocks), never K. The tile registers must be
+// enabled per process (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA) and configured per thread.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define KVSERVE_AMX_BUILD 1
+#endif
+
+namespace {
+
+constexpr int64_t kTileRows = 16;  // rows of an A or C tile
+constexpr int64_t kTileK = 32;     // bfloat16 inputs per A tile row (64 bytes)
+constexpr int64_t kTileN = 16;     // output columns per panel (a C tile row: 16 float32)
+
+#if defined(KVSERVE_AMX_BUILD)
+
+// Asks the kernel for the AMX tile state of this process (Linux 5.16+); false where it refuses.
+bool request_tile_permission() {
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+bool amx_supported() {
+  __builtin_cpu_init();
+  // GCC's cpu feature names for AMX arrived with GCC 13; the CPUID bits are read directly:
+  // leaf 7 subleaf 0, EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
+  unsigned eax = 7, ebx = 0, ecx = 0, edx = 0;
+  __asm__ volatile("cpuid" : "+a"(eax), "=b"(ebx), "+c"(ecx), "=d"(edx));
+  const bool bf16 = (edx >> 22) & 1, tile = (edx >> 24) & 1;
+  return bf16 && tile && request_tile_permission();
+}
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw")
+
+struct TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Tiles 0-3: C (16 x 16 float32), 4-5: A (16 rows x 32 bfloat16), 6-7: B (16 rows x 64 bytes).
+void configure_tiles() {
+  TileConfig config;
+  std::memset(&config, 0, sizeof(config));
+  config.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = kTileRows;
+    config.colsb[t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+inline uint16_t bf16_round(float v) {  // round to nearest even, as c10 does
+  uint32_t word;
+  std::memcpy(&word, &v, sizeof(word));
+  return v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>((word + 0x7fffu + ((word >> 16) & 1u)) >> 16);
+}
+
+// C tile (16 x 16 float32, row-major in `tile`) + bias -> out rows [0, rows) x columns [0, cols).
+void store_tile(const float* tile, const float* bias, uint16_t* out, int64_t N, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = bias != nullptr ? tile[r * kTileN + c] + bias[c] : tile[r * kTileN + c];
+      out[r * N + c] = bf16_round(v);
+    }
+  }
+}
+
+// Weight bytes prefetched ahead of the tile loads (four chunks), into L2.
+constexpr int64_t kAhead = 4096;
+
+// rt A tiles (16 rows each, `a` with row stride `lda` bytes) x pt panels of B (consecutive panels,
+// `panel_bytes` apart): C over all K chunks, then stored through `out` (row0's row, column col0).
+template <int rt, int pt>
+void micro_kernel(const uint8_t* a, int64_t lda, const uint8_t* b, int64_t panel_bytes, int64_t chunks,
+                  const float* bias, uint16_t* out, int64_t N, int64_t rows, int64_t cols) {
+  _tile_zero(0);
+  if constexpr (pt == 2) _tile_zero(1);
+  if constexpr (rt == 2) _tile_zero(2);
+  if constexpr (rt == 2 && pt == 2) _tile_zero(3);
+  const uint8_t* a1 = a + kTileRows * lda;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const uint8_t* b0 = b + c * 1024;
+    for (int line = 0; line < 16; ++line) _mm_prefetch(reinterpret_cast<const char*>(b0) + kAhead + line * 64, _MM_HINT_T2);
+    _tile_loadd(4, a + c * 64, lda);
+    _tile_loadd(6, b0, 64);
+    if constexpr (pt == 2) {
+      const uint8_t* b1 = b0 + panel_bytes;
+      for (int line = 0; line < 16; ++line) _mm_prefetch(reinterpret_cast<const char*>(b1) + kAhead + line * 64, _MM_HINT_T2);
+      _tile_loadd(7, b1, 64);
+    }
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (pt == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (rt == 2) {
+      _tile_loadd(5, a1 + c * 64, lda);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (pt == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  alignas(64) float tile[kTileRows * kTileN];
+  for (int i = 0; i < rt; ++i) {
+    const int64_t r = std::min<int64_t>(kTileRows, rows - i * kTileRows);
+    if (r <= 0) break;
+    for (int j = 0; j < pt; ++j) {
+      const int64_t cj = std::min<int64_t>(kTileN, cols - j * kTileN);
+      if (cj <= 0) break;
+      const int index = i * 2 + j;
+      if (index == 0) _tile_stored(0, tile, 64);
+      else if (index == 1) _tile_stored(1, tile, 64);
+      else if (index == 2) _tile_stored(2, tile, 64);
+      else _tile_stored(3, tile, 64);
+      store_tile(tile, bias == nullptr ? nullptr : bias + j * kTileN, out + i * kTileRows * N + j * kTileN, N, r, cj);
+    }
+  }
+}
+
+void amx_kernel(const uint16_t* x, const uint16_t* packed, const float* bias, uint16_t* out, int64_t M, int64_t K,
+                int64_t N) {
+  const int64_t chunks = (K + kTileK - 1) / kTileK;
+  const int64_t panels = (N + kTileN - 1) / kTileN;
+  const int64_t panel_bytes = chunks * 1024;
+  const int64_t pairs = (panels + 1) / 2;                     // work unit: two panels (32 columns)
+  const int64_t row_groups = (M + 2 * kTileRows - 1) / (2 * kTileRows);  // 32 rows each
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  // Row blocks only when there are many rows: columns first, so a panel pair's weights are read
+  // once per row block and stay in L2 across its row groups.
+  const int64_t groups_per_block = std::max<int64_t>(1, std::min<int64_t>(row_groups, 8));
+  const int64_t row_blocks = (row_groups + groups_per_block - 1) / groups_per_block;
+  const int64_t items = row_blocks * pairs;
+  const int64_t grain = std::max<int64_t>(1, items / (threads * 4));
+  // Rows the tiles cannot read in place, copied once with zero padding: every row when K is not a
+  // multiple of 32, else the last row group when it does not fill its tiles (a tail of 1-15 or
+  // 17-31 rows). `padded` holds row groups [first_padded, row_groups), 32 rows apart, the last
+// one's rows rounded up to its tiles (16 or 32).
+  const int64_t width = chunks * kTileK;
+  const int64_t tail = M % (2 * kTileRows);
+  const int64_t first_padded = K % kTileK != 0 ? 0 : (tail == 0 || tail == kTileRows) ? row_groups : row_groups - 1;
+  const int64_t padded_rows = (M - first_padded * 2 * kTileRows + kTileRows - 1) / kTileRows * kTileRows;
+  std::vector<uint16_t> padded(static_cast<size_t>(padded_rows * width), 0);
+  for (int64_t r = first_padded * 2 * kTileRows; r < M; ++r)
+    std::memcpy(&padded[(r - first_padded * 2 * kTileRows) * width], x + r * K, K * 2);
+  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+    configure_tiles();
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t pair = item % pairs, block = item / pairs;
+      const int64_t p = pair * 2, pt = std::min<int64_t>(2, panels - p);
+      const int64_t col0 = p * kTileN, cols = std::min<int64_t>(2 * kTileN, N - col0);
+      const uint8_t* b = reinterpret_cast<const uint8_t*>(packed) + p * panel_bytes;
+      const int64_t g1 = std::min(row_groups, (block + 1) * groups_per_block);
+      for (int64_t g = block * groups_per_block; g < g1; ++g) {
+        const int64_t row0 = g * 2 * kTileRows, rows = std::min<int64_t>(2 * kTileRows, M - row0);
+        const int rt = rows > kTileRows ? 2 : 1;
+        const bool in_place = g < first_padded;
+        const uint8_t* a = in_place ? reinterpret_cast<const uint8_t*>(x + row0 * K)
+                                    : reinterpret_cast<const uint8_t*>(&padded[(g - first_padded) * 2 * kTileRows * width]);
+        const int64_t lda = in_place ? K * 2 : width * 2;
+        uint16_t* o = out + row0 * N + col0;
+        const float* bs = bias == nullptr ? nullptr : bias + col0;
+        if (rt == 2 && pt == 2) micro_kernel<2, 2>(a, lda, b, panel_bytes, chunks, bs, o, N, rows, cols);
+        else if (rt == 2) micro_kernel<2, 1>(a, lda, b, panel_bytes, chunks, bs, o, N, rows, cols);
+        else if (pt == 2) micro_kernel<1, 2>(a, lda, b, panel_bytes, chunks, bs, o, N, rows, cols);
+        else micro_kernel<1, 1>(a, lda, b, panel_bytes, chunks, bs, o, N, rows, cols);
+      }
+    }
+    _tile_release();
+  });
+}
+
+#pragma GCC pop_options
+
+#endif  // KVSERVE_AMX_BUILD
+
+}  // namespace
+
+// True when this CPU has AMX-BF16 tiles and the OS grants them to this process (checked once).
+bool amx_linear_available() {
+#if defined(KVSERVE_AMX_BUILD)
+  static const bool available = [] {
+    const char* off = std::getenv("KVSERVE_AMX");
+    if (off != nullptr && std::strcmp(off, "0") == 0) return false;
+    return amx_supported();
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
+// weight: [N, K] bfloat16 -> [ceil(N/16), ceil(K/32), 16, 32] bfloat16 B tiles (see the file comment).
+torch::Tensor pack_amx_weight(torch::Tensor weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.device().is_cpu() && weight.scalar_type() == torch::kBFloat16,
+              "pack_amx_weight takes a 2-D bfloat16 CPU weight");
+  weight = weight.contiguous();
+  const int64_t N = weight.size(0), K = weight.size(1);
+  const int64_t panels = (N + kTileN - 1) / kTileN, chunks = (K + kTileK - 1) / kTileK;
+  auto packed = torch::zeros({panels, chunks, kTileRows, 2 * kTileN}, weight.options());
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<c10::BFloat16>());
+  uint16_t* dst = reinterpret_cast<uint16_t*>(packed.data_ptr<c10::BFloat16>());
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      for (int64_t j = 0; j < kTileN && p * kTileN + j < N; ++j) {
+        const uint16_t* row = w + (p * kTileN + j) * K;
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t c = k / kTileK, r = (k % kTileK) / 2, half = k % 2;
+          dst[((p * chunks + c) * kTileRows + r) * 2 * kTileN + j * 2 + half] = row[k];
+        }
+      }
+    }
+  });
+  return packed;
+}
+
+// x: contiguous [M, K] bfloat16; packed: from pack_amx_weight; bias float32 [N] or None.
+torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t out_features) {
+  TORCH_CHECK(amx_linear_available(), "amx_linear: no AMX-BF16 tiles on this CPU / process");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu() && x.scalar_type() == torch::kBFloat16,
+              "amx_linear takes contiguous 2-D bfloat16 CPU activations");
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.size(0) == (N + kTileN - 1) / kTileN &&
+                  packed.size(1) == (K + kTileK - 1) / kTileK && packed.size(2) == kTileRows &&
+                  packed.size(3) == 2 * kTileN,
+              "packed must come from pack_amx_weight for these K and N");
+  const float* bias_ptr = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->is_contiguous() && bias->numel() == N,
+                "bias must be a contiguous float32 [N]");
+    bias_ptr = bias->data_ptr<float>();
+  }
+  auto out = torch::empty({M, N}, x.options());
+#if defined(KVSERVE_AMX_BUILD)
+  if (M > 0 && N > 0) {
+    amx_kernel(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()),
+               reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>()), bias_ptr,
+               reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()), M, K, N);
+  }
+#endif
+  return out;
+}
