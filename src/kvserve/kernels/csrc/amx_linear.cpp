@@ -65,7 +65,7 @@ bool amx_supported() {
 }
 
 #pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw")
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")
 
 struct TileConfig {
   uint8_t palette_id;
@@ -87,19 +87,19 @@ void configure_tiles() {
   _tile_loadconfig(&config);
 }
 
-inline uint16_t bf16_round(float v) {  // round to nearest even, as c10 does
-  uint32_t word;
-  std::memcpy(&word, &v, sizeof(word));
-  return v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>((word + 0x7fffu + ((word >> 16) & 1u)) >> 16);
-}
-
-// C tile (16 x 16 float32, row-major in `tile`) + bias -> out rows [0, rows) x columns [0, cols).
+// C tile (16 x 16 float32, row-major in `tile`) + bias -> out rows [0, rows) x columns [0, cols),
+// each rounded to bfloat16 to nearest even as c10 does (a NaN becomes 0x7fc0), 16 at a time.
 void store_tile(const float* tile, const float* bias, uint16_t* out, int64_t N, int64_t rows, int64_t cols) {
+  const __mmask16 valid = static_cast<__mmask16>((1u << cols) - 1);
+  const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(valid, bias) : _mm512_setzero_ps();
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) {
-      const float v = bias != nullptr ? tile[r * kTileN + c] + bias[c] : tile[r * kTileN + c];
-      out[r * N + c] = bf16_round(v);
-    }
+    __m512 v = _mm512_load_ps(tile + r * kTileN);
+    if (bias != nullptr) v = _mm512_add_ps(v, b);
+    const __m512i word = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(word, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(word, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+    _mm256_mask_storeu_epi16(out + r * N, valid, _mm512_cvtepi32_epi16(rounded));
   }
 }
 
