@@ -37,7 +37,7 @@ def prompts():
     tokenizer = load_tokenizer(builtin_model_path())
     passage = " ".join(SENTENCES[18:22])
     texts = ["It was a fine morning, and Elizabeth", "\"My dear,\" said he, \"I",
-             passage + "\n\n" + SENTENCES[18] + " "]  # a quoted document: the model copies part of it
+             passage + "\n\n" + SENTENCES[18] + " "]  # a quoted document (copy-edit's continue kind)
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
