@@ -11,6 +11,10 @@ Run (about 30 minutes on one CPU core)::
 
 Outputs a standard Hugging Face folder: config.json, model.safetensors, generation_config.json,
 tokenizer.json, tokenizer_config.json, chat_template.jinja, training_log.json, corpus_words.txt.
+
+The built-in model's draft (``src/kvserve/builtin_model/draft``, for speculative decoding) is the
+same script with the built-in model's tokenizer and a smaller shape; its command is in
+``docs/builtin_model.md``.
 """
 
 from __future__ import annotations
@@ -234,6 +238,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="safety stop; the default run needs ~20-35 min on one shared core")
     p.add_argument("--max-steps", type=int, default=650)
     p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="a model folder whose tokenizer.json to use instead of training one (a draft model\n"
+                        "for that model: same tokenizer; --vocab-size is then ignored)")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--intermediate", type=int, default=768)
     p.add_argument("--layers", type=int, default=6)
@@ -264,7 +271,12 @@ def prepare_data(args, rng: random.Random):
         val_texts.append("\n\n".join(paragraphs[cut:]))
         all_paragraphs.extend(paragraphs[:cut])
     chats = chat_examples(all_paragraphs, rng, 20000)
-    tok = train_tokenizer(train_texts + chats, args.vocab_size)
+    if args.tokenizer is not None:  # a draft model shares its target's tokenizer exactly
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
+    else:
+        tok = train_tokenizer(train_texts + chats, args.vocab_size)
 
     def encode(texts):
         return torch.tensor([i for t in texts for i in tok.encode("<s>" + t + "</s>").ids])

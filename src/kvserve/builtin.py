@@ -56,6 +56,27 @@ def builtin_model_path() -> Path:
     return path
 
 
+BUILTIN_DRAFT_MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+"""Files of the built-in model's draft folder (``builtin_model/draft/``; its ``training_log.json``
+ships beside them)."""
+
+
+def builtin_draft_model_path() -> Path:
+    """Path of the built-in model's draft: a ~0.9M-parameter model trained by the same script on
+    the same corpus with the same tokenizer, for ``--speculative-config '{"method": "draft_model",
+    "model": PATH, ...}'`` with the built-in model (``docs/builtin_model.md``, "The draft").
+
+    Raises:
+        CheckpointError: the folder or one of :data:`BUILTIN_DRAFT_MODEL_FILES` is missing.
+    """
+    path = builtin_model_path() / "draft"
+    missing = [name for name in BUILTIN_DRAFT_MODEL_FILES if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(f"the built-in draft model folder {path} lacks {', '.join(missing)}; reinstall "
+                              f"kvserve or rebuild it with the command in docs/builtin_model.md")
+    return path
+
+
 def is_builtin_model_name(name: str) -> bool:
     """True when ``name`` asks for the built-in model: :data:`BUILTIN_MODEL_NAME` or ``builtin``."""
     return name in (BUILTIN_MODEL_NAME, "builtin")

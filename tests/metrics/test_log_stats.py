@@ -129,3 +129,31 @@ def test_window_after_idle_time_starts_at_the_first_step(caplog):
         stats.on_step(step(num_running=1), [], IterationStats(0, 9))
     [record] = caplog.records
     assert record.stats["prompt_throughput"] == 0.8 and record.stats["generation_throughput"] == 1.0
+
+
+def test_spec_decode_acceptance_is_per_interval(caplog):
+    """The acceptance in the line counts the drafts since the previous line (vLLM's
+    ``SpecDecodingLogging`` resets at each log), not since start-up; an interval without drafts
+    shows none."""
+    from kvserve.spec_decode.stats import SpecDecodingStats
+
+    clock = Clock()
+    stats = LoggingStatsLogger(interval=10.0, clock=clock)
+    totals = [SpecDecodingStats(4, 12, 6, (3, 2, 1)),    # first interval: 6 of 12
+              SpecDecodingStats(9, 27, 21, (8, 7, 6)),   # second: 15 of 15 more
+              SpecDecodingStats(9, 27, 21, (8, 7, 6))]   # third: no new drafts
+    with caplog.at_level(logging.INFO, logger="kvserve.stats"):
+        for i, total in enumerate(totals):
+            stats.on_step(step(num_running=1, spec_decoding=total), [], IterationStats(0, 10))
+            clock.now += 10.0
+            stats.on_step(step(num_running=1, spec_decoding=total), [], IterationStats(0, 10))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert lines[0].endswith(", Spec decode acceptance: 50.0% of 12 draft tokens, mean acceptance length 2.50, "
+                             "per position [0.75, 0.50, 0.25]")
+    assert lines[1].endswith(", Spec decode acceptance: 100.0% of 15 draft tokens, mean acceptance length 4.00, "
+                             "per position [1.00, 1.00, 1.00]")
+    assert lines[2].endswith("Preemptions: 0")
+    assert caplog.records[1].stats["spec_decoding"] == {"num_drafts": 5, "num_draft_tokens": 15,
+                                                        "num_accepted_tokens": 15,
+                                                        "num_accepted_tokens_per_pos": (5, 5, 5)}

@@ -35,7 +35,10 @@ class IntervalSummary:
         kv_cache_usage: fraction 0-1, at the last step.
         prefix_cache_hit_rate: hit tokens / queried tokens over the interval (0 when none).
         num_preemptions: preemptions during the interval.
-        spec_decoding: speculative-decoding counts over the interval, or None when off.
+        spec_decoding: speculative-decoding counts over the interval (since the previous summary,
+            as vLLM's ``SpecDecodingLogging``), or None when off. The line shows the acceptance
+            rate, the mean acceptance length and, per draft position, the share of drafts
+            accepted there; an interval without drafts shows none of it.
     """
 
     prompt_throughput: float
@@ -56,8 +59,10 @@ class IntervalSummary:
                 f"Preemptions: {self.num_preemptions}")
         spec = self.spec_decoding
         if spec is not None and spec.num_drafts:
+            per_pos = ", ".join(f"{n / spec.num_drafts:.2f}" for n in spec.num_accepted_tokens_per_pos)
             line += (f", Spec decode acceptance: {100 * spec.acceptance_rate:.1f}% of {spec.num_draft_tokens} "
-                     f"draft tokens, mean acceptance length {spec.mean_acceptance_length:.2f}")
+                     f"draft tokens, mean acceptance length {spec.mean_acceptance_length:.2f}, "
+                     f"per position [{per_pos}]")
         return line
 
 
