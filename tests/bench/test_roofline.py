@@ -3,6 +3,7 @@ model's shapes, the workload simulation step by step, and the machine probe's fi
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -71,6 +72,27 @@ def test_quantized_weight_bytes_by_hand():
     assert (int4.body_params, int4.lm_head_params) == (BODY, HEAD)  # FLOPs do not change
 
 
+@pytest.mark.parametrize(("stored", "label", "linears"), [
+    # bits 4, group 32, symmetric: N * K / 2 + 4 * N * K / 32 per linear
+    ({"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True}, "gptq-int4-g32",
+     5_120 + 2_560 + 10_240 + 5_120),
+    # AWQ has zero points: float32 offsets as many as the scales
+    ({"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"}, "awq-int4-g32",
+     6_144 + 3_072 + 12_288 + 6_144),
+    # 8-bit GPTQ: int8 with group-wise scales, N * K + 4 * N * K / 32
+    ({"quant_method": "gptq", "bits": 8, "group_size": 32, "sym": True}, "gptq-int8-g32",
+     9_216 + 4_608 + 18_432 + 9_216),
+])
+def test_checkpoint_quantization_bytes_by_hand(tmp_path, stored, label, linears):
+    (tmp_path / "config.json").write_text(json.dumps({**SMALL, "quantization_config": stored}))
+    quant = quantization_from_label(label, str(tmp_path))
+    assert quant.label == label
+    cost = model_cost(arch(), ServingFormat("bfloat16", quant))
+    assert cost.weight_bytes == 2 * linears + HEAD * 2 + NORMS * 2  # the LM head stays bfloat16
+    with pytest.raises(ValueError, match="does not describe"):
+        quantization_from_label("gptq-int4-g128", str(tmp_path))
+
+
 def test_sliding_window_caps_the_keys():
     cost = model_cost(arch(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=4),
                       ServingFormat("bfloat16"))
@@ -115,7 +137,7 @@ def test_quantization_labels_round_trip(config):
     assert quantization_from_label(config.label) == config
 
 
-@pytest.mark.parametrize("label", ["int3", "int4", "int4-g48", "int8-g32", "int8+head", "awq"])
+@pytest.mark.parametrize("label", ["int3", "int4", "int4-g48", "int8-g32", "int8+head", "fp8"])
 def test_unknown_quantization_labels_are_refused(label):
     with pytest.raises(ValueError, match="unknown quantization"):
         quantization_from_label(label)

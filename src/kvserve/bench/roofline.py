@@ -11,6 +11,11 @@ layers (:func:`model_cost`):
                    int8:   N * K + 4 * N                  (per-channel float32 scales)
                    int4-gG: N * K / 2 + 4 * N * K / G     (float32 scales; + as much again
                                                            with zero points)
+                   GPTQ/AWQ checkpoints (``kvserve.model.prequantized``): their bits and group
+                   (-1: K), zero points unless the quantizer was symmetric (AWQ never is);
+                   every linear but the LM head counted as quantized unless the checkpoint
+                   says otherwise (modules a quantizer left in float are not known from
+                   config.json)
                    a quantized layer's bias stays float32 (4 * N); the LM head is quantized
                    only with ``+lm_head``.  (The CPU kernel's panels pad N to a multiple of
                    its panel width; the padding is not counted.)
@@ -52,7 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvserve.bench.machine_probe import MachinePeaks
-from kvserve.config import INT4_GROUP_SIZES, QuantizationConfig
+from kvserve.config import CHECKPOINT_METHODS, INT4_GROUP_SIZES, QuantizationConfig
 from kvserve.model.arch_config import ModelArchConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -60,23 +65,37 @@ ONE_BYTE_KV = ("int8", "fp8", "fp8_e4m3", "fp8_e5m2")
 SCALE_BYTES = 4  # float32 scale per quantization group / per one-byte KV row
 
 
-def quantization_from_label(label: str | None) -> QuantizationConfig:
+def quantization_from_label(label: str | None, model_dir: str | None = None) -> QuantizationConfig:
     """``QuantizationConfig.label``'s inverse: None -> float weights; ``int8``, ``int8+lm_head``,
-    ``int4-gG``, ``int4-gG+lm_head``.
+    ``int4-gG``, ``int4-gG+lm_head``; a GPTQ/AWQ checkpoint's label (``gptq-int4-g128``, ...)
+    from the ``quantization_config`` of ``model_dir``'s config.json.
 
     Raises:
-        ValueError: another label.
+        ValueError: another label, or a checkpoint label without a matching checkpoint.
     """
     if label is None or label in ("", "none", "None"):
         return QuantizationConfig()
     method, _, head = label.partition("+")
+    if method.startswith(CHECKPOINT_METHODS):
+        return _checkpoint_quantization(label, model_dir)
     base, _, group = method.partition("-g")
     ok = head in ("", "lm_head") and (base == "int8" and not group or base == "int4" and group.isdigit()
                                       and int(group) in INT4_GROUP_SIZES)
     if not ok:
         raise ValueError(f"unknown quantization {label!r}; int8, int4-g32, int4-g64, int4-g128, each with an "
-                         "optional +lm_head")
+                         "optional +lm_head, or a GPTQ/AWQ checkpoint's")
     return QuantizationConfig(base, int(group) if group else QuantizationConfig.group_size, head == "lm_head")
+
+
+def _checkpoint_quantization(label: str, model_dir: str | None) -> QuantizationConfig:
+    from kvserve.checkpoint_quantization import read_checkpoint_quantization  # noqa: PLC0415
+
+    checkpoint = None if model_dir is None else read_checkpoint_quantization(model_dir)
+    config = None if checkpoint is None else QuantizationConfig(checkpoint.method, checkpoint.group_size,
+                                                                 checkpoint.lm_head, checkpoint)
+    if config is None or config.label != label:
+        raise ValueError(f"quantization {label!r}: {model_dir}/config.json does not describe that checkpoint")
+    return config
 
 
 @dataclass(frozen=True)
@@ -108,10 +127,15 @@ def quantized_linear_bytes(out_features: int, in_features: int, quantization: Qu
     from kvserve.model.quant_linear import INT4_SYMMETRIC  # noqa: PLC0415 - torch + kernels, only when needed
 
     n, k = out_features, in_features
-    if quantization.method == "int8":
-        return n * k + SCALE_BYTES * n
-    groups = n * (k // quantization.group_size)
-    return n * k // 2 + SCALE_BYTES * groups * (1 if INT4_SYMMETRIC else 2)
+    checkpoint = quantization.checkpoint
+    if checkpoint is not None:  # GPTQ/AWQ (kvserve.model.prequantized): a symmetric quantizer's zeros are all 8
+        bits, symmetric = checkpoint.bits, checkpoint.sym or checkpoint.bits == 8
+        group = k if checkpoint.group_size == -1 else checkpoint.group_size
+    elif quantization.method == "int8":
+        bits, group, symmetric = 8, k, True
+    else:
+        bits, group, symmetric = 4, quantization.group_size, INT4_SYMMETRIC
+    return n * k * bits // 8 + SCALE_BYTES * n * (k // group) * (1 if symmetric else 2)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing import Any
 
 from kvserve.bench.machine_probe import MachinePeaks, probe_machine
 from kvserve.bench.roofline import ServingFormat, WorkloadBound, model_cost, quantization_from_label, workload_bound
+from kvserve.errors import CheckpointError
 from kvserve.model.arch_config import ModelArchConfig
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::")
@@ -127,7 +128,7 @@ def engine_from_facts(facts: dict[str, Any], model_dir: str, assumed: Sequence[s
     Raises:
         ValueError: a dtype, quantization or KV cache dtype the bound does not know.
     """
-    fmt = ServingFormat(facts["dtype"], quantization_from_label(facts.get("quantization")),
+    fmt = ServingFormat(facts["dtype"], quantization_from_label(facts.get("quantization"), model_dir),
                         facts.get("kv_cache_dtype") or "auto")
     return RunEngine(model_dir, fmt, facts.get("max_num_seqs"), facts.get("device") or "cpu", tuple(assumed))
 
@@ -164,16 +165,29 @@ def server_engine(base_url: str, version: Any, model_id: str | None) -> RunEngin
     if folder is None:
         return (f"the model's config.json is not local (give --model as the served model's folder; got "
                 f"{model_id!r})")
-    if facts:
-        return engine_from_facts(facts, folder)
+    try:
+        if facts:
+            return engine_from_facts(facts, folder)
+        return _assumed_engine(version, folder)
+    except (ValueError, KeyError, CheckpointError) as exc:
+        return f"the server's format is not one the bound knows: {exc}"
+
+
+def _assumed_engine(version: Any, folder: str) -> RunEngine:
+    """A server that does not report its engine: what kvserve would run on this machine (the
+    dtype ``--dtype auto`` picks here, a GPTQ/AWQ checkpoint's own quantization)."""
     from kvserve.model.loader import default_dtype_for_device  # noqa: PLC0415 - torch
 
+    from kvserve.checkpoint_quantization import read_checkpoint_quantization  # noqa: PLC0415
+
     dtype = str(default_dtype_for_device(folder, "cpu")).removeprefix("torch.")
-    quant = version.get("quantization") if isinstance(version, dict) else None
-    facts = {"dtype": dtype, "quantization": quant, "kv_cache_dtype": "auto", "max_num_seqs": None}
-    assumed = ["dtype", "kv_cache_dtype", "max_num_seqs"] + ([] if isinstance(version, dict)
-                                                              and "quantization" in version else ["quantization"])
-    return engine_from_facts(facts, folder, assumed)
+    reported = isinstance(version, dict) and "quantization" in version
+    checkpoint = read_checkpoint_quantization(folder)  # a GPTQ/AWQ checkpoint runs as one
+    quant = None if checkpoint is None else checkpoint.label + ("+lm_head" if checkpoint.lm_head else "")
+    facts = {"dtype": dtype, "quantization": version["quantization"] if reported else quant,
+             "kv_cache_dtype": "auto", "max_num_seqs": None}
+    return engine_from_facts(facts, folder, ["dtype", "kv_cache_dtype", "max_num_seqs"]
+                             + ([] if reported else ["quantization"]))
 
 
 def _builtin_folder(model_id: str | None) -> str | None:
@@ -197,7 +211,10 @@ def offline_roofline(facts: dict[str, Any] | None, model: str, requests: Sequenc
     folder = _model_folder(facts.get("model"), model)
     if folder is None:
         return not_computed(f"no config.json in {model}", elapsed_s, output_tokens)
-    engine = engine_from_facts(facts, folder)
+    try:
+        engine = engine_from_facts(facts, folder)
+    except (ValueError, KeyError, CheckpointError) as exc:
+        return not_computed(f"the engine's format is not one the bound knows: {exc}", elapsed_s, output_tokens)
     return roofline_of(engine, probe_for(engine), requests, engine.max_num_seqs or max(1, len(requests)), elapsed_s)
 
 
