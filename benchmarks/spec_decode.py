@@ -30,13 +30,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from roofline import decode_bound, measure_peaks
 
 from kvserve import SamplingParams
 from kvserve.bench.copy_dataset import CopyEditDataset
 from kvserve.bench.datasets import RandomDataset
 from kvserve.bench.provenance import collect_provenance
+from kvserve.bench.roofline import decode_step_bound, model_cost
+from kvserve.bench.roofline_report import engine_from_facts, probe_for
 from kvserve.engine.llm import LLM
+from kvserve.engine.llm_engine import serving_facts
 from kvserve.testing.spec_decode import ForcedProposer, reference_drafts
 
 
@@ -181,10 +183,10 @@ def main(argv: list[str] | None = None) -> None:
             point = {"batch": batch, **summarize(name, name_runs, None if name == args.config[0] else base)}
             result["points"].append(point)
             print(json.dumps(point), flush=True)
-    arch = first.llm_engine.core.loaded.arch
-    peaks = measure_peaks(arch)
-    dtype = first.llm_engine.core.loaded.dtype
-    result["roofline"] = {"peaks": peaks.__dict__, "batch1_bound_ms": 1e3 * decode_bound(arch, peaks, 1, 256, dtype).bound_s}
+    engine = engine_from_facts(serving_facts(first.llm_engine), first.llm_engine.config.model.model)
+    peaks = probe_for(engine)
+    bound = decode_step_bound(model_cost(engine.arch, engine.format), peaks, engine.format.dtype, [256])
+    result["roofline"] = {"peaks": peaks.to_dict(), "batch1_bound_ms": 1e3 * bound.bound_s}
     print(json.dumps(result["roofline"]), flush=True)
     path = Path(args.result_file or f"bench_results/spec_decode-{int(time.time())}.json")
     path.parent.mkdir(parents=True, exist_ok=True)

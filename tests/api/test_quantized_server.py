@@ -1,6 +1,6 @@
 """A server with quantized weights says so: ``/v1/models`` (each card's ``quantization``),
-``/version`` (what ``kvserve bench`` records as provenance) and the start-up log; a float model
-reports ``null``."""
+``/version`` (what ``kvserve bench`` records as provenance, with the engine's format for the
+roofline bound) and the start-up log; a float model reports ``null``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,14 @@ def test_quantization_in_models_version_and_log(tiny_llama, caplog):
         headers = {"Authorization": f"Bearer {server.api_key}"}
         cards = httpx.get(server.base_url + "/v1/models", headers=headers).json()["data"]
         assert [c["quantization"] for c in cards] == ["int4-g32+lm_head"]
-        assert httpx.get(server.base_url + "/version").json()["quantization"] == "int4-g32+lm_head"
+        version = httpx.get(server.base_url + "/version").json()
+        assert version["quantization"] == "int4-g32+lm_head"
+        # what kvserve bench needs for the roofline bound of a run against this server
+        facts = version["engine"]
+        assert {k: facts[k] for k in ("model", "dtype", "quantization", "kv_cache_dtype", "device")} == {
+            "model": str(tiny_llama), "dtype": "float32", "quantization": "int4-g32+lm_head", "kv_cache_dtype": "auto",
+            "device": "cpu"}
+        assert isinstance(facts["max_num_seqs"], int) and facts["max_num_seqs"] >= 1
         client = server.make_client()
         reply = client.completions.create(model=server.model, prompt="hello", max_tokens=3, temperature=0)
         assert reply.usage.completion_tokens == 3

@@ -151,6 +151,12 @@ def test_cells_record_exact_requests(compare_run):
     assert cell["provenance"]["server"]["model"] == BUILTIN_MODEL_NAME and cell["provenance"]["git_commit"]
     same = json.loads((out / "cells" / "pc-on" / "c3.json").read_text())
     assert [r["prompt_len"] for r in same["requests"]] == [r["prompt_len"] for r in cell["requests"]]
+    # the cell against the roofline bound: the kvserve server's /version names its model and format
+    for c in (cell, same):
+        roofline = c["roofline"]
+        assert roofline["cap"] == 3 and roofline["output_tokens"] == OUTPUT_LEN * REQUESTS
+        assert roofline["fraction"] == pytest.approx(roofline["bound_s"] / c["metrics"]["duration_s"])
+        assert roofline["assumed"] == [] and c["provenance"]["machine_peaks"]["bandwidth_gbs"] > 0
 
 
 def test_failure_probes(compare_run):

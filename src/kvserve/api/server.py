@@ -1,7 +1,7 @@
 """The FastAPI application of the OpenAI-compatible server.
 
     GET  /health                 200 when the engine is ready, else 503 (HEAD too) (open)
-    GET  /version                {"version": ..., "commit": ..., "dirty": ...}     (open)
+    GET  /version                {"version", "commit", "dirty", "quantization", "engine"}  (open)
     GET  /metrics                Prometheus text format                          (open)
     GET  /v1/models              the served model (and its LoRA adapters, ``parent`` = the model)
     POST /v1/load_lora_adapter   vLLM's runtime adapter loading (with --allow-runtime-lora-updating)
@@ -120,7 +120,8 @@ def _add_open_routes(app: FastAPI, state: ServingState) -> None:
 
     @app.get("/version")
     async def version() -> dict:
-        return {**build, "quantization": getattr(state.engine, "quantization", None)}
+        return {**build, "quantization": getattr(state.engine, "quantization", None),
+                "engine": getattr(state.engine, "serving_facts", None)}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -22,5 +22,7 @@ Modules:
     vllm_result  vLLM's flat result keys, printed summary and file name
     sweep      several load levels, plot and table
     throughput offline run through ``kvserve.engine.llm.LLM``
+    machine_probe, roofline, roofline_report  the machine's bandwidth and matmul peak (same run),
+               the workload's bound from the model's shapes, each run's fraction of it
     provenance command line, git, versions, machine, server; report writes result files
 """

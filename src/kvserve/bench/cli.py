@@ -64,6 +64,8 @@ def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="measure everything again, ignoring stored cells")
     p.add_argument("--no-probes", action="store_true", help="load levels only, no failure-mode probes")
     p.add_argument("--report-only", action="store_true", help="write the reports from the stored files only")
+    p.add_argument("--no-roofline", action="store_true",
+                   help="skip the machine probe and each cell's fraction of the roofline bound")
     return p
 
 

@@ -30,6 +30,15 @@ from kvserve.bench.cli import (
 from kvserve.bench.prompts import load_tokenizer
 from kvserve.bench.provenance import collect_provenance
 from kvserve.bench.report import print_notes, serve_run_to_dict, write_result
+from kvserve.bench.roofline_report import (
+    RooflineResult,
+    RunEngine,
+    completed_lengths,
+    offline_roofline,
+    online_roofline,
+    probe_for,
+    server_engine,
+)
 from kvserve.bench.runner import ServeRun, run_serve
 from kvserve.bench.spec_metrics import acceptance, format_acceptance, read_counters
 from kvserve.bench.sweep import plot_sweep, print_sweep_table, run_sweep, sweep_points
@@ -128,6 +137,17 @@ def _save_path(args: argparse.Namespace, header: ResultHeader, run: ServeRun) ->
     return None
 
 
+def online_rooflines(args: argparse.Namespace, model_id: str, runs: list[ServeRun]) -> tuple[list[RooflineResult],
+                                                                                               dict | None]:
+    """Each run against its roofline bound (``kvserve.bench.roofline_report``) and the probe's
+    figures for the provenance; the machine is probed once, after the runs (the server idle)."""
+    engine = None if args.no_roofline else server_engine(base_url(args), runs[0].server.version, model_id)
+    peaks = probe_for(engine) if isinstance(engine, RunEngine) else None
+    rooflines = [online_roofline(engine, peaks, completed_lengths(r.outputs), r.metrics.duration_s,
+                                 r.config.max_concurrency) for r in runs]
+    return rooflines, None if peaks is None else peaks.to_dict()
+
+
 def serve_command(args: argparse.Namespace) -> int:
     """One online run: vLLM's summary, the result file (vLLM's flat keys + kvserve's), exit 1 if
     any request failed."""
@@ -149,13 +169,17 @@ def serve_command(args: argparse.Namespace) -> int:
     result = flat_result(run, header, selected, args.metric_percentiles, args.save_detailed)
     print_notes(run)  # failures first, as vLLM prints them before its summary
     print(format_summary(result, selected, args.metric_percentiles))
+    (roofline,), peaks = online_rooflines(args, model_id, [run])
+    print(roofline.line())
     if spec is not None:  # the server speculated: its acceptance over the run (warm-ups included)
         result.update(spec)
         print(format_acceptance(spec))
     path = _save_path(args, header, run)
     if path:
-        payload = {**result, "workload": _workload_args(args), **serve_run_to_dict(run)}
-        written = write_result(path, "serve", payload, collect_provenance(run.server), append=args.append_result)
+        payload = {**result, "workload": _workload_args(args), **serve_run_to_dict(run),
+                   "roofline": roofline.to_dict()}
+        written = write_result(path, "serve", payload, collect_provenance(run.server, machine_peaks=peaks),
+                               append=args.append_result)
         print(f"result written to {written}")
     return 1 if run.metrics.failed else 0
 
@@ -172,21 +196,25 @@ def sweep_command(args: argparse.Namespace) -> int:
     tokenizer, _ = online_tokenizer(args, model_id)
     sample_sets = load_sweep_samples(args, tokenizer, len(points))
     runs = asyncio.run(run_sweep(base, points, sample_sets, tokenizer, load_warmup_samples(args, tokenizer)))
+    rooflines, peaks = online_rooflines(args, model_id, runs)
     result_path = Path(args.result_file or default_result_path("sweep"))
     plot_path = Path(args.plot_file or result_path.with_suffix(".png"))
     payload = {
         "workload": _workload_args(args),
         "plot_file": str(plot_path),
-        "runs": [{"point": dataclasses.asdict(p), **serve_run_to_dict(r)} for p, r in zip(points, runs)],
+        "runs": [{"point": dataclasses.asdict(p), **serve_run_to_dict(r), "roofline": f.to_dict()}
+                 for p, r, f in zip(points, runs, rooflines)],
     }
-    write_result(result_path, "sweep", payload, collect_provenance(runs[0].server))
+    write_result(result_path, "sweep", payload, collect_provenance(runs[0].server, machine_peaks=peaks))
     print(f"result written to {result_path}")
     try:
         plot_sweep(runs, points, plot_path)
         print(f"plot written to {plot_path}")
     except ImportError:
         print("plot skipped: matplotlib is not installed (pip install matplotlib)")
-    print_sweep_table(runs, points)
+    print_sweep_table(runs, points, rooflines)
+    if rooflines[0].bound is None:
+        print(rooflines[0].line())
     return 1 if any(r.metrics.failed for r in runs) else 0
 
 
@@ -203,10 +231,14 @@ def throughput_command(args: argparse.Namespace) -> int:
     samples = load_samples(args, tokenizer)
     result = run_throughput(model, samples, args.engine_kwargs, args.ignore_eos, args.temperature)
     print(format_throughput(result))
+    roofline = offline_roofline(result.engine, model, result.request_lengths, result.elapsed_s, not args.no_roofline)
+    print(roofline.line())
     if args.result_file:
+        metrics = {k: v for k, v in dataclasses.asdict(result).items() if k != "request_lengths"}
         payload = {"workload": _workload_args(args), "model": model, "engine_kwargs": args.engine_kwargs,
-                   "metrics": dataclasses.asdict(result)}
-        path = write_result(args.result_file, "throughput", payload, collect_provenance(None))
+                   "metrics": metrics, "roofline": roofline.to_dict()}
+        peaks = None if roofline.peaks is None else roofline.peaks.to_dict()
+        path = write_result(args.result_file, "throughput", payload, collect_provenance(None, machine_peaks=peaks))
         print(f"result written to {path}")
     return 0
 
@@ -221,7 +253,7 @@ def compare_command(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     compare = Compare(spec, Path(args.spec).resolve(), Path(args.out), os.environ, engines=args.engines,
-                      fresh=args.fresh, probes=not args.no_probes)
+                      fresh=args.fresh, probes=not args.no_probes, roofline=not args.no_roofline)
     if args.report_only:
         paths = write_reports(spec, Store(args.out), compare.engines)
         print("report: " + ", ".join(str(p) for p in paths))

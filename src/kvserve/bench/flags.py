@@ -179,6 +179,11 @@ def _add_result_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g.add_argument("--metadata", nargs="*", default=None, metavar="KEY=VALUE", help="extra keys in the result")
 
 
+def add_roofline_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-roofline", action="store_true",
+                   help="kvserve: skip the machine probe (a few seconds) and the roofline fraction of the run")
+
+
 def add_online_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     """Server, sampling, load and result flags of ``serve`` (``sweep``: load lists instead)."""
     server = p.add_argument_group("server")
@@ -186,6 +191,7 @@ def add_online_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     _add_sampling_args(p)
     _add_load_args(p.add_argument_group("load"), sweep)
     _add_result_args(p, sweep)
+    add_roofline_arg(p)
 
 
 def add_throughput_args(p: argparse.ArgumentParser) -> None:
@@ -196,3 +202,4 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--result-file", default=None, help="write the result JSON here")
     g.add_argument("--ignore-eos", action="store_true", help="generate exactly the output length")
     g.add_argument("--temperature", type=float, default=0.0)
+    add_roofline_arg(p)

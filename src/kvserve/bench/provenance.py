@@ -49,6 +49,8 @@ class Provenance:
         cpu_count: logical CPUs (``os.cpu_count()``).
         hostname, platform: ``platform.node()`` and ``platform.platform()``.
         server: the server's self-description, None for offline runs.
+        machine_peaks: the roofline probe's figures (``kvserve.bench.machine_probe.MachinePeaks``:
+            bandwidth GB/s, matmul TFLOP/s, threads), None when it did not run.
     """
 
     command: list[str]
@@ -64,6 +66,7 @@ class Provenance:
     hostname: str
     platform: str
     server: ServerInfo | None
+    machine_peaks: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -132,9 +135,10 @@ def redact_command(argv: list[str]) -> list[str]:
     return out
 
 
-def collect_provenance(server: ServerInfo | None, repo: str | None = None) -> Provenance:
+def collect_provenance(server: ServerInfo | None, repo: str | None = None,
+                       machine_peaks: dict[str, Any] | None = None) -> Provenance:
     """Provenance of a run started now by this process; the git state is that of ``repo``
-    (default: the cwd's repository)."""
+    (default: the cwd's repository); ``machine_peaks``: the roofline probe's figures."""
     import kvserve
 
     commit, dirty, git_error = git_state(repo)
@@ -152,4 +156,5 @@ def collect_provenance(server: ServerInfo | None, repo: str | None = None) -> Pr
         hostname=platform.node(),
         platform=platform.platform(),
         server=server,
+        machine_peaks=machine_peaks,
     )

@@ -109,15 +109,21 @@ def plot_sweep(runs: Sequence[ServeRun], points: Sequence[SweepPoint], path: str
     return path
 
 
-def print_sweep_table(runs: Sequence[ServeRun], points: Sequence[SweepPoint], console: Console | None = None) -> None:
-    """One row per load level: throughput, TTFT/TPOT p50/p99 (ms), failures."""
+def print_sweep_table(runs: Sequence[ServeRun], points: Sequence[SweepPoint], rooflines: Sequence[Any] | None = None,
+                      console: Console | None = None) -> None:
+    """One row per load level: throughput, its fraction of the roofline bound
+    (``kvserve.bench.roofline_report.RooflineResult``, '-' without one), TTFT/TPOT p50/p99 (ms),
+    failures."""
     table = Table(title="kvserve bench sweep")
-    for col in ("load", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "peak conc", "failed"):
+    for col in ("load", "req/s", "out tok/s", "roofline", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+                "peak conc", "failed"):
         table.add_column(col, justify="right")
-    for run, point in zip(runs, points):
+    fractions = [None if r is None else r.fraction for r in (rooflines or [None] * len(runs))]
+    for run, point, fraction in zip(runs, points, fractions):
         m = run.metrics
         table.add_row(
             point.label, f"{m.request_throughput:.2f}", f"{m.output_throughput:.1f}",
+            "-" if fraction is None else f"{fraction:.2f}",
             f"{m.ttft_ms.percentiles.get(50.0, m.ttft_ms.median):.1f}", f"{m.ttft_ms.percentiles.get(99.0, 0.0):.1f}",
             f"{m.tpot_ms.percentiles.get(50.0, m.tpot_ms.median):.1f}", f"{m.tpot_ms.percentiles.get(99.0, 0.0):.1f}",
             str(m.peak_concurrency), str(m.failed),

@@ -33,6 +33,8 @@ class ThroughputResult:
     output_throughput: float
     total_token_throughput: float
     spec_decoding: dict[str, Any] | None = None  # acceptance when the engine speculated
+    engine: dict[str, Any] | None = None  # ``serving_facts`` of the engine (None: a stand-in)
+    request_lengths: tuple[tuple[int, int], ...] = dataclasses.field(default=(), repr=False)  # (prompt, output)
 
 
 def sampling_params_for(samples: Sequence[SampleRequest], ignore_eos: bool, temperature: float) -> list[SamplingParams]:
@@ -67,6 +69,7 @@ def summarize(samples: Sequence[SampleRequest], outputs: Sequence[Any], elapsed_
         request_throughput=len(samples) / elapsed_s,
         output_throughput=total_out / elapsed_s,
         total_token_throughput=(total_in + total_out) / elapsed_s,
+        request_lengths=tuple((len(o.prompt_token_ids), sum(len(c.token_ids) for c in o.outputs)) for o in outputs),
     )
 
 
@@ -104,6 +107,10 @@ def run_throughput(model: str, samples: Sequence[SampleRequest], engine_kwargs: 
     elapsed = time.perf_counter() - start
     result = summarize(samples, outputs, elapsed, load_s)
     core = getattr(getattr(llm, "llm_engine", None), "core", None)  # None: a stand-in engine (tests)
+    if core is not None:
+        from kvserve.engine.llm_engine import serving_facts
+
+        result = dataclasses.replace(result, engine=serving_facts(llm.llm_engine))
     spec = None if core is None else core.scheduler.make_stats().spec_decoding
     if spec is None or not spec.num_drafts:
         return result

@@ -31,7 +31,7 @@ from typing import Any
 from kvserve.engine.engine_messages import AbortAll, AbortRequest, AddRequests, EngineCommand, Shutdown
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.input_processor import DEFAULT_FIELDS, FieldNames, InputProcessor, PromptInput
-from kvserve.engine.llm_engine import EngineStep, LLMEngine
+from kvserve.engine.llm_engine import EngineStep, LLMEngine, serving_facts
 from kvserve.errors import RequestFailedError, RequestRejectedError
 from kvserve.generation_config import SamplingDefaults
 from kvserve.outputs import RequestOutput
@@ -49,7 +49,10 @@ class EngineClient(ABC):
       ``input_processor: InputProcessor``, ``sampling_defaults`` (the model's default sampling
       values, ``kvserve.generation_config.SamplingDefaults``; optional), ``lora_registry``
       (``kvserve.lora.registry.LoRARegistry`` with ``--enable-lora``, else None; optional),
-      ``quantization`` (the weights' quantization, ``QuantizationConfig.label``; optional).
+      ``quantization`` (the weights' quantization, ``QuantizationConfig.label``; optional),
+      ``serving_facts`` (how the loaded engine holds and batches the model, for ``/version``:
+      ``model`` folder, ``dtype``, ``kv_cache_dtype``, ``max_num_seqs``, ``device``; None while
+      loading; optional).
     """
 
     model_name: str
@@ -183,6 +186,7 @@ class AsyncLLM(EngineClient):
         self._factory: Callable[[], LLMEngine] | None = None
         self.model_name = served_model_name
         self.quantization: str | None = None
+        self.serving_facts: dict[str, Any] | None = None
         self.stats_consumers = list(stats_consumers or [])
         self.on_dead = on_dead
         self.metrics_registry: Any = None
@@ -209,6 +213,7 @@ class AsyncLLM(EngineClient):
         self._set_facts(engine.input_processor)
         self.sampling_defaults = engine.config.model.sampling_defaults
         self.quantization = engine.config.model.quantization.label
+        self.serving_facts = serving_facts(engine)
         self.snapshot = engine.core.make_stats()
         self._loaded.set()
 

@@ -59,6 +59,20 @@ def build_input_processor(config: EngineConfig, tokenizer, vocab_size: int, max_
                                                                      config.structured_outputs))
 
 
+def serving_facts(engine: LLMEngine) -> dict[str, Any] | None:
+    """What a benchmark needs to compute the roofline of a run against this engine
+    (``kvserve.bench.roofline``): the model folder, the dtype it runs in, the weights'
+    quantization (``QuantizationConfig.label``), the KV cache dtype, how many requests run at
+    once and the device (None for an engine without a loaded model)."""
+    core = engine.core
+    if getattr(core, "loaded", None) is None:
+        return None
+    return {"model": engine.config.model.model, "dtype": str(core.loaded.dtype).removeprefix("torch."),
+            "quantization": engine.config.model.quantization.label,
+            "kv_cache_dtype": engine.config.cache.kv_cache_dtype,
+            "max_num_seqs": engine.config.scheduler.max_num_seqs, "device": str(core.device)}
+
+
 class LLMEngine:
     """Args:
     config: engine configuration.

@@ -63,6 +63,8 @@ class EngineRun:
     model: str
     tokenizer: Any
     max_model_len: int | None
+    roofline: bool = True  # False: --no-roofline
+    peaks: Any = None  # the machine probe (kvserve.bench.machine_probe), taken after this engine's first cell
 
 
 def tool_repo() -> str:
@@ -179,15 +181,36 @@ async def run_cell(run: EngineRun, index: int, load: float, key: str) -> dict[st
     result = await run_serve(serve_config(run, index, load), samples, run.tokenizer, warmups)
     if run.engine.count_output_tokens == "max_tokens":
         result = _count_requested(result, samples)
+    roofline = await cell_roofline(run, result)
+    peaks = None if roofline.peaks is None else roofline.peaks.to_dict()
     return _jsonable({"key": key, "engine": run.engine.name, "axis": spec.load.axis, "load": load,
                       "label": level_label(spec.load.axis, load), "seed": seed, **serve_run_to_dict(result),
-                      "provenance": collect_provenance(result.server, tool_repo()).to_dict()})
+                      "roofline": roofline.to_dict(),
+                      "provenance": collect_provenance(result.server, tool_repo(), machine_peaks=peaks).to_dict()})
+
+
+async def cell_roofline(run: EngineRun, result: ServeRun):
+    """The cell against its roofline bound (``kvserve.bench.roofline_report``); the machine is
+    probed once per engine, after its first cell (the engine idle), in a worker thread."""
+    from kvserve.bench.roofline_report import RunEngine, completed_lengths, online_roofline, probe_for, server_engine
+
+    engine = None
+    if run.roofline:
+        engine = server_engine(run.engine.base_url, result.server.version, run.model)
+        if isinstance(engine, str) and run.spec.model.tokenizer:  # the tokenizer folder may hold the config
+            engine = server_engine(run.engine.base_url, result.server.version, run.spec.model.tokenizer)
+    if isinstance(engine, RunEngine) and run.peaks is None:
+        run.peaks = await asyncio.to_thread(probe_for, engine)
+    return online_roofline(engine, run.peaks, completed_lengths(result.outputs), result.metrics.duration_s,
+                           result.config.max_concurrency)
 
 
 def cell_line(cell: dict[str, Any]) -> str:
     m = cell["metrics"]
+    fraction = (cell.get("roofline") or {}).get("fraction")
+    roofline = f" ({fraction:.2f} of the roofline)" if isinstance(fraction, float) else ""
     return (f"{cell['engine']} {cell['label']}: {m['completed']}/{cell['num_requests']} ok, "
-            f"{m['output_throughput']:.1f} out tok/s, TTFT p99 {m['ttft_ms']['percentiles'].get('99.0', 0):.0f} ms, "
+            f"{m['output_throughput']:.1f} out tok/s{roofline}, TTFT p99 {m['ttft_ms']['percentiles'].get('99.0', 0):.0f} ms, "
             f"TPOT p99 {m['tpot_ms']['percentiles'].get('99.0', 0):.1f} ms")
 
 
@@ -213,9 +236,9 @@ class Compare:
 
     def __init__(self, spec: CompareSpec, spec_path: Path, out: Path, environ: Mapping[str, str],
                  engines: list[str] | None = None, fresh: bool = False, probes: bool = True,
-                 console: Console | None = None):
+                 console: Console | None = None, roofline: bool = True):
         self.spec, self.spec_path, self.store = spec, spec_path, Store(out)
-        self.environ, self.fresh, self.with_probes = environ, fresh, probes
+        self.environ, self.fresh, self.with_probes, self.roofline = environ, fresh, probes, roofline
         self.console = console or Console()
         self.engines = [e for e in spec.engines if engines is None or e.name in engines]
         self.tokenizers: dict[str, Any] = {}
@@ -363,6 +386,6 @@ class Compare:
         max_len = card.get("max_model_len") if isinstance(card, dict) else None
         tokenizer = await asyncio.to_thread(resolve_tokenizer, self.spec, model, self.tokenizers)
         run = EngineRun(self.spec, engine, self.store, client, headers, model, tokenizer,
-                        max_len or self.spec.model.max_model_len)
+                        max_len or self.spec.model.max_model_len, self.roofline)
         self.store.write(self.store.engine_path(engine.name), _jsonable(await engine_provenance(run, served)))
         return run
