@@ -1,0 +1,119 @@
+"""Tensor parallelism on the CPU with gloo (``kvserve.distributed``): TP 2 against TP 1 on the
+same checkpoint, which is the reference (itself checked against transformers in
+tests/model/test_model_numerics.py).
+
+- float32 logits of a prefill and of cached decode positions within 1e-5 (relative to the
+  largest logit) of TP 1, and 64 greedy tokens identical, for Llama, Qwen2 and Qwen3 and for a
+  model whose single KV head is replicated on both ranks;
+- prefix caching and preemption under TP 2 give the same bits as the same TP 2 engine running each
+  prompt alone, and the same tokens as TP 1;
+- refusals by name; the ranks' shards (only their rows are loaded).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve import SamplingParams
+from kvserve.distributed.shard import TensorParallelShard, check_tensor_parallel
+from kvserve.engine.llm import LLM
+from kvserve.errors import ConfigError
+from kvserve.model.arch_config import ModelArchConfig
+
+COMMON = dict(max_model_len=256, block_size=16, seed=0, dtype="float32", dist_timeout=60.0)
+PROMPTS = [[5, 17, 29, 41, 53, 65, 77, 89, 101, 113, 125, 137, 149, 161, 173, 185, 197, 209, 221],
+           [7, 8, 9, 10, 11], [300, 200, 100, 50, 25, 12, 6, 3, 400]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True, logprobs=1)
+
+
+def make(model_dir, tp: int, **kwargs) -> LLM:
+    return LLM(str(model_dir), **{**COMMON, "num_gpu_blocks_override": 64, "tensor_parallel_size": tp, **kwargs})
+
+
+def forward_logits(llm: LLM) -> list[torch.Tensor]:
+    """Logits of a 19-token prefill (blocks 1-2), then of 5 positions computed against its cached
+    K/V, straight through the runner (no sampling)."""
+    runner = llm.llm_engine.core.runner
+    prompt = PROMPTS[0]
+    first = runner.forward([prompt[:14]], [[1]])[0]
+    rest = runner.forward([prompt], [[1, 2]], num_computed=[14])[0]
+    return [first.float(), rest.float()]
+
+
+def greedy(llm: LLM, prompts=PROMPTS) -> list[tuple[list[int], list[float]]]:
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY)
+    return [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outputs]
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max())
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_kv1(checkpoint_factory):
+    """Llama with 4 query heads and one KV head: TP 2 replicates the KV head on both ranks."""
+    return checkpoint_factory("LlamaForCausalLM", num_key_value_heads=1)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_llama_kv1"])
+def test_tp2_logits_and_greedy_tokens_match_tp1(request, fixture):
+    model_dir = request.getfixturevalue(fixture)
+    reference = make(model_dir, 1)
+    want_logits, want_tokens = forward_logits(reference), greedy(reference)
+    sharded = make(model_dir, 2)
+    try:
+        got_logits, got_tokens = forward_logits(sharded), greedy(sharded)
+    finally:
+        sharded.shutdown()
+    for got, want in zip(got_logits, want_logits, strict=True):
+        assert got.shape == want.shape
+        assert relative_error(got, want) < 1e-5
+    for (got_ids, got_lps), (want_ids, want_lps) in zip(got_tokens, want_tokens, strict=True):
+        assert got_ids == want_ids and len(got_ids) == 64
+        assert got_lps == pytest.approx(want_lps, rel=1e-5, abs=1e-5)
+
+
+def test_tp2_prefix_caching_and_preemption(tiny_llama):
+    """12 blocks of 16 tokens cannot hold the three prompts' 64-token continuations at once: the
+    scheduler preempts and recomputes, and the shared 16-token prefix hits the cache."""
+    prefix = list(range(40, 56))
+    prompts = [prefix + [7, 8, 9], prefix + [300, 301], prefix + [9, 99, 199, 299]]
+    reference = make(tiny_llama, 1, num_gpu_blocks_override=12)
+    want = greedy(reference, prompts)
+    sharded = make(tiny_llama, 2, num_gpu_blocks_override=12)
+    try:
+        batched = greedy(sharded, prompts)
+        stats = sharded.llm_engine.core.make_stats()
+        alone = [greedy(sharded, [p])[0] for p in prompts]
+        sharded.llm_engine.core.kv_cache_manager.check_integrity()
+    finally:
+        sharded.shutdown()
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert batched == alone  # the same bits, batched and preempted or alone
+    assert [ids for ids, _ in batched] == [ids for ids, _ in want]
+
+
+def test_shards_hold_their_rows_only(tiny_llama_kv1):
+    arch = ModelArchConfig.from_file(tiny_llama_kv1 / "config.json")
+    shards = [TensorParallelShard(rank, 2, arch) for rank in range(2)]
+    assert [s.rows_of("q_proj") for s in shards] == [(0, 32), (32, 64)]
+    assert [s.rows_of("k_proj") for s in shards] == [(0, 16), (0, 16)]  # one KV head, replicated
+    assert [s.rows_of("down_proj") for s in shards] == [(0, 64), (64, 128)]
+    vocab = arch.vocab_size
+    assert shards[0].vocab_rows == (0, -(-vocab // 2)) and shards[1].vocab_rows == (-(-vocab // 2), vocab)
+    four = [TensorParallelShard(rank, 4, ModelArchConfig.from_file(tiny_llama_kv1 / "config.json"))
+            for rank in range(4)]
+    assert [s.num_heads for s in four] == [1] * 4 and [s.first_kv_head for s in four] == [0] * 4
+
+
+def test_refused_combinations_name_the_flag(tiny_llama):
+    arch = ModelArchConfig.from_file(tiny_llama / "config.json")
+    with pytest.raises(ConfigError, match=r"--tensor-parallel-size 3: num_attention_heads \(4\)"):
+        check_tensor_parallel(arch, 3)
+    for kwargs, flag in (({"quantization": "int8"}, "--quantization"), ({"enable_lora": True}, "--enable-lora"),
+                         ({"speculative_config": '{"method": "ngram", "num_speculative_tokens": 2, '
+                                                 '"prompt_lookup_max": 2, "prompt_lookup_min": 1}'},
+                          "--speculative-config")):
+        with pytest.raises(ConfigError, match=f"^{flag} with --tensor-parallel-size 2 is not supported"):
+            make(tiny_llama, 2, **kwargs)
