@@ -8,7 +8,8 @@ one thread, as ``-tp 2`` runs them):
 
 1. Collectives, two ranks: one all-reduce of a [rows, hidden] activation (what o_proj and
    down_proj each do per layer; rows = 1, 16, 64 decode rows, 512 prefill rows) in bfloat16 and
-   float32, and the per-call message of a decode step's ``Forward`` (batch 1 and 64, blocks of 16
+   float32; the LM head's exchange (the [rows, hidden] broadcast and the gather of [rows,
+   vocab / 2] bf16 logits on rank 0); and the per-call message of a decode step's ``Forward`` (batch 1 and 64, blocks of 16
    at context 128): kvserve's framed broadcast (``Communicator.send_message``: one 4 KiB
    broadcast) against ``torch.distributed.broadcast_object_list`` (a size broadcast, then the
    pickle). Median of ``--repeats`` after 5 warm-ups, timed on rank 0.
@@ -71,7 +72,7 @@ def _forward_message(batch: int, context: int, block: int = 16):
     return Forward.of(inputs.input_ids, inputs.positions, inputs.attn_metadata)
 
 
-def _rank(rank: int, port: int, model: str, hidden: int, repeats: int, results) -> None:
+def _rank(rank: int, port: int, model: str, hidden: int, vocab: int, repeats: int, results) -> None:
     """One of the two ranks of parts 1 and 2."""
     import psutil
     import torch.distributed as dist
@@ -91,6 +92,13 @@ def _rank(rank: int, port: int, model: str, hidden: int, repeats: int, results) 
             x = torch.randn(rows, hidden).to(dtype)
             out["all_reduce_us"][f"{str(dtype).removeprefix('torch.')} x{rows}"] = _median_us(
                 lambda x=x: comm.all_reduce(x), repeats)
+    out["logits_gather_us"] = {}
+    vocab_shard = -(-vocab // 2)
+    for rows in (1, 16, 64):
+        logits = torch.randn(rows, vocab_shard).to(torch.bfloat16)
+        hidden_rows = torch.randn(rows, hidden).to(torch.bfloat16)
+        out["logits_gather_us"][f"bfloat16 x{rows}"] = _median_us(
+            lambda lg=logits, h=hidden_rows: (comm.broadcast(h), comm.gather(lg)), repeats)
     for batch in (1, 64):
         message = _forward_message(batch, 128)
         size = len(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
@@ -111,11 +119,11 @@ def _rank(rank: int, port: int, model: str, hidden: int, repeats: int, results) 
     comm.close()
 
 
-def collectives_and_memory(model: str, hidden: int, repeats: int) -> dict:
+def collectives_and_memory(model: str, hidden: int, vocab: int, repeats: int) -> dict:
     context = torch.multiprocessing.get_context("spawn")
     results = context.Queue()
     port = _free_port()
-    procs = [context.Process(target=_rank, args=(r, port, model, hidden, repeats, results)) for r in range(2)]
+    procs = [context.Process(target=_rank, args=(r, port, model, hidden, vocab, repeats, results)) for r in range(2)]
     for p in procs:
         p.start()
     got = dict(results.get(timeout=900) for _ in procs)
@@ -169,7 +177,7 @@ def main(argv=None) -> int:
     result = {"provenance": collect_provenance(None).__dict__, "model": args.model,
               "cpu_flags": sorted({f for f in Path("/proc/cpuinfo").read_text().split()
                                    if f.startswith(("amx", "avx512_bf16", "avx512f"))})}
-    ranks = collectives_and_memory(args.model, arch.hidden_size, args.repeats)
+    ranks = collectives_and_memory(args.model, arch.hidden_size, arch.vocab_size, args.repeats)
     result["ranks"] = ranks
     full = checkpoint_bytes(args.model)
     result["model_bytes"] = full
@@ -179,6 +187,7 @@ def main(argv=None) -> int:
               f"model; RSS growth while loading {out['load_rss_growth'] / 2**20:.1f} MiB")
     print("all-reduce [rows, hidden], rank 0 (us):", json.dumps(ranks[0]["all_reduce_us"], indent=1))
     print("message per model call, rank 0 (us):", json.dumps(ranks[0]["message_us"], indent=1))
+    print("LM head: hidden broadcast + logits gather, rank 0 (us):", json.dumps(ranks[0]["logits_gather_us"], indent=1))
     steps = {}
     for batch in args.batch:
         for tp in (1, 2):

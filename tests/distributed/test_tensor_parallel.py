@@ -2,9 +2,10 @@
 same checkpoint, which is the reference (itself checked against transformers in
 tests/model/test_model_numerics.py).
 
-- float32 logits of a prefill and of cached decode positions within 1e-5 (relative to the
-  largest logit) of TP 1, and 64 greedy tokens identical, for Llama, Qwen2 and Qwen3 and for a
-  model whose single KV head is replicated on both ranks;
+- float32 logits of a prefill and of positions computed against its cached K/V within 1e-5
+  (relative to the largest logit) of TP 1, and 64 greedy tokens identical, for Llama, Qwen2 and
+  Qwen3 at TP 2, a model whose single KV head is replicated on both ranks, and Qwen2 at TP 3
+  (a vocabulary that does not split evenly);
 - prefix caching and preemption under TP 2 give the same bits as the same TP 2 engine running each
   prompt alone, and the same tokens as TP 1;
 - refusals by name; the ranks' shards (only their rows are loaded).
@@ -56,12 +57,20 @@ def tiny_llama_kv1(checkpoint_factory):
     return checkpoint_factory("LlamaForCausalLM", num_key_value_heads=1)
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_llama_kv1"])
-def test_tp2_logits_and_greedy_tokens_match_tp1(request, fixture):
+@pytest.fixture(scope="module")
+def tiny_qwen2_six_heads(checkpoint_factory):
+    """Qwen2 with 6 query heads / 3 KV heads and MLP width 96: splits over 3 ranks."""
+    return checkpoint_factory("Qwen2ForCausalLM", num_attention_heads=6, num_key_value_heads=3,
+                              intermediate_size=96)
+
+
+@pytest.mark.parametrize("fixture, tp", [("tiny_llama", 2), ("tiny_qwen2", 2), ("tiny_qwen3", 2),
+                                         ("tiny_llama_kv1", 2), ("tiny_qwen2_six_heads", 3)])
+def test_tp_logits_and_greedy_tokens_match_tp1(request, fixture, tp):
     model_dir = request.getfixturevalue(fixture)
     reference = make(model_dir, 1)
     want_logits, want_tokens = forward_logits(reference), greedy(reference)
-    sharded = make(model_dir, 2)
+    sharded = make(model_dir, tp)
     try:
         got_logits, got_tokens = forward_logits(sharded), greedy(sharded)
     finally:
