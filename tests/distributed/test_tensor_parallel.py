@@ -126,3 +126,25 @@ def test_refused_combinations_name_the_flag(tiny_llama):
                           "--speculative-config")):
         with pytest.raises(ConfigError, match=f"^{flag} with --tensor-parallel-size 2 is not supported"):
             make(tiny_llama, 2, **kwargs)
+
+
+def test_a_rank_killed_before_a_step_fails_it_at_once(tiny_llama):
+    """The step's collectives fail on the closed connection (no wait for --dist-timeout) and the
+    failure is the engine's (not bisected as the requests')."""
+    import time
+
+    from kvserve.errors import EngineDeadError
+
+    llm = make(tiny_llama, 2)
+    try:
+        worker = llm.llm_engine.core.tensor_parallel.processes[1]
+        worker.kill()
+        worker.join(10)
+        start = time.monotonic()
+        with pytest.raises(EngineDeadError, match="tensor-parallel rank 0: .* failed"):
+            llm.generate([{"prompt_token_ids": PROMPTS[1]}], GREEDY)
+        assert time.monotonic() - start < 10
+        with pytest.raises(EngineDeadError, match=r"tensor-parallel rank 1 \(pid \d+\) exited with status -9"):
+            llm.llm_engine.core.check_health()
+    finally:
+        llm.shutdown()
