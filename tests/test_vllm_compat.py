@@ -101,13 +101,13 @@ def test_max_model_len_suffixes_as_vllm(tiny_llama, value, tokens):
 
 @pytest.mark.parametrize("command, flag, words", [
     ("vllm serve MODEL --pipeline-parallel-size 2", "--pipeline-parallel-size/-pp",
-     "'2' is not supported: kvserve splits a model by tensor parallelism only"),
+     "'2' is not supported: kvserve runs tensor parallelism (-tp)"),
     ("vllm serve MODEL -pp 2", "--pipeline-parallel-size/-pp", "(accepted: 1)"),
     ("vllm serve MODEL --quantization bitsandbytes", "--quantization/-q",
      "'bitsandbytes' is not supported: kvserve quantizes a float checkpoint at load"),
     ("vllm serve MODEL -q fp8", "--quantization/-q", "(accepted: int8, int4, gptq, awq)"),
     ("vllm serve MODEL --kv-cache-dtype fp8_inc", "--kv-cache-dtype", "other dtypes are not implemented"),
-    ("vllm serve MODEL --enable-lora --fully-sharded-loras", "--fully-sharded-loras", "tensor parallelism only"),
+    ("vllm serve MODEL --enable-lora --fully-sharded-loras", "--fully-sharded-loras", "no pipeline"),
     ("vllm serve MODEL --enable-lora --lora-extra-vocab-size 256", "--lora-extra-vocab-size", "cannot add tokens"),
     ("vllm serve MODEL --enable-auto-tool-choice --tool-call-parser hermes_xml", "--tool-call-parser",
      "unknown tool call parser 'hermes_xml'; allowed: hermes, llama3_json, mistral, pythonic"),
@@ -120,7 +120,8 @@ def test_max_model_len_suffixes_as_vllm(tiny_llama, value, tokens):
     ("vllm serve MODEL --load-format pt", "--load-format", "safetensors weights only"),
     ("vllm serve MODEL --limit-mm-per-prompt '{\"image\": 2}'", "--limit-mm-per-prompt", "text-only"),
     ("vllm serve MODEL --compilation-config '{\"level\": 3}'", "--compilation-config/-O", "runs eagerly"),
-    ("vllm serve MODEL --data-parallel-size-local 2", "--data-parallel-size-local/-dpl", "one engine"),
+    ("vllm serve MODEL --data-parallel-size-local 2", "--data-parallel-size-local/-dpl",
+     "no multi-node data parallelism"),
 ])
 def test_unimplemented_flags_are_refused_by_name(tiny_llama, capsys, command, flag, words):
     err = refusal(command, tiny_llama, capsys)
@@ -217,7 +218,7 @@ def test_offline_llm_keywords_are_refused_the_same_way(tiny_llama):
         engine_config_from_kwargs(str(tiny_llama), quantization="fp8")
     with pytest.raises(ValueError, match="--quantization awq: .* has no quantization_config in config.json"):
         engine_config_from_kwargs(str(tiny_llama), quantization="awq")
-    with pytest.raises(ValueError, match="fully_sharded_loras=True: not supported: kvserve splits a model"):
+    with pytest.raises(ValueError, match="fully_sharded_loras=True: not supported: kvserve runs tensor parallelism"):
         engine_config_from_kwargs(str(tiny_llama), enable_lora=True, fully_sharded_loras=True)
     lora = engine_config_from_kwargs(str(tiny_llama), enable_lora=True, max_loras=4, max_cpu_loras=8).lora
     assert (lora.max_loras, lora.max_lora_rank, lora.max_cpu_loras, lora.lora_dtype) == (4, 16, 8, "auto")

@@ -73,7 +73,8 @@ def _normal(value: Any) -> str:
 
 _MM = "kvserve serves text-only models (no images, audio or video)"
 _LORA_VOCAB = "LoRA adapters cannot add tokens (vLLM removed extra-vocabulary adapters too)"
-_PAR = "kvserve splits a model by tensor parallelism only (-tp; no pipeline, context or expert parallelism yet)"
+_PAR = ("kvserve runs tensor parallelism (-tp) and one machine's data parallelism (-dp) only: no pipeline, "
+        "context or expert parallelism and no multi-node data parallelism yet")
 _HUB = ("kvserve loads local model folders and downloads nothing; fetch the model first "
         "(`hf download REPO --revision REV --local-dir DIR`) and pass DIR")
 _EAGER = "kvserve runs eagerly: it has no CUDA graphs and no torch.compile"
