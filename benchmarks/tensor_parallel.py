@@ -14,7 +14,8 @@ one thread, as ``-tp 2`` runs them):
    broadcast) against ``torch.distributed.broadcast_object_list`` (a size broadcast, then the
    pickle). Median of ``--repeats`` after 5 warm-ups, timed on rank 0.
 2. Memory per rank: the shard's parameter bytes (``load_shard``) and the process's RSS growth
-   while loading, against the whole model's bytes (the checkpoint's tensors).
+   while loading, against the whole model's bytes (the checkpoint's tensors) and a TP 1 process
+   loading it (``load_model``; a tied embedding counts once).
 3. Decode step, ``ModelRunner.forward`` of ``--batch`` rows at context ``--context`` (bf16), in
    an engine of TP 1 (2 threads) and of TP 2 (1 thread per rank), median of ``--repeats``.
 
@@ -108,8 +109,8 @@ def _rank(rank: int, port: int, model: str, hidden: int, vocab: int, repeats: in
             "framed": _median_us(framed, repeats),
             "broadcast_object_list": _median_us(lambda: dist.broadcast_object_list(obj_list, src=0), repeats),
         }
+    backend = get_attention_backend("auto", "cpu")  # builds/loads the kernels before the RSS baseline
     rss = psutil.Process().memory_info().rss
-    backend = get_attention_backend("auto", "cpu")
     loaded = load_shard(model, torch.bfloat16, torch.device("cpu"), backend, rank, comm)
     out["shard_bytes"] = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     out["load_rss_growth"] = psutil.Process().memory_info().rss - rss
@@ -129,6 +130,30 @@ def collectives_and_memory(model: str, hidden: int, vocab: int, repeats: int) ->
     got = dict(results.get(timeout=900) for _ in procs)
     for p in procs:
         p.join(60)
+    return got
+
+
+def _full_load(model: str, results) -> None:
+    """The whole model in one process (TP 1): parameter bytes and RSS growth while loading."""
+    import psutil
+
+    from kvserve.attention import get_attention_backend
+    from kvserve.model.loader import load_model
+
+    backend = get_attention_backend("auto", "cpu")
+    rss = psutil.Process().memory_info().rss
+    loaded = load_model(model, torch.bfloat16, "cpu", backend)
+    results.put({"bytes": sum(p.numel() * p.element_size() for p in loaded.model.parameters()),
+                 "load_rss_growth": psutil.Process().memory_info().rss - rss})
+
+
+def full_load(model: str) -> dict:
+    context = torch.multiprocessing.get_context("spawn")
+    results = context.Queue()
+    process = context.Process(target=_full_load, args=(model, results))
+    process.start()
+    got = results.get(timeout=600)
+    process.join(60)
     return got
 
 
@@ -181,7 +206,10 @@ def main(argv=None) -> int:
     result["ranks"] = ranks
     full = checkpoint_bytes(args.model)
     result["model_bytes"] = full
-    print(f"whole model {full / 2**20:.1f} MiB (bf16)")
+    result["tp1_load"] = full_load(args.model)
+    print(f"whole model {full / 2**20:.1f} MiB (bf16); TP 1 process: parameters "
+          f"{result['tp1_load']['bytes'] / 2**20:.1f} MiB, RSS growth while loading "
+          f"{result['tp1_load']['load_rss_growth'] / 2**20:.1f} MiB")
     for rank, out in sorted(ranks.items()):
         print(f"rank {rank}: shard {out['shard_bytes'] / 2**20:.1f} MiB = {out['shard_bytes'] / full:.4f} of the "
               f"model; RSS growth while loading {out['load_rss_growth'] / 2**20:.1f} MiB")
