@@ -8,7 +8,9 @@ tests/model/test_model_numerics.py).
   (a vocabulary that does not split evenly);
 - prefix caching and preemption under TP 2 give the same bits as the same TP 2 engine running each
   prompt alone, and the same tokens as TP 1;
-- refusals by name; the ranks' shards (only their rows are loaded).
+- int4 weights quantized by each rank from its slices match TP 1's int4;
+- n-gram speculation under TP 2 is exact;
+- a rank killed before a step fails that step at once; refusals by name; the shards' ranges.
 """
 
 from __future__ import annotations
@@ -64,13 +66,15 @@ def tiny_qwen2_six_heads(checkpoint_factory):
                               intermediate_size=96)
 
 
-@pytest.mark.parametrize("fixture, tp", [("tiny_llama", 2), ("tiny_qwen2", 2), ("tiny_qwen3", 2),
-                                         ("tiny_llama_kv1", 2), ("tiny_qwen2_six_heads", 3)])
-def test_tp_logits_and_greedy_tokens_match_tp1(request, fixture, tp):
+@pytest.mark.parametrize("fixture, tp, quantization", [
+    ("tiny_llama", 2, None), ("tiny_qwen2", 2, None), ("tiny_qwen3", 2, None), ("tiny_llama_kv1", 2, None),
+    ("tiny_qwen2_six_heads", 3, None), ("tiny_llama", 2, "int4")])
+def test_tp_logits_and_greedy_tokens_match_tp1(request, fixture, tp, quantization):
+    """int4: each rank quantizes its slices; its groups of 32 inputs are the whole model's."""
     model_dir = request.getfixturevalue(fixture)
-    reference = make(model_dir, 1)
+    reference = make(model_dir, 1, quantization=quantization)
     want_logits, want_tokens = forward_logits(reference), greedy(reference)
-    sharded = make(model_dir, tp)
+    sharded = make(model_dir, tp, quantization=quantization)
     try:
         got_logits, got_tokens = forward_logits(sharded), greedy(sharded)
     finally:
@@ -120,10 +124,10 @@ def test_refused_combinations_name_the_flag(tiny_llama):
     arch = ModelArchConfig.from_file(tiny_llama / "config.json")
     with pytest.raises(ConfigError, match=r"--tensor-parallel-size 3: num_attention_heads \(4\)"):
         check_tensor_parallel(arch, 3)
-    for kwargs, flag in (({"quantization": "int8"}, "--quantization"), ({"enable_lora": True}, "--enable-lora"),
-                         ({"speculative_config": '{"method": "ngram", "num_speculative_tokens": 2, '
-                                                 '"prompt_lookup_max": 2, "prompt_lookup_min": 1}'},
-                          "--speculative-config")):
+    for kwargs, flag in (({"enable_lora": True}, "--enable-lora"),
+                         ({"speculative_config": '{"method": "draft_model", "num_speculative_tokens": 2, '
+                                                 f'"model": "{tiny_llama}"}}'},
+                          "--speculative-config method draft_model")):
         with pytest.raises(ConfigError, match=f"^{flag} with --tensor-parallel-size 2 is not supported"):
             make(tiny_llama, 2, **kwargs)
 
@@ -148,3 +152,21 @@ def test_a_rank_killed_before_a_step_fails_it_at_once(tiny_llama):
             llm.llm_engine.core.check_health()
     finally:
         llm.shutdown()
+
+
+def test_tp2_with_ngram_speculation_is_exact(tiny_llama):
+    """Rank 0 verifies the n-gram drafts over the gathered logits: greedy output equals TP 1's
+    without speculation."""
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}'
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 12, 9, 10, 11]]
+    want = greedy(make(tiny_llama, 1), prompts)
+    sharded = make(tiny_llama, 2, speculative_config=spec)
+    try:
+        got = greedy(sharded, prompts)
+        spec_stats = sharded.llm_engine.core.make_stats().spec_decoding
+    finally:
+        sharded.shutdown()
+    assert spec_stats.num_draft_tokens > 0
+    assert [ids for ids, _ in got] == [ids for ids, _ in want]
+    for (_, got_lps), (_, want_lps) in zip(got, want, strict=True):
+        assert got_lps == pytest.approx(want_lps, rel=1e-5, abs=1e-5)

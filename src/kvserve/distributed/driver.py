@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
-from kvserve.config import ParallelConfig
+from kvserve.config import ParallelConfig, QuantizationConfig
 from kvserve.distributed.communicator import Communicator, make_store
 from kvserve.distributed.cpu_pinning import pin_current_thread, split_cores, unpin
 from kvserve.distributed.loader import load_shard
@@ -84,6 +84,7 @@ class TensorParallelDriver:
         dtype: the resolved model dtype (every rank uses it).
         device: rank 0's device (CUDA ranks use ``cuda:<local rank>``).
         backend: rank 0's attention backend (the workers build one of the same name).
+        quantization: ``--quantization`` (every rank quantizes its own slices).
 
     Attributes:
         loaded: rank 0's ``LoadedModel``: ``model`` is a :class:`TensorParallelModel`.
@@ -94,7 +95,7 @@ class TensorParallelDriver:
     """
 
     def __init__(self, parallel: ParallelConfig, model_dir: str, dtype: torch.dtype, device: torch.device,
-                 backend: AttentionBackend):
+                 backend: AttentionBackend, quantization: QuantizationConfig = QuantizationConfig()):
         self.parallel = parallel
         self.world_size = parallel.tensor_parallel_size
         self.processes: dict[int, torch.multiprocessing.Process] = {}
@@ -103,12 +104,12 @@ class TensorParallelDriver:
         cores = split_cores(parallel.ranks_per_node) if device.type == "cpu" and parallel.pin_cpus else None
         self.store = make_store(parallel.master_addr, parallel.master_port, 0, self.world_size, parallel.dist_timeout)
         try:
-            self._spawn(model_dir, dtype, device, backend.name, cores)
+            self._spawn(model_dir, dtype, device, backend.name, cores, quantization)
             if cores is not None:
                 self._pinned = pin_current_thread(cores[0])
             self._wait_for("joined")
             self.communicator = Communicator(self.store, 0, self.world_size, device, parallel.dist_timeout)
-            loaded = load_shard(model_dir, dtype, device, backend, 0, self.communicator)
+            loaded = load_shard(model_dir, dtype, device, backend, 0, self.communicator, quantization)
             self._wait_for("loaded")
         except BaseException:
             self.shutdown()
@@ -120,12 +121,12 @@ class TensorParallelDriver:
                     f", cores per rank {[list(c) for c in cores]}" if cores else "")
 
     def _spawn(self, model_dir: str, dtype: torch.dtype, device: torch.device, backend_name: str,
-               cores: list[tuple[int, ...]] | None) -> None:
+               cores: list[tuple[int, ...]] | None, quantization: QuantizationConfig) -> None:
         context = torch.multiprocessing.get_context("spawn")
         for local_rank in range(1, self.parallel.ranks_per_node):
             spec = WorkerSpec(model_dir, dtype, device.type, backend_name, local_rank, self.world_size, local_rank,
                               self.parallel.master_addr, self.store.port, self.parallel.dist_timeout,
-                              cores[local_rank] if cores else None)
+                              cores[local_rank] if cores else None, quantization)
             process = context.Process(target=worker_main, args=(spec,), name=f"kvserve-tp-rank{local_rank}",
                                       daemon=True)
             process.start()

@@ -26,10 +26,12 @@ from kvserve.attention.backend import AttentionBackend
 from kvserve.distributed.communicator import Communicator
 from kvserve.distributed.layers import RowParallelLinear, VocabParallelEmbedding, parallelize
 from kvserve.distributed.shard import TensorParallelShard
-from kvserve.errors import CheckpointError
+from kvserve.config import QuantizationConfig
+from kvserve.errors import CheckpointError, ConfigError
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.layers import MergedLinear
 from kvserve.model.loader import LoadedModel, _is_ignorable, _safetensors_files
+from kvserve.model.quant_linear import quantize_linears
 from kvserve.model.quant_summary import describe_weights
 from kvserve.model.registry import get_model_class
 from kvserve.startup_checks import check_architecture
@@ -45,8 +47,14 @@ class _SliceTarget(NamedTuple):
 
 
 def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, backend: AttentionBackend,
-               shard_rank: int, communicator: Communicator) -> LoadedModel:
-    """Rank ``shard_rank``'s shard (of ``communicator.world_size``) of ``model_dir``.
+               shard_rank: int, communicator: Communicator,
+               quantization: QuantizationConfig = QuantizationConfig()) -> LoadedModel:
+    """Rank ``shard_rank``'s shard (of ``communicator.world_size``) of ``model_dir``; with
+    ``quantization`` (``--quantization int8|int4``) the rank quantizes its own slices after loading
+    (``kvserve.model.quant_linear.quantize_linears``). int4 groups never straddle two ranks
+    (a rank's columns start at a multiple of the group size, else ``ConfigError``), so the
+    quantized weights are those of one process; int8's per-output-channel scale of a row-parallel
+    layer (o_proj, down_proj) is the maximum over the rank's columns only.
 
     Returns:
         a ``LoadedModel`` whose ``arch`` is the whole model's and whose ``num_kv_heads`` is the
@@ -68,6 +76,12 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     _load_slices(model, _safetensors_files(model_dir), shard)
+    if quantization.method is not None:
+        try:
+            quantize_linears(model, quantization.method, quantization.group_size, quantization.lm_head)
+        except ValueError as exc:
+            raise ConfigError(f"--quantization {quantization.method} with --tensor-parallel-size "
+                              f"{communicator.world_size}: {exc}") from None
     model.eval()
     gen_path = model_dir / "generation_config.json"
     generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}

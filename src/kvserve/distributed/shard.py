@@ -130,9 +130,10 @@ def check_parallel_options(config) -> None:
     if size == 1:
         return
     refused = [
-        ("--quantization", config.model.quantization.method is not None, "the ranks' shards are not quantized yet"),
         ("--enable-lora", config.lora is not None, "adapter weights are not sharded over the ranks yet"),
-        ("--speculative-config", config.speculative is not None, "drafts are not verified across ranks yet"),
+        ("--speculative-config method draft_model",
+         config.speculative is not None and config.speculative.method == "draft_model",
+         "the draft model is not sharded yet (method ngram is)"),
     ]
     for flag, given, why in refused:
         if given:

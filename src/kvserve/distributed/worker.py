@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvserve.config import QuantizationConfig
 from kvserve.distributed.messages import ComputeLogits, Forward, Heartbeat, InitKVCache, Shutdown
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class WorkerSpec:
         master_addr, master_port: the driver's store.
         timeout: ``--dist-timeout`` seconds.
         cores: CPU cores to run on (None: not pinned).
+        quantization: ``--quantization`` (each rank quantizes its slices).
     """
 
     model_dir: str
@@ -51,6 +53,7 @@ class WorkerSpec:
     master_port: int
     timeout: float
     cores: tuple[int, ...] | None = None
+    quantization: QuantizationConfig = QuantizationConfig()
 
     @property
     def torch_device(self) -> torch.device:
@@ -95,7 +98,8 @@ class TensorParallelWorker:
         self.communicator = Communicator(self.store, spec.rank, spec.world_size, self.device, spec.timeout)
         try:
             backend = get_attention_backend(spec.attention_backend, self.device)
-            self.loaded = load_shard(spec.model_dir, spec.dtype, self.device, backend, spec.rank, self.communicator)
+            self.loaded = load_shard(spec.model_dir, spec.dtype, self.device, backend, spec.rank, self.communicator,
+                                     spec.quantization)
             if self.device.type == "cpu":
                 use_invariant_linears(self.loaded.model)
         except BaseException as exc:
