@@ -129,7 +129,10 @@ def check_parallel_options(config) -> None:
     size = config.parallel.tensor_parallel_size
     if size == 1:
         return
+    quant = config.model.quantization
     refused = [
+        (f"--quantization {quant.method} (a pre-quantized checkpoint)", quant.checkpoint is not None,
+         "its packed weights are not sliced per rank yet (int8 / int4 quantized at load are)"),
         ("--enable-lora", config.lora is not None, "adapter weights are not sharded over the ranks yet"),
         ("--speculative-config method draft_model",
          config.speculative is not None and config.speculative.method == "draft_model",
