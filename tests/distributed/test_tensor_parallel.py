@@ -188,3 +188,16 @@ def test_tp2_with_ngram_speculation_is_exact(tiny_llama):
     assert [ids for ids, _ in got] == [ids for ids, _ in want]
     for (_, got_lps), (_, want_lps) in zip(got, want, strict=True):
         assert got_lps == pytest.approx(want_lps, rel=1e-5, abs=1e-5)
+
+
+def test_an_idle_offline_engine_outlives_the_collective_timeout(tiny_llama):
+    """--dist-timeout bounds the collectives of a call, not the workers' wait between calls."""
+    import time
+
+    llm = make(tiny_llama, 2, dist_timeout=2.0)
+    try:
+        first = greedy(llm, PROMPTS[1:2])
+        time.sleep(3)
+        assert greedy(llm, PROMPTS[1:2]) == first
+    finally:
+        llm.shutdown()

@@ -16,6 +16,7 @@ nodes are started there (``kvserve serve ... --node-rank K``, ``run_worker_node`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -60,19 +61,28 @@ class TensorParallelModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
         self.communicator.send_message(Forward.of(input_ids, positions, attn_metadata))
-        try:
+        with _engine_dead_on_failure("forward"):
             return self.module(input_ids, positions, kv_caches, attn_metadata)
-        except EngineDeadError:
-            raise
-        except Exception as exc:
-            raise EngineDeadError(f"the tensor-parallel forward failed on rank 0: {type(exc).__name__}: {exc}") from exc
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = hidden.contiguous()
         self.communicator.send_message(ComputeLogits(hidden.shape[0], hidden.dtype))
-        self.communicator.broadcast(hidden)
-        parts = self.communicator.gather(self.module.compute_logits(hidden).contiguous())
+        with _engine_dead_on_failure("LM head"):
+            self.communicator.broadcast(hidden)
+            parts = self.communicator.gather(self.module.compute_logits(hidden).contiguous())
         return torch.cat(parts, dim=-1)[:, : self.vocab_size]
+
+
+@contextlib.contextmanager
+def _engine_dead_on_failure(what: str):
+    """Rank 0 failing after the other ranks started the same call leaves their collectives
+    unmatched: the engine cannot go on, whichever request was running."""
+    try:
+        yield
+    except EngineDeadError:
+        raise
+    except Exception as exc:
+        raise EngineDeadError(f"the tensor-parallel {what} failed on rank 0: {type(exc).__name__}: {exc}") from exc
 
 
 class TensorParallelDriver:

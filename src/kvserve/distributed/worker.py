@@ -2,8 +2,9 @@
 loop that mirrors the driver's model calls::
 
     join the store ("joined/r") -> join the groups -> load the shard ("loaded/r", or "error/r")
-    loop:  message = receive (waits at most --dist-timeout; the idle driver sends a heartbeat
-           about every second)
+    loop:  message = receive (an idle engine may send nothing for hours: the wait for the next
+           message has no practical limit; a driver process that exits or dies closes its
+           connections, which ends the wait at once)
            InitKVCache -> allocate    Forward -> forward (its all-reduces)
            ComputeLogits -> receive hidden rows, LM head rows, gather to the driver
            Heartbeat -> nothing       Shutdown -> exit 0
@@ -24,6 +25,10 @@ from kvserve.config import QuantizationConfig
 from kvserve.distributed.messages import ComputeLogits, Forward, Heartbeat, InitKVCache, Shutdown
 
 logger = logging.getLogger(__name__)
+
+# Seconds a worker waits for the driver's next message (an offline LLM may idle for long; a
+# serving engine sends a heartbeat every second). Collectives inside a call use --dist-timeout.
+IDLE_WAIT = 7 * 24 * 3600.0  # under 2**31 ms
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,7 @@ class TensorParallelWorker:
     def run(self) -> None:
         """Serve the driver's messages until ``Shutdown``."""
         while True:
-            message = self.communicator.receive_message()
+            message = self.communicator.receive_message(timeout=IDLE_WAIT)
             if isinstance(message, Shutdown):
                 return
             if isinstance(message, Forward):
