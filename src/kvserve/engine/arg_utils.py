@@ -328,13 +328,12 @@ def parallel_config_from_args(args: argparse.Namespace) -> ParallelConfig:
     ``--dist-timeout``, ``--pin-cpus``.
 
     Raises:
-        ConfigError: inconsistent values (``ParallelConfig``), or ``-tp`` with ``-dp``.
+        ConfigError: inconsistent values (``ParallelConfig``). (``-tp`` with ``-dp`` is refused by
+            ``kvserve serve``, the one command that runs ``-dp``.)
     """
     import os
 
     size = getattr(args, "tensor_parallel_size", 1)
-    if size > 1 and getattr(args, "data_parallel_size", 1) > 1:
-        raise ConfigError("--data-parallel-size with --tensor-parallel-size > 1 is not supported yet")
     addr = getattr(args, "master_addr", "127.0.0.1")
     port = getattr(args, "master_port", 0)
     env_port = os.environ.get("MASTER_PORT", "")
