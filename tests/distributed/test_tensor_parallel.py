@@ -201,3 +201,11 @@ def test_an_idle_offline_engine_outlives_the_collective_timeout(tiny_llama):
         assert greedy(llm, PROMPTS[1:2]) == first
     finally:
         llm.shutdown()
+
+
+def test_serve_refuses_tp_with_dp(tiny_llama, capsys):
+    from kvserve.cli import main
+
+    assert main(["serve", str(tiny_llama), "-tp", "2", "-dp", "2"]) == 2
+    assert "kvserve: error: --data-parallel-size with --tensor-parallel-size > 1 is not supported" in \
+        capsys.readouterr().err
