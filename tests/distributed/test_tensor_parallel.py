@@ -8,7 +8,8 @@ tests/model/test_model_numerics.py).
   (a vocabulary that does not split evenly);
 - prefix caching and preemption under TP 2 give the same bits as the same TP 2 engine running each
   prompt alone, and the same tokens as TP 1;
-- int4 weights quantized by each rank from its slices match TP 1's int4;
+- int4 weights quantized by each rank from its slices match TP 1's int4; seeded sampling and
+  prompt logprobs match TP 1;
 - n-gram speculation under TP 2 is exact;
 - a rank killed before a step fails that step at once; refusals by name; the shards' ranges.
 """
@@ -209,3 +210,24 @@ def test_serve_refuses_tp_with_dp(tiny_llama, capsys):
     assert main(["serve", str(tiny_llama), "-tp", "2", "-dp", "2"]) == 2
     assert "kvserve: error: --data-parallel-size with --tensor-parallel-size > 1 is not supported" in \
         capsys.readouterr().err
+
+
+def test_tp2_seeded_sampling_and_prompt_logprobs_match_tp1(tiny_llama):
+    """Rank 0 samples from the gathered logits with the request's own generator: seeded sampled
+    tokens equal TP 1's, and prompt logprobs agree within 1e-5."""
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=7, max_tokens=24, ignore_eos=True,
+                            prompt_logprobs=2)
+
+    def run(llm):
+        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+        return [(o.outputs[0].token_ids, [lp.logprob for lp in o.prompt_logprobs[1:]]) for o in outputs]
+
+    want = run(make(tiny_llama, 1))
+    sharded = make(tiny_llama, 2)
+    try:
+        got = run(sharded)
+    finally:
+        sharded.shutdown()
+    for (got_ids, got_prompt), (want_ids, want_prompt) in zip(got, want, strict=True):
+        assert got_ids == want_ids
+        assert got_prompt == pytest.approx(want_prompt, rel=1e-5, abs=1e-5)

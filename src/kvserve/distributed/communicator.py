@@ -32,13 +32,18 @@ from kvserve.errors import EngineDeadError
 # Bytes of the fixed first broadcast of a message (length header + inline payload).
 MESSAGE_FRAME = 4096
 _HEADER = 8
+# Seconds the ranks may take to start, meet and load their shards (spawning, importing torch and
+# reading a large model take far longer than any collective); a rank that fails or exits is seen
+# at once, this bounds only a rank that hangs or a node that never starts.
+START_TIMEOUT = 1800.0
 
 
 def make_store(host: str, port: int, rank: int, world_size: int, timeout: float) -> dist.TCPStore:
     """The rendezvous store: rank 0 serves it on ``host:port`` (port 0 = a free one, read back
-    from ``store.port``), the other ranks connect to it."""
-    return dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timedelta(seconds=timeout),
-                         wait_for_workers=False)
+    from ``store.port``), the other ranks connect to it; store operations wait up to
+    ``max(timeout, START_TIMEOUT)`` seconds."""
+    return dist.TCPStore(host, port, world_size, is_master=rank == 0,
+                         timeout=timedelta(seconds=max(timeout, START_TIMEOUT)), wait_for_workers=False)
 
 
 class Communicator:
@@ -49,7 +54,8 @@ class Communicator:
         store: the rendezvous store (``make_store``).
         rank, world_size: this rank and the group's size.
         device: where the model's tensors live (CUDA: NCCL for the device group).
-        timeout: seconds per collective.
+        timeout: seconds per collective (every call passes it; building the groups may take up
+            to ``START_TIMEOUT``, while the other ranks start).
     """
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, device: torch.device, timeout: float):
@@ -57,7 +63,8 @@ class Communicator:
         self.world_size = world_size
         self.device = device
         self.timeout = timedelta(seconds=timeout)
-        self.control = ProcessGroupGloo(PrefixStore("control", store), rank, world_size, self.timeout)
+        connect = timedelta(seconds=max(timeout, START_TIMEOUT))
+        self.control = ProcessGroupGloo(PrefixStore("control", store), rank, world_size, connect)
         if device.type == "cuda":
             from torch._C._distributed_c10d import ProcessGroupNCCL
 
@@ -65,7 +72,7 @@ class Communicator:
             options._timeout = self.timeout
             self.group = ProcessGroupNCCL(PrefixStore("device", store), rank, world_size, options)
         else:
-            self.group = ProcessGroupGloo(PrefixStore("device", store), rank, world_size, self.timeout)
+            self.group = ProcessGroupGloo(PrefixStore("device", store), rank, world_size, connect)
         self._frame = torch.zeros(MESSAGE_FRAME, dtype=torch.uint8)
 
     # -- the model's collectives (device group) ----------------------------------------------------

@@ -26,7 +26,7 @@ from torch import nn
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.config import ParallelConfig, QuantizationConfig
-from kvserve.distributed.communicator import Communicator, make_store
+from kvserve.distributed.communicator import START_TIMEOUT, Communicator, make_store
 from kvserve.distributed.cpu_pinning import pin_current_thread, split_cores, unpin
 from kvserve.distributed.loader import load_shard
 from kvserve.distributed.messages import ComputeLogits, Forward, Heartbeat, InitKVCache, Shutdown
@@ -100,8 +100,8 @@ class TensorParallelDriver:
         loaded: rank 0's ``LoadedModel``: ``model`` is a :class:`TensorParallelModel`.
 
     Raises:
-        ConfigError: a rank failed to start, load or join in ``--dist-timeout`` (the message
-            names it and why).
+        ConfigError: a rank failed to start or load, exited, or did not join and load within
+            ``START_TIMEOUT`` (the message names it and why).
     """
 
     def __init__(self, parallel: ParallelConfig, model_dir: str, dtype: torch.dtype, device: torch.device,
@@ -148,7 +148,7 @@ class TensorParallelDriver:
         Raises:
             ConfigError: a rank reported an error, its local process exited, or the timeout passed.
         """
-        deadline = time.monotonic() + self.parallel.dist_timeout
+        deadline = time.monotonic() + max(self.parallel.dist_timeout, START_TIMEOUT)
         pending = set(range(1, self.world_size))
         while pending:
             for rank in sorted(pending):
@@ -165,8 +165,8 @@ class TensorParallelDriver:
                 where = "" if self.parallel.nnodes == 1 else (
                     f"; are the other nodes started with --master-addr {self.parallel.master_addr} "
                     f"--master-port {self.parallel.master_port}?")
-                raise ConfigError(f"tensor-parallel rank(s) {sorted(pending)} not {stage} within --dist-timeout "
-                                  f"{self.parallel.dist_timeout:g} s{where}")
+                raise ConfigError(f"tensor-parallel rank(s) {sorted(pending)} not {stage} within "
+                                  f"{max(self.parallel.dist_timeout, START_TIMEOUT):g} s{where}")
             time.sleep(0.02)
 
     def init_kv_cache(self, num_blocks: int, block_size: int, kv_cache_dtype: str) -> None:
