@@ -74,6 +74,7 @@ def test_every_listed_flag_lands_in_the_configs(tiny_llama, tmp_path):
         f"--max-num-seqs 128 --block-size 32 --seed 42 --no-enable-prefix-caching --kv-cache-dtype auto "
         f"--load-format safetensors --max-logprobs 20 --pipeline-parallel-size 1 --no-enable-lora", tiny_llama)
     model = engine.model
+    assert engine.parallel.tensor_parallel_size == 1
     assert (model.model, model.served_model_name, model.dtype, model.seed) == (str(tiny_llama), "my-model", "float16", 42)
     assert model.max_model_len == 4000 and engine.scheduler.max_num_batched_tokens == 8192
     assert engine.cache.kv_cache_memory_bytes == 2 * 2**30 and engine.cache.block_size == 32
@@ -99,14 +100,14 @@ def test_max_model_len_suffixes_as_vllm(tiny_llama, value, tokens):
 
 
 @pytest.mark.parametrize("command, flag, words", [
-    ("vllm serve MODEL --tensor-parallel-size 4", "--tensor-parallel-size/-tp", "'4' is not supported: kvserve runs one engine on one device"),
-    ("vllm serve MODEL -tp 2", "--tensor-parallel-size/-tp", "(accepted: 1)"),
-    ("vllm serve MODEL --pipeline-parallel-size 2", "--pipeline-parallel-size/-pp", "one device"),
+    ("vllm serve MODEL --pipeline-parallel-size 2", "--pipeline-parallel-size/-pp",
+     "'2' is not supported: kvserve runs tensor parallelism (-tp)"),
+    ("vllm serve MODEL -pp 2", "--pipeline-parallel-size/-pp", "(accepted: 1)"),
     ("vllm serve MODEL --quantization bitsandbytes", "--quantization/-q",
      "'bitsandbytes' is not supported: kvserve quantizes a float checkpoint at load"),
     ("vllm serve MODEL -q fp8", "--quantization/-q", "(accepted: int8, int4, gptq, awq)"),
     ("vllm serve MODEL --kv-cache-dtype fp8_inc", "--kv-cache-dtype", "other dtypes are not implemented"),
-    ("vllm serve MODEL --enable-lora --fully-sharded-loras", "--fully-sharded-loras", "one device"),
+    ("vllm serve MODEL --enable-lora --fully-sharded-loras", "--fully-sharded-loras", "no pipeline"),
     ("vllm serve MODEL --enable-lora --lora-extra-vocab-size 256", "--lora-extra-vocab-size", "cannot add tokens"),
     ("vllm serve MODEL --enable-auto-tool-choice --tool-call-parser hermes_xml", "--tool-call-parser",
      "unknown tool call parser 'hermes_xml'; allowed: hermes, llama3_json, mistral, pythonic"),
@@ -119,7 +120,8 @@ def test_max_model_len_suffixes_as_vllm(tiny_llama, value, tokens):
     ("vllm serve MODEL --load-format pt", "--load-format", "safetensors weights only"),
     ("vllm serve MODEL --limit-mm-per-prompt '{\"image\": 2}'", "--limit-mm-per-prompt", "text-only"),
     ("vllm serve MODEL --compilation-config '{\"level\": 3}'", "--compilation-config/-O", "runs eagerly"),
-    ("vllm serve MODEL --data-parallel-size-local 2", "--data-parallel-size-local/-dpl", "one engine"),
+    ("vllm serve MODEL --data-parallel-size-local 2", "--data-parallel-size-local/-dpl",
+     "no multi-node data parallelism"),
 ])
 def test_unimplemented_flags_are_refused_by_name(tiny_llama, capsys, command, flag, words):
     err = refusal(command, tiny_llama, capsys)
@@ -216,7 +218,7 @@ def test_offline_llm_keywords_are_refused_the_same_way(tiny_llama):
         engine_config_from_kwargs(str(tiny_llama), quantization="fp8")
     with pytest.raises(ValueError, match="--quantization awq: .* has no quantization_config in config.json"):
         engine_config_from_kwargs(str(tiny_llama), quantization="awq")
-    with pytest.raises(ValueError, match="fully_sharded_loras=True: not supported: kvserve runs one engine"):
+    with pytest.raises(ValueError, match="fully_sharded_loras=True: not supported: kvserve runs tensor parallelism"):
         engine_config_from_kwargs(str(tiny_llama), enable_lora=True, fully_sharded_loras=True)
     lora = engine_config_from_kwargs(str(tiny_llama), enable_lora=True, max_loras=4, max_cpu_loras=8).lora
     assert (lora.max_loras, lora.max_lora_rank, lora.max_cpu_loras, lora.lora_dtype) == (4, 16, 8, "auto")
@@ -244,7 +246,7 @@ def test_help_groups_flags_as_vllm(capsys):
     assert positions == sorted(positions)
     assert "--swap-space" not in out  # refused flags without an accepted value stay out of --help
     assert "--quantization" in out and "accepted: int8, int4" in out
-    assert "--tensor-parallel-size" in out and "accepted: 1" in out
+    assert "--tensor-parallel-size" in out and "--pipeline-parallel-size" in out and "accepted: 1" in out
 
 
 def test_server_settings_default_is_loopback_for_embedders():

@@ -115,6 +115,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "serve" and args.data_parallel_size > 1:
         from kvserve.router.launcher import run_data_parallel
 
+        if args.tensor_parallel_size > 1:
+            raise ValueError("--data-parallel-size with --tensor-parallel-size > 1 is not supported yet")
+
         return run_data_parallel(args, argv[argv.index("serve") + 1:])
     if args.command == "serve":
         from kvserve.api.launcher import run_server

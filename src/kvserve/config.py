@@ -239,6 +239,50 @@ class LoRAConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism across processes and machines (vLLM's ``-tp``, ``--nnodes``,
+    ``--node-rank``, ``--master-addr``, ``--master-port``; ``kvserve.distributed``).
+
+    Attributes:
+        tensor_parallel_size: ranks that each hold a shard of every layer (1 = one process).
+        nnodes: machines the ranks are spread over (``tensor_parallel_size / nnodes`` each).
+        node_rank: this machine's index; node 0 runs the API server and rank 0 (the driver),
+            the others only worker ranks.
+        master_addr: address of node 0's rendezvous store (``127.0.0.1`` on one machine).
+        master_port: its port; 0 = a free port (one machine only).
+        dist_timeout: seconds any collective (and a worker's wait for the next step) may take
+            before the rank gives up (``--dist-timeout``).
+        pin_cpus: on the CPU, give each rank of a node its own share of this process's cores
+            (``os.sched_setaffinity``) and as many threads (``kvserve.distributed.cpu_pinning``).
+    """
+
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    dist_timeout: float = 60.0
+    pin_cpus: bool = True
+
+    def __post_init__(self) -> None:
+        size, nnodes = self.tensor_parallel_size, self.nnodes
+        if size < 1:
+            raise ConfigError(f"--tensor-parallel-size must be >= 1, got {size}")
+        if nnodes < 1 or size % nnodes:
+            raise ConfigError(f"--nnodes {nnodes} must divide --tensor-parallel-size {size}")
+        if not 0 <= self.node_rank < nnodes:
+            raise ConfigError(f"--node-rank must be in [0, {nnodes - 1}] with --nnodes {nnodes}, got {self.node_rank}")
+        if nnodes > 1 and self.master_port == 0:
+            raise ConfigError("--master-port is required with --nnodes > 1 (every node must reach node 0's store)")
+        if self.dist_timeout <= 0:
+            raise ConfigError(f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tensor_parallel_size // self.nnodes
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine core needs, passed down explicitly. ``lora`` is None unless
     ``--enable-lora``."""
@@ -249,3 +293,4 @@ class EngineConfig:
     structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     speculative: SpeculativeConfig | None = None
     lora: LoRAConfig | None = None
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)

@@ -7,7 +7,7 @@ vLLM or stops the start with one line naming it, e.g.::
     checkpoint at load (...) or loads 4-bit GPTQ and AWQ (GEMM) checkpoints (...); other methods
     (fp8, bitsandbytes, gguf, marlin repacks, ...) are not implemented (accepted: int8, int4, gptq, awq)
 
-Some flags are accepted at the value that describes what kvserve does anyway (``-tp 1``,
+Some flags are accepted at the value that describes what kvserve does anyway (``-pp 1``,
 ``--kv-cache-dtype auto``, ``--no-fully-sharded-loras``) or at the values kvserve implements
 (``--quantization int8``, ``--kv-cache-dtype int8|fp8``); any other value is refused. The table follows
 vLLM's argument groups (``vllm serve --help``); the list as a table: ``docs/vllm_compat.md``.
@@ -73,7 +73,8 @@ def _normal(value: Any) -> str:
 
 _MM = "kvserve serves text-only models (no images, audio or video)"
 _LORA_VOCAB = "LoRA adapters cannot add tokens (vLLM removed extra-vocabulary adapters too)"
-_PAR = "kvserve runs one engine on one device (no tensor, pipeline, data or expert parallelism yet)"
+_PAR = ("kvserve runs tensor parallelism (-tp) and one machine's data parallelism (-dp) only: no pipeline, "
+        "context or expert parallelism and no multi-node data parallelism yet")
 _HUB = ("kvserve loads local model folders and downloads nothing; fetch the model first "
         "(`hf download REPO --revision REV --local-dir DIR`) and pass DIR")
 _EAGER = "kvserve runs eagerly: it has no CUDA graphs and no torch.compile"
@@ -144,7 +145,6 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
                 "backend fallback is chosen with --structured-outputs-config '{\"backend\": \"auto\"}'",
                 kind="bool"),
     # ParallelConfig
-    RefusedFlag(("--tensor-parallel-size", "-tp"), "ParallelConfig", _PAR, allowed=("1",)),
     RefusedFlag(("--pipeline-parallel-size", "-pp"), "ParallelConfig", _PAR, allowed=("1",)),
     RefusedFlag(("--decode-context-parallel-size", "-dcp"), "ParallelConfig", _PAR, allowed=("1",)),
     RefusedFlag(("--distributed-executor-backend",), "ParallelConfig", _PAR),

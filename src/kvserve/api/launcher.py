@@ -138,6 +138,8 @@ def run_server(args: argparse.Namespace) -> int:
     from kvserve.engine.arg_utils import model_from_args
 
     model, default_name = resolve_model(model_from_args(args))
+    if getattr(args, "node_rank", 0) > 0:  # a tensor-parallel node other than 0: its ranks, no API
+        return _serve_worker_node(args, model)
     start = time.perf_counter()
     settings = settings_from_args(args)
     sock = bind_socket(settings.host, settings.port)
@@ -199,6 +201,19 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
         logger.error("exiting with status 1: the engine failed (%s)", async_engine.dead_reason)
         return 1
     return 0
+
+
+def _serve_worker_node(args, model: str) -> int:
+    """``--node-rank K > 0``: run this node's tensor-parallel ranks until the driver ends them
+    (``kvserve.distributed.node``); returns 0, or 1 when a rank failed."""
+    from kvserve.distributed.node import run_worker_node
+    from kvserve.engine.arg_utils import engine_config_from_args
+    from kvserve.metrics.log_format import configure_logging
+
+    configure_logging(getattr(args, "log_level", "info"), "text")
+    config = engine_config_from_args(model, args)
+    check_model(config)
+    return run_worker_node(config)
 
 
 def _lora_registry(config, arch, settings: ServerSettings, served_name: str):
@@ -270,6 +285,10 @@ def check_model(config):
         dtype = default_dtype_for_device(config.model.model, device)
     else:
         dtype = resolve_dtype(config.model.dtype, arch)
+    from kvserve.distributed.shard import check_parallel_options, check_tensor_parallel
+
+    check_tensor_parallel(arch, config.parallel.tensor_parallel_size)
+    check_parallel_options(config)
     bytes_per_block = kv_cache_bytes_per_block(arch, config.cache.block_size, dtype, config.cache.kv_cache_dtype)
     if config.cache.num_blocks_override is None:
         check_kv_budget(config.cache.kv_cache_memory_bytes, bytes_per_block, config.cache.block_size, max_model_len)

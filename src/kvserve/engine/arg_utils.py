@@ -7,8 +7,8 @@ import dataclasses
 import json
 import re
 
-from kvserve.config import (INT4_GROUP_SIZES, CacheConfig, EngineConfig, LoRAConfig, ModelConfig, QuantizationConfig,
-                            SchedulerConfig)
+from kvserve.config import (INT4_GROUP_SIZES, CacheConfig, EngineConfig, LoRAConfig, ModelConfig, ParallelConfig,
+                            QuantizationConfig, SchedulerConfig)
 from kvserve.errors import ConfigError
 from kvserve.structured_output.config import StructuredOutputsConfig
 from kvserve.generation_config import MODES, default_sampling_values, parse_override
@@ -131,7 +131,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     _add_device_args(groups["DeviceConfig"])
     groups["ParallelConfig"].add_argument(
         "--disable-custom-all-reduce", action="store_true",
-        help="accepted for vLLM compatibility: one device has no all-reduce, so this changes nothing")
+        help="accepted for vLLM compatibility; changes nothing: -tp all-reduces through torch.distributed (gloo, NCCL)")
     groups["ParallelConfig"].add_argument(
         "--data-parallel-size", "-dp", type=positive_int, default=1, metavar="N",
         help="kvserve serve: N engine processes on this machine (each with its share of the cores, "
@@ -148,6 +148,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="vLLM's KV-cache events over ZMQ, e.g. '{\"enable_kv_cache_events\": true, "
                              "\"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
                              "(keys: kvserve.kv_events.config)")
+    _add_parallel_args(groups["ParallelConfig"])
     _add_cache_args(groups["CacheConfig"])
     _add_scheduler_args(groups["SchedulerConfig"])
     _add_structured_output_args(groups["StructuredOutputsConfig"])
@@ -301,6 +302,49 @@ def _add_device_args(device) -> None:
                              "cores this process may use (affinity and cgroup quota), see the README")
 
 
+def _add_parallel_args(parallel) -> None:
+    parallel.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1, metavar="N",
+                          help="split every layer over N ranks (processes, also over --nnodes machines) with "
+                               "torch.distributed: gloo on CPU, NCCL on CUDA (docs/tensor_parallelism.md)")
+    parallel.add_argument("--nnodes", type=positive_int, default=1, metavar="M",
+                          help="machines the tensor-parallel ranks span (N/M ranks each; default 1)")
+    parallel.add_argument("--node-rank", type=non_negative_int, default=0, metavar="K",
+                          help="this machine's index among --nnodes; node 0 serves the API, the others only "
+                               "run their ranks")
+    parallel.add_argument("--master-addr", default="127.0.0.1", metavar="HOST",
+                          help="address of node 0's rendezvous store (default 127.0.0.1)")
+    parallel.add_argument("--master-port", type=non_negative_int, default=0, metavar="PORT",
+                          help="its port (default 0: a free port, one machine only)")
+    parallel.add_argument("--dist-timeout", type=float, default=60.0, metavar="SECONDS",
+                          help="seconds a collective may take before a rank is taken for dead (default 60)")
+    parallel.add_argument("--pin-cpus", action=argparse.BooleanOptionalAction, default=True,
+                          help="on CPU with -tp > 1, give each rank of a machine its own run of cores "
+                               "and that many threads (default on)")
+
+
+def parallel_config_from_args(args: argparse.Namespace) -> ParallelConfig:
+    """``-tp``, ``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port`` (torchrun's
+    and SLURM scripts' ``MASTER_ADDR`` / ``MASTER_PORT`` fill the two left at their defaults),
+    ``--dist-timeout``, ``--pin-cpus``.
+
+    Raises:
+        ConfigError: inconsistent values (``ParallelConfig``). (``-tp`` with ``-dp`` is refused by
+            ``kvserve serve``, the one command that runs ``-dp``.)
+    """
+    import os
+
+    size = getattr(args, "tensor_parallel_size", 1)
+    addr = getattr(args, "master_addr", "127.0.0.1")
+    port = getattr(args, "master_port", 0)
+    env_port = os.environ.get("MASTER_PORT", "")
+    return ParallelConfig(
+        tensor_parallel_size=size, nnodes=getattr(args, "nnodes", 1), node_rank=getattr(args, "node_rank", 0),
+        master_addr=os.environ.get("MASTER_ADDR", addr) if addr == "127.0.0.1" else addr,
+        master_port=int(env_port) if port == 0 and env_port.isdigit() else port,
+        dist_timeout=getattr(args, "dist_timeout", 60.0), pin_cpus=getattr(args, "pin_cpus", True),
+    )
+
+
 def _add_cache_args(cache) -> None:
     cache.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
     cache.add_argument("--kv-cache-memory-bytes", type=_parse_bytes, default=None,
@@ -438,7 +482,7 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
     return EngineConfig(model=model_config, cache=cache_config, scheduler=scheduler_config,
                         structured_outputs=structured_outputs_config_from_args(args),
                         speculative=speculative_config_from_json(getattr(args, "speculative_config", None)),
-                        lora=lora_config_from_args(args))
+                        lora=lora_config_from_args(args), parallel=parallel_config_from_args(args))
 
 
 def engine_config_from_kwargs(model: str, **kwargs) -> EngineConfig:

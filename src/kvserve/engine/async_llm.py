@@ -15,7 +15,9 @@ commands (``engine_messages``) on a thread-safe queue, and gets per-request asyn
 A request whose processing fails ends its stream with ``RequestFailedError``; the engine goes on.
 A failure the engine cannot attribute (``EngineDeadError``, or any exception out of a step) ends
 every stream with an error, marks the engine dead (``is_ready`` False, so ``/health`` says 503)
-and calls ``on_dead`` (the server then exits non-zero so a supervisor restarts it).
+and calls ``on_dead`` (the server then exits non-zero so a supervisor restarts it). While idle, an
+engine with tensor-parallel ranks is checked about once a second (``EngineCore.check_health``), so
+a rank that dies between requests fails ``/health`` the same way.
 """
 
 from __future__ import annotations
@@ -317,6 +319,8 @@ class AsyncLLM(EngineClient):
                     self.snapshot = self.engine.core.make_stats()
         except BaseException as exc:  # unattributable: answer everyone, then let the server exit
             self._die(exc)
+        finally:
+            self.engine.shutdown()
 
     def _die(self, exc: BaseException) -> None:
         logger.exception("the engine failed and stops: %s", exc)
@@ -329,9 +333,12 @@ class AsyncLLM(EngineClient):
 
     def _drain_commands(self, block: bool) -> bool:
         """Apply queued commands; wait for one first when ``block``. False = stop the loop."""
+        interval = self.engine.core.health_check_interval
         try:
-            command = self._commands.get() if block else self._commands.get_nowait()
+            command = self._commands.get(timeout=interval) if block else self._commands.get_nowait()
         except queue.Empty:
+            if block:  # idle for a whole interval: are the other ranks still there?
+                self.engine.core.check_health()
             return True
         while True:
             if isinstance(command, Shutdown):

@@ -106,7 +106,15 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig):
         self.device = resolve_device(config.model.device)
+        self.tensor_parallel = None  # kvserve.distributed.driver.TensorParallelDriver with -tp > 1
         self.loaded = self._load(config)
+        try:
+            self._init_rest(config)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _init_rest(self, config: EngineConfig) -> None:
         self.max_model_len = resolve_max_model_len(self.loaded.arch, config.model.max_model_len)
         self.draft = self._load_draft(config)
         self.config = dataclasses.replace(
@@ -125,6 +133,9 @@ class EngineCore:
                                   seed=config.model.seed, proposer=self._build_proposer(),
                                   lora_config=self.config.lora,
                                   kv_cache_dtype=self.config.cache.kv_cache_dtype)
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.init_kv_cache(self.kv_plan.num_blocks, self.kv_plan.block_size,
+                                               self.config.cache.kv_cache_dtype)
         # Requests with nothing to compute (max_tokens == 0, no prompt logprobs): finished on
         # admission, reported by the next step() without touching the scheduler or the KV cache.
         self._finished_on_admission: list[Request] = []
@@ -136,13 +147,52 @@ class EngineCore:
         if dtype == "auto":
             dtype = default_dtype_for_device(config.model.model, self.device)
         backend = get_attention_backend(config.model.attention_backend, self.device)
-        loaded = load_model(config.model.model, dtype, self.device, backend, config.model.quantization)
+        if config.parallel.tensor_parallel_size > 1:
+            loaded = self._load_shard(config, backend)
+        else:
+            loaded = load_model(config.model.model, dtype, self.device, backend, config.model.quantization)
         logger.info(
             "Loaded %s (%s, %s, weights %s, %s attention) on %s in %.2f s", config.model.model,
             loaded.arch.architecture, str(loaded.dtype).removeprefix("torch."), loaded.weight_format, backend.name,
             self.device, time.perf_counter() - start,
         )
         return loaded
+
+    def _load_shard(self, config: EngineConfig, backend) -> LoadedModel:
+        """Rank 0's shard; the other ranks start and load theirs (``kvserve.distributed``)."""
+        from kvserve.distributed.driver import TensorParallelDriver
+        from kvserve.distributed.shard import check_parallel_options
+        from kvserve.distributed.loader import shard_dtype
+
+        check_parallel_options(config)
+        dtype = shard_dtype(config.model.model, config.model.dtype, self.device)
+        self.tensor_parallel = TensorParallelDriver(config.parallel, config.model.model, dtype, self.device, backend,
+                                                    config.model.quantization)
+        return self.tensor_parallel.loaded
+
+    def check_health(self) -> None:
+        """Called while idle (about every ``health_check_interval`` seconds): with tensor
+        parallelism, every rank is alive and answers.
+
+        Raises:
+            EngineDeadError: a rank is gone (the message names it).
+        """
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.check_health()
+
+    @property
+    def health_check_interval(self) -> float | None:
+        """Seconds between idle ``check_health`` calls; None = nothing to check."""
+        if self.tensor_parallel is None:
+            return None
+        from kvserve.distributed.driver import HEALTH_CHECK_INTERVAL
+
+        return HEALTH_CHECK_INTERVAL
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker ranks, if any (idempotent)."""
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.shutdown()
 
     def _load_draft(self, config: EngineConfig) -> LoadedModel | None:
         """The draft model of ``--speculative-config`` method draft_model (target's dtype,
@@ -172,7 +222,7 @@ class EngineCore:
     def _plan_kv_cache(self) -> KVCachePlan:
         cache = self.config.cache
         bytes_per_block = kv_cache_bytes_per_block(self.loaded.arch, cache.block_size, self.loaded.dtype,
-                                                   cache.kv_cache_dtype)
+                                                   cache.kv_cache_dtype, self.loaded.cached_kv_heads)
         if self.draft is not None:
             from kvserve.spec_decode.draft_model import draft_kv_bytes_per_block
 

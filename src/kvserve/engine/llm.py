@@ -78,6 +78,11 @@ class LLM:
         llm._init_engine(LLMEngine(config, chat_template))
         return llm
 
+    def shutdown(self) -> None:
+        """Stop the engine's tensor-parallel worker ranks (with ``tensor_parallel_size > 1``);
+        idempotent. They also stop when this process exits."""
+        self.llm_engine.shutdown()
+
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 

@@ -90,8 +90,13 @@ class LLMEngine:
         self.core = EngineCore(config)
         self.config = self.core.config
         if input_processor is None:
-            tokenizer = load_tokenizer(config.model.tokenizer or config.model.model, chat_template)
-            input_processor = build_input_processor(config, tokenizer, self.core.vocab_size, self.core.max_model_len)
+            try:
+                tokenizer = load_tokenizer(config.model.tokenizer or config.model.model, chat_template)
+                input_processor = build_input_processor(config, tokenizer, self.core.vocab_size,
+                                                        self.core.max_model_len)
+            except BaseException:
+                self.core.shutdown()
+                raise
         self.input_processor = input_processor
         self.tokenizer = input_processor.tokenizer
         self.eos_token_ids = input_processor.eos_token_ids
@@ -101,6 +106,10 @@ class LLMEngine:
             from kvserve.lora.registry import LoRARegistry
 
             self.lora_registry = LoRARegistry(self.config.lora, self.core.loaded.arch)
+
+    def shutdown(self) -> None:
+        """Stop the engine's other processes (tensor-parallel ranks), if any; idempotent."""
+        self.core.shutdown()
 
     @property
     def max_model_len(self) -> int:

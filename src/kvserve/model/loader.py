@@ -62,6 +62,8 @@ class LoadedModel:
             (gptq_v2): int4 (group 128, zero points, act order); LM head bfloat16``.
         quantization: the quantization it runs (a checkpoint's gptq/awq resolved, as
             ``kvserve.checkpoint_quantization.resolve_quantization``).
+        num_kv_heads: KV heads this process computes and caches: its share under tensor
+            parallelism (``kvserve.distributed``); None = all of ``arch.num_key_value_heads``.
     """
 
     model: nn.Module
@@ -71,6 +73,12 @@ class LoadedModel:
     model_dir: str = ""
     weight_format: str = ""
     quantization: QuantizationConfig = QuantizationConfig()
+    num_kv_heads: int | None = None
+
+    @property
+    def cached_kv_heads(self) -> int:
+        """KV heads per layer in this process's KV cache."""
+        return self.arch.num_key_value_heads if self.num_kv_heads is None else self.num_kv_heads
 
 
 class _Target(NamedTuple):

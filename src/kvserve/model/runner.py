@@ -52,14 +52,16 @@ MAX_ISOLATED_FAILURES = 4
 
 
 def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype,
-                             kv_cache_dtype: str = "auto") -> int:
+                             kv_cache_dtype: str = "auto", num_kv_heads: int | None = None) -> int:
     """Bytes of K and V of one block over all layers:
     ``2 * num_layers * block_size * num_kv_heads * row bytes``, a row being ``head_dim`` values
     of ``dtype`` or, with a one-byte ``kv_cache_dtype`` (int8, fp8_e4m3, fp8_e5m2), ``head_dim + 4``
-    bytes (``kvserve.attention.kv_quant``)."""
+    bytes (``kvserve.attention.kv_quant``). ``num_kv_heads``: the heads one process caches (a
+    tensor-parallel rank's share); default all of the model's."""
     cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, dtype)
     row = kv_row_size(arch.head_dim, kv_cache_dtype) * torch.empty((), dtype=cache_dtype).element_size()
-    return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * row
+    heads = arch.num_key_value_heads if num_kv_heads is None else num_kv_heads
+    return 2 * arch.num_hidden_layers * block_size * heads * row
 
 
 class _RowsResult:
@@ -111,6 +113,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = torch.device(device)
         self.vocab_size = loaded.arch.vocab_size
+        self.num_kv_heads = loaded.cached_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_caches = self._init_kv_caches()
         # CPU: float32/bf16 linears through kvserve's batch-invariant GEMM (weights packed once).
@@ -139,7 +142,7 @@ class ModelRunner:
 
     def _init_kv_caches(self) -> list[torch.Tensor]:
         row = kv_row_size(self.arch.head_dim, self.kv_cache_dtype)
-        shape = (2, self.num_blocks, self.block_size, self.arch.num_key_value_heads, row)
+        shape = (2, self.num_blocks, self.block_size, self.num_kv_heads, row)
         dtype = kv_cache_torch_dtype(self.kv_cache_dtype, self.dtype)
         return [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.arch.num_hidden_layers)]
 
@@ -181,6 +184,8 @@ class ModelRunner:
         """
         try:
             result = self._run_rows(rows, num_scheduled)
+        except EngineDeadError:
+            raise  # the engine's failure (e.g. a tensor-parallel peer died): bisecting cannot help
         except Exception as exc:  # noqa: BLE001 - isolated below
             if len(rows) > 1:
                 mid = len(rows) // 2

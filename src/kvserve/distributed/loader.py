@@ -1,0 +1,155 @@
+"""Load one tensor-parallel rank's shard of a Hugging Face checkpoint.
+
+The module is built on the ``meta`` device with the rank's sizes (``TensorParallelShard
+.local_arch``) and its row-parallel layers (``kvserve.distributed.layers.parallelize``), given
+empty storage, and each parameter is filled from a memory-mapped slice of its safetensors tensor
+(``safe_open(...).get_slice(name)[rows or columns]``): a rank reads and holds only its rows and
+columns, never the whole model. Name mapping as ``kvserve.model.loader``, plus::
+
+    ...o_proj.weight[:, rank's q columns]       -> ...o_proj.linear.weight     (row-parallel)
+    ...down_proj.weight[:, rank's MLP columns]  -> ...mlp.down_proj.linear.weight
+    model.embed_tokens.weight[rank's vocab rows] -> model.embed_tokens.weight (zero-padded rows)
+    lm_head.weight[rank's vocab rows]           -> lm_head.weight
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from kvserve.attention.backend import AttentionBackend
+from kvserve.distributed.communicator import Communicator
+from kvserve.distributed.layers import RowParallelLinear, VocabParallelEmbedding, parallelize
+from kvserve.distributed.shard import TensorParallelShard
+from kvserve.config import QuantizationConfig
+from kvserve.errors import CheckpointError, ConfigError
+from kvserve.model.arch_config import ModelArchConfig
+from kvserve.model.layers import MergedLinear
+from kvserve.model.loader import LoadedModel, _is_ignorable, _safetensors_files
+from kvserve.model.quant_linear import quantize_linears
+from kvserve.model.quant_summary import describe_weights
+from kvserve.model.registry import get_model_class
+from kvserve.startup_checks import check_architecture
+
+
+class _SliceTarget(NamedTuple):
+    """Checkpoint tensor ``[index]`` goes to ``param[row_start:row_end]``."""
+
+    param: nn.Parameter
+    row_start: int
+    row_end: int
+    index: tuple[slice, ...]
+
+
+def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, backend: AttentionBackend,
+               shard_rank: int, communicator: Communicator,
+               quantization: QuantizationConfig = QuantizationConfig()) -> LoadedModel:
+    """Rank ``shard_rank``'s shard (of ``communicator.world_size``) of ``model_dir``; with
+    ``quantization`` (``--quantization int8|int4``) the rank quantizes its own slices after loading
+    (``kvserve.model.quant_linear.quantize_linears``). int4 groups never straddle two ranks
+    (a rank's columns start at a multiple of the group size, else ``ConfigError``), so the
+    quantized weights are those of one process; int8's per-output-channel scale of a row-parallel
+    layer (o_proj, down_proj) is the maximum over the rank's columns only.
+
+    Returns:
+        a ``LoadedModel`` whose ``arch`` is the whole model's and whose ``num_kv_heads`` is the
+        rank's (the KV heads its cache holds); ``model`` holds only the rank's slices.
+
+    Raises:
+        CheckpointError: as ``kvserve.model.loader.load_model`` (missing, unexpected or
+            misshapen tensors).
+        ConfigError: the model does not split over the ranks (``check_tensor_parallel``).
+    """
+    model_dir = Path(model_dir)
+    check_architecture(model_dir)
+    arch = ModelArchConfig.from_file(model_dir / "config.json")
+    shard = TensorParallelShard(shard_rank, communicator.world_size, arch)
+    with torch.device("meta"):
+        model = get_model_class(arch.architecture)(shard.local_arch(), backend)
+        parallelize(model, shard, communicator)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    if arch.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    _load_slices(model, _safetensors_files(model_dir), shard)
+    if quantization.method is not None:
+        try:
+            quantize_linears(model, quantization.method, quantization.group_size, quantization.lm_head)
+        except ValueError as exc:
+            raise ConfigError(f"--quantization {quantization.method} with --tensor-parallel-size "
+                              f"{communicator.world_size}: {exc}") from None
+    model.eval()
+    gen_path = model_dir / "generation_config.json"
+    generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+    return LoadedModel(model, arch, dtype, generation_config, str(model_dir), describe_weights(model, dtype),
+                       num_kv_heads=shard.num_kv_heads)
+
+
+def _slice_targets(model: nn.Module, shard: TensorParallelShard) -> dict[str, _SliceTarget]:
+    """Checkpoint tensor name -> where and which slice, for every parameter of the rank's model."""
+    targets: dict[str, _SliceTarget] = {}
+    everything = (slice(None),)
+    for name, param in model.named_parameters():  # a tied lm_head appears once, as embed_tokens
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        parent_name = module_name.rpartition(".")[0]
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if isinstance(module, MergedLinear):
+            start = 0
+            for shard_name, size in zip(module.shard_names, module.output_sizes, strict=True):
+                rows = slice(*shard.rows_of(shard_name))
+                targets[f"{parent_name}.{shard_name}.{attr}"] = _SliceTarget(param, start, start + size, (rows,))
+                start += size
+        elif isinstance(parent, RowParallelLinear) and module is parent.linear:
+            columns = slice(*shard.rows_of(parent_name.rpartition(".")[2]))
+            targets[f"{parent_name}.{attr}"] = _SliceTarget(param, 0, param.shape[0], (slice(None), columns))
+        elif isinstance(module, VocabParallelEmbedding) or name == "lm_head.weight":
+            start, end = shard.vocab_rows
+            targets[name] = _SliceTarget(param, 0, end - start, (slice(start, end),))
+        else:
+            targets[name] = _SliceTarget(param, 0, param.shape[0], everything)
+    return targets
+
+
+@torch.no_grad()
+def _load_slices(model: nn.Module, files: list[Path], shard: TensorParallelShard) -> None:
+    targets = _slice_targets(model, shard)
+    for target in targets.values():
+        if target.row_end - target.row_start < target.param.shape[0]:
+            target.param.data.zero_()  # the padding rows of the last vocabulary shard
+    loaded: set[str] = set()
+    tied = shard.arch.tie_word_embeddings
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                target = targets.get(name)
+                if target is None:
+                    if _is_ignorable(name, tied):
+                        continue
+                    raise CheckpointError(f"unexpected tensor {name!r} in {path.name}; this model has no such weight")
+                tensor = f.get_slice(name)[target.index]
+                dest = target.param.data[target.row_start : target.row_end]
+                if tuple(tensor.shape) != tuple(dest.shape):
+                    raise CheckpointError(f"tensor {name!r} in {path.name}: its slice {target.index} for "
+                                          f"tensor-parallel rank {shard.rank} has shape {tuple(tensor.shape)}, "
+                                          f"expected {tuple(dest.shape)}")
+                dest.copy_(tensor)
+                loaded.add(name)
+    missing = sorted(set(targets) - loaded)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
+        raise CheckpointError(f"checkpoint is missing tensor(s): {shown}")
+
+
+def shard_dtype(model_dir: str | Path, dtype: str, device: torch.device) -> torch.dtype:
+    """The dtype every rank loads: the engine's rule for ``auto``
+    (``kvserve.model.loader.default_dtype_for_device``), else the named one."""
+    from kvserve.model.loader import default_dtype_for_device, resolve_dtype
+
+    if dtype == "auto":
+        return default_dtype_for_device(model_dir, device)
+    return resolve_dtype(dtype, ModelArchConfig.from_file(Path(model_dir) / "config.json"))

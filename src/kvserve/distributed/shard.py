@@ -1,0 +1,143 @@
+"""Which part of each weight a tensor-parallel rank holds (Megatron-LM's split; Shoeybi et al.
+2019, "Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism").
+
+For ``N`` ranks and rank ``r``::
+
+    q heads        [r*H/N, (r+1)*H/N)                       column-parallel (qkv_proj rows)
+    kv heads       [r*Hkv/N, (r+1)*Hkv/N)    when Hkv >= N
+                   {r // (N/Hkv)} (one, replicated)  when Hkv < N (N a multiple of Hkv)
+    gate, up rows  [r*I/N, (r+1)*I/N)                       column-parallel (gate_up_proj rows)
+    o_proj, down   the same ranges as input columns         row-parallel: partial sums, one
+                                                            all-reduce each
+    vocabulary     [r*ceil(V/N), min((r+1)*ceil(V/N), V))   embedding rows (lookups outside the
+                                                            range give 0, then all-reduce) and
+                                                            LM head rows (logits gathered on
+                                                            rank 0); the last shard is padded
+    norms          whole on every rank
+
+A query head keeps the KV head it reads in the full model: with ``g = H/Hkv`` query heads per
+KV head, rank r's query heads ``[r*H/N, (r+1)*H/N)`` read KV heads ``[r*Hkv/N, ...)`` (split) or
+head ``r*H/N // g = r // (N/Hkv)`` (replicated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kvserve.errors import ConfigError
+from kvserve.model.arch_config import ModelArchConfig
+
+
+def check_tensor_parallel(arch: ModelArchConfig, size: int) -> None:
+    """Whether ``arch`` splits over ``size`` ranks.
+
+    Raises:
+        ConfigError: one line naming ``--tensor-parallel-size`` and the field that does not split.
+    """
+    if size == 1:
+        return
+    flag = f"--tensor-parallel-size {size}"
+    if arch.num_attention_heads % size:
+        raise ConfigError(f"{flag}: num_attention_heads ({arch.num_attention_heads}) is not a multiple of {size}")
+    kv = arch.num_key_value_heads
+    if kv % size and size % kv:
+        raise ConfigError(f"{flag}: num_key_value_heads ({kv}) is neither a multiple nor a divisor of {size}")
+    if arch.intermediate_size % size:
+        raise ConfigError(f"{flag}: intermediate_size ({arch.intermediate_size}) is not a multiple of {size}")
+
+
+@dataclass(frozen=True)
+class TensorParallelShard:
+    """Rank ``rank`` of ``size``'s share of a model (see the module docstring); row ranges are
+    ``(start, end)`` in the full checkpoint tensor."""
+
+    rank: int
+    size: int
+    arch: ModelArchConfig
+
+    def __post_init__(self) -> None:
+        check_tensor_parallel(self.arch, self.size)
+        if not 0 <= self.rank < self.size:
+            raise ConfigError(f"tensor-parallel rank {self.rank} is outside [0, {self.size})")
+
+    @property
+    def num_heads(self) -> int:
+        return self.arch.num_attention_heads // self.size
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads this rank computes and caches (1, replicated, when there are fewer than ranks)."""
+        return max(1, self.arch.num_key_value_heads // self.size)
+
+    @property
+    def first_kv_head(self) -> int:
+        kv = self.arch.num_key_value_heads
+        if kv >= self.size:
+            return self.rank * self.num_kv_heads
+        return self.rank // (self.size // kv)
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.arch.intermediate_size // self.size
+
+    @property
+    def vocab_per_rank(self) -> int:
+        """Rows of each rank's embedding / LM head shard (the last one padded with zero rows)."""
+        return -(-self.arch.vocab_size // self.size)
+
+    @property
+    def vocab_rows(self) -> tuple[int, int]:
+        """The vocabulary ids this rank holds (fewer than ``vocab_per_rank`` on the last rank
+        when ``size`` does not divide the vocabulary)."""
+        start = min(self.rank * self.vocab_per_rank, self.arch.vocab_size)
+        return start, min(start + self.vocab_per_rank, self.arch.vocab_size)
+
+    def rows_of(self, shard_name: str) -> tuple[int, int]:
+        """Rows of checkpoint projection ``shard_name`` (q/k/v/gate/up_proj) this rank holds;
+        for o_proj and down_proj the same ranges index input columns."""
+        head_dim = self.arch.head_dim
+        if shard_name in ("q_proj", "o_proj"):
+            start = self.rank * self.num_heads * head_dim
+            return start, start + self.num_heads * head_dim
+        if shard_name in ("k_proj", "v_proj"):
+            start = self.first_kv_head * head_dim
+            return start, start + self.num_kv_heads * head_dim
+        if shard_name in ("gate_proj", "up_proj", "down_proj"):
+            start = self.rank * self.intermediate_size
+            return start, start + self.intermediate_size
+        raise KeyError(f"{shard_name!r} is not a split projection")
+
+    def local_arch(self) -> ModelArchConfig:
+        """The architecture of this rank's modules: its heads, MLP width and vocabulary rows
+        (``head_dim`` and everything else unchanged)."""
+        return dataclasses.replace(
+            self.arch, num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+            intermediate_size=self.intermediate_size, vocab_size=self.vocab_per_rank,
+        )
+
+
+def check_parallel_options(config) -> None:
+    """The engine options that do not combine with ``-tp > 1`` yet, refused by name.
+
+    Args:
+        config: the ``kvserve.config.EngineConfig``.
+
+    Raises:
+        ConfigError: one line naming the option.
+    """
+    size = config.parallel.tensor_parallel_size
+    if size == 1:
+        return
+    quant = config.model.quantization
+    refused = [
+        (f"--quantization {quant.method} (a pre-quantized checkpoint)", quant.checkpoint is not None,
+         "its packed weights are not sliced per rank yet (int8 / int4 quantized at load are)"),
+        ("--enable-lora", config.lora is not None, "adapter weights are not sharded over the ranks yet"),
+        ("--speculative-config method draft_model",
+         config.speculative is not None and config.speculative.method == "draft_model",
+         "the draft model is not sharded yet (method ngram is)"),
+    ]
+    for flag, given, why in refused:
+        if given:
+            raise ConfigError(f"{flag} with --tensor-parallel-size {size} is not supported: {why}")

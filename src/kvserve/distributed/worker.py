@@ -1,0 +1,143 @@
+"""A tensor-parallel worker rank (1 .. N-1): its shard of the weights and of the KV cache, and a
+loop that mirrors the driver's model calls::
+
+    join the store ("joined/r") -> join the groups -> load the shard ("loaded/r", or "error/r")
+    loop:  message = receive (an idle engine may send nothing for hours: the wait for the next
+           message has no practical limit; a driver process that exits or dies closes its
+           connections, which ends the wait at once)
+           InitKVCache -> allocate    Forward -> forward (its all-reduces)
+           ComputeLogits -> receive hidden rows, LM head rows, gather to the driver
+           Heartbeat -> nothing       Shutdown -> exit 0
+
+Any failure (a peer gone, a timeout, an error of its own) ends the process with status 1 and one
+log line; the driver then fails its next collective or health check.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from kvserve.config import QuantizationConfig
+from kvserve.distributed.messages import ComputeLogits, Forward, Heartbeat, InitKVCache, Shutdown
+
+logger = logging.getLogger(__name__)
+
+# Seconds a worker waits for the driver's next message (an offline LLM may idle for long; a
+# serving engine sends a heartbeat every second). Collectives inside a call use --dist-timeout.
+IDLE_WAIT = 7 * 24 * 3600.0  # under 2**31 ms
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs (picklable: it crosses the spawn).
+
+    Attributes:
+        model_dir: the checkpoint folder (every node reads its own copy of the same files).
+        dtype: the model dtype the driver resolved.
+        device: ``cpu`` or ``cuda`` (a CUDA rank uses ``cuda:<local rank>``).
+        attention_backend: the resolved backend name (``torch`` or ``cpu_paged``).
+        rank, world_size, local_rank: this rank, all ranks, its index on this node.
+        master_addr, master_port: the driver's store.
+        timeout: ``--dist-timeout`` seconds.
+        cores: CPU cores to run on (None: not pinned).
+        quantization: ``--quantization`` (each rank quantizes its slices).
+    """
+
+    model_dir: str
+    dtype: torch.dtype
+    device: str
+    attention_backend: str
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    timeout: float
+    cores: tuple[int, ...] | None = None
+    quantization: QuantizationConfig = QuantizationConfig()
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cuda", self.local_rank) if self.device == "cuda" else torch.device(self.device)
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    """Process entry point: run the worker; exit 1 with one log line on any failure."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s tp-rank{spec.rank} %(levelname)s %(message)s")
+    try:
+        worker = TensorParallelWorker(spec)
+    except BaseException as exc:  # noqa: BLE001 - reported to the driver, then exit
+        logger.error("tensor-parallel rank %d failed to start: %s: %s", spec.rank, type(exc).__name__, exc)
+        sys.exit(1)
+    try:
+        worker.run()
+    except BaseException as exc:  # noqa: BLE001
+        logger.error("tensor-parallel rank %d stops: %s: %s", spec.rank, type(exc).__name__, exc)
+        sys.exit(1)
+    finally:
+        worker.communicator.close()
+
+
+class TensorParallelWorker:
+    """One worker rank (see the module docstring). Raises what failed."""
+
+    def __init__(self, spec: WorkerSpec):
+        from kvserve.attention import get_attention_backend
+        from kvserve.distributed.communicator import Communicator, make_store
+        from kvserve.distributed.cpu_pinning import pin_current_thread
+        from kvserve.distributed.loader import load_shard
+        from kvserve.model.invariant_linear import use_invariant_linears
+
+        if spec.cores:
+            pin_current_thread(spec.cores)
+        self.spec = spec
+        self.device = spec.torch_device
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.store = make_store(spec.master_addr, spec.master_port, spec.rank, spec.world_size, spec.timeout)
+        self.store.set(f"joined/{spec.rank}", "1")
+        self.communicator = Communicator(self.store, spec.rank, spec.world_size, self.device, spec.timeout)
+        try:
+            backend = get_attention_backend(spec.attention_backend, self.device)
+            self.loaded = load_shard(spec.model_dir, spec.dtype, self.device, backend, spec.rank, self.communicator,
+                                     spec.quantization)
+            if self.device.type == "cpu":
+                use_invariant_linears(self.loaded.model)
+        except BaseException as exc:
+            self.store.set(f"error/{spec.rank}", f"{type(exc).__name__}: {exc}")
+            raise
+        self.store.set(f"loaded/{spec.rank}", "1")
+        self.kv_caches: list[torch.Tensor] = []
+
+    @torch.inference_mode()
+    def run(self) -> None:
+        """Serve the driver's messages until ``Shutdown``."""
+        while True:
+            message = self.communicator.receive_message(timeout=IDLE_WAIT)
+            if isinstance(message, Shutdown):
+                return
+            if isinstance(message, Forward):
+                input_ids, positions, metadata = message.to_inputs(self.device)
+                self.loaded.model(input_ids, positions, self.kv_caches, metadata)
+            elif isinstance(message, ComputeLogits):
+                hidden = torch.empty(message.num_rows, self.loaded.arch.hidden_size, dtype=message.dtype,
+                                     device=self.device)
+                self.communicator.broadcast(hidden)
+                self.communicator.gather(self.loaded.model.compute_logits(hidden).contiguous())
+            elif isinstance(message, InitKVCache):
+                self.kv_caches = self._allocate_kv_caches(message)
+            elif not isinstance(message, Heartbeat):
+                raise TypeError(f"unknown message {type(message).__name__}")
+
+    def _allocate_kv_caches(self, message: InitKVCache) -> list[torch.Tensor]:
+        from kvserve.attention.kv_quant import kv_cache_torch_dtype, kv_row_size
+
+        arch = self.loaded.arch
+        shape = (2, message.num_blocks, message.block_size, self.loaded.cached_kv_heads,
+                 kv_row_size(arch.head_dim, message.kv_cache_dtype))
+        dtype = kv_cache_torch_dtype(message.kv_cache_dtype, self.loaded.dtype)
+        return [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(arch.num_hidden_layers)]
