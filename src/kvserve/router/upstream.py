@@ -1,20 +1,22 @@
 """The router's HTTP/1.1 client for the worker hop: keep-alive connections per worker on asyncio
-protocols, h11 for the protocol.
+protocols, httptools (llhttp, as uvicorn's fast server protocol) to read responses.
 
     UpstreamClient ── pool(worker url) ──► UpstreamPool: idle connections, newest first
                                               │ acquire: reuse one still open, else connect
                                               ▼
-                                           _Connection (asyncio.Protocol + h11.Connection)
-                                              │ request(): write request, read status + headers
-                                              ▼
+                                           _Connection (asyncio.Protocol + a response parser)
+                                              │ request(): one write (head + body), then the
+                                              ▼ status line and headers
                                            UpstreamResponse: body_chunks() / read(), release()
 
-A general client (httpx/httpcore) paid ~3 ms of CPU per proxied stream here, most of it in its
-connection pool's bookkeeping and its per-chunk layers (docs/benchmarks.md section 12). This one
-does only what the hop needs: one h11 state machine per connection, the body handed on in the
-pieces the socket delivered (every SSE event that arrived in one read goes on as one piece; the
-bytes are the same), no per-request tasks. A connection goes back to its pool only after a whole
-response on a connection that may be kept; one that broke or was left early is closed.
+A general client (httpx/httpcore) cost ~3 ms of CPU per proxied stream here, and a pure-Python
+protocol (h11) still most of 1 ms (docs/benchmarks.md section 12). This one does only what the hop
+needs: the request head is written from the forwarded headers in one piece (their values come from
+the router's own HTTP parser, which refuses CR and LF), the response is parsed in C as it arrives,
+and the body is handed on in the pieces the socket delivered (every SSE event that arrived in one
+read goes on as one piece; the bytes are the same). No per-request tasks. A connection goes back to
+its pool only after a whole response that allows keep-alive; one that broke or was left early is
+closed.
 
 A worker closes idle keep-alive connections on its own schedule (uvicorn: 5 s). A reused
 connection that fails before any response byte is therefore tried once more on a new connection
@@ -29,9 +31,9 @@ import ssl
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
-import h11
+import httptools
 
-# Bytes a connection buffers before it stops reading from its socket (the consumer is slow).
+# Body bytes a connection buffers before it stops reading from its socket (the consumer is slow).
 _HIGH_WATER = 256 * 1024
 
 
@@ -48,21 +50,31 @@ class UpstreamError(Exception):
 
 
 class _Connection(asyncio.Protocol):
-    """One HTTP/1.1 connection to a worker; bytes from the socket wait in ``_pending`` until the
-    response reader feeds them to h11."""
+    """One HTTP/1.1 connection to a worker. The parser's callbacks fill the current response's
+    status, headers and body pieces; the response reader takes them."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.transport: asyncio.Transport | None = None
-        self.h11 = h11.Connection(h11.CLIENT)
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
-        self._paused = False
+        self.parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future | None = None
+        self._paused = False
         self.closed = False
         self.timed_out = False
+        self.error: str | None = None
         self.reused = False  # served a whole response before the current one
+        self._new_exchange()
+
+    def _new_exchange(self) -> None:
         self.got_bytes = False  # something arrived for the current exchange
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers_done = False
+        self.framed = False  # content-length or chunked: the body's end is known without a close
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+        self.complete = False
+        self.keep_alive = False
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -71,21 +83,48 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
-        self._pending.append(data)
-        self._pending_bytes += len(data)
-        if self._pending_bytes > _HIGH_WATER and not self._paused:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.error = f"the worker broke the HTTP exchange: {exc}"
+            self.abort()
+            return
+        if self.body_bytes > _HIGH_WATER and not self._paused:
             self._paused = True
             self.transport.pause_reading()
         self._wake()
 
-    def eof_received(self) -> bool:
-        self.closed = True
-        self._wake()
-        return False  # close the transport
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.headers_done and not self.framed and not self.complete:
+            self.complete = True  # a body without length ends with the connection
         self._wake()
+
+    # -- httptools callbacks -----------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if self.status >= 200:
+            self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.body_bytes += len(body)
+
+    def on_message_complete(self) -> None:
+        if self.status < 200:  # an informational response: the real one follows
+            self.headers, self.framed = [], False
+            return
+        self.keep_alive = self.parser.should_keep_alive()  # only meaningful inside the callback
+        self.complete = True
+
+    # -- used by UpstreamPool / UpstreamResponse ---------------------------------------------------
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -96,8 +135,6 @@ class _Connection(asyncio.Protocol):
         self.timed_out = True
         self.abort()
 
-    # -- used by UpstreamPool / UpstreamResponse ---------------------------------------------------
-
     def abort(self) -> None:
         """Close at once (the worker sees the request's client leave)."""
         self.closed = True
@@ -105,13 +142,13 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
         self._wake()
 
-    async def receive(self, timeout: float) -> None:
-        """Feed h11 what the socket delivered, waiting at most ``timeout`` s for something.
+    async def wait(self, timeout: float) -> None:
+        """Until the parser produced more or the connection ended.
 
         Raises:
-            UpstreamError: nothing came within ``timeout``.
+            UpstreamError: the connection ended with an error, or nothing came within ``timeout``.
         """
-        if not self._pending and not self.closed:
+        if not self.closed:
             self._waiter = self.loop.create_future()
             timer = self.loop.call_later(timeout, self._on_timeout)
             try:
@@ -119,33 +156,22 @@ class _Connection(asyncio.Protocol):
             finally:
                 timer.cancel()
                 self._waiter = None
-        if self._pending:
-            data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-            self._pending.clear()
-            self._pending_bytes = 0
-            if self._paused:
-                self._paused = False
-                self.transport.resume_reading()
-            self.h11.receive_data(data)
-        elif self.timed_out:
-            raise UpstreamError(f"no data from the worker within {timeout:g} s")
-        else:
-            self.h11.receive_data(b"")  # end of stream: h11 says whether the message was complete
+        if self.closed and not self.complete and not self.body and not self.headers_done:
+            raise UpstreamError(self._failure(timeout))
 
-    async def next_event(self, timeout: float):
-        """The next h11 event of the response, reading as needed.
+    def _failure(self, timeout: float) -> str:
+        if self.timed_out:
+            return f"no data from the worker within {timeout:g} s"
+        return self.error or "the worker closed the connection before the response ended"
 
-        Raises:
-            UpstreamError: the connection broke or broke the protocol, or a read timed out.
-        """
-        try:
-            while True:
-                event = self.h11.next_event()
-                if event is not h11.NEED_DATA:
-                    return event
-                await self.receive(timeout)
-        except h11.ProtocolError as exc:
-            raise UpstreamError(f"the worker broke the HTTP exchange: {exc}") from None
+    def take_body(self) -> bytes:
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self.body = []
+        self.body_bytes = 0
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+        return body
 
     def send(self, data: bytes) -> None:
         if self.closed or self.transport.is_closing():
@@ -154,8 +180,7 @@ class _Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return (not self.closed and self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
-                and not self._pending)
+        return not self.closed and self.complete and self.keep_alive
 
 
 class UpstreamResponse:
@@ -166,9 +191,8 @@ class UpstreamResponse:
         headers: ``(name, value)`` pairs, names lower-case, as the worker sent them.
     """
 
-    def __init__(self, pool: UpstreamPool, connection: _Connection, status: int,
-                 headers: list[tuple[bytes, bytes]], timeout: float):
-        self.status, self.headers = status, headers
+    def __init__(self, pool: UpstreamPool, connection: _Connection, timeout: float):
+        self.status, self.headers = connection.status, connection.headers
         self._pool, self._connection, self._timeout = pool, connection, timeout
         self._done = False
 
@@ -179,28 +203,16 @@ class UpstreamResponse:
             UpstreamError: the connection broke before the body's end.
         """
         connection = self._connection
-        parts: list[bytes] = []
-        try:
-            while True:
-                event = connection.h11.next_event()
-                kind = type(event)
-                if kind is h11.Data:
-                    parts.append(event.data)
-                    continue
-                if event is h11.NEED_DATA:
-                    if parts:
-                        yield b"".join(parts)
-                        parts = []
-                    await connection.receive(self._timeout)
-                    continue
-                if kind is h11.EndOfMessage:
-                    self._done = True
-                    if parts:
-                        yield b"".join(parts)
-                    return
-                raise UpstreamError(f"unexpected {kind.__name__} in the worker's response body")
-        except h11.ProtocolError as exc:
-            raise UpstreamError(f"the worker broke the HTTP exchange: {exc}") from None
+        while True:
+            if connection.body:
+                yield connection.take_body()
+            elif connection.complete:
+                self._done = True
+                return
+            elif connection.closed:
+                raise UpstreamError(connection._failure(self._timeout))
+            else:
+                await connection.wait(self._timeout)
 
     async def read(self) -> bytes:
         """The whole body (raises as ``body_chunks``)."""
@@ -237,7 +249,7 @@ class UpstreamPool:
             raise ValueError(f"not an http(s) URL: {url!r}")
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.prefix = parts.path.rstrip("/")
+        self.prefix = parts.path.rstrip("/").encode()
         self.ssl = ssl.create_default_context() if parts.scheme == "https" else None
         default_port = (parts.scheme == "https" and self.port == 443) or (parts.scheme == "http" and self.port == 80)
         self.host_header = (parts.hostname if default_port else f"{parts.hostname}:{self.port}").encode()
@@ -249,7 +261,8 @@ class UpstreamPool:
         """Send a request with ``body`` and return once the status line and headers arrived.
 
         ``timeout`` bounds each wait for bytes from the worker. Informational (1xx) responses
-        are skipped.
+        are skipped. ``headers`` are written as given: names and values from a parsed request
+        (no CR or LF), without Host and Content-Length, which are set here.
 
         Raises:
             UpstreamError: as above (``connect`` when no connection could be made).
@@ -267,27 +280,20 @@ class UpstreamPool:
 
     async def _exchange(self, connection: _Connection, method: bytes, target: str,
                         headers: list[tuple[bytes, bytes]], body: bytes, timeout: float) -> UpstreamResponse:
-        connection.got_bytes = False
+        connection._new_exchange()
+        head = [method, b" ", self.prefix + target.encode(), b" HTTP/1.1\r\nhost: ", self.host_header,
+                b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
+        for name, value in headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(b"\r\n")
         try:
-            all_headers = [(b"host", self.host_header), (b"content-length", str(len(body)).encode()), *headers]
-            data = connection.h11.send(h11.Request(method=method, target=(self.prefix + target).encode(),
-                                                   headers=all_headers))
-            data += connection.h11.send(h11.Data(data=body)) if body else b""
-            data += connection.h11.send(h11.EndOfMessage())
-        except h11.LocalProtocolError as exc:
-            connection.abort()
-            raise UpstreamError(f"the request cannot be sent: {exc}") from None
-        try:
-            connection.send(data)
-            while True:
-                event = await connection.next_event(timeout)
-                if type(event) is h11.Response:
-                    return UpstreamResponse(self, connection, event.status_code, list(event.headers), timeout)
-                if type(event) is not h11.InformationalResponse:
-                    raise UpstreamError(f"the worker closed the connection without a response ({event!r})")
+            connection.send(b"".join(head) + body)
+            while not connection.headers_done:
+                await connection.wait(timeout)
         except UpstreamError:
             connection.abort()
             raise
+        return UpstreamResponse(self, connection, timeout)
 
     def _take_idle(self) -> _Connection | None:
         while self._idle:
@@ -313,7 +319,6 @@ class UpstreamPool:
         if len(self._idle) >= self.max_idle:
             connection.abort()
             return
-        connection.h11.start_next_cycle()
         connection.reused = True
         self._idle.append(connection)
 
