@@ -1,6 +1,6 @@
 """A scripted OpenAI-shaped worker on 127.0.0.1 (uvicorn in a thread) for proxy tests: it can
-answer, fail with a status, stream given bytes, cut a stream after its first chunk, or hold a
-request until released."""
+answer, fail with a status, stream given bytes, cut a stream after its first chunk, hold a
+request until released, or stream without end until its client leaves (``stream_ended``)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ class FakeWorker:
         self.url = f"http://127.0.0.1:{self.port}"
         self.seen: list[dict] = []
         self.release = threading.Event()
+        self.stream_ended: str | None = None  # "done" or "client_left"
         app = FastAPI()
 
         @app.get("/health")
@@ -43,7 +44,8 @@ class FakeWorker:
         @app.post("/v1/completions")
         async def completions(request: Request):
             body = await request.json()
-            self.seen.append({"x-request-id": request.headers.get("x-request-id"), "body": body})
+            self.seen.append({"x-request-id": request.headers.get("x-request-id"), "body": body,
+                              "client_port": request.client.port})
             if self.mode == "hold":
                 while not self.release.is_set():
                     await asyncio.sleep(0.01)
@@ -58,6 +60,14 @@ class FakeWorker:
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     async def _stream(self):
+        if self.mode == "endless":
+            try:
+                while True:
+                    yield STREAM_CHUNKS[0]
+                    await asyncio.sleep(0.01)
+            except (asyncio.CancelledError, GeneratorExit):
+                self.stream_ended = "client_left"
+                raise
         for i, chunk in enumerate(STREAM_CHUNKS):
             if self.mode == "break" and i == 1:
                 raise RuntimeError("worker died mid-stream")  # uvicorn drops the connection

@@ -97,8 +97,9 @@ class WorkerProcess:
 class RouterProcess:
     """``kvserve route`` over ``workers`` (with their KV events)."""
 
-    def __init__(self, folder: Path, workers: list[WorkerProcess], *extra: str, policy: str = "cache_aware"):
-        self.folder = folder
+    def __init__(self, folder: Path, workers: list[WorkerProcess], *extra: str, policy: str = "cache_aware",
+                 env: dict[str, str] | None = None):
+        self.folder, self.env = folder, env
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [sys.executable, "-m", "kvserve.cli", "route", "--host", "127.0.0.1", "--port",
@@ -112,7 +113,7 @@ class RouterProcess:
 
     def start(self, timeout: float = 60) -> RouterProcess:
         log = open(self.folder / f"router-{self.port}.log", "ab")
-        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         wait_for(lambda: self.process.poll() is not None or healthy(self.url), timeout, "router ready")
         assert self.process.poll() is None, (self.folder / f"router-{self.port}.log").read_text()[-2000:]
         return self

@@ -62,6 +62,23 @@ def test_stream_passes_byte_for_byte_with_the_request_id():
         assert worker.seen[0]["x-request-id"] == "client-7"
         plain = httpx.post(router.url + "/v1/completions", json={"model": "m", "prompt": "hi"})
         assert plain.json() == {"worker": "a", "model": "m"} and len(plain.headers["x-request-id"]) == 32
+        assert plain.headers["content-length"] == str(len(plain.content))
+        # one kept connection to the worker served both
+        assert len({seen["client_port"] for seen in worker.seen}) == 1 and len(worker.seen) == 2
+        assert httpx.get(router.url + "/v1/completions").status_code == 405
+
+
+def test_a_client_that_leaves_mid_stream_closes_the_worker_connection():
+    with FakeWorker("a", mode="endless") as worker, RouterThread(_config([worker])) as router:
+        wait_for(lambda: router.router.fleet.get(worker.url).healthy, 10, "healthy")
+        with httpx.stream("POST", router.url + "/v1/completions",
+                          json={"model": "m", "prompt": "x", "stream": True}) as response:
+            assert next(response.iter_raw()).startswith(STREAM_CHUNKS[0])
+        wait_for(lambda: worker.stream_ended == "client_left", 10, "the worker saw its client leave")
+        wait_for(lambda: _metric(router.url, 'kvserve_router_requests_total{outcome="client_disconnected"') == 1,
+                 10, "counted")
+        assert router.router.fleet.get(worker.url).in_flight == 0
+        assert router.router.fleet.get(worker.url).breaker.state.value == "closed"
 
 
 def test_5xx_and_refused_connections_are_retried_on_another_worker():

@@ -4,7 +4,9 @@
     GET  /metrics                the router's series (``kvserve.router.metrics``)          (open)
     GET  /v1/models[/{id}]       the model registry's models (else the workers' own)
     POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize
-                                 forwarded to a worker (``kvserve.router.proxy``)
+                                 forwarded to a worker (``kvserve.router.proxy``), handled by
+                                 ``RouterApp`` before FastAPI (its routing, request and response
+                                 layers cost more CPU than the whole hop otherwise)
     GET  /workers                every worker and its state
     POST /workers                add one: {"url", "model"?, "kv_events"?, "standby"?}
     DELETE /workers/{url}        drain it (no new requests; waits for in-flight ones), remove it
@@ -19,7 +21,6 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from contextlib import asynccontextmanager
 
 import httpx
@@ -38,14 +39,15 @@ from kvserve.router.monitor import Monitor
 from kvserve.router.policies import Decision, RouteRequest, make_policy
 from kvserve.router.prefix import request_block_hashes
 from kvserve.router.prompts import PromptTokenizer
-from kvserve.router.proxy import ForwardRequest, Proxy
+from kvserve.router.forwarding import RouterApp
+from kvserve.router.proxy import Proxy
 from kvserve.router.registry import ModelRegistry
 from kvserve.router.scaling import ScalingInputs, SlidingWindow, desired_replicas
+from kvserve.router.upstream import UpstreamClient
 from kvserve.router.worker import KVEventsEndpoint, Worker
 
 logger = logging.getLogger(__name__)
 
-FORWARDED_PATHS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
 
 
 class Router:
@@ -70,7 +72,8 @@ class Router:
         self.itl_window = SlidingWindow(config.scaling.window_seconds)
         self.prefix_queries = 0.0
         self.prefix_hits = 0.0
-        self.client: httpx.AsyncClient | None = None
+        self.client: httpx.AsyncClient | None = None  # health checks and /metrics scrapes
+        self.upstream: UpstreamClient | None = None  # forwarded requests
         self.proxy: Proxy | None = None
         self.monitor: Monitor | None = None
         self.metrics.registry.register(FleetCollector(self.snapshot))
@@ -82,7 +85,8 @@ class Router:
         self.client = httpx.AsyncClient(transport=nodelay_transport(limits), timeout=self.config.request_timeout)
         self.monitor = Monitor(self.fleet, self.config.health, self.metrics, self.client,
                                self._on_prefix_delta, self._on_ejected)
-        self.proxy = Proxy(self.fleet, self.client, self.config.retry, self.metrics, self.config.request_timeout,
+        self.upstream = UpstreamClient()
+        self.proxy = Proxy(self.fleet, self.upstream, self.config.retry, self.metrics, self.config.request_timeout,
                            self._on_failure, self._on_routed)
         self.proxy.ttft_window, self.proxy.itl_window = self.ttft_window, self.itl_window
         await self.monitor.check_all()
@@ -96,6 +100,8 @@ class Router:
             worker.stop_events()
         if self.client is not None:
             await self.client.aclose()
+        if self.upstream is not None:
+            self.upstream.close()
 
     # -- workers ---------------------------------------------------------------------------------
 
@@ -124,6 +130,8 @@ class Router:
         while worker.in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         self.fleet.remove(worker.url)
+        if self.upstream is not None:
+            self.upstream.discard(worker.url)
         return worker.in_flight
 
     def _on_failure(self, worker: Worker, fatal: bool) -> None:
@@ -211,13 +219,8 @@ class Router:
             raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
 
-def _max_tokens(body: dict) -> int:
-    value = body.get("max_completion_tokens", body.get("max_tokens"))
-    return value if isinstance(value, int) and value > 0 else 16
-
-
-def build_router_app(router: Router) -> FastAPI:
-    """The FastAPI app over ``router`` (its parts start and stop with the app's lifespan)."""
+def build_router_app(router: Router) -> RouterApp:
+    """The ASGI app over ``router`` (its parts start and stop with the app's lifespan)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -232,9 +235,8 @@ def build_router_app(router: Router) -> FastAPI:
     install_error_handlers(app)
     _add_open_routes(app, router)
     _add_model_routes(app, router)
-    _add_forward_routes(app, router)
     _add_worker_routes(app, router)
-    return app
+    return RouterApp(router, app)
 
 
 def _add_open_routes(app: FastAPI, router: Router) -> None:
@@ -274,33 +276,6 @@ def _add_model_routes(app: FastAPI, router: Router) -> None:
         if card is None:
             raise APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
         return JSONResponse(card)
-
-
-def _add_forward_routes(app: FastAPI, router: Router) -> None:
-    async def forward(request: Request) -> Response:
-        received = time.perf_counter()
-        key = authenticate(request, router.config.api_keys)
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise APIError(400, f"The request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "The request body must be a JSON object.")
-        model = body.get("model") if isinstance(body.get("model"), str) else None
-        router.check_model(model)
-        path = request.url.path
-        route = router.route_request(path, body, model)
-        router.limiter.acquire(key, route.num_tokens + _max_tokens(body))
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        headers = {k: v for k, v in request.headers.items()
-                   if k.lower() in ("authorization", "content-type", "accept", "user-agent", "openai-organization")}
-        forward_request = ForwardRequest(path, raw, headers, request_id, model, route, bool(body.get("stream")),
-                                         received)
-        return await router.proxy.forward(forward_request, lambda: router.limiter.release(key))
-
-    for path in FORWARDED_PATHS:
-        app.add_api_route(path, forward, methods=["POST"])
 
 
 def _add_worker_routes(app: FastAPI, router: Router) -> None:

@@ -3,7 +3,8 @@ prometheus-adapter and KEDA take the names as they are).
 
 Counted as requests pass (one registry per router):
     requests_total{worker, outcome}         outcome: ok, error (the client got an error),
-                                            stream_error (in-band error after the first byte)
+                                            stream_error (in-band error after the first byte),
+                                            client_disconnected (the client left mid-stream)
     retries_total{reason}                   connect, status_5xx, status_429, read (before any byte)
     ejections_total{worker, cause}          health (active checks), breaker (passive)
     readmissions_total{worker}
