@@ -9,7 +9,8 @@ llama-cpp-python lives in its own venv so the project's stays clean (build it on
     /tmp/llamacpp-venv/bin/pip install "llama-cpp-python[server]==0.3.36" gguf numpy
 
 Steps: convert the checkpoint to GGUF with ``gguf_export.py`` (bf16 by default; skipped when the
-file exists), start ``python -m llama_cpp.server`` from that venv with ``--n_threads`` threads,
+file exists), with ``--quantize Q8_0|Q4_0|...`` quantize that file with llama.cpp's own quantizer
+(``llama_model_quantize``, as ``llama-quantize`` does; made once beside it), start ``python -m llama_cpp.server`` from that venv with ``--n_threads`` threads,
 then run the same ``kvserve bench serve`` workload as kvserve at each ``--concurrency``.
 llama-cpp-python's server runs one completion at a time (its ``Llama`` object has one sequence),
 so requests above 1 queue inside the server: TTFT grows, throughput stays the batch-1 rate.
@@ -64,6 +65,27 @@ def ensure_gguf(python: str, model: str, gguf: Path, outtype: str) -> Path:
     return gguf
 
 
+# llama.cpp's own quantizer (llama_model_quantize), run from the llama.cpp venv on the exported
+# GGUF: the file a llama.cpp user makes with `llama-quantize model.gguf out.gguf Q8_0`.
+QUANTIZE_SCRIPT = """
+import sys, llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
+params.nthread = 2
+status = llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), params)
+sys.exit(status)
+"""
+
+
+def ensure_quantized(python: str, source: Path, quantize: str) -> Path:
+    """``source`` quantized by llama.cpp to ``quantize`` (Q8_0, Q4_0, ...), beside it; made once."""
+    out = source.with_name(f"{source.stem}-{quantize.lower()}.gguf")
+    if not out.exists():
+        print(f"quantizing {source} -> {out} ({quantize}, llama.cpp's quantizer)", flush=True)
+        subprocess.run([python, "-c", QUANTIZE_SCRIPT, str(source), str(out), quantize.upper()], check=True)
+    return out
+
+
 def server_command(python: str, gguf: Path, port: int, n_threads: int, n_ctx: int) -> list[str]:
     return [python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
             "--n_ctx", str(n_ctx), "--n_threads", str(n_threads), "--n_threads_batch", str(n_threads),
@@ -109,6 +131,8 @@ def run(args: argparse.Namespace) -> list[Path]:
     versions = llamacpp_versions(args.llamacpp_python)
     gguf = ensure_gguf(args.llamacpp_python, args.model, Path(args.gguf or f"{args.model}/model-{args.outtype}.gguf"),
                        args.outtype)
+    if args.quantize:
+        gguf = ensure_quantized(args.llamacpp_python, gguf, args.quantize)
     port = free_port()
     command = server_command(args.llamacpp_python, gguf, port, args.n_threads, args.n_ctx)
     workload = ["--dataset-name", "random", "--input-len", str(args.input_len), "--output-len",
@@ -119,14 +143,16 @@ def run(args: argparse.Namespace) -> list[Path]:
     written = []
     with running_server(command, f"http://127.0.0.1:{port}/v1/models", result_dir / "llamacpp-server.log"):
         for concurrency in args.concurrency:
-            path = result_dir / f"llamacpp-c{concurrency}.json"
+            suffix = f"-{args.quantize.lower()}" if args.quantize else ""
+            path = result_dir / f"llamacpp{suffix}-c{concurrency}.json"
             doc = bench_serve(f"http://127.0.0.1:{port}", args.model, path, workload, concurrency,
                               num_warmups=args.num_warmups, extra=extra)
             usage = probe_completion_tokens(f"http://127.0.0.1:{port}", "probe " * 8, args.output_len, logit_bias)
             if usage["completion_tokens"] == args.output_len and doc["metrics"]["output_tokens_from_tokenizer"]:
                 correct_output_counts(doc, args.output_len)
             doc["baseline"] = {"name": "llama.cpp", "versions": versions, "gguf": str(gguf),
-                               "outtype": args.outtype, "server_command": command, "probe_usage": usage}
+                               "outtype": args.outtype, "quantize": args.quantize, "server_command": command,
+                               "probe_usage": usage}
             path.write_text(json.dumps(doc, indent=2) + "\n")
             written.append(path)
     return written
@@ -137,6 +163,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", required=True, help="Hugging Face model folder (tokenizer and weights)")
     p.add_argument("--gguf", default=None, help="GGUF path (default MODEL/model-OUTTYPE.gguf, made if missing)")
     p.add_argument("--outtype", choices=("bf16", "f16", "f32"), default="bf16")
+    p.add_argument("--quantize", choices=("Q8_0", "Q4_0", "Q4_K_M", "Q6_K"), default=None,
+                   help="serve the exported GGUF quantized by llama.cpp's own quantizer to this type")
     p.add_argument("--llamacpp-python", default=DEFAULT_PYTHON, help="python of the llama.cpp venv")
     p.add_argument("--n-threads", type=int, default=2)
     p.add_argument("--n-ctx", type=int, default=2048)

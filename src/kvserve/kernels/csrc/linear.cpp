@@ -40,9 +40,9 @@
 // result bit for bit against the sequence above emulated in float64.
 //
 // A wider instruction (e.g. AVX512-BF16 vdpbf16ps, which sums two products per lane, or AMX
-// tiles) would change the sequence and therefore the bits; it can be added as a microkernel of its
-// own behind the same packing and blocking, with its own fixed per-element order (e.g. pairs of k
-// summed then accumulated), as long as it is the only kernel used on that host for every M.
+// tiles) changes the sequence and therefore the bits; it stays batch-invariant as long as it is
+// the only kernel used on that host for every M. amx_linear.cpp is such a kernel for bfloat16 on
+// AMX hosts (kvserve.model.invariant_linear picks it).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
