@@ -27,11 +27,22 @@ from __future__ import annotations
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kvserve.kernels import cpu_kernels
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def pack_amx_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A bfloat16 weight [N, K] as ``amx_linear.cpp``'s B tiles [ceil(N/16), ceil(K/32), 16, 32]:
+    panel p, chunk c, tile row r holds, for each column j, the input pair (2r, 2r + 1) of the
+    chunk, ``tiles[p, c, r, 2j + h] = W[16p + j, 32c + 2r + h]``; N and K padded with zeros."""
+    n, k = weight.shape
+    panels, chunks = -(-n // 16), -(-k // 32)
+    padded = F.pad(weight, (0, chunks * 32 - k, 0, panels * 16 - n))
+    return padded.view(panels, 16, chunks, 16, 2).permute(0, 2, 3, 1, 4).reshape(panels, chunks, 16, 32).contiguous()
 
 
 class InvariantLinear(nn.Module):
@@ -60,7 +71,7 @@ class InvariantLinear(nn.Module):
             raise ValueError("AMX tiles need a bfloat16 weight and a CPU (and OS) that provides AMX-BF16")
         self.amx = available if amx is None else amx
         weight = linear.weight.detach()
-        self.packed = kernels.pack_amx_weight(weight) if self.amx else kernels.pack_linear_weight(weight)
+        self.packed = pack_amx_weight(weight) if self.amx else kernels.pack_linear_weight(weight)
         self.bias = None if linear.bias is None else linear.bias.detach().to(torch.float32).contiguous()
         self._vector_packed: torch.Tensor | None = None  # an AMX layer's panels for float32 inputs
 

@@ -13,10 +13,10 @@
 // M on a host where it is used (tests/model/test_amx_linear.py compares its bits with linear.cpp's
 // and across row counts).
 //
-// Layout: the weight [N][K] is packed once into panels of 16 output columns and chunks of 32
-// inputs, [N/16][K/32][16][32] bfloat16, each chunk one B tile in AMX's pair-interleaved ("VNNI")
-// form: tile row r holds, for each column j, the pair (W[n0+j][k0+2r], W[n0+j][k0+2r+1]). N and K
-// are padded with zeros. Activations are read in place as A tiles (16 rows, 64 bytes each, stride
+// Layout: the weight [N][K] is packed once (kvserve.model.invariant_linear.pack_amx_weight) into
+// panels of 16 output columns and chunks of 32 inputs, [N/16][K/32][16][32] bfloat16, each chunk
+// one B tile in AMX's pair-interleaved ("VNNI") form: tile row r holds, for each column j, the
+// pair (W[n0+j][k0+2r], W[n0+j][k0+2r+1]). N and K are padded with zeros. Activations are read in place as A tiles (16 rows, 64 bytes each, stride
 // K) when K is a multiple of 32 and the rows fill the tile; a row tail (and any row when K is not)
 // goes through a zero-padded copy. Padding adds exact zeros: it never changes a valid element.
 //
@@ -223,31 +223,8 @@ bool amx_linear_available() {
 #endif
 }
 
-// weight: [N, K] bfloat16 -> [ceil(N/16), ceil(K/32), 16, 32] bfloat16 B tiles (see the file comment).
-torch::Tensor pack_amx_weight(torch::Tensor weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.device().is_cpu() && weight.scalar_type() == torch::kBFloat16,
-              "pack_amx_weight takes a 2-D bfloat16 CPU weight");
-  weight = weight.contiguous();
-  const int64_t N = weight.size(0), K = weight.size(1);
-  const int64_t panels = (N + kTileN - 1) / kTileN, chunks = (K + kTileK - 1) / kTileK;
-  auto packed = torch::zeros({panels, chunks, kTileRows, 2 * kTileN}, weight.options());
-  const uint16_t* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<c10::BFloat16>());
-  uint16_t* dst = reinterpret_cast<uint16_t*>(packed.data_ptr<c10::BFloat16>());
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      for (int64_t j = 0; j < kTileN && p * kTileN + j < N; ++j) {
-        const uint16_t* row = w + (p * kTileN + j) * K;
-        for (int64_t k = 0; k < K; ++k) {
-          const int64_t c = k / kTileK, r = (k % kTileK) / 2, half = k % 2;
-          dst[((p * chunks + c) * kTileRows + r) * 2 * kTileN + j * 2 + half] = row[k];
-        }
-      }
-    }
-  });
-  return packed;
-}
-
-// x: contiguous [M, K] bfloat16; packed: from pack_amx_weight; bias float32 [N] or None.
+// x: contiguous [M, K] bfloat16; packed: the weight's B tiles (kvserve.model.invariant_linear.pack_amx_weight);
+// bias float32 [N] or None.
 torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t out_features) {
   TORCH_CHECK(amx_linear_available(), "amx_linear: no AMX-BF16 tiles on this CPU / process");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu() && x.scalar_type() == torch::kBFloat16,
@@ -256,7 +233,7 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<to
   TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.size(0) == (N + kTileN - 1) / kTileN &&
                   packed.size(1) == (K + kTileK - 1) / kTileK && packed.size(2) == kTileRows &&
                   packed.size(3) == 2 * kTileN,
-              "packed must come from pack_amx_weight for these K and N");
+              "packed must be the weight's B tiles [N/16, K/32, 16, 32] for these K and N");
   const float* bias_ptr = nullptr;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->is_contiguous() && bias->numel() == N,

@@ -10,7 +10,6 @@ torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor packed, c10::optio
                                int64_t out_features);
 int64_t linear_panel_width();
 bool amx_linear_available();
-torch::Tensor pack_amx_weight(torch::Tensor weight);
 torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t out_features);
 torch::Tensor quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
                            c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
@@ -28,7 +27,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("invariant_linear", &invariant_linear, "batch-invariant x W^T + b over packed weights (see linear.cpp)");
   m.def("linear_panel_width", &linear_panel_width, "output columns per packed weight panel");
   m.def("amx_linear_available", &amx_linear_available, "AMX-BF16 tiles usable here (KVSERVE_AMX=0: never)");
-  m.def("pack_amx_weight", &pack_amx_weight, "bfloat16 weight [N, K] into AMX B tiles (see amx_linear.cpp)");
   m.def("amx_linear", &amx_linear, "batch-invariant bfloat16 x W^T + b on AMX tiles (see amx_linear.cpp)");
   m.def("lora_apply", &lora_apply, "y[t] += B_s A_s x[t], each token with its adapter slot (see lora.cpp)");
   m.def("quant_linear", &quant_linear, "batch-invariant x W^T + b over int8/int4 weights (see quant_linear.cpp)");
