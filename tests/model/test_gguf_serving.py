@@ -8,6 +8,7 @@ from the file; what kvserve does not run is refused in one line."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import gguf
 import numpy as np
@@ -19,7 +20,7 @@ from kvserve import SamplingParams
 from kvserve.engine.llm import LLM
 from kvserve.errors import CheckpointError
 from kvserve.kernels import cpu_kernels_available
-from kvserve.model.gguf_names import llama_rotary_order
+from kvserve.model.gguf_names import gguf_name, llama_rotary_order
 from kvserve.model.loader import load_model
 from kvserve.model.quant_linear import QuantizedLinear
 from kvserve.model.stacked_linear import StackedLinear
@@ -98,6 +99,23 @@ def dequantized(path, name: str, rows: int, heads: int | None = None) -> np.ndar
     return values if heads is None else values[np.argsort(llama_rotary_order(rows, heads))]
 
 
+def dequantized_checkpoint(path, source, out):
+    """``source``'s folder with every tensor replaced by the GGUF file's dequantized values
+    (gguf.quants.dequantize, q/k rows of llama files put back): the float model the file holds."""
+    shutil.copytree(source, out)
+    tensors = load_file(source / "model.safetensors")
+    config = json.loads((source / "config.json").read_text())
+    for name, value in tensors.items():
+        heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+        kind = name.split(".")[-2]
+        permuted = config["architectures"][0] == "LlamaForCausalLM" and kind in heads
+        rows = value.shape[0]
+        values = dequantized(path, gguf_name(name), rows, heads[kind] if permuted else None)
+        tensors[name] = torch.from_numpy(values.reshape(value.shape).copy()).to(value.dtype)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
 def agreement(ours, reference) -> float:
     """Share of greedy tokens equal to the reference's, each sequence counted up to its first
     difference."""
@@ -119,15 +137,23 @@ def test_q8_0_and_q4_0_load_the_files_integers(tmp_path, outtype, bits, bound):
                                dequantized(path, "blk.1.attn_k.weight", 32, 2),
                                dequantized(path, "blk.1.attn_v.weight", 32)])
     assert np.array_equal(attn.qkv_proj.dequantized_weight().numpy(), expected)
-    assert np.array_equal(loaded.model.lm_head.dequantized_weight().numpy(), dequantized(path, "output.weight", 1024))
-    assert torch.equal(loaded.model.model.embed_tokens.weight, torch.from_numpy(dequantized(path, "token_embd.weight", 1024)))
+    assert np.array_equal(loaded.model.lm_head.dequantized_weight().numpy(), dequantized(path, "output.weight", loaded.arch.vocab_size))
+    assert torch.equal(loaded.model.model.embed_tokens.weight, torch.from_numpy(dequantized(path, "token_embd.weight", loaded.arch.vocab_size)))
     float_weight = load_model(source).model.model.layers[1].self_attn.qkv_proj.weight
     error = (attn.qkv_proj.dequantized_weight() - float_weight).norm() / float_weight.norm()
     assert error < bound, error
     assert loaded.weight_format == f"GGUF {outtype.upper()}: {attn.qkv_proj.format()}; LM head {attn.qkv_proj.format()}"
-    share = agreement(greedy(make_llm(path)), greedy(make_llm(source)))
-    print(f"{outtype}: weight error {error:.4f}, greedy agreement {share:.2f}")
-    assert share >= (0.5 if bits == 8 else 0.2)
+    served = greedy(make_llm(path))
+    same_model = agreement(served, greedy(make_llm(dequantized_checkpoint(path, source, tmp_path / "deq"))))
+    share = agreement(served, greedy(make_llm(source)))
+    print(f"{outtype}: weight error {error:.4f}, greedy agreement with the source {share:.2f}, with the file's "
+          f"dequantized weights as a float checkpoint {same_model:.2f}")
+    assert same_model >= 0.9
+    # Random weights' logits are nearly flat: int4's ~9% weight error changes the first tokens
+    # (as --quantization int4's does, docs/benchmarks.md section 14); the trained model's
+    # perplexity is the quality measure (tests/engine/test_gguf_quality.py).
+    if bits == 8:
+        assert share >= 0.5
 
 
 @pytest.mark.skipif(not cpu_kernels_available(), reason="no C++ compiler for the kernels")
@@ -144,9 +170,12 @@ def test_q4_k_and_q6_k_mix(tmp_path):
     assert np.array_equal(qkv.parts[1].dequantized_weight().numpy(), dequantized(path, "blk.0.attn_v.weight", 128))
     assert torch.equal(qkv.parts[1].bias, load_model(source).model.model.layers[0].self_attn.qkv_proj.bias[384:])
     assert loaded.model.model.layers[0].mlp.down_proj.format() == "int8 (group 16)"
-    share = agreement(greedy(make_llm(path)), greedy(make_llm(source)))
-    print(f"Q4_K/Q6_K: greedy agreement {share:.2f}")
-    assert share >= 0.2
+    served = greedy(make_llm(path))
+    same_model = agreement(served, greedy(make_llm(dequantized_checkpoint(path, source, tmp_path / "deq"))))
+    share = agreement(served, greedy(make_llm(source)))
+    print(f"Q4_K/Q6_K: greedy agreement with the source {share:.2f}, with the file's dequantized weights as a "
+          f"float checkpoint {same_model:.2f}")
+    assert same_model >= 0.9
 
 
 def test_tokenizer_and_chat_template_from_the_file(tmp_path):

@@ -9,7 +9,8 @@ The module is built on the ``meta`` device from the file's ``ModelArchConfig``
 - quantized matrices become ``QuantizedLinear`` layers holding the file's integers and scales
   exactly (Q8_0 -> int8 group 32, Q6_K -> int8 group 16, Q4_0 -> int4 group 32 symmetric,
   Q4_K -> int4 group 32 with zero points); the shards of a fused projection (q/k/v, gate/up)
-  share one layer when they have one format, else each keeps its own (``StackedLinear``);
+  share one layer when they have one format, else one layer per run of shards of one format
+  (``StackedLinear``);
 - a quantized ``token_embd`` is dequantized for the lookup (in the model dtype); as the LM head
   of a tied model it stays quantized;
 - llama files' q/k rows are put back in Hugging Face's rotate-half order; a ``rope_freqs``
@@ -126,25 +127,30 @@ class _GGUFFiller:
         setattr(proj.parent, proj.attr, self._quantized_layer(weights, biases))
 
     def _quantized_layer(self, weights: list[Shard], biases: list[torch.Tensor] | None) -> nn.Module:
-        """One ``QuantizedLinear`` when every shard is quantized alike, else a ``StackedLinear``."""
+        """One ``QuantizedLinear`` when every shard is quantized alike, else a ``StackedLinear`` of
+        one layer per run of consecutive shards of one format."""
         biases = None if biases is None else [b.to(self.device, torch.float32) for b in biases]
-        bias = None if biases is None else torch.cat(biases)
-        merged = _concat_quantized(weights)
-        if merged is not None:
-            return QuantizedLinear(merged.to(self.device), bias, self.kernels)
-        parts = []
+        runs: list[list[int]] = []
         for i, weight in enumerate(weights):
-            part_bias = None if biases is None else biases[i]
-            if isinstance(weight, QuantizedTensor):
-                parts.append(QuantizedLinear(weight.to(self.device), part_bias, self.kernels))
+            if runs and _form(weights[runs[-1][0]]) == _form(weight):
+                runs[-1].append(i)
             else:
-                part = nn.Linear(weight.shape[1], weight.shape[0], bias=part_bias is not None,
-                                 device=self.device, dtype=self.dtype)
-                _copy_rows(part.weight, [weight])
-                if part_bias is not None:
-                    _copy_rows(part.bias, [part_bias])
-                parts.append(part)
-        return StackedLinear(parts)
+                runs.append([i])
+        parts = [self._layer([weights[i] for i in run], None if biases is None else [biases[i] for i in run])
+                 for run in runs]
+        return parts[0] if len(parts) == 1 else StackedLinear(parts)
+
+    def _layer(self, weights: list[Shard], biases: list[torch.Tensor] | None) -> nn.Module:
+        """A layer of shards of one form: ``QuantizedLinear`` or float ``nn.Linear``."""
+        bias = None if biases is None else torch.cat(biases)
+        if isinstance(weights[0], QuantizedTensor):
+            return QuantizedLinear(_concat_quantized(weights).to(self.device), bias, self.kernels)
+        rows = sum(w.shape[0] for w in weights)
+        layer = nn.Linear(weights[0].shape[1], rows, bias=bias is not None, device=self.device, dtype=self.dtype)
+        _copy_rows(layer.weight, weights)
+        if bias is not None:
+            _copy_rows(layer.bias, [bias])
+        return layer
 
     def _rotary_rows(self, hf_name: str, rows: int) -> torch.Tensor | None:
         """The row order that undoes llama.cpp's q/k permutation (``gguf_names``), or None."""
@@ -187,14 +193,15 @@ def _copy_rows(dest: torch.Tensor, shards: list[torch.Tensor]) -> None:
         start += shard.shape[0]
 
 
-def _concat_quantized(weights: list[Shard]) -> QuantizedTensor | None:
-    """The shards stacked as one ``QuantizedTensor`` when all share bits, group size and zero-point
-    form (scales of different dtypes are widened to float32, exactly), else None."""
-    if not all(isinstance(w, QuantizedTensor) for w in weights):
-        return None
+def _form(weight: Shard) -> tuple:
+    """What decides whether shards share one layer: float, or (bits, group size, zero points)."""
+    return ("float",) if isinstance(weight, torch.Tensor) else (weight.bits, weight.group_size, weight.symmetric)
+
+
+def _concat_quantized(weights: list[QuantizedTensor]) -> QuantizedTensor:
+    """Shards of one form stacked as one ``QuantizedTensor`` (scales of different dtypes are
+    widened to float32, exactly)."""
     first = weights[0]
-    if any((w.bits, w.group_size, w.symmetric) != (first.bits, first.group_size, first.symmetric) for w in weights):
-        return None
     if len(weights) == 1:
         return first
     scale_dtype = first.scales.dtype if len({w.scales.dtype for w in weights}) == 1 else torch.float32
