@@ -35,11 +35,11 @@ def check_architecture(model_dir: str | Path) -> str:
             ``quantization_config`` it does not load (``kvserve.checkpoint_quantization``); an
             unreadable GGUF file or one of another architecture.
     """
-    from kvserve.model.gguf_file import GGUFFile, find_gguf
+    from kvserve.model.gguf_file import find_gguf, open_gguf
 
     gguf = find_gguf(model_dir)
     if gguf is not None:
-        return GGUFFile(gguf).architecture()
+        return open_gguf(gguf).architecture()
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{model_dir} has no config.json; a Hugging Face model folder holds config.json, "

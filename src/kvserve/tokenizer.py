@@ -144,7 +144,7 @@ def eos_token_ids(model_dir: str | Path, tokenizer: Any | None = None) -> frozen
     Returns:
         The ids, possibly empty.
     """
-    from kvserve.model.gguf_file import GGUFFile, find_gguf
+    from kvserve.model.gguf_file import find_gguf, open_gguf
 
     folder = Path(model_dir)
     ids: set[int] = set()
@@ -152,7 +152,7 @@ def eos_token_ids(model_dir: str | Path, tokenizer: Any | None = None) -> frozen
         ids.add(int(tokenizer.eos_token_id))
     gguf = find_gguf(folder)
     if gguf is not None:
-        ids.update(GGUFFile(gguf).end_token_ids())
+        ids.update(open_gguf(gguf).end_token_ids())
     for name in ("config.json", "generation_config.json"):
         path = folder / name
         if not path.is_file():

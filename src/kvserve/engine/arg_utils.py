@@ -448,7 +448,7 @@ def _with_gguf_types(model: str, quantization: QuantizationConfig) -> Quantizati
         ValueError: ``--quantization`` with a GGUF file (its weights load as stored).
         CheckpointError: the GGUF file cannot be read.
     """
-    from kvserve.model.gguf_file import GGUFFile, find_gguf
+    from kvserve.model.gguf_file import find_gguf, open_gguf
 
     gguf = find_gguf(model)
     if gguf is None:
@@ -456,7 +456,7 @@ def _with_gguf_types(model: str, quantization: QuantizationConfig) -> Quantizati
     if quantization.method is not None:
         raise ValueError(f"--quantization {quantization.method} does not apply to the GGUF file {gguf.name}: its "
                          "weights load as stored (Q8_0/Q6_K as int8, Q4_0/Q4_K as int4, F16/BF16/F32 as the dtype)")
-    return dataclasses.replace(quantization, gguf_types=GGUFFile(gguf).weight_types())
+    return dataclasses.replace(quantization, gguf_types=open_gguf(gguf).weight_types())
 
 
 def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfig:

@@ -27,6 +27,7 @@ permuted).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from functools import cached_property
 from pathlib import Path
@@ -64,6 +65,24 @@ def find_gguf(model: str | Path) -> Path | None:
         raise CheckpointError(f"{path} holds {len(files)} GGUF files ({', '.join(p.name for p in files)}); "
                               "serve one of them by its path")
     return files[0] if files else None
+
+
+def open_gguf(path: str | Path) -> "GGUFFile":
+    """The ``GGUFFile`` of ``path``, parsed once per process while the file is unchanged (same
+    size and modification time): ``GGUFReader`` decodes every metadata array up front, which took
+    13 s for a 151k-token vocabulary here, and a start-up reads the file from several places
+    (flags, start-up checks, dtype, loader, end-of-sequence ids). At most two files are kept.
+
+    Raises:
+        CheckpointError: as ``GGUFFile``.
+    """
+    stat = Path(path).stat()
+    return _open_cached(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _open_cached(path: str, mtime_ns: int, size: int) -> "GGUFFile":
+    return GGUFFile(path)
 
 
 class GGUFFile:

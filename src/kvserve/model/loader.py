@@ -36,7 +36,7 @@ from kvserve.config import QuantizationConfig
 from kvserve.errors import CheckpointError, ConfigError
 from kvserve.kernels import cpu_kernels
 from kvserve.model.arch_config import ModelArchConfig
-from kvserve.model.gguf_file import GGUFFile, find_gguf
+from kvserve.model.gguf_file import find_gguf, open_gguf
 from kvserve.model.layers import MergedLinear
 from kvserve.model.prequantized import (PACKED_TENSORS, drop_float_weights, install_quantized_linears,
                                         plan_quantized_linears)
@@ -138,7 +138,7 @@ def default_dtype_for_device(model_dir: str | Path, device: str | torch.device) 
     model_dir = Path(model_dir)
     gguf = find_gguf(model_dir)
     if gguf is not None:
-        opened = GGUFFile(gguf)
+        opened = open_gguf(gguf)
         arch, stored = opened.arch, opened.stored_dtype()
     else:
         arch = ModelArchConfig.from_file(model_dir / "config.json")
@@ -158,7 +158,7 @@ def load_arch_config(model: str | Path) -> ModelArchConfig:
         CheckpointError: as ``ModelArchConfig.from_file`` / ``GGUFFile.arch``.
     """
     gguf = find_gguf(model)
-    return GGUFFile(gguf).arch if gguf is not None else ModelArchConfig.from_file(Path(model) / "config.json")
+    return open_gguf(gguf).arch if gguf is not None else ModelArchConfig.from_file(Path(model) / "config.json")
 
 
 def _stored_dtype(files: list[Path]) -> torch.dtype | None:
@@ -241,7 +241,7 @@ def _load_gguf(path: Path, dtype, device, attn_backend, quantization: Quantizati
     if quantization.method is not None:
         raise ConfigError(f"--quantization {quantization.method} does not apply to the GGUF file {path.name}: its "
                           "weights load as stored (Q8_0/Q6_K as int8, Q4_0/Q4_K as int4, F16/BF16/F32 as the dtype)")
-    gguf = GGUFFile(path)
+    gguf = open_gguf(path)
     torch_dtype = resolve_dtype(dtype, gguf.arch, gguf.stored_dtype())
     backend = attn_backend if attn_backend is not None else get_attention_backend("torch")
     model = load_gguf_model(gguf, torch_dtype, device, backend)
