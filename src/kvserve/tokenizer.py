@@ -50,9 +50,7 @@ def load_tokenizer(model_dir: str | Path, chat_template: str | None = None) -> A
         CheckpointError: the folder does not exist, has none of the tokenizer files, or
             transformers cannot read them.
     """
-    from kvserve.model.gguf_file import find_gguf
-
-    gguf = find_gguf(model_dir)
+    gguf = _find_gguf(model_dir)
     if gguf is not None:
         tokenizer = _gguf_tokenizer(gguf)
         if chat_template is not None:
@@ -93,6 +91,17 @@ def _auto_tokenizer(folder: Path) -> Any:
     if has_json and declared is not None and declared.removesuffix("Fast") != loaded.removesuffix("Fast"):
         tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
     return tokenizer
+
+
+def _find_gguf(model_dir: str | Path) -> Path | None:
+    """``kvserve.model.gguf_file.find_gguf``, imported (with torch) only where a ``.gguf`` is in
+    sight: the router loads tokenizers without torch."""
+    path = Path(model_dir)
+    if path.suffix.lower() != ".gguf" and not (path.is_dir() and any(path.glob("*.gguf"))):
+        return None
+    from kvserve.model.gguf_file import find_gguf
+
+    return find_gguf(path)
 
 
 def _gguf_tokenizer(path: Path) -> Any:
@@ -144,14 +153,14 @@ def eos_token_ids(model_dir: str | Path, tokenizer: Any | None = None) -> frozen
     Returns:
         The ids, possibly empty.
     """
-    from kvserve.model.gguf_file import find_gguf, open_gguf
-
     folder = Path(model_dir)
     ids: set[int] = set()
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
-    gguf = find_gguf(folder)
+    gguf = _find_gguf(folder)
     if gguf is not None:
+        from kvserve.model.gguf_file import open_gguf
+
         ids.update(open_gguf(gguf).end_token_ids())
     for name in ("config.json", "generation_config.json"):
         path = folder / name
