@@ -101,15 +101,20 @@ def test_quantized_types_repack_exactly(tmp_path, weights, kind, bits, group, sy
 @pytest.mark.parametrize("kind", [Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K])
 def test_quantized_gemm_runs_the_repacked_weights(tmp_path, kind):
     """The kernel's packed panels give back the same QuantizedTensor (float32 Q4_K scales stay
-    float32) and compute x W^T of the dequantized weight (to float32 summation order)."""
+    float32) and compute x W^T of the dequantized weight (to float32 summation order), with the
+    same bits on every instruction set this CPU runs."""
     tensors = write_tensors(tmp_path / "k.gguf", {"w.weight": (random_blocks(72, 512, kind, seed=2), kind)})
     weight = read_tensor(tensors["w.weight"])
-    layer = QuantizedLinear(weight, torch.randn(72), cpu_kernels())
-    back = unpack_quantized(layer)
-    assert back.scales.dtype == weight.scales.dtype and torch.equal(back.dequantize(), weight.dequantize())
-    x = torch.randn(5, 512)
-    expected = F.linear(x.double(), weight.dequantize().double(), layer.bias.double())
-    assert torch.allclose(layer(x).double(), expected, rtol=1e-4, atol=1e-4)
+    kernels, bias, x = cpu_kernels(), torch.randn(72), torch.randn(5, 512)
+    expected = F.linear(x.double(), weight.dequantize().double(), bias.double())
+    outputs = []
+    for isa in range(1, kernels.quant_linear_isa() + 1):
+        layer = QuantizedLinear(weight, bias, kernels, isa=isa)
+        back = unpack_quantized(layer)
+        assert back.scales.dtype == weight.scales.dtype and torch.equal(back.dequantize(), weight.dequantize())
+        outputs.append(layer(x))
+        assert torch.allclose(outputs[-1].double(), expected, rtol=1e-4, atol=1e-4)
+    assert all(torch.equal(out, outputs[0]) for out in outputs)
 
 
 def test_unsupported_type_is_refused_by_name(tmp_path, weights):
