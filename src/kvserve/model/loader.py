@@ -21,7 +21,7 @@ same pass and repacked into ``QuantizedLinear`` layers (``kvserve.model.prequant
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -246,7 +246,8 @@ def _load_gguf(path: Path, dtype, device, attn_backend, quantization: Quantizati
     backend = attn_backend if attn_backend is not None else get_attention_backend("torch")
     model = load_gguf_model(gguf, torch_dtype, device, backend)
     weight_format = f"GGUF {gguf.weight_types()}: {describe_weights(model, torch_dtype)}"
-    return LoadedModel(model, gguf.arch, torch_dtype, {}, str(path), weight_format)
+    return LoadedModel(model, gguf.arch, torch_dtype, {}, str(path), weight_format,
+                       replace(quantization, gguf_types=gguf.weight_types()))
 
 
 def _safetensors_files(model_dir: Path) -> list[Path]:
