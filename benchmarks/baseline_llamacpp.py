@@ -8,7 +8,7 @@ llama-cpp-python lives in its own venv so the project's stays clean (build it on
     python3 -m venv /tmp/llamacpp-venv
     /tmp/llamacpp-venv/bin/pip install "llama-cpp-python[server]==0.3.36" gguf numpy
 
-Steps: convert the checkpoint to GGUF with ``gguf_export.py`` (bf16 by default; skipped when the
+Steps: convert the checkpoint to GGUF with ``gguf_export.py`` in this Python (bf16 by default; skipped when the
 file exists), with ``--quantize Q8_0|Q4_0|...`` quantize that file with llama.cpp's own quantizer
 (``llama_model_quantize``, as ``llama-quantize`` does; made once beside it), start ``python -m llama_cpp.server`` from that venv with ``--n_threads`` threads,
 then run the same ``kvserve bench serve`` workload as kvserve at each ``--concurrency``.
@@ -59,9 +59,12 @@ def llamacpp_versions(python: str) -> dict[str, str]:
 
 
 def ensure_gguf(python: str, model: str, gguf: Path, outtype: str) -> Path:
+    """``gguf`` converted from ``model`` unless it exists (the exporter runs in this Python, which has
+    kvserve, numpy and gguf; ``python``, llama.cpp's venv, is not needed for it)."""
     if not gguf.exists():
         print(f"converting {model} -> {gguf} ({outtype})", flush=True)
-        subprocess.run([python, str(HERE / "gguf_export.py"), model, str(gguf), "--outtype", outtype], check=True)
+        subprocess.run([sys.executable, str(HERE / "gguf_export.py"), model, str(gguf), "--outtype", outtype],
+                       check=True)
     return gguf
 
 

@@ -1,4 +1,4 @@
-"""Check ``gguf_export.py`` against transformers: llama.cpp must compute the same logits.
+"""Check ``gguf_export.py`` (``kvserve.testing.gguf_export``) against transformers: llama.cpp must compute the same logits.
 
     python benchmarks/check_gguf.py [--llamacpp-python /tmp/llamacpp-venv/bin/python]
 
@@ -59,7 +59,7 @@ def llamacpp_logits(python: str, gguf: Path, ids: list[int], work: Path) -> np.n
 
 def export(python: str, model_dir: Path, out: Path, permute: bool = True) -> Path:
     flags = [] if permute else ["--no-permute"]
-    subprocess.run([python, str(HERE / "gguf_export.py"), str(model_dir), str(out), "--outtype", "f32", *flags],
+    subprocess.run([sys.executable, str(HERE / "gguf_export.py"), str(model_dir), str(out), "--outtype", "f32", *flags],
                    check=True, capture_output=True)
     return out
 

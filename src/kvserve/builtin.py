@@ -85,13 +85,15 @@ def is_builtin_model_name(name: str) -> bool:
 def resolve_model(model: str | None) -> tuple[str, str]:
     """The model folder and default served name for a ``MODEL`` argument: ``None`` (or
     ``builtin``) = the built-in model under :data:`BUILTIN_MODEL_NAME`; a folder is served under
-    its own name.
+    its own name, a ``.gguf`` file under its name without the suffix.
 
     Raises:
         CheckpointError: the built-in model is asked for but missing, or ``model`` is not a folder.
     """
     if model is None or is_builtin_model_name(model):
         return str(builtin_model_path()), BUILTIN_MODEL_NAME
+    if Path(model).suffix.lower() == ".gguf" and Path(model).is_file():
+        return model, Path(model).stem  # a GGUF file (kvserve.model.gguf_file)
     if not Path(model).is_dir():
         raise CheckpointError(_not_a_folder_message(model))
     return model, Path(model).resolve().name
@@ -105,4 +107,4 @@ def _not_a_folder_message(model: str) -> str:
                 f"If it is a Hugging Face Hub id, download it first: hf download {model} --local-dir ./{local} "
                 f"(pip install huggingface_hub), then: kvserve serve ./{local}")
     return (f"model folder {model!r} does not exist; give a Hugging Face model folder (config.json, "
-            f"*.safetensors, tokenizer files), or no argument for the built-in model")
+            f"*.safetensors, tokenizer files), a .gguf file, or no argument for the built-in model")

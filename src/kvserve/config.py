@@ -68,18 +68,24 @@ class QuantizationConfig:
         lm_head: the LM head is quantized as well (made at load: also a tied one, the embedding
             keeps its float weights for the lookup; gptq/awq: as the checkpoint declares).
         checkpoint: the pre-quantized checkpoint's parsed ``quantization_config`` (gptq/awq).
+        gguf_types: for a GGUF model, the GGML types of its matrices (``Q4_K+Q6_K``, ``F16``;
+            ``GGUFFile.weight_types``), read from the file, not a flag; None otherwise.
     """
 
     method: str | None = None
     group_size: int = 32
     lm_head: bool = False
     checkpoint: CheckpointQuantization | None = None
+    gguf_types: str | None = None
 
     @property
     def label(self) -> str | None:
         """Short label for ``/v1/models``, ``/version`` and bench provenance: None (float
         weights), ``int8``, ``int4-g32``, a checkpoint's ``CheckpointQuantization.label``, with
-        ``+lm_head`` when the LM head is quantized too."""
+        ``+lm_head`` when the LM head is quantized too; ``gguf-Q4_0`` (``gguf-`` and the GGML types)
+        for a GGUF model."""
+        if self.gguf_types is not None:
+            return f"gguf-{self.gguf_types}"
         if self.method is None:
             return None
         if self.checkpoint is not None:

@@ -26,16 +26,20 @@ def supported_architectures() -> list[str]:
 
 
 def check_architecture(model_dir: str | Path) -> str:
-    """The folder's ``architectures[0]``, if kvserve runs it.
+    """The folder's ``architectures[0]`` (a GGUF file's: ``kvserve.model.gguf_file``), if kvserve
+    runs it.
 
     Raises:
         CheckpointError: no/invalid config.json, an architecture kvserve does not run (the
             message names it, its ``model_type`` and the supported list), or a
-            ``quantization_config`` it does not load (``kvserve.checkpoint_quantization``).
+            ``quantization_config`` it does not load (``kvserve.checkpoint_quantization``); an
+            unreadable GGUF file or one of another architecture.
     """
-    if str(model_dir).lower().endswith(".gguf"):
-        raise CheckpointError(f"{model_dir}: GGUF files are not supported yet; serve the Hugging Face folder "
-                              "(safetensors) instead, quantized at load with --quantization int8 or int4")
+    from kvserve.model.gguf_file import find_gguf, open_gguf
+
+    gguf = find_gguf(model_dir)
+    if gguf is not None:
+        return open_gguf(gguf).architecture()
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{model_dir} has no config.json; a Hugging Face model folder holds config.json, "
@@ -73,7 +77,12 @@ def missing_safetensors_message(model_dir: str | Path) -> str:
 
 
 def check_weights(model_dir: str | Path) -> None:
-    """Raises CheckpointError (:func:`missing_safetensors_message`) when there are no safetensors."""
+    """Raises CheckpointError (:func:`missing_safetensors_message`) when there are no safetensors
+    (a GGUF file holds its weights)."""
+    from kvserve.model.gguf_file import find_gguf
+
+    if find_gguf(model_dir) is not None:
+        return
     model_dir = Path(model_dir)
     if not ((model_dir / "model.safetensors.index.json").is_file() or (model_dir / "model.safetensors").is_file()):
         raise CheckpointError(missing_safetensors_message(model_dir))

@@ -34,8 +34,12 @@ def load_tokenizer(model_dir: str | Path, chat_template: str | None = None) -> A
     qwen2 and rebuilds its pre-tokenizer), the ``tokenizer.json`` is loaded as written instead.
     Either way the token ids are the file's.
 
+    A GGUF model (a ``.gguf`` file, or a folder holding one and no ``config.json``) carries its
+    tokenizer and chat template in its metadata (``tokenizer.ggml.*``, ``tokenizer.chat_template``):
+    transformers builds the tokenizer from them (``_gguf_tokenizer``).
+
     Args:
-        model_dir: model or tokenizer folder.
+        model_dir: model or tokenizer folder, or a GGUF file.
         chat_template: a Jinja chat template, or the path of a file holding one; replaces the
             folder's template.
 
@@ -46,6 +50,12 @@ def load_tokenizer(model_dir: str | Path, chat_template: str | None = None) -> A
         CheckpointError: the folder does not exist, has none of the tokenizer files, or
             transformers cannot read them.
     """
+    gguf = _find_gguf(model_dir)
+    if gguf is not None:
+        tokenizer = _gguf_tokenizer(gguf)
+        if chat_template is not None:
+            tokenizer.chat_template = _read_template(chat_template)
+        return tokenizer
     folder = Path(model_dir)
     if not folder.is_dir():
         raise CheckpointError(f"tokenizer folder {str(folder)!r} does not exist or is not a folder")
@@ -83,6 +93,29 @@ def _auto_tokenizer(folder: Path) -> Any:
     return tokenizer
 
 
+def _find_gguf(model_dir: str | Path) -> Path | None:
+    """``kvserve.model.gguf_file.find_gguf``, imported (with torch) only where a ``.gguf`` is in
+    sight: the router loads tokenizers without torch."""
+    path = Path(model_dir)
+    if path.suffix.lower() != ".gguf" and not (path.is_dir() and any(path.glob("*.gguf"))):
+        return None
+    from kvserve.model.gguf_file import find_gguf
+
+    return find_gguf(path)
+
+
+def _gguf_tokenizer(path: Path) -> Any:
+    """transformers' tokenizer of a GGUF file (its vocabulary, merges, special tokens and chat
+    template), as the generic fast class: the file's pre-tokenizer as written, whatever the
+    architecture (``AutoTokenizer`` would substitute e.g. ``Qwen2Tokenizer``)."""
+    from transformers import PreTrainedTokenizerFast
+
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"cannot read the tokenizer of the GGUF file {str(path)!r}: {exc}") from exc
+
+
 def _declared_class(folder: Path) -> str | None:
     config_path = folder / "tokenizer_config.json"
     if not config_path.is_file():
@@ -110,8 +143,11 @@ def eos_token_ids(model_dir: str | Path, tokenizer: Any | None = None) -> frozen
     """Every id that ends generation: the union of the tokenizer's ``eos_token_id``, config.json's
     ``eos_token_id`` (or its ``text_config``'s) and generation_config.json's (an int or a list).
 
+    A GGUF model's are its eos, eot and eom ids (``GGUFFile.end_token_ids``) and the tokenizer's.
+
     Args:
-        model_dir: model folder; a missing config.json or generation_config.json is skipped.
+        model_dir: model folder (or GGUF file); a missing config.json or generation_config.json is
+            skipped.
         tokenizer: the loaded tokenizer, or ``None``.
 
     Returns:
@@ -121,6 +157,11 @@ def eos_token_ids(model_dir: str | Path, tokenizer: Any | None = None) -> frozen
     ids: set[int] = set()
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
+    gguf = _find_gguf(folder)
+    if gguf is not None:
+        from kvserve.model.gguf_file import open_gguf
+
+        ids.update(open_gguf(gguf).end_token_ids())
     for name in ("config.json", "generation_config.json"):
         path = folder / name
         if not path.is_file():

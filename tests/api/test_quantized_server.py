@@ -47,3 +47,26 @@ def test_float_model_reports_null(tiny_llama):
         assert httpx.get(server.base_url + "/version").json()["quantization"] is None
     finally:
         server.stop()
+
+
+def test_gguf_file_in_models_version_and_log(tiny_llama, tmp_path, caplog):
+    """``kvserve serve model-Q8_0.gguf``: the file's types in /v1/models and /version, the layers'
+    forms in the log, the file's chat template behind /v1/chat/completions."""
+    from kvserve.builtin import resolve_model
+    from kvserve.testing.gguf_export import export_gguf
+
+    path = export_gguf(tiny_llama, tmp_path / "tiny-Q8_0.gguf", "q8_0")
+    assert resolve_model(str(path)) == (str(path), "tiny-Q8_0")
+    with caplog.at_level(logging.INFO, logger="kvserve.engine.core"):
+        server = start_live_server(str(path), dtype="float32", max_model_len=128, num_gpu_blocks_override=32)
+    try:
+        headers = {"Authorization": f"Bearer {server.api_key}"}
+        cards = httpx.get(server.base_url + "/v1/models", headers=headers).json()["data"]
+        assert [c["quantization"] for c in cards] == ["gguf-Q8_0"]
+        assert httpx.get(server.base_url + "/version").json()["quantization"] == "gguf-Q8_0"
+        reply = server.make_client().chat.completions.create(
+            model=server.model, messages=[{"role": "user", "content": "hello"}], max_tokens=3, temperature=0)
+        assert reply.usage.completion_tokens <= 3 and reply.usage.prompt_tokens > 3
+    finally:
+        server.stop()
+    assert "weights GGUF Q8_0: int8 (group 32); LM head int8 (group 32)" in caplog.text

@@ -223,13 +223,3 @@ def test_without_kernels_the_dequantized_path_gives_the_same_weight():
     assert torch.allclose(plain(x), x @ qt.dequantize().T, rtol=0, atol=0)
     packed = QuantizedLinear(qt, None, cpu_kernels())
     assert torch.allclose(packed(x), plain(x), rtol=1e-5, atol=1e-5)
-
-
-def test_gguf_is_refused_by_name(tmp_path):
-    """GGUF files (issue 15 item 4, not implemented) stop the start with one line; GPTQ/AWQ
-    checkpoints load (tests/quantization)."""
-    from kvserve.errors import CheckpointError
-    from kvserve.startup_checks import check_architecture
-
-    with pytest.raises(CheckpointError, match="GGUF files are not supported yet"):
-        check_architecture(tmp_path / "model-Q4_0.gguf")

@@ -20,7 +20,6 @@ import socket
 import sys
 import threading
 import time
-from pathlib import Path
 
 from kvserve.api.run import make_server
 from kvserve.api.chat_parsers import ChatParsers
@@ -275,15 +274,14 @@ def check_model(config):
         CheckpointError, ValueError: one line naming the problem (``kvserve.startup_checks``).
     """
     from kvserve.engine.core import resolve_device, resolve_max_model_len
-    from kvserve.model.arch_config import ModelArchConfig
-    from kvserve.model.loader import default_dtype_for_device, resolve_dtype
+    from kvserve.model.loader import default_dtype_for_device, load_arch_config, resolve_dtype
     from kvserve.model.runner import kv_cache_bytes_per_block
     from kvserve.startup_checks import check_architecture, check_kv_budget, check_weights
 
     device = resolve_device(config.model.device)  # fail before serving when the device is missing
     check_architecture(config.model.model)
     check_weights(config.model.model)
-    arch = ModelArchConfig.from_file(Path(config.model.model) / "config.json")
+    arch = load_arch_config(config.model.model)
     max_model_len = resolve_max_model_len(arch, config.model.max_model_len)
     if config.model.dtype == "auto":
         dtype = default_dtype_for_device(config.model.model, device)

@@ -440,6 +440,25 @@ def quantization_config_from_args(args: argparse.Namespace, model: str | None = 
     return requested
 
 
+def _with_gguf_types(model: str, quantization: QuantizationConfig) -> QuantizationConfig:
+    """``quantization`` with the GGML types of ``model`` when it is a GGUF file
+    (``kvserve.model.gguf_file``).
+
+    Raises:
+        ValueError: ``--quantization`` with a GGUF file (its weights load as stored).
+        CheckpointError: the GGUF file cannot be read.
+    """
+    from kvserve.model.gguf_file import find_gguf, open_gguf
+
+    gguf = find_gguf(model)
+    if gguf is None:
+        return quantization
+    if quantization.method is not None:
+        raise ValueError(f"--quantization {quantization.method} does not apply to the GGUF file {gguf.name}: its "
+                         "weights load as stored (Q8_0/Q6_K as int8, Q4_0/Q4_K as int4, F16/BF16/F32 as the dtype)")
+    return dataclasses.replace(quantization, gguf_types=open_gguf(gguf).weight_types())
+
+
 def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfig:
     """Build the frozen :class:`EngineConfig` from parsed flags (``max_model_len`` is resolved
     against the checkpoint later, when the model is loaded); the sampling defaults are read from
@@ -456,7 +475,7 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
         seed=args.seed, served_model_name=names[0] if names else None, tokenizer=args.tokenizer,
         attention_backend=args.attention_backend,
         sampling_defaults=default_sampling_values(model, args.generation_config, override),
-        quantization=quantization_config_from_args(args, model),
+        quantization=_with_gguf_types(model, quantization_config_from_args(args, model)),
     )
     if getattr(args, "data_parallel_size", 1) > 1:
         raise ValueError(f"--data-parallel-size {args.data_parallel_size}: data parallelism runs several engine "

@@ -110,6 +110,13 @@ class RotaryEmbedding(nn.Module):
             self._inv_freq_by_device[device] = cached
         return cached
 
+    def divide_frequencies(self, factors: torch.Tensor) -> None:
+        """Divide the inverse frequencies by per-frequency factors (float32 [head_dim // 2]):
+        llama.cpp's ``rope_freqs`` tensor ("freq_factors"), which Llama 3.1 GGUF files carry in
+        place of ``rope_scaling``."""
+        self._inv_freq_cpu = self._inv_freq_cpu / factors.to("cpu", torch.float32)
+        self._inv_freq_by_device.clear()
+
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.to(torch.float32)[:, None] * self._inv_freq(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)

@@ -1,4 +1,5 @@
-"""Load a Hugging Face checkpoint folder into one of our models.
+"""Load a Hugging Face checkpoint folder (or a GGUF file: ``kvserve.model.gguf_loader``) into one
+of our models.
 
 Memory: the module is built on the ``meta`` device (no storage, no random init), given empty
 storage of the target dtype on the target device, then each safetensors tensor is read through a
@@ -20,7 +21,7 @@ same pass and repacked into ``QuantizedLinear`` layers (``kvserve.model.prequant
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -35,6 +36,7 @@ from kvserve.config import QuantizationConfig
 from kvserve.errors import CheckpointError, ConfigError
 from kvserve.kernels import cpu_kernels
 from kvserve.model.arch_config import ModelArchConfig
+from kvserve.model.gguf_file import find_gguf, open_gguf
 from kvserve.model.layers import MergedLinear
 from kvserve.model.prequantized import (PACKED_TENSORS, drop_float_weights, install_quantized_linears,
                                         plan_quantized_linears)
@@ -134,14 +136,29 @@ def default_dtype_for_device(model_dir: str | Path, device: str | torch.device) 
         CheckpointError: config.json is missing or names an unsupported dtype.
     """
     model_dir = Path(model_dir)
-    arch = ModelArchConfig.from_file(model_dir / "config.json")
-    stored = _stored_dtype(_safetensors_files(model_dir)) if arch.torch_dtype is None else None
+    gguf = find_gguf(model_dir)
+    if gguf is not None:
+        opened = open_gguf(gguf)
+        arch, stored = opened.arch, opened.stored_dtype()
+    else:
+        arch = ModelArchConfig.from_file(model_dir / "config.json")
+        stored = _stored_dtype(_safetensors_files(model_dir)) if arch.torch_dtype is None else None
     checkpoint = resolve_dtype("auto", arch, stored)
     if torch.device(device).type != "cpu":
         return checkpoint
     if checkpoint == torch.bfloat16 or cpu_supports_bf16():
         return torch.bfloat16
     return torch.float32
+
+
+def load_arch_config(model: str | Path) -> ModelArchConfig:
+    """The ``ModelArchConfig`` of a model folder (its config.json) or GGUF file (its metadata).
+
+    Raises:
+        CheckpointError: as ``ModelArchConfig.from_file`` / ``GGUFFile.arch``.
+    """
+    gguf = find_gguf(model)
+    return open_gguf(gguf).arch if gguf is not None else ModelArchConfig.from_file(Path(model) / "config.json")
 
 
 def _stored_dtype(files: list[Path]) -> torch.dtype | None:
@@ -161,7 +178,8 @@ def load_model(
     """Read config.json (+ generation_config.json) and the safetensors weights of ``model_dir``.
 
     Args:
-        model_dir: Hugging Face model folder.
+        model_dir: Hugging Face model folder, or a GGUF file (or a folder holding one and no
+            config.json; ``kvserve.model.gguf_loader``).
         dtype: ``auto`` (the checkpoint's, see ``resolve_dtype``), ``float32``, ``bfloat16`` or
             ``float16``.
         device: where the parameters live.
@@ -177,9 +195,12 @@ def load_model(
             shape, or an unexpected tensor (rotary ``inv_freq`` buffers and a tied
             ``lm_head.weight`` are ignored).
         ConfigError: an int4 group size that does not divide a layer's inputs; a
-            ``quantization`` that contradicts the checkpoint's.
+            ``quantization`` that contradicts the checkpoint's; ``--quantization`` with a GGUF file.
     """
     model_dir = Path(model_dir)
+    gguf = find_gguf(model_dir)
+    if gguf is not None:
+        return _load_gguf(gguf, dtype, device, attn_backend, quantization)
     check_architecture(model_dir)  # names an unsupported one before its config fields are parsed
     arch = ModelArchConfig.from_file(model_dir / "config.json")
     quantization = resolve_quantization(model_dir, quantization)
@@ -212,6 +233,21 @@ def load_model(
     if spec is not None:
         weight_format = f"{spec.method} ({spec.checkpoint_format}): {weight_format}"
     return LoadedModel(model, arch, torch_dtype, generation_config, str(model_dir), weight_format, quantization)
+
+
+def _load_gguf(path: Path, dtype, device, attn_backend, quantization: QuantizationConfig) -> LoadedModel:
+    from kvserve.model.gguf_loader import load_gguf_model
+
+    if quantization.method is not None:
+        raise ConfigError(f"--quantization {quantization.method} does not apply to the GGUF file {path.name}: its "
+                          "weights load as stored (Q8_0/Q6_K as int8, Q4_0/Q4_K as int4, F16/BF16/F32 as the dtype)")
+    gguf = open_gguf(path)
+    torch_dtype = resolve_dtype(dtype, gguf.arch, gguf.stored_dtype())
+    backend = attn_backend if attn_backend is not None else get_attention_backend("torch")
+    model = load_gguf_model(gguf, torch_dtype, device, backend)
+    weight_format = f"GGUF {gguf.weight_types()}: {describe_weights(model, torch_dtype)}"
+    return LoadedModel(model, gguf.arch, torch_dtype, {}, str(path), weight_format,
+                       replace(quantization, gguf_types=gguf.weight_types()))
 
 
 def _safetensors_files(model_dir: Path) -> list[Path]:

@@ -52,7 +52,8 @@ class QuantizedTensor:
 
     Attributes:
         q: int8 [N, K] (bits 8) or uint8 [N, K] holding 0..15 (bits 4).
-        scales: [N, K // group_size], float32 (int8) or float16 (int4; bfloat16 from a checkpoint).
+        scales: [N, K // group_size], float32 (int8) or float16 (int4; bfloat16 from a checkpoint; float32 from a
+            GGUF Q4_K, ``kvserve.model.gguf_tensors``).
         offsets: [N, K // group_size] of the scales' dtype or float32 (exact products, see the
             module docstring), or None (int8; symmetric int4).
         bits: 8 or 4.
