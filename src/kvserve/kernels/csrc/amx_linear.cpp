@@ -15,10 +15,11 @@
 //
 // Layout: the weight [N][K] is packed once (kvserve.model.invariant_linear.pack_amx_weight) into
 // panels of 16 output columns and chunks of 32 inputs, [N/16][K/32][16][32] bfloat16, each chunk
-// one B tile in AMX's pair-interleaved ("VNNI") form: tile row r holds, for each column j, the
-// pair (W[n0+j][k0+2r], W[n0+j][k0+2r+1]). N and K are padded with zeros. Activations are read in place as A tiles (16 rows, 64 bytes each, stride
-// K) when K is a multiple of 32 and the rows fill the tile; a row tail (and any row when K is not)
-// goes through a zero-padded copy. Padding adds exact zeros: it never changes a valid element.
+// one B tile in AMX's pair-interleaved ("VNNI") form: tile row r holds, for each column j, the pair
+// (W[n0+j][k0+2r], W[n0+j][k0+2r+1]). N and K are padded with zeros. Activations are read in place
+// as A tiles (16 rows, 64 bytes each, stride K) when K is a multiple of 32 and the rows fill the
+// tile; a row tail (and any row when K is not) goes through a zero-padded copy. Padding adds exact
+// zeros: it never changes a valid element.
 //
 // Work: a microkernel of up to 32 rows x 32 columns (2 A tiles, 2 B tiles, 4 C tiles); threads
 // split the column panels (and, for many rows, row blocks), never K. The tile registers must be
@@ -118,12 +119,14 @@ void micro_kernel(const uint8_t* a, int64_t lda, const uint8_t* b, int64_t panel
   const uint8_t* a1 = a + kTileRows * lda;
   for (int64_t c = 0; c < chunks; ++c) {
     const uint8_t* b0 = b + c * 1024;
-    for (int line = 0; line < 16; ++line) _mm_prefetch(reinterpret_cast<const char*>(b0) + kAhead + line * 64, _MM_HINT_T2);
+    for (int line = 0; line < 16; ++line)
+      _mm_prefetch(reinterpret_cast<const char*>(b0) + kAhead + line * 64, _MM_HINT_T2);
     _tile_loadd(4, a + c * 64, lda);
     _tile_loadd(6, b0, 64);
     if constexpr (pt == 2) {
       const uint8_t* b1 = b0 + panel_bytes;
-      for (int line = 0; line < 16; ++line) _mm_prefetch(reinterpret_cast<const char*>(b1) + kAhead + line * 64, _MM_HINT_T2);
+      for (int line = 0; line < 16; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(b1) + kAhead + line * 64, _MM_HINT_T2);
       _tile_loadd(7, b1, 64);
     }
     _tile_dpbf16ps(0, 4, 6);
