@@ -30,12 +30,12 @@ import os
 import pickle
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from timing import time_calls  # noqa: E402
 
 ROWS = (1, 16, 64, 512)
 
@@ -49,14 +49,10 @@ def _free_port() -> int:
 
 
 def _median_us(fn, repeats: int) -> float:
-    for _ in range(5):
+    """Median microseconds of ``repeats`` calls (after warm-up calls, several for collectives)."""
+    for _ in range(4):
         fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+    return statistics.median(time_calls(fn, repeats)) * 1e6
 
 
 def _forward_message(batch: int, context: int, block: int = 16):
