@@ -30,7 +30,7 @@ from kvserve.config import QuantizationConfig
 from kvserve.errors import CheckpointError, ConfigError
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.layers import MergedLinear
-from kvserve.model.loader import LoadedModel, _is_ignorable, _safetensors_files
+from kvserve.model.loader import LoadedModel, _is_ignorable, _safetensors_files, check_all_loaded
 from kvserve.model.quant_linear import quantize_linears
 from kvserve.model.quant_summary import describe_weights
 from kvserve.model.registry import get_model_class
@@ -139,10 +139,7 @@ def _load_slices(model: nn.Module, files: list[Path], shard: TensorParallelShard
                                           f"expected {tuple(dest.shape)}")
                 dest.copy_(tensor)
                 loaded.add(name)
-    missing = sorted(set(targets) - loaded)
-    if missing:
-        shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
-        raise CheckpointError(f"checkpoint is missing tensor(s): {shown}")
+    check_all_loaded(targets, loaded)
 
 
 def shard_dtype(model_dir: str | Path, dtype: str, device: torch.device) -> torch.dtype:

@@ -325,6 +325,11 @@ def _load_weights(model: nn.Module, files: list[Path], tied: bool,
                     )
                 dest.copy_(tensor)
                 loaded.add(name)
+    check_all_loaded(targets, loaded)
+
+
+def check_all_loaded(targets, loaded: set[str]) -> None:
+    """Raises CheckpointError naming (up to five of) the ``targets`` not in ``loaded``."""
     missing = sorted(set(targets) - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")

@@ -25,6 +25,7 @@
 // split the column panels (and, for many rows, row blocks), never K. The tile registers must be
 // enabled per process (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA) and configured per thread.
 #include <torch/extension.h>
+#include "linear_bias.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -237,12 +238,7 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<to
                   packed.size(1) == (K + kTileK - 1) / kTileK && packed.size(2) == kTileRows &&
                   packed.size(3) == 2 * kTileN,
               "packed must be the weight's B tiles [N/16, K/32, 16, 32] for these K and N");
-  const float* bias_ptr = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->is_contiguous() && bias->numel() == N,
-                "bias must be a contiguous float32 [N]");
-    bias_ptr = bias->data_ptr<float>();
-  }
+  const float* bias_ptr = optional_bias(bias, N);
   auto out = torch::empty({M, N}, x.options());
 #if defined(KVSERVE_AMX_BUILD)
   if (M > 0 && N > 0) {

@@ -44,6 +44,7 @@
 // the only kernel used on that host for every M. amx_linear.cpp is such a kernel for bfloat16 on
 // AMX hosts (kvserve.model.invariant_linear picks it).
 #include <torch/extension.h>
+#include "linear_bias.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -369,12 +370,7 @@ torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor packed, c10::optio
               "packed weight must be float32 or bfloat16");
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
   TORCH_CHECK(packed.size(1) == K && packed.size(0) == (N + kNR - 1) / kNR, "packed weight does not match x / N");
-  const float* bias_ptr = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->is_contiguous() && bias->numel() == N,
-                "bias must be a contiguous float32 [N]");
-    bias_ptr = bias->data_ptr<float>();
-  }
+  const float* bias_ptr = optional_bias(bias, N);
   auto out = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   if (x.scalar_type() == torch::kFloat) {

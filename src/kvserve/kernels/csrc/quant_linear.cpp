@@ -47,6 +47,7 @@
 // a bit. A group's partial sums and the running acc live in a float32 scratch tile between groups
 // and K blocks. Threads split rows and columns only, never K.
 #include <torch/extension.h>
+#include "linear_bias.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -170,12 +171,7 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor 
   TORCH_CHECK(!has_offsets || (bits == 4 && neg_offsets->is_contiguous() && neg_offsets->sizes() == param_shape &&
                                neg_offsets->scalar_type() == torch::kFloat),
               "offsets (int4 only) must be float32 like the scales");
-  const float* bias_ptr = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->is_contiguous() && bias->numel() == N,
-                "bias must be a contiguous float32 [N]");
-    bias_ptr = bias->data_ptr<float>();
-  }
+  const float* bias_ptr = optional_bias(bias, N);
   auto out = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   const kvserve_quant::QuantArgs q{packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
