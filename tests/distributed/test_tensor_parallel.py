@@ -11,6 +11,7 @@ tests/model/test_model_numerics.py).
 - int4 weights quantized by each rank from its slices match TP 1's int4; seeded sampling and
   prompt logprobs match TP 1;
 - n-gram speculation under TP 2 is exact;
+- bfloat16 under TP 2 (summed in float32) stays within bfloat16 error of TP 1 and batch-invariant;
 - a rank killed before a step fails that step at once; refusals by name; the shards' ranges.
 """
 
@@ -86,6 +87,23 @@ def test_tp_logits_and_greedy_tokens_match_tp1(request, fixture, tp, quantizatio
     for (got_ids, got_lps), (want_ids, want_lps) in zip(got_tokens, want_tokens, strict=True):
         assert got_ids == want_ids and len(got_ids) == 64
         assert got_lps == pytest.approx(want_lps, rel=1e-5, abs=1e-5)
+
+
+def test_tp2_bfloat16_sums_in_float32_and_stays_close(tiny_llama):
+    """bfloat16 partial products are all-reduced in float32 and rounded once (gloo's bfloat16 sum
+    is slow): the logits stay within bfloat16 error of TP 1's float32 ones (a lost or doubled
+    partial sum would be off by tens of percent), and a prompt alone gives the bits it gives in a
+    batch."""
+    want = forward_logits(make(tiny_llama, 1))
+    sharded = make(tiny_llama, 2, dtype="bfloat16")
+    try:
+        got = forward_logits(sharded)
+        alone, batched = greedy(sharded, PROMPTS[:1]), greedy(sharded)
+    finally:
+        sharded.shutdown()
+    for g, w in zip(got, want, strict=True):
+        assert relative_error(g, w) < 5e-2
+    assert alone[0] == batched[0]
 
 
 def test_tp2_prefix_caching_and_preemption(tiny_llama):
