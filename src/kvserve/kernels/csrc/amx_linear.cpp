@@ -57,7 +57,6 @@ bool request_tile_permission() {
 }
 
 bool amx_supported() {
-  __builtin_cpu_init();
   // GCC's cpu feature names for AMX arrived with GCC 13; the CPUID bits are read directly:
   // leaf 7 subleaf 0, EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
   unsigned eax = 7, ebx = 0, ecx = 0, edx = 0;

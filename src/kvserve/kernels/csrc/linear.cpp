@@ -174,27 +174,7 @@ inline void micro_kernel(int64_t kc, const float* __restrict a, const weight_t* 
     for (int v = 0; v < kNV; ++v) store_vector(c + i * kNR + v * kW, acc[i][v]);
 }
 
-// Conversions written here rather than c10's: functions from headers compiled under other
-// optimisation options are not inlined into this file's functions (a call per element).
-inline float to_float(float v) { return v; }
-inline float to_float(c10::BFloat16 v) {  // exact: the bfloat16 bits are the float's upper half
-  const uint32_t word = static_cast<uint32_t>(v.x) << 16;
-  float f;
-  std::memcpy(&f, &word, sizeof(f));
-  return f;
-}
-
-template <typename out_t>
-inline out_t from_float(float v);
-template <>
-inline float from_float<float>(float v) { return v; }
-template <>
-inline c10::BFloat16 from_float<c10::BFloat16>(float v) {  // round to nearest even, as c10 does
-  uint32_t word;
-  std::memcpy(&word, &v, sizeof(word));
-  const uint16_t bits = v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>((word + 0x7fffu + ((word >> 16) & 1u)) >> 16);
-  return c10::BFloat16(bits, c10::BFloat16::from_bits());
-}
+#include "bf16_convert.h"
 
 // Rows [row0, row0 + rows) x columns [k0, k0 + kc) of x [M][K] into groups of kMR rows, float32,
 // [group][k][kMR]; rows past `rows` are zero.

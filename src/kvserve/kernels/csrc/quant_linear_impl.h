@@ -1,6 +1,7 @@
 // The quantized GEMM of quant_linear.cpp for one instruction set, included once per ISA inside its
 // own namespace and `#pragma GCC target` region, with QL_ISA set to 1 (portable vectors), 2 (AVX2 +
-// FMA) or 3 (AVX-512F). Nothing here includes headers: quant_linear.cpp includes them first.
+// FMA) or 3 (AVX-512F). Nothing here includes system headers: quant_linear.cpp includes them first
+// (bf16_convert.h, ours, is included inside each namespace).
 // The sequence of operations per output element, the layout and the kernels are described at the
 // top of quant_linear.cpp; this file only makes them fast.
 
@@ -213,25 +214,7 @@ inline void merge_group(int rows, const float* p, const float* scale, const floa
   }
 }
 
-inline float to_float(float v) { return v; }
-inline float to_float(c10::BFloat16 v) {  // exact: the bfloat16 bits are the float's upper half
-  const uint32_t word = static_cast<uint32_t>(v.x) << 16;
-  float f;
-  std::memcpy(&f, &word, sizeof(f));
-  return f;
-}
-
-template <typename out_t>
-inline out_t from_float(float v);
-template <>
-inline float from_float<float>(float v) { return v; }
-template <>
-inline c10::BFloat16 from_float<c10::BFloat16>(float v) {  // round to nearest even, as c10 does
-  uint32_t word;
-  std::memcpy(&word, &v, sizeof(word));
-  const uint16_t bits = v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>((word + 0x7fffu + ((word >> 16) & 1u)) >> 16);
-  return c10::BFloat16(bits, c10::BFloat16::from_bits());
-}
+#include "bf16_convert.h"
 
 // Rows [row0, row0 + rows) x inputs [k0, k0 + kc) of x [M][K] as float32 groups of kMR rows,
 // [row group][k][kMR] (rows past `rows` are zero); with `sums`, each row's input sum over every

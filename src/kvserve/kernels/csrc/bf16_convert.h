@@ -1,0 +1,24 @@
+// float32 <-> bfloat16 conversions of the linear kernels (linear.cpp, quant_linear_impl.h), written
+// here rather than taken from c10: functions from headers compiled under other optimisation
+// options are not inlined into the kernels (a call per element). No include guard and no includes,
+// on purpose: each kernel includes this inside its own namespace and optimisation pragmas (the
+// quantized kernel once per instruction set), after <torch/extension.h> and <cstring>.
+inline float to_float(float v) { return v; }
+inline float to_float(c10::BFloat16 v) {  // exact: the bfloat16 bits are the float's upper half
+  const uint32_t word = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &word, sizeof(f));
+  return f;
+}
+
+template <typename out_t>
+inline out_t from_float(float v);
+template <>
+inline float from_float<float>(float v) { return v; }
+template <>
+inline c10::BFloat16 from_float<c10::BFloat16>(float v) {  // round to nearest even, as c10 does
+  uint32_t word;
+  std::memcpy(&word, &v, sizeof(word));
+  const uint16_t bits = v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>((word + 0x7fffu + ((word >> 16) & 1u)) >> 16);
+  return c10::BFloat16(bits, c10::BFloat16::from_bits());
+}
