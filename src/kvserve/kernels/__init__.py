@@ -10,6 +10,8 @@ Sources (``csrc/``):
 - ``amx_linear.cpp``: the same for bfloat16 on AMX tiles, where the CPU has them;
 - ``quant_linear.cpp`` (+ ``quant_linear_impl.h``): the same over weight-only int8/int4 weights
   (``kvserve.model.quant_linear``);
+- ``amx_quant_linear.cpp``: the same on AMX tiles for bfloat16 activations (``amx_tiles.h``: what
+  the two AMX kernels share);
 - ``bitmask.cpp``: a structured-output token bitmask applied to float32 logits
   (``kvserve.structured_output.bitmask``);
 - ``lora.cpp``: every token's LoRA adapter added to a projection, all adapters in one call
@@ -44,8 +46,8 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("paged_attention.cpp", "argmax.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp", "bitmask.cpp",
-           "lora.cpp", "bindings.cpp")
+SOURCES = ("paged_attention.cpp", "argmax.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp",
+           "amx_quant_linear.cpp", "bitmask.cpp", "lora.cpp", "bindings.cpp")
 
 
 def cpu_tag() -> str:

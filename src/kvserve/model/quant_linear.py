@@ -6,7 +6,11 @@ On the CPU the integers are packed once into the panels of kvserve's quantized G
 scale (and offset) once; every output element is one fixed sequence of float32 operations
 whatever the number of rows, the row's place in the batch, the thread count and the instruction
 set (the file's header has the sequence), so quantized models are batch-invariant like float
-ones. Elsewhere (CUDA, no compiler) the weight is dequantized per call and ``F.linear`` runs.
+ones. On CPUs with AMX tiles, bfloat16 activations go to ``amx_quant_linear.cpp`` instead
+(``pack_quantized_amx``: integers widened to bfloat16 tiles per 32-input chunk; a lone row runs the
+tiles' own arithmetic on vector FMAs, so every M gives the same bits), which at 64 rows is several
+times faster than vector FMAs; a layer packed for it makes the vector panels on the first float32
+input. Elsewhere (CUDA, no compiler) the weight is dequantized per call and ``F.linear`` runs.
 
 Packed layout (kW floats per vector, kNV vectors per panel, kNR = kW * kNV output columns per
 panel, from ``quant_linear_layout`` of the instruction set the kernel runs)::
@@ -35,6 +39,7 @@ from kvserve.kernels import cpu_kernels
 from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+AMX_PANEL, AMX_CHUNK = 16, 32  # output columns per panel, inputs per chunk of the AMX layout
 METHODS = ("int8", "int4")
 # int4 without zero points, by measurement (docs/benchmarks.md, "Quantized weights"): on the
 # built-in model's held-out perplexity the two forms differ by at most 0.02% at each group size
@@ -65,6 +70,43 @@ def pack_quantized(weight: QuantizedTensor, width: int, vectors: int) -> tuple[t
     return q, scales, neg_offsets
 
 
+def amx_eligible(weight: QuantizedTensor) -> bool:
+    """The AMX kernel takes groups of whole 32-input chunks (or one group per output channel)."""
+    return weight.group_size == weight.shape[1] or weight.group_size % AMX_CHUNK == 0
+
+
+def pack_quantized_amx(weight: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(packed, scales, neg_offsets) in the AMX kernel's layout (``amx_quant_linear.cpp``):
+    panels of 16 output columns, N and K padded with zeros to 16 and 32; packed uint8
+    [ceil(N/16), K', 16] for int8 (row k: input k of the panel's 16 columns) and
+    [ceil(N/16), K' / 2, 16] for int4 (row r: input 2r in the low nibbles, 2r + 1 in the high ones);
+    scales and negated offsets float32 [ceil(N/16), K / group_size, 16]."""
+    n, k = weight.shape
+    panels, chunks = -(-n // AMX_PANEL), -(-k // AMX_CHUNK)
+    q = F.pad(weight.q.view(torch.uint8), (0, chunks * AMX_CHUNK - k, 0, panels * AMX_PANEL - n))
+    rows = q.view(panels, AMX_PANEL, chunks * AMX_CHUNK).transpose(1, 2)  # [P, K', 16]
+    if weight.bits == 4:
+        rows = rows[:, 0::2] | (rows[:, 1::2] << 4)
+    packed = rows.contiguous()
+
+    def panel_major(t: torch.Tensor) -> torch.Tensor:  # [N, G] -> [P, G, 16] float32
+        t = F.pad(t.to(torch.float32), (0, 0, 0, panels * AMX_PANEL - n))
+        return t.view(panels, AMX_PANEL, t.shape[1]).transpose(1, 2).contiguous()
+
+    neg_offsets = None if weight.offsets is None else panel_major(-weight.offsets.to(torch.float32))
+    return packed, panel_major(weight.scales), neg_offsets
+
+
+def unpack_quantized_amx(packed: torch.Tensor, bits: int, n: int, k: int) -> torch.Tensor:
+    """The integers [N, K] (int8 as uint8 bytes; int4 one value per byte) of ``pack_quantized_amx``'s
+    ``packed``."""
+    rows = packed
+    if bits == 4:
+        rows = torch.stack((packed & 15, packed >> 4), dim=2).flatten(1, 2)
+    panels, width, _ = rows.shape
+    return rows.transpose(1, 2).reshape(panels * AMX_PANEL, width)[:n, :k].contiguous()
+
+
 class QuantizedLinear(nn.Module):
     """A linear layer over a ``QuantizedTensor`` (module docstring).
 
@@ -77,13 +119,18 @@ class QuantizedLinear(nn.Module):
         bias: [out_features] or None.
         kernels: the compiled module from ``kvserve.kernels.cpu_kernels()``, or None for the
             dequantize-per-call path (CUDA, no compiler).
-        isa: the kernel's instruction set (0: the best of this CPU; tests force the others).
+        isa: the vector kernel's instruction set (0: the best of this CPU; tests force the others).
         input_perm: int64 [in_features] or None: ``weight`` holds the inputs in this order
             (column j of ``weight`` is input ``input_perm[j]``; GPTQ act-order, module docstring).
+        amx: run bfloat16 activations on AMX tiles (``amx_quant_linear.cpp``): None (default)
+            where the CPU has them and the group size allows (``amx_eligible``), False never
+            (the vector kernel's panels; tests of that path), True insists (an error where it
+            cannot). An AMX layer gives float32 activations the vector kernel, over panels made
+            from its own on first use.
     """
 
     def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None, kernels: ModuleType | None,
-                 isa: int = 0, input_perm: torch.Tensor | None = None):
+                 isa: int = 0, input_perm: torch.Tensor | None = None, amx: bool | None = None):
         super().__init__()
         self.input_perm = None if input_perm is None else input_perm.to(weight.q.device, torch.int64)
         self._param_dtypes = (weight.scales.dtype, None if weight.offsets is None else weight.offsets.dtype)
@@ -94,8 +141,15 @@ class QuantizedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous()
         self.weight = weight  # kept on the fallback path only (below)
         self.isa = isa
+        available = self._kernels is not None and self._kernels.amx_linear_available() and amx_eligible(weight)
+        if amx and not available:
+            raise ValueError("the AMX kernel needs a CPU (and OS) with AMX-BF16 and a group size of K or a "
+                             f"multiple of {AMX_CHUNK} (this layer: {weight.group_size} of {self.in_features})")
+        self.amx = available if amx is None else amx
+        self._vector: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         if self._kernels is not None:
-            self.packed, self.scales, self.neg_offsets = pack_quantized(weight, *self._kernels.quant_linear_layout(isa))
+            pack = pack_quantized_amx(weight) if self.amx else pack_quantized(weight, *self._kernels.quant_linear_layout(isa))
+            self.packed, self.scales, self.neg_offsets = pack
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -106,9 +160,23 @@ class QuantizedLinear(nn.Module):
             return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
         shape = x.shape
         rows = x.reshape(-1, self.in_features).contiguous()
-        out = self._kernels.quant_linear(rows, self.packed, self.scales, self.neg_offsets, self.bias,
-                                         self.out_features, self.group_size, self.bits, self.isa)
+        if self.amx and rows.dtype == torch.bfloat16:
+            out = self._kernels.amx_quant_linear(rows, self.packed, self.scales, self.neg_offsets, self.bias,
+                                                 self.out_features, self.group_size, self.bits)
+        else:
+            packed, scales, neg_offsets = self._vector_panels()
+            out = self._kernels.quant_linear(rows, packed, scales, neg_offsets, self.bias, self.out_features,
+                                             self.group_size, self.bits, self.isa)
         return out.reshape(*shape[:-1], self.out_features)
+
+    def _vector_panels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The vector kernel's (packed, scales, neg_offsets): the layer's own, or for an AMX layer
+        (whose tiles take only bfloat16 activations) made once when float32 activations arrive."""
+        if not self.amx:
+            return self.packed, self.scales, self.neg_offsets
+        if self._vector is None:
+            self._vector = pack_quantized(unpack_quantized(self), *self._kernels.quant_linear_layout(self.isa))
+        return self._vector
 
     def dequantized_weight(self) -> torch.Tensor:
         """float32 [out_features, in_features] (``QuantizedTensor.dequantize``; from the packed
@@ -127,7 +195,7 @@ class QuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"{self.format()}")
+                f"{self.format()}, amx={self.amx}")
 
 
 def unpack_quantized(layer: QuantizedLinear) -> QuantizedTensor:
@@ -136,16 +204,19 @@ def unpack_quantized(layer: QuantizedLinear) -> QuantizedTensor:
     checkpoint's own, float32 offsets)."""
     n, k = layer.out_features, layer.in_features
     panels, _, cols = layer.scales.shape
-    q = layer.packed
-    if layer.bits == 4:
-        width = layer._kernels.quant_linear_layout(layer.isa)[0]
-        q = q.reshape(panels, k, cols // width // 2, width)
-        q = torch.stack((q & 15, q >> 4), dim=3).reshape(panels, k, cols)
 
     def row_major(t: torch.Tensor) -> torch.Tensor:  # [P, X, cols] -> [N, X]
         return t.transpose(1, 2).reshape(panels * cols, t.shape[1])[:n].contiguous()
 
-    q = row_major(q)
+    if layer.amx:
+        q = unpack_quantized_amx(layer.packed, layer.bits, n, k)
+    else:
+        q = layer.packed
+        if layer.bits == 4:
+            width = layer._kernels.quant_linear_layout(layer.isa)[0]
+            q = q.reshape(panels, k, cols // width // 2, width)
+            q = torch.stack((q & 15, q >> 4), dim=3).reshape(panels, k, cols)
+        q = row_major(q)
     if layer.bits == 8:
         return QuantizedTensor(q.view(torch.int8), row_major(layer.scales), None, 8, layer.group_size)
     scale_dtype, offset_dtype = layer._param_dtypes

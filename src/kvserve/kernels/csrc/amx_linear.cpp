@@ -2,16 +2,16 @@
 // and later), for hosts that have them; linear.cpp's vector-FMA GEMM everywhere else.
 //
 // One tile instruction, TDPBF16PS, adds to each float32 element C[m][n] of a 16 x 16 tile the 32
-// products of row m of A (32 bfloat16 inputs) and column n of B (32 bfloat16 weights), one at a
-// time in increasing k as Intel's pseudocode defines it: each product of two bfloat16 values is
-// exact in float32, so each step is one rounding of acc + x*w, i.e. the fma(x, w, acc) of
-// linear.cpp's sequence (denormal inputs and results are flushed to zero: DAZ/FTZ). Each element
+// products of row m of A (32 bfloat16 inputs) and column n of B (32 bfloat16 weights). Measured on
+// Sapphire Rapids (tests/model/test_amx_quant_linear.py): it forms two fma chains from zero, one
+// over the even inputs and one over the odd ones in increasing k (a product of two bfloat16 values
+// is exact in float32), adds them, and adds that to C, with denormal inputs and results flushed to
+// zero; not the single chain of linear.cpp, so the two paths differ in the last place. Each element
 // depends only on its own row of x, its own column of W and its own accumulator, and the K chunks
 // are accumulated in increasing order into a tile that stays in its register for the whole K, so
 // every output element is one fixed sequence of operations whatever the number of rows, the row's
 // position among them and the thread count: the path is batch-invariant, and it is used for every
-// M on a host where it is used (tests/model/test_amx_linear.py compares its bits with linear.cpp's
-// and across row counts).
+// M on a host where it is used (tests/model/test_invariant_linear_rows.py).
 //
 // Layout: the weight [N][K] is packed once (kvserve.model.invariant_linear.pack_amx_weight) into
 // panels of 16 output columns and chunks of 32 inputs, [N/16][K/32][16][32] bfloat16, each chunk
@@ -26,81 +26,27 @@
 // enabled per process (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA) and configured per thread.
 #include <torch/extension.h>
 #include "linear_bias.h"
+#include "amx_tiles.h"
 #include <ATen/Parallel.h>
-
-#include <algorithm>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
-
-#if defined(__x86_64__) && defined(__linux__)
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#define KVSERVE_AMX_BUILD 1
-#endif
 
 namespace {
 
-constexpr int64_t kTileRows = 16;  // rows of an A or C tile
-constexpr int64_t kTileK = 32;     // bfloat16 inputs per A tile row (64 bytes)
-constexpr int64_t kTileN = 16;     // output columns per panel (a C tile row: 16 float32)
+using namespace kvserve_amx;
 
 #if defined(KVSERVE_AMX_BUILD)
-
-// Asks the kernel for the AMX tile state of this process (Linux 5.16+); false where it refuses.
-bool request_tile_permission() {
-  constexpr long kArchReqXcompPerm = 0x1023;
-  constexpr long kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-
-bool amx_supported() {
-  // GCC's cpu feature names for AMX arrived with GCC 13; the CPUID bits are read directly:
-  // leaf 7 subleaf 0, EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
-  unsigned eax = 7, ebx = 0, ecx = 0, edx = 0;
-  __asm__ volatile("cpuid" : "+a"(eax), "=b"(ebx), "+c"(ecx), "=d"(edx));
-  const bool bf16 = (edx >> 22) & 1, tile = (edx >> 24) & 1;
-  return bf16 && tile && request_tile_permission();
-}
 
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")
 
-struct TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// Tiles 0-3: C (16 x 16 float32), 4-5: A (16 rows x 32 bfloat16), 6-7: B (16 rows x 64 bytes).
-void configure_tiles() {
-  TileConfig config;
-  std::memset(&config, 0, sizeof(config));
-  config.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = kTileRows;
-    config.colsb[t] = 64;
-  }
-  _tile_loadconfig(&config);
-}
-
 // C tile (16 x 16 float32, row-major in `tile`) + bias -> out rows [0, rows) x columns [0, cols),
-// each rounded to bfloat16 to nearest even as c10 does (a NaN becomes 0x7fc0), 16 at a time.
+// each rounded to bfloat16, 16 at a time.
 void store_tile(const float* tile, const float* bias, uint16_t* out, int64_t N, int64_t rows, int64_t cols) {
   const __mmask16 valid = static_cast<__mmask16>((1u << cols) - 1);
   const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(valid, bias) : _mm512_setzero_ps();
   for (int64_t r = 0; r < rows; ++r) {
     __m512 v = _mm512_load_ps(tile + r * kTileN);
     if (bias != nullptr) v = _mm512_add_ps(v, b);
-    const __m512i word = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(word, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(word, _mm512_set1_epi32(0x7fff)), lsb), 16);
-    rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
-    _mm256_mask_storeu_epi16(out + r * N, valid, _mm512_cvtepi32_epi16(rounded));
+    _mm256_mask_storeu_epi16(out + r * N, valid, round_to_bf16(v));
   }
 }
 
@@ -168,19 +114,9 @@ void amx_kernel(const uint16_t* x, const uint16_t* packed, const float* bias, ui
   const int64_t row_blocks = (row_groups + groups_per_block - 1) / groups_per_block;
   const int64_t items = row_blocks * pairs;
   const int64_t grain = std::max<int64_t>(1, items / (threads * 4));
-  // Rows the tiles cannot read in place, copied once with zero padding: every row when K is not a
-  // multiple of 32, else the last row group when it does not fill its tiles (a tail of 1-15 or
-  // 17-31 rows). `padded` holds row groups [first_padded, row_groups), 32 rows apart, the last
-// one's rows rounded up to its tiles (16 or 32).
-  const int64_t width = chunks * kTileK;
-  const int64_t tail = M % (2 * kTileRows);
-  const int64_t first_padded = K % kTileK != 0 ? 0 : (tail == 0 || tail == kTileRows) ? row_groups : row_groups - 1;
-  const int64_t padded_rows = (M - first_padded * 2 * kTileRows + kTileRows - 1) / kTileRows * kTileRows;
-  std::vector<uint16_t> padded(static_cast<size_t>(padded_rows * width), 0);
-  for (int64_t r = first_padded * 2 * kTileRows; r < M; ++r)
-    std::memcpy(&padded[(r - first_padded * 2 * kTileRows) * width], x + r * K, K * 2);
+  const ActivationTiles tiles(x, M, K);
   at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-    configure_tiles();
+    configure_tiles(M);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t pair = item % pairs, block = item / pairs;
       const int64_t p = pair * 2, pt = std::min<int64_t>(2, panels - p);
@@ -190,10 +126,8 @@ void amx_kernel(const uint16_t* x, const uint16_t* packed, const float* bias, ui
       for (int64_t g = block * groups_per_block; g < g1; ++g) {
         const int64_t row0 = g * 2 * kTileRows, rows = std::min<int64_t>(2 * kTileRows, M - row0);
         const int rt = rows > kTileRows ? 2 : 1;
-        const bool in_place = g < first_padded;
-        const uint8_t* a = in_place ? reinterpret_cast<const uint8_t*>(x + row0 * K)
-                                    : reinterpret_cast<const uint8_t*>(&padded[(g - first_padded) * 2 * kTileRows * width]);
-        const int64_t lda = in_place ? K * 2 : width * 2;
+        int64_t lda = 0;
+        const uint8_t* a = tiles.group(g, &lda);
         uint16_t* o = out + row0 * N + col0;
         const float* bs = bias == nullptr ? nullptr : bias + col0;
         if (rt == 2 && pt == 2) micro_kernel<2, 2>(a, lda, b, panel_bytes, chunks, bs, o, N, rows, cols);
@@ -212,7 +146,6 @@ void amx_kernel(const uint16_t* x, const uint16_t* packed, const float* bias, ui
 
 }  // namespace
 
-// True when this CPU has AMX-BF16 tiles and the OS grants them to this process (checked once).
 bool amx_linear_available() {
 #if defined(KVSERVE_AMX_BUILD)
   static const bool available = [] {

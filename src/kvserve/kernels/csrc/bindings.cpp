@@ -14,6 +14,9 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<to
 torch::Tensor quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
                            c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
                            int64_t out_features, int64_t group_size, int64_t bits, int64_t isa);
+torch::Tensor amx_quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
+                               c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
+                               int64_t out_features, int64_t group_size, int64_t bits);
 std::vector<int64_t> quant_linear_layout(int64_t isa);
 int64_t quant_linear_isa();
 void apply_token_bitmask(torch::Tensor logits, torch::Tensor bitmask, torch::Tensor rows);
@@ -30,6 +33,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_linear", &amx_linear, "batch-invariant bfloat16 x W^T + b on AMX tiles (see amx_linear.cpp)");
   m.def("lora_apply", &lora_apply, "y[t] += B_s A_s x[t], each token with its adapter slot (see lora.cpp)");
   m.def("quant_linear", &quant_linear, "batch-invariant x W^T + b over int8/int4 weights (see quant_linear.cpp)");
+  m.def("amx_quant_linear", &amx_quant_linear,
+        "batch-invariant bfloat16 x W^T + b over int8/int4 weights on AMX tiles (see amx_quant_linear.cpp)");
   m.def("quant_linear_layout", &quant_linear_layout, "(vector width, vectors per panel) of the quantized panels of an ISA");
   m.def("quant_linear_isa", &quant_linear_isa, "instruction set of quant_linear here: 1 portable, 2 AVX2, 3 AVX-512");
   m.def("apply_token_bitmask", &apply_token_bitmask, "logits[r, t] = -inf where the token bitmask bans t (see bitmask.cpp)");

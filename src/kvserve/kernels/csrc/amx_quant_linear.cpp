@@ -1,0 +1,436 @@
+// Batch-invariant linear y = x W^T + b over weight-only int8/int4 weights on AMX tiles, for
+// bfloat16 activations on hosts that have them (quant_linear.cpp's vector kernel everywhere else,
+// and for float32 activations).
+//
+// The weight's integers (int8 q; int4 q - 8 when symmetric, q with offsets) are exact in bfloat16,
+// so a chunk of them is widened to a bfloat16 B tile in L1 and multiplied on the tiles like
+// amx_linear.cpp's weights; each group's scale (and offset) enters once per group, as in
+// quant_linear.cpp's sequence (its header), with the group's partial sum p made by the tiles:
+//
+//     acc = 0
+//     for each group g (G inputs, a multiple of 32, or all of K):
+//         p = tile sums of x[m][k] * v[n][k] over the group's 32-input chunks, in increasing k
+//         acc = fma(p, s[n][g], acc)
+//         with offsets:  acc = fma(-m[n][g], xsum[m][g], acc)   xsum = ((x_k0 + x_k1) + ...) in k order
+//     y[m][n] = round(acc + b[n])        (float32, then once to bfloat16)
+//
+// p depends only on row m of x, column n of the weight and the chunk order (amx_linear.cpp's
+// argument), so every element is one fixed sequence whatever the number of rows, the row's place
+// among them and the thread count. A lone row (decode at batch 1) runs the same operations on
+// vector FMAs instead (row_kernel, below: the tiles' arithmetic is two fma chains per chunk), since
+// widening whole tiles for one row costs more than the tiles save; the layer takes this path for
+// every M once it has it (kvserve.model.quant_linear). Its bits differ in the last place from
+// quant_linear.cpp's single fma chain per group, as amx_linear's differ from linear.cpp's.
+//
+// Layout (kvserve.model.quant_linear.pack_quantized_amx): panels of 16 output columns, N and K
+// padded with zeros to 16 and 32; int8 [N/16][K][16] (a row: input k of the panel's 16 columns),
+// int4 [N/16][K/2][16] (a row: input 2r in the low nibbles, 2r + 1 in the high ones); a chunk of
+// 32 inputs is 512 (int8) or 256 (int4) consecutive bytes. Widening turns a chunk into the B
+// tile's pair-interleaved form; the one-row kernel reads the rows as they are.
+// scales float32 [N/16][K/G][16]; negated offsets the same (int4 with offsets only).
+//
+// Work: items of up to 64 rows x a pair of 16-column panels, split between threads (never K). Each
+// chunk is widened just before its tile load into 1-2 KB of L1 and used by all the item's rows:
+// up to 32 rows take both panels at once (4 C tiles of 16 x 16), up to 64 one panel at a time.
+#include <torch/extension.h>
+#include "linear_bias.h"
+#include "amx_tiles.h"
+#include <ATen/Parallel.h>
+
+#include <memory>
+
+#pragma GCC push_options
+#pragma GCC optimize("no-fast-math", "fp-contract=off")
+
+namespace {
+
+using namespace kvserve_amx;
+
+constexpr int64_t kChunkWeights = kTileK * kTileN;  // 512 weights per chunk
+
+// Chunks widened into a ring of buffers, so that widening the next chunk need not wait for the
+// tile loads of the last one.
+constexpr int64_t kBuffers = 4;
+
+constexpr int64_t chunk_bytes(int64_t bits) { return bits == 8 ? kChunkWeights : kChunkWeights / 2; }
+
+#if defined(KVSERVE_AMX_BUILD)
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")
+
+// Packed weight bytes prefetched ahead of the reads, into L2.
+constexpr int64_t kAhead = 2048;
+
+inline void prefetch_lines(const uint8_t* p, int lines) {
+  for (int line = 0; line < lines; ++line) _mm_prefetch(reinterpret_cast<const char*>(p) + kAhead + line * 64, _MM_HINT_T2);
+}
+
+// One int8 chunk (32 rows of 16 bytes: inputs k, k + 1, ... of the panel's 16 columns) -> its
+// bfloat16 B tile: tile row r, column j is the pair (q[2r][j], q[2r + 1][j]). Each integer goes
+// through float32 exactly; a small integer's float32 has 16 zero low bits, so a pair is one
+// shift and one or.
+inline void widen_int8(const uint8_t* src, uint16_t* dst) {
+  for (int r = 0; r < 16; ++r) {
+    const __m512i even = _mm512_castps_si512(_mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * r * 16)))));
+    const __m512i odd = _mm512_castps_si512(_mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (2 * r + 1) * 16)))));
+    _mm512_storeu_si512(dst + r * 32, _mm512_or_si512(odd, _mm512_srli_epi32(even, 16)));
+  }
+}
+
+// The bfloat16 bits of each nibble's value (q - 8 or q) in the 16 low words.
+inline __m512i nibble_table(bool minus8) {
+  alignas(64) uint16_t words[32] = {};
+  for (int i = 0; i < 16; ++i) {
+    const float value = static_cast<float>(i - (minus8 ? 8 : 0));
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    words[i] = static_cast<uint16_t>(bits >> 16);  // exact: small integers
+  }
+  return _mm512_load_si512(words);
+}
+
+// The same for int4 (16 rows of 16 bytes: byte j of row r holds q[2r][j] in its low nibble and
+// q[2r + 1][j] in its high one): each byte's nibbles spread to the two words of a 32-bit lane,
+// then one table lookup per 32 weights.
+inline void widen_int4(const uint8_t* src, uint16_t* dst, __m512i table) {
+  const __m512i low = _mm512_set1_epi32(15);
+  for (int r = 0; r < 16; ++r) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * 16)));
+    const __m512i high = _mm512_slli_epi32(_mm512_srli_epi32(b, 4), 16);
+    const __m512i words = _mm512_ternarylogic_epi32(b, high, low, 0xEC);  // (b & low) | high
+    _mm512_storeu_si512(dst + r * 32, _mm512_permutexvar_epi16(words, table));
+  }
+}
+
+template <int kBits>
+inline void widen_chunk(const uint8_t* src, uint16_t* dst, __m512i table) {
+  prefetch_lines(src, static_cast<int>(chunk_bytes(kBits) / 64));
+  if constexpr (kBits == 8) widen_int8(src, dst);
+  else widen_int4(src, dst, table);
+}
+
+struct Layer {
+  const uint8_t* packed;
+  const float* scales;
+  const float* neg_offsets;  // nullptr: none
+  const float* bias;         // nullptr: none
+  const float* xsum;         // [M][groups] with offsets, else nullptr
+  int64_t M, K, N, chunks, groups, chunks_per_group;
+  bool minus8;               // int4 symmetric: q - 8
+};
+
+// Tile register t of a run-time index (the intrinsics take constants).
+inline void store_c_tile(int t, float* tile) {
+  if (t == 0) _tile_stored(0, tile, 64);
+  else if (t == 1) _tile_stored(1, tile, 64);
+  else if (t == 2) _tile_stored(2, tile, 64);
+  else _tile_stored(3, tile, 64);
+}
+
+// rt A tiles (16 rows each: a[i], row stride lda[i] bytes) x pt panels (p, p + 1) of the layer,
+// rt * pt <= 4 C tiles: each chunk is widened into `buf` (a ring of kBuffers x 2 x 512 bfloat16, in
+// L1) just before its
+// tile load and used by every row; every group's tile sums are merged into acc, then stored with
+// the bias through `out` (the first row's row, column 16p). A tiles beyond two reuse registers 4-5.
+template <int rt, int pt, int kBits>
+void micro_kernel(const Layer& L, __m512i table, int64_t p, int64_t row0, const uint8_t* const* a, const int64_t* lda,
+                  uint16_t* buf, uint16_t* out, int64_t rows, int64_t cols) {
+  static_assert(rt * pt <= 4, "four C tiles");
+  constexpr int64_t cb = chunk_bytes(kBits);
+  const uint8_t* q0 = L.packed + p * L.chunks * cb;
+  const uint8_t* q1 = q0 + L.chunks * cb;
+  alignas(64) float acc[4 * kTileRows][2 * kTileN];
+  alignas(64) float tile[kTileRows * kTileN];
+  for (int64_t g = 0; g < L.groups; ++g) {
+    _tile_zero(0);
+    if constexpr (rt * pt > 1) _tile_zero(1);
+    if constexpr (rt * pt > 2) _tile_zero(2);
+    if constexpr (rt * pt > 3) _tile_zero(3);
+    const int64_t c1 = std::min(L.chunks, (g + 1) * L.chunks_per_group);
+    for (int64_t c = g * L.chunks_per_group; c < c1; ++c) {
+      uint16_t* b = buf + (c % kBuffers) * 2 * kChunkWeights;
+      widen_chunk<kBits>(q0 + c * cb, b, table);
+      _tile_loadd(6, b, 64);
+      if constexpr (pt == 2) {
+        widen_chunk<kBits>(q1 + c * cb, b + kChunkWeights, table);
+        _tile_loadd(7, b + kChunkWeights, 64);
+      }
+      _tile_loadd(4, a[0] + c * 64, lda[0]);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (pt == 2) _tile_dpbf16ps(1, 4, 7);
+      if constexpr (rt >= 2) {
+        _tile_loadd(5, a[1] + c * 64, lda[1]);
+        if constexpr (pt == 2) {
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        } else {
+          _tile_dpbf16ps(1, 5, 6);
+        }
+      }
+      if constexpr (rt >= 3) {
+        _tile_loadd(4, a[2] + c * 64, lda[2]);
+        _tile_dpbf16ps(2, 4, 6);
+      }
+      if constexpr (rt >= 4) {
+        _tile_loadd(5, a[3] + c * 64, lda[3]);
+        _tile_dpbf16ps(3, 5, 6);
+      }
+    }
+    // acc = fma(p, s, acc) (from zero at the first group), then the offset term.
+    for (int i = 0; i < rt; ++i) {
+      const int64_t r_end = std::min<int64_t>(kTileRows, rows - i * kTileRows);
+      for (int j = 0; j < pt; ++j) {
+        store_c_tile(i * pt + j, tile);
+        const int64_t at = ((p + j) * L.groups + g) * kTileN;
+        const __m512 s = _mm512_loadu_ps(L.scales + at);
+        const __m512 m = L.neg_offsets != nullptr ? _mm512_loadu_ps(L.neg_offsets + at) : _mm512_setzero_ps();
+        for (int64_t r = 0; r < r_end; ++r) {
+          const int64_t row = i * kTileRows + r;
+          float* dst = &acc[row][j * kTileN];
+          __m512 v = _mm512_fmadd_ps(_mm512_load_ps(tile + r * kTileN), s,
+                                     g == 0 ? _mm512_setzero_ps() : _mm512_load_ps(dst));
+          if (L.neg_offsets != nullptr)
+            v = _mm512_fmadd_ps(m, _mm512_set1_ps(L.xsum[(row0 + row) * L.groups + g]), v);
+          _mm512_store_ps(dst, v);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < rt; ++i) {
+    const int64_t r_end = std::min<int64_t>(kTileRows, rows - i * kTileRows);
+    for (int j = 0; j < pt; ++j) {
+      const int64_t cj = std::min<int64_t>(kTileN, cols - j * kTileN);
+      if (cj <= 0) break;
+      const __mmask16 valid = static_cast<__mmask16>((1u << cj) - 1);
+      const __m512 b = L.bias != nullptr ? _mm512_maskz_loadu_ps(valid, L.bias + (p + j) * kTileN) : _mm512_setzero_ps();
+      for (int64_t r = 0; r < r_end; ++r) {
+        const int64_t row = i * kTileRows + r;
+        __m512 v = _mm512_load_ps(&acc[row][j * kTileN]);
+        if (L.bias != nullptr) v = _mm512_add_ps(v, b);
+        _mm256_mask_storeu_epi16(out + row * L.N + j * kTileN, valid, round_to_bf16(v));
+      }
+    }
+  }
+}
+
+// Rows [row0, row0 + rows) (at most 64) x the panel pair at p (pt panels): up to 32 rows take both
+// panels at once; more take one panel at a time with up to four A tiles, so that each chunk is
+// widened once for all 64 rows.
+template <int kBits>
+void row_group(const Layer& L, __m512i table, const ActivationTiles& tiles, int64_t p, int64_t pt, int64_t row0,
+               int64_t rows, uint16_t* buf, uint16_t* out, int64_t cols) {
+  const uint8_t* a[4];
+  int64_t lda[4];
+  const int64_t rt = (rows + kTileRows - 1) / kTileRows;
+  for (int64_t i = 0; i < rt; ++i) {
+    a[i] = tiles.group((row0 + i * kTileRows) / (2 * kTileRows), &lda[i]);
+    if (i % 2 == 1) a[i] += kTileRows * lda[i];
+  }
+  if (rt <= 2 && pt == 2) {
+    if (rt == 2) micro_kernel<2, 2, kBits>(L, table, p, row0, a, lda, buf, out, rows, cols);
+    else micro_kernel<1, 2, kBits>(L, table, p, row0, a, lda, buf, out, rows, cols);
+    return;
+  }
+  for (int64_t j = 0; j < pt; ++j) {
+    const int64_t cj = std::min<int64_t>(kTileN, cols - j * kTileN);
+    uint16_t* o = out + j * kTileN;
+    if (rt == 1) micro_kernel<1, 1, kBits>(L, table, p + j, row0, a, lda, buf, o, rows, cj);
+    else if (rt == 2) micro_kernel<2, 1, kBits>(L, table, p + j, row0, a, lda, buf, o, rows, cj);
+    else if (rt == 3) micro_kernel<3, 1, kBits>(L, table, p + j, row0, a, lda, buf, o, rows, cj);
+    else micro_kernel<4, 1, kBits>(L, table, p + j, row0, a, lda, buf, o, rows, cj);
+  }
+}
+
+// The tiles' sequence on vector FMAs, for a lone row (decode at batch 1), where widening whole
+// tiles for one row costs more than the tiles save. TDPBF16PS, measured on Sapphire Rapids
+// (tests/model/test_amx_quant_linear.py checks the claim), computes each element of a 32-input
+// chunk as two fma chains from zero, one over the even inputs and one over the odd ones, in
+// increasing k, adds them, and adds that to the tile's value:
+//     e = fma(x[k0+30], w[k0+30], ... fma(x[k0], w[k0], 0)),  o = the same over k0+1, ..., k0+31
+//     c = c + (e + o)
+// with input denormals treated as zero and denormal results flushed (DAZ, FTZ: set in MXCSR here
+// for the chunk sums only; the group merges run under the caller's MXCSR, as in the tile path).
+// The same operations give the same bits: a row's result does not depend on which path ran.
+constexpr int kRowPanels = 4;  // panels per pass of the one-row kernel (64 columns)
+
+template <int kBits>
+inline void pair_weights(const uint8_t* row, __m512 table, __m512& even, __m512& odd) {
+  if constexpr (kBits == 8) {
+    even = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row))));
+    odd = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16))));
+  } else {
+    // vpermps reads the low 4 bits of each lane: the low nibble needs no mask.
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+    even = _mm512_permutexvar_ps(b, table);
+    odd = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
+  }
+}
+
+template <int kBits, int np>
+void row_kernel(const Layer& L, const float* x, const float* xsum, int64_t p0, uint16_t* out) {
+  // Bytes per input pair of a panel: int8 two rows of 16, int4 one row of 16.
+  constexpr int64_t pair_bytes = kBits == 8 ? 32 : 16;
+  const int64_t panel_bytes = L.chunks * 16 * pair_bytes;
+  const __m512 table = kBits == 4 ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                                  : _mm512_setzero_ps();
+  const __m512 shift = _mm512_set1_ps(L.minus8 ? 8.f : 0.f);
+  const __m512 table4 = _mm512_sub_ps(table, shift);  // exact: small integers
+  const unsigned csr = _mm_getcsr();
+  __m512 acc[np];
+  for (int64_t g = 0; g < L.groups; ++g) {
+    __m512 c[np];
+    for (int j = 0; j < np; ++j) c[j] = _mm512_setzero_ps();
+    _mm_setcsr(csr | 0x8040);  // FTZ | DAZ
+    const int64_t c1 = std::min(L.chunks, (g + 1) * L.chunks_per_group);
+    for (int64_t ch = g * L.chunks_per_group; ch < c1; ++ch) {
+      __m512 e[np], o[np];
+      for (int j = 0; j < np; ++j) e[j] = o[j] = _mm512_setzero_ps();
+      const uint8_t* base = L.packed + p0 * panel_bytes + ch * 16 * pair_bytes;
+      for (int j = 0; j < np; ++j) prefetch_lines(base + j * panel_bytes, static_cast<int>(16 * pair_bytes / 64));
+      for (int r = 0; r < 16; ++r) {
+        const __m512 xe = _mm512_set1_ps(x[ch * 32 + 2 * r]), xo = _mm512_set1_ps(x[ch * 32 + 2 * r + 1]);
+#pragma GCC unroll 4
+        for (int j = 0; j < np; ++j) {
+          __m512 we, wo;
+          pair_weights<kBits>(base + j * panel_bytes + r * pair_bytes, table4, we, wo);
+          e[j] = _mm512_fmadd_ps(xe, we, e[j]);
+          o[j] = _mm512_fmadd_ps(xo, wo, o[j]);
+        }
+      }
+      for (int j = 0; j < np; ++j) c[j] = _mm512_add_ps(c[j], _mm512_add_ps(e[j], o[j]));
+    }
+    _mm_setcsr(csr);
+    for (int j = 0; j < np; ++j) {
+      const int64_t at = ((p0 + j) * L.groups + g) * kTileN;
+      __m512 v = _mm512_fmadd_ps(c[j], _mm512_loadu_ps(L.scales + at), g == 0 ? _mm512_setzero_ps() : acc[j]);
+      if (L.neg_offsets != nullptr) v = _mm512_fmadd_ps(_mm512_loadu_ps(L.neg_offsets + at), _mm512_set1_ps(xsum[g]), v);
+      acc[j] = v;
+    }
+  }
+  for (int j = 0; j < np; ++j) {
+    const int64_t col0 = (p0 + j) * kTileN, cj = std::min<int64_t>(kTileN, L.N - col0);
+    const __mmask16 valid = static_cast<__mmask16>((1u << cj) - 1);
+    __m512 v = acc[j];
+    if (L.bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid, L.bias + col0));
+    _mm256_mask_storeu_epi16(out + col0, valid, round_to_bf16(v));
+  }
+}
+
+template <int kBits>
+void run_row(const uint16_t* x, uint16_t* out, const Layer& L) {
+  const int64_t panels = (L.N + kTileN - 1) / kTileN;
+  const int64_t width = L.chunks * kTileK;
+  std::vector<float> row(static_cast<size_t>(width), 0.f);  // the row as float32, zero-padded to whole chunks
+  for (int64_t k = 0; k < L.K; ++k) {
+    const uint32_t word = static_cast<uint32_t>(x[k]) << 16;
+    std::memcpy(&row[k], &word, sizeof(float));
+  }
+  const int64_t items = (panels + kRowPanels - 1) / kRowPanels;
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t p0 = item * kRowPanels;
+      if (panels - p0 >= kRowPanels) {
+        row_kernel<kBits, kRowPanels>(L, row.data(), L.xsum, p0, out);
+      } else {
+        for (int64_t p = p0; p < panels; ++p) row_kernel<kBits, 1>(L, row.data(), L.xsum, p, out);
+      }
+    }
+  });
+}
+
+template <int kBits>
+void run(const uint16_t* x, uint16_t* out, const Layer& L) {
+  constexpr int64_t kGroupRows = 4 * kTileRows;
+  const int64_t M = L.M, N = L.N;
+  const int64_t panels = (N + kTileN - 1) / kTileN;
+  const int64_t pairs = (panels + 1) / 2;
+  const int64_t row_groups = (M + kGroupRows - 1) / kGroupRows;
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t items = row_groups * pairs;
+  const int64_t grain = std::max<int64_t>(1, items / (threads * 4));
+  const ActivationTiles tiles(x, M, L.K);
+  const __m512i table = nibble_table(L.minus8);
+  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+    configure_tiles(M);
+    alignas(64) uint16_t buf[kBuffers * 2 * kChunkWeights];
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t pair = item % pairs, g = item / pairs;
+      const int64_t p = pair * 2, pt = std::min<int64_t>(2, panels - p);
+      const int64_t col0 = p * kTileN, cols = std::min<int64_t>(2 * kTileN, N - col0);
+      const int64_t row0 = g * kGroupRows, rows = std::min(kGroupRows, M - row0);
+      row_group<kBits>(L, table, tiles, p, pt, row0, rows, buf, out + row0 * N + col0, cols);
+    }
+    _tile_release();
+  });
+}
+
+#pragma GCC pop_options
+
+#endif  // KVSERVE_AMX_BUILD
+
+}  // namespace
+
+// x: contiguous [M, K] bfloat16; packed: uint8 [N/16, K', 16] (int8) or [N/16, K'/2, 16] (int4), K'
+// = K rounded up to 32;
+// scales (and neg_offsets, int4 only): float32 [N/16, K / group_size, 16]; bias float32 [N] or
+// None; group_size: K, or a multiple of 32 that divides K; bits 8 or 4 (int4 without offsets is
+// symmetric: q - 8). Returns [M, N] bfloat16.
+torch::Tensor amx_quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
+                               c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
+                               int64_t out_features, int64_t group_size, int64_t bits) {
+  TORCH_CHECK(amx_linear_available(), "amx_quant_linear: no AMX-BF16 tiles on this CPU / process");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu() && x.scalar_type() == torch::kBFloat16,
+              "amx_quant_linear takes contiguous 2-D bfloat16 CPU activations");
+  TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4");
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  const int64_t panels = (N + kTileN - 1) / kTileN, chunks = (K + kTileK - 1) / kTileK;
+  TORCH_CHECK(group_size == K || (group_size % kTileK == 0 && K % group_size == 0),
+              "group_size must be K or a multiple of 32 that divides K");
+  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 3 &&
+                  packed.size(0) == panels && packed.size(1) == chunks * kTileK / (bits == 8 ? 1 : 2) &&
+                  packed.size(2) == kTileN,
+              "packed must be uint8 [N/16, K' or K'/2, 16] from kvserve.model.quant_linear.pack_quantized_amx");
+  const int64_t groups = K / group_size;
+  const std::vector<int64_t> param_shape{panels, groups, kTileN};
+  TORCH_CHECK(scales.is_contiguous() && scales.sizes() == param_shape && scales.scalar_type() == torch::kFloat,
+              "scales must be float32 [N/16, K / group_size, 16]");
+  const bool has_offsets = neg_offsets.has_value() && neg_offsets->defined();
+  TORCH_CHECK(!has_offsets || (bits == 4 && neg_offsets->is_contiguous() && neg_offsets->sizes() == param_shape &&
+                               neg_offsets->scalar_type() == torch::kFloat),
+              "offsets (int4 only) must be float32 like the scales");
+  const float* bias_ptr = optional_bias(bias, N);
+  auto out = torch::empty({M, N}, x.options());
+#if defined(KVSERVE_AMX_BUILD)
+  if (M == 0 || N == 0) return out;
+  const uint16_t* xs = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+  // Each row's input sum per group, a plain float32 sum in increasing k (offsets only).
+  std::vector<float> xsum(has_offsets ? M * groups : 0);
+  for (int64_t r = 0; r < M && has_offsets; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      float s = 0.f;
+      for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) {
+        const uint32_t word = static_cast<uint32_t>(xs[r * K + k]) << 16;
+        float v;
+        std::memcpy(&v, &word, sizeof(v));
+        s += v;
+      }
+      xsum[r * groups + g] = s;
+    }
+  }
+  const Layer layer{packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
+                    has_offsets ? neg_offsets->data_ptr<float>() : nullptr, bias_ptr,
+                    has_offsets ? xsum.data() : nullptr, M, K, N, chunks, groups,
+                    group_size == K ? chunks : group_size / kTileK, !has_offsets};
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  if (M == 1 && bits == 8) run_row<8>(xs, o, layer);
+  else if (M == 1) run_row<4>(xs, o, layer);
+  else if (bits == 8) run<8>(xs, o, layer);
+  else run<4>(xs, o, layer);
+#endif
+  return out;
+}
+
+#pragma GCC pop_options

@@ -1,0 +1,126 @@
+// What the two AMX GEMMs (amx_linear.cpp: bfloat16 weights; amx_quant_linear.cpp: int8/int4
+// weights widened to bfloat16 tiles) share: whether this process may use the tiles, the tile
+// configuration, the activation rows as A tiles, and the float32 -> bfloat16 store of an output.
+//
+// Tiles: 0-3 C (16 x 16 float32), 4-5 A (16 rows x 32 bfloat16), 6-7 B (16 rows x 64 bytes: 16
+// output columns x a pair of inputs each, AMX's "VNNI" form). The tile registers must be enabled per
+// process (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA) and configured per thread.
+#pragma once
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define KVSERVE_AMX_BUILD 1
+#endif
+
+namespace kvserve_amx {
+
+constexpr int64_t kTileRows = 16;  // rows of an A or C tile
+constexpr int64_t kTileK = 32;     // bfloat16 inputs per A tile row (64 bytes)
+constexpr int64_t kTileN = 16;     // output columns per panel (a C tile row: 16 float32)
+constexpr int64_t kChunkBytes = kTileRows * 64;  // one bfloat16 B tile: 16 columns x 32 inputs
+
+#if defined(KVSERVE_AMX_BUILD)
+
+// This CPU has AMX-BF16 tiles (and AVX512-BF16, which every AMX CPU has) and the kernel grants
+// the tile state to this process (Linux 5.16+). GCC's cpu feature names for AMX arrived with GCC
+// 13; the CPUID bits are read directly: leaf 7 subleaf 0, EDX bit 22 AMX-BF16, bit 24 AMX-TILE;
+// subleaf 1, EAX bit 5 AVX512-BF16.
+inline bool amx_supported() {
+  unsigned eax = 7, ebx = 0, ecx = 0, edx = 0;
+  __asm__ volatile("cpuid" : "+a"(eax), "=b"(ebx), "+c"(ecx), "=d"(edx));
+  const bool bf16 = (edx >> 22) & 1, tile = (edx >> 24) & 1;
+  unsigned eax1 = 7, ebx1 = 0, ecx1 = 1, edx1 = 0;
+  __asm__ volatile("cpuid" : "+a"(eax1), "=b"(ebx1), "+c"(ecx1), "=d"(edx1));
+  const bool avx512_bf16 = (eax1 >> 5) & 1;
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return bf16 && tile && avx512_bf16 && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")
+
+struct TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// `rows` (1-16) rows in the A and C tiles: fewer than 16 when the layer has fewer rows, so that a
+// decode row does not load and multiply 15 rows of zeros (each row's sums are independent of the
+// others', so the count never changes a bit).
+inline void configure_tiles(int64_t rows = kTileRows) {
+  TileConfig config;
+  std::memset(&config, 0, sizeof(config));
+  config.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = t < 6 ? static_cast<uint8_t>(std::min<int64_t>(rows, kTileRows)) : kTileRows;
+    config.colsb[t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+// 16 float32 -> 16 bfloat16 bits, rounded to nearest even as c10 does (a NaN becomes 0x7fc0).
+inline __m256i round_to_bf16(__m512 v) {
+  const __m512i word = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(word, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(word, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+  return _mm512_cvtepi32_epi16(rounded);
+}
+
+#pragma GCC pop_options
+
+// The activations x [M][K] (bfloat16) as A tiles, in row groups of 32 rows (two A tiles). Rows are
+// read in place (stride K) when K is a multiple of 32 and the group fills its tiles; the others (a
+// last group of 1-15 or 17-31 rows, or every row when K is not a multiple of 32) are copied once
+// with zero padding to a width of whole chunks. Padding adds exact zeros: it never changes a valid
+// element.
+class ActivationTiles {
+ public:
+  ActivationTiles(const uint16_t* x, int64_t M, int64_t K) : x_(x), K_(K) {
+    const int64_t chunks = (K + kTileK - 1) / kTileK;
+    width_ = chunks * kTileK;
+    const int64_t groups = (M + 2 * kTileRows - 1) / (2 * kTileRows);
+    const int64_t tail = M % (2 * kTileRows);
+    first_padded_ = K % kTileK != 0 ? 0 : (tail == 0 || tail == kTileRows) ? groups : groups - 1;
+    const int64_t first_row = first_padded_ * 2 * kTileRows;
+    const int64_t padded_rows = (M - first_row + kTileRows - 1) / kTileRows * kTileRows;
+    padded_.assign(static_cast<size_t>(std::max<int64_t>(padded_rows, 0) * width_), 0);
+    for (int64_t r = first_row; r < M; ++r) std::memcpy(&padded_[(r - first_row) * width_], x + r * K, K * 2);
+  }
+
+  // Row group g (rows 32g ...): its first row's bytes and the row stride in bytes.
+  const uint8_t* group(int64_t g, int64_t* stride) const {
+    if (g < first_padded_) {
+      *stride = K_ * 2;
+      return reinterpret_cast<const uint8_t*>(x_ + g * 2 * kTileRows * K_);
+    }
+    *stride = width_ * 2;
+    return reinterpret_cast<const uint8_t*>(&padded_[(g - first_padded_) * 2 * kTileRows * width_]);
+  }
+
+ private:
+  const uint16_t* x_;
+  int64_t K_, width_, first_padded_;
+  std::vector<uint16_t> padded_;
+};
+
+#endif  // KVSERVE_AMX_BUILD
+
+}  // namespace kvserve_amx
+
+// True when this CPU has AMX-BF16 tiles and the OS grants them to this process (checked once;
+// KVSERVE_AMX=0: never). Defined in amx_linear.cpp.
+bool amx_linear_available();
