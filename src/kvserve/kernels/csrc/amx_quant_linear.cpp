@@ -14,6 +14,7 @@
 //         with offsets:  acc = fma(-m[n][g], xsum[m][g], acc)   xsum = ((x_k0 + x_k1) + ...) in k order
 //     y[m][n] = round(acc + b[n])        (float32, then once to bfloat16)
 //
+// all with denormal inputs read as zero and denormal results flushed (DAZ, FTZ), as the tiles do.
 // p depends only on row m of x, column n of the weight and the chunk order (amx_linear.cpp's
 // argument), so every element is one fixed sequence whatever the number of rows, the row's place
 // among them and the thread count. A lone row (decode at batch 1) runs the same operations on
@@ -244,6 +245,20 @@ void row_group(const Layer& L, __m512i table, const ActivationTiles& tiles, int6
   }
 }
 
+// Denormal inputs treated as zero and denormal results flushed (MXCSR DAZ and FTZ) while it
+// lives, in this thread: the tiles do so, and the vector code around them (group merges, input
+// sums, bias) does the same, so that the one-row kernel's vector FMAs give the tiles' bits.
+class FlushDenormals {
+ public:
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+
+ private:
+  unsigned saved_;
+};
+
 // The tiles' sequence on vector FMAs, for a lone row (decode at batch 1), where widening whole
 // tiles for one row costs more than the tiles save. TDPBF16PS, measured on Sapphire Rapids
 // (tests/model/test_amx_quant_linear.py checks the claim), computes each element of a 32-input
@@ -251,8 +266,8 @@ void row_group(const Layer& L, __m512i table, const ActivationTiles& tiles, int6
 // increasing k, adds them, and adds that to the tile's value:
 //     e = fma(x[k0+30], w[k0+30], ... fma(x[k0], w[k0], 0)),  o = the same over k0+1, ..., k0+31
 //     c = c + (e + o)
-// with input denormals treated as zero and denormal results flushed (DAZ, FTZ: set in MXCSR here
-// for the chunk sums only; the group merges run under the caller's MXCSR, as in the tile path).
+// with input denormals treated as zero and denormal results flushed (DAZ, FTZ: FlushDenormals,
+// for the whole kernel on both paths).
 // The same operations give the same bits: a row's result does not depend on which path ran.
 constexpr int kRowPanels = 4;  // panels per pass of the one-row kernel (64 columns)
 
@@ -278,12 +293,10 @@ void row_kernel(const Layer& L, const float* x, const float* xsum, int64_t p0, u
                                   : _mm512_setzero_ps();
   const __m512 shift = _mm512_set1_ps(L.minus8 ? 8.f : 0.f);
   const __m512 table4 = _mm512_sub_ps(table, shift);  // exact: small integers
-  const unsigned csr = _mm_getcsr();
   __m512 acc[np];
   for (int64_t g = 0; g < L.groups; ++g) {
     __m512 c[np];
     for (int j = 0; j < np; ++j) c[j] = _mm512_setzero_ps();
-    _mm_setcsr(csr | 0x8040);  // FTZ | DAZ
     const int64_t c1 = std::min(L.chunks, (g + 1) * L.chunks_per_group);
     for (int64_t ch = g * L.chunks_per_group; ch < c1; ++ch) {
       __m512 e[np], o[np];
@@ -302,7 +315,6 @@ void row_kernel(const Layer& L, const float* x, const float* xsum, int64_t p0, u
       }
       for (int j = 0; j < np; ++j) c[j] = _mm512_add_ps(c[j], _mm512_add_ps(e[j], o[j]));
     }
-    _mm_setcsr(csr);
     for (int j = 0; j < np; ++j) {
       const int64_t at = ((p0 + j) * L.groups + g) * kTileN;
       __m512 v = _mm512_fmadd_ps(c[j], _mm512_loadu_ps(L.scales + at), g == 0 ? _mm512_setzero_ps() : acc[j]);
@@ -330,6 +342,7 @@ void run_row(const uint16_t* x, uint16_t* out, const Layer& L) {
   }
   const int64_t items = (panels + kRowPanels - 1) / kRowPanels;
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    const FlushDenormals flush;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t p0 = item * kRowPanels;
       if (panels - p0 >= kRowPanels) {
@@ -354,6 +367,7 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
   const ActivationTiles tiles(x, M, L.K);
   const __m512i table = nibble_table(L.minus8);
   at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+    const FlushDenormals flush;
     configure_tiles(M);
     alignas(64) uint16_t buf[kBuffers * 2 * kChunkWeights];
     for (int64_t item = begin; item < end; ++item) {
@@ -407,6 +421,7 @@ torch::Tensor amx_quant_linear(torch::Tensor x, torch::Tensor packed, torch::Ten
   if (M == 0 || N == 0) return out;
   const uint16_t* xs = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
   // Each row's input sum per group, a plain float32 sum in increasing k (offsets only).
+  const FlushDenormals flush;
   std::vector<float> xsum(has_offsets ? M * groups : 0);
   for (int64_t r = 0; r < M && has_offsets; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
