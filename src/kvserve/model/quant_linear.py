@@ -39,7 +39,8 @@ from kvserve.kernels import cpu_kernels
 from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
-AMX_PANEL, AMX_CHUNK = 16, 32  # output columns per panel, inputs per chunk of the AMX layout
+AMX_BLOCK = {8: 16, 4: 64}  # output columns per block of the AMX layout, by bits
+AMX_CHUNK = 32  # inputs per chunk (a tile's depth)
 METHODS = ("int8", "int4")
 # int4 without zero points, by measurement (docs/benchmarks.md, "Quantized weights"): on the
 # built-in model's held-out perplexity the two forms differ by at most 0.02% at each group size
@@ -77,24 +78,25 @@ def amx_eligible(weight: QuantizedTensor) -> bool:
 
 def pack_quantized_amx(weight: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(packed, scales, neg_offsets) in the AMX kernel's layout (``amx_quant_linear.cpp``):
-    panels of 16 output columns, N and K padded with zeros to 16 and 32; packed uint8
-    [ceil(N/16), K', 16] for int8 (row k: input k of the panel's 16 columns) and
-    [ceil(N/16), K' / 2, 16] for int4 (row r: input 2r in the low nibbles, 2r + 1 in the high ones);
-    scales and negated offsets float32 [ceil(N/16), K / group_size, 16]."""
+    blocks of B output columns (``AMX_BLOCK``: 16 for int8, 64 for int4), N and K padded with zeros
+    to B and 32; packed uint8 [ceil(N/B), K', B] for int8 (row k: input k of the block's columns)
+    and [ceil(N/B), K'/2, B] for int4 (row r: input 2r in the low nibbles, 2r + 1 in the high
+    ones); scales and negated offsets float32 [ceil(N/B), K / group_size, B]."""
     n, k = weight.shape
-    panels, chunks = -(-n // AMX_PANEL), -(-k // AMX_CHUNK)
-    q = F.pad(weight.q.view(torch.uint8), (0, chunks * AMX_CHUNK - k, 0, panels * AMX_PANEL - n))
-    rows = q.view(panels, AMX_PANEL, chunks * AMX_CHUNK).transpose(1, 2)  # [P, K', 16]
+    block = AMX_BLOCK[weight.bits]
+    blocks, chunks = -(-n // block), -(-k // AMX_CHUNK)
+    q = F.pad(weight.q.view(torch.uint8), (0, chunks * AMX_CHUNK - k, 0, blocks * block - n))
+    rows = q.view(blocks, block, chunks * AMX_CHUNK).transpose(1, 2)  # [blocks, K', B]
     if weight.bits == 4:
         rows = rows[:, 0::2] | (rows[:, 1::2] << 4)
     packed = rows.contiguous()
 
-    def panel_major(t: torch.Tensor) -> torch.Tensor:  # [N, G] -> [P, G, 16] float32
-        t = F.pad(t.to(torch.float32), (0, 0, 0, panels * AMX_PANEL - n))
-        return t.view(panels, AMX_PANEL, t.shape[1]).transpose(1, 2).contiguous()
+    def block_major(t: torch.Tensor) -> torch.Tensor:  # [N, G] -> [blocks, G, B] float32
+        t = F.pad(t.to(torch.float32), (0, 0, 0, blocks * block - n))
+        return t.view(blocks, block, t.shape[1]).transpose(1, 2).contiguous()
 
-    neg_offsets = None if weight.offsets is None else panel_major(-weight.offsets.to(torch.float32))
-    return packed, panel_major(weight.scales), neg_offsets
+    neg_offsets = None if weight.offsets is None else block_major(-weight.offsets.to(torch.float32))
+    return packed, block_major(weight.scales), neg_offsets
 
 
 def unpack_quantized_amx(packed: torch.Tensor, bits: int, n: int, k: int) -> torch.Tensor:
@@ -103,8 +105,8 @@ def unpack_quantized_amx(packed: torch.Tensor, bits: int, n: int, k: int) -> tor
     rows = packed
     if bits == 4:
         rows = torch.stack((packed & 15, packed >> 4), dim=2).flatten(1, 2)
-    panels, width, _ = rows.shape
-    return rows.transpose(1, 2).reshape(panels * AMX_PANEL, width)[:n, :k].contiguous()
+    blocks, width, block = rows.shape
+    return rows.transpose(1, 2).reshape(blocks * block, width)[:n, :k].contiguous()
 
 
 class QuantizedLinear(nn.Module):

@@ -23,12 +23,12 @@
 // every M once it has it (kvserve.model.quant_linear). Its bits differ in the last place from
 // quant_linear.cpp's single fma chain per group, as amx_linear's differ from linear.cpp's.
 //
-// Layout (kvserve.model.quant_linear.pack_quantized_amx): panels of 16 output columns, N and K
-// padded with zeros to 16 and 32; int8 [N/16][K][16] (a row: input k of the panel's 16 columns),
-// int4 [N/16][K/2][16] (a row: input 2r in the low nibbles, 2r + 1 in the high ones); a chunk of
-// 32 inputs is 512 (int8) or 256 (int4) consecutive bytes. Widening turns a chunk into the B
-// tile's pair-interleaved form; the one-row kernel reads the rows as they are.
-// scales float32 [N/16][K/G][16]; negated offsets the same (int4 with offsets only).
+// Layout (kvserve.model.quant_linear.pack_quantized_amx): blocks of output columns, N and K padded
+// with zeros to a block and to 32; int8 [N/16][K][16] (a row: input k of one panel's 16 columns),
+// int4 [N/64][K/2][64] (a row: input 2r of four panels in the low nibbles, 2r + 1 in the high
+// ones). Widening turns a panel's 32-input chunk (16 bytes of each of 32 or 16 rows) into the B
+// tile's pair-interleaved form; the one-row kernel reads the rows as they are. scales float32
+// [blocks][K/G][block columns]; negated offsets the same (int4 with offsets only).
 //
 // Work: items of up to 64 rows x a pair of 16-column panels, split between threads (never K). Each
 // chunk is widened just before its tile load into 1-2 KB of L1 and used by all the item's rows:
@@ -53,30 +53,38 @@ constexpr int64_t kChunkWeights = kTileK * kTileN;  // 512 weights per chunk
 // tile loads of the last one.
 constexpr int64_t kBuffers = 4;
 
-constexpr int64_t chunk_bytes(int64_t bits) { return bits == 8 ? kChunkWeights : kChunkWeights / 2; }
+// Output columns per block of the packed layout: int8 rows are one panel wide (16 bytes per
+// input), int4 rows four panels (one 64-byte line per input pair), which is what the one-row
+// kernel reads fastest from memory (measured: int8 in 64-column blocks was 5% slower per step,
+// int4 in 16-column panels 15% slower).
+constexpr int64_t block_cols(int64_t bits) { return bits == 8 ? kTileN : 4 * kTileN; }
+constexpr int kRowPanels = 4;  // panels per pass of the one-row kernel
+
+// Packed rows per 32-input chunk: one per input (int8) or per input pair (int4).
+constexpr int64_t chunk_rows(int64_t bits) { return bits == 8 ? kTileK : kTileK / 2; }
 
 #if defined(KVSERVE_AMX_BUILD)
 
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")
 
-// Packed weight bytes prefetched ahead of the reads, into L2.
-constexpr int64_t kAhead = 2048;
+// Packed weight bytes prefetched ahead of the one-row kernel's reads, into L2, per stream: int8
+// four chunks of its panel, int4 64 rows of its block (the best of 1-16 KB, measured).
+constexpr int64_t ahead(int64_t bits) { return bits == 8 ? 2048 : 4096; }
 
-inline void prefetch_lines(const uint8_t* p, int lines) {
-  for (int line = 0; line < lines; ++line) _mm_prefetch(reinterpret_cast<const char*>(p) + kAhead + line * 64, _MM_HINT_T2);
-}
+template <int kBits>
+inline void prefetch_line(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p) + ahead(kBits), _MM_HINT_T2); }
 
-// One int8 chunk (32 rows of 16 bytes: inputs k, k + 1, ... of the panel's 16 columns) -> its
-// bfloat16 B tile: tile row r, column j is the pair (q[2r][j], q[2r + 1][j]). Each integer goes
-// through float32 exactly; a small integer's float32 has 16 zero low bits, so a pair is one
-// shift and one or.
+// One int8 chunk of a panel (32 rows of 16 bytes: inputs k, k + 1, ...
+// of the panel's 16 columns) -> its bfloat16 B tile: tile row r, column j is the pair
+// (q[2r][j], q[2r + 1][j]). Each integer goes through float32 exactly; a small integer's float32
+// has 16 zero low bits, so a pair is one shift and one or.
 inline void widen_int8(const uint8_t* src, uint16_t* dst) {
   for (int r = 0; r < 16; ++r) {
     const __m512i even = _mm512_castps_si512(_mm512_cvtepi32_ps(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * r * 16)))));
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * r * block_cols(8))))));
     const __m512i odd = _mm512_castps_si512(_mm512_cvtepi32_ps(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (2 * r + 1) * 16)))));
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (2 * r + 1) * block_cols(8))))));
     _mm512_storeu_si512(dst + r * 32, _mm512_or_si512(odd, _mm512_srli_epi32(even, 16)));
   }
 }
@@ -93,13 +101,13 @@ inline __m512i nibble_table(bool minus8) {
   return _mm512_load_si512(words);
 }
 
-// The same for int4 (16 rows of 16 bytes: byte j of row r holds q[2r][j] in its low nibble and
-// q[2r + 1][j] in its high one): each byte's nibbles spread to the two words of a 32-bit lane,
-// then one table lookup per 32 weights.
+// The same for int4 (16 rows, 64 bytes apart, of 16 bytes: byte j of row r holds q[2r][j]
+// in its low nibble and q[2r + 1][j] in its high one): each byte's nibbles spread to the two words
+// of a 32-bit lane, then one table lookup per 32 weights.
 inline void widen_int4(const uint8_t* src, uint16_t* dst, __m512i table) {
   const __m512i low = _mm512_set1_epi32(15);
   for (int r = 0; r < 16; ++r) {
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * 16)));
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * block_cols(4))));
     const __m512i high = _mm512_slli_epi32(_mm512_srli_epi32(b, 4), 16);
     const __m512i words = _mm512_ternarylogic_epi32(b, high, low, 0xEC);  // (b & low) | high
     _mm512_storeu_si512(dst + r * 32, _mm512_permutexvar_epi16(words, table));
@@ -108,7 +116,6 @@ inline void widen_int4(const uint8_t* src, uint16_t* dst, __m512i table) {
 
 template <int kBits>
 inline void widen_chunk(const uint8_t* src, uint16_t* dst, __m512i table) {
-  prefetch_lines(src, static_cast<int>(chunk_bytes(kBits) / 64));
   if constexpr (kBits == 8) widen_int8(src, dst);
   else widen_int4(src, dst, table);
 }
@@ -121,6 +128,19 @@ struct Layer {
   const float* xsum;         // [M][groups] with offsets, else nullptr
   int64_t M, K, N, chunks, groups, chunks_per_group;
   bool minus8;               // int4 symmetric: q - 8
+
+  // Panel p's first packed byte of chunk c (rows block_cols bytes apart), and the index of its
+  // scales (and offsets) of group g (16 floats).
+  template <int kBits>
+  const uint8_t* chunk(int64_t p, int64_t c) const {
+    constexpr int64_t bc = block_cols(kBits), bp = bc / kTileN;
+    return packed + ((p / bp * chunks + c) * chunk_rows(kBits)) * bc + p % bp * kTileN;
+  }
+  template <int kBits>
+  int64_t param(int64_t p, int64_t g) const {
+    constexpr int64_t bc = block_cols(kBits), bp = bc / kTileN;
+    return (p / bp * groups + g) * bc + p % bp * kTileN;
+  }
 };
 
 // Tile register t of a run-time index (the intrinsics take constants).
@@ -140,9 +160,6 @@ template <int rt, int pt, int kBits>
 void micro_kernel(const Layer& L, __m512i table, int64_t p, int64_t row0, const uint8_t* const* a, const int64_t* lda,
                   uint16_t* buf, uint16_t* out, int64_t rows, int64_t cols) {
   static_assert(rt * pt <= 4, "four C tiles");
-  constexpr int64_t cb = chunk_bytes(kBits);
-  const uint8_t* q0 = L.packed + p * L.chunks * cb;
-  const uint8_t* q1 = q0 + L.chunks * cb;
   alignas(64) float acc[4 * kTileRows][2 * kTileN];
   alignas(64) float tile[kTileRows * kTileN];
   for (int64_t g = 0; g < L.groups; ++g) {
@@ -153,10 +170,10 @@ void micro_kernel(const Layer& L, __m512i table, int64_t p, int64_t row0, const 
     const int64_t c1 = std::min(L.chunks, (g + 1) * L.chunks_per_group);
     for (int64_t c = g * L.chunks_per_group; c < c1; ++c) {
       uint16_t* b = buf + (c % kBuffers) * 2 * kChunkWeights;
-      widen_chunk<kBits>(q0 + c * cb, b, table);
+      widen_chunk<kBits>(L.chunk<kBits>(p, c), b, table);
       _tile_loadd(6, b, 64);
       if constexpr (pt == 2) {
-        widen_chunk<kBits>(q1 + c * cb, b + kChunkWeights, table);
+        widen_chunk<kBits>(L.chunk<kBits>(p + 1, c), b + kChunkWeights, table);
         _tile_loadd(7, b + kChunkWeights, 64);
       }
       _tile_loadd(4, a[0] + c * 64, lda[0]);
@@ -185,7 +202,7 @@ void micro_kernel(const Layer& L, __m512i table, int64_t p, int64_t row0, const 
       const int64_t r_end = std::min<int64_t>(kTileRows, rows - i * kTileRows);
       for (int j = 0; j < pt; ++j) {
         store_c_tile(i * pt + j, tile);
-        const int64_t at = ((p + j) * L.groups + g) * kTileN;
+        const int64_t at = L.param<kBits>(p + j, g);
         const __m512 s = _mm512_loadu_ps(L.scales + at);
         const __m512 m = L.neg_offsets != nullptr ? _mm512_loadu_ps(L.neg_offsets + at) : _mm512_setzero_ps();
         for (int64_t r = 0; r < r_end; ++r) {
@@ -269,13 +286,13 @@ class FlushDenormals {
 // with input denormals treated as zero and denormal results flushed (DAZ, FTZ: FlushDenormals,
 // for the whole kernel on both paths).
 // The same operations give the same bits: a row's result does not depend on which path ran.
-constexpr int kRowPanels = 4;  // panels per pass of the one-row kernel (64 columns)
-
+// A panel's 16 weights of inputs 2r (even) and 2r + 1 (odd) as float32, from its 16 bytes of
+// packed row 2r and 2r + 1 (int8) or of row r (int4).
 template <int kBits>
 inline void pair_weights(const uint8_t* row, __m512 table, __m512& even, __m512& odd) {
   if constexpr (kBits == 8) {
     even = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row))));
-    odd = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16))));
+    odd = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + block_cols(8)))));
   } else {
     // vpermps reads the low 4 bits of each lane: the low nibble needs no mask.
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
@@ -286,9 +303,8 @@ inline void pair_weights(const uint8_t* row, __m512 table, __m512& even, __m512&
 
 template <int kBits, int np>
 void row_kernel(const Layer& L, const float* x, const float* xsum, int64_t p0, uint16_t* out) {
-  // Bytes per input pair of a panel: int8 two rows of 16, int4 one row of 16.
-  constexpr int64_t pair_bytes = kBits == 8 ? 32 : 16;
-  const int64_t panel_bytes = L.chunks * 16 * pair_bytes;
+  // Bytes between input pairs: int8 two rows, int4 one.
+  constexpr int64_t pair_bytes = kBits == 8 ? 2 * block_cols(8) : block_cols(4);
   const __m512 table = kBits == 4 ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
                                   : _mm512_setzero_ps();
   const __m512 shift = _mm512_set1_ps(L.minus8 ? 8.f : 0.f);
@@ -301,14 +317,19 @@ void row_kernel(const Layer& L, const float* x, const float* xsum, int64_t p0, u
     for (int64_t ch = g * L.chunks_per_group; ch < c1; ++ch) {
       __m512 e[np], o[np];
       for (int j = 0; j < np; ++j) e[j] = o[j] = _mm512_setzero_ps();
-      const uint8_t* base = L.packed + p0 * panel_bytes + ch * 16 * pair_bytes;
-      for (int j = 0; j < np; ++j) prefetch_lines(base + j * panel_bytes, static_cast<int>(16 * pair_bytes / 64));
+      const uint8_t* base[np];
+      for (int j = 0; j < np; ++j) base[j] = L.chunk<kBits>(p0 + j, ch);
+      if constexpr (kBits == 8) {  // a stream per panel: its chunk's 512 bytes
+        for (int j = 0; j < np; ++j)
+          for (int line = 0; line < 8; ++line) prefetch_line<8>(base[j] + line * 64);
+      }
       for (int r = 0; r < 16; ++r) {
+        if constexpr (kBits == 4) prefetch_line<4>(base[0] + r * pair_bytes);  // one stream per four panels
         const __m512 xe = _mm512_set1_ps(x[ch * 32 + 2 * r]), xo = _mm512_set1_ps(x[ch * 32 + 2 * r + 1]);
 #pragma GCC unroll 4
         for (int j = 0; j < np; ++j) {
           __m512 we, wo;
-          pair_weights<kBits>(base + j * panel_bytes + r * pair_bytes, table4, we, wo);
+          pair_weights<kBits>(base[j] + r * pair_bytes, table4, we, wo);
           e[j] = _mm512_fmadd_ps(xe, we, e[j]);
           o[j] = _mm512_fmadd_ps(xo, wo, o[j]);
         }
@@ -316,7 +337,7 @@ void row_kernel(const Layer& L, const float* x, const float* xsum, int64_t p0, u
       for (int j = 0; j < np; ++j) c[j] = _mm512_add_ps(c[j], _mm512_add_ps(e[j], o[j]));
     }
     for (int j = 0; j < np; ++j) {
-      const int64_t at = ((p0 + j) * L.groups + g) * kTileN;
+      const int64_t at = L.param<kBits>(p0 + j, g);
       __m512 v = _mm512_fmadd_ps(c[j], _mm512_loadu_ps(L.scales + at), g == 0 ? _mm512_setzero_ps() : acc[j]);
       if (L.neg_offsets != nullptr) v = _mm512_fmadd_ps(_mm512_loadu_ps(L.neg_offsets + at), _mm512_set1_ps(xsum[g]), v);
       acc[j] = v;
@@ -387,9 +408,9 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
 
 }  // namespace
 
-// x: contiguous [M, K] bfloat16; packed: uint8 [N/16, K', 16] (int8) or [N/16, K'/2, 16] (int4), K'
-// = K rounded up to 32;
-// scales (and neg_offsets, int4 only): float32 [N/16, K / group_size, 16]; bias float32 [N] or
+// x: contiguous [M, K] bfloat16; packed: uint8 [N/16, K', 16] (int8) or [N/64, K'/2, 64] (int4), K'
+// = K rounded up to 32; scales (and neg_offsets, int4 only): float32 [blocks, K / group_size, block
+// columns]; bias float32 [N] or
 // None; group_size: K, or a multiple of 32 that divides K; bits 8 or 4 (int4 without offsets is
 // symmetric: q - 8). Returns [M, N] bfloat16.
 torch::Tensor amx_quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
@@ -400,17 +421,18 @@ torch::Tensor amx_quant_linear(torch::Tensor x, torch::Tensor packed, torch::Ten
               "amx_quant_linear takes contiguous 2-D bfloat16 CPU activations");
   TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4");
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
-  const int64_t panels = (N + kTileN - 1) / kTileN, chunks = (K + kTileK - 1) / kTileK;
+  const int64_t bc = block_cols(bits), blocks = (N + bc - 1) / bc, chunks = (K + kTileK - 1) / kTileK;
   TORCH_CHECK(group_size == K || (group_size % kTileK == 0 && K % group_size == 0),
               "group_size must be K or a multiple of 32 that divides K");
   TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 3 &&
-                  packed.size(0) == panels && packed.size(1) == chunks * kTileK / (bits == 8 ? 1 : 2) &&
-                  packed.size(2) == kTileN,
-              "packed must be uint8 [N/16, K' or K'/2, 16] from kvserve.model.quant_linear.pack_quantized_amx");
+                  packed.size(0) == blocks && packed.size(1) == chunks * chunk_rows(bits) &&
+                  packed.size(2) == bc,
+              "packed must be uint8 [N/16, K', 16] (int8) or [N/64, K'/2, 64] (int4) from "
+              "kvserve.model.quant_linear.pack_quantized_amx");
   const int64_t groups = K / group_size;
-  const std::vector<int64_t> param_shape{panels, groups, kTileN};
+  const std::vector<int64_t> param_shape{blocks, groups, bc};
   TORCH_CHECK(scales.is_contiguous() && scales.sizes() == param_shape && scales.scalar_type() == torch::kFloat,
-              "scales must be float32 [N/16, K / group_size, 16]");
+              "scales must be float32 [blocks, K / group_size, block columns] like packed");
   const bool has_offsets = neg_offsets.has_value() && neg_offsets->defined();
   TORCH_CHECK(!has_offsets || (bits == 4 && neg_offsets->is_contiguous() && neg_offsets->sizes() == param_shape &&
                                neg_offsets->scalar_type() == torch::kFloat),
