@@ -4,18 +4,27 @@
   tokens, and sampled / prompt logprobs within 1e-5;
 - structured outputs (a JSON schema and a regex, greedy and seeded sampling, in one batch with an
   unconstrained request): the same text and tokens. Rank 0 applies the grammar bitmask to the
-  gathered logits, so the other ranks never see a grammar.
+  gathered logits, so the other ranks never see a grammar;
+- LoRA adapters written by ``peft`` (each rank applies its slice): two adapters and the base model
+  in one batch give float32 logits within 1e-5 of TP 1 and the same greedy tokens, also after a
+  third adapter evicts one from its slot.
 """
 
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
 from kvserve import SamplingParams
 from kvserve.engine.llm import LLM
+from kvserve.lora.request import LoRARequest
 from kvserve.structured_output.params import StructuredOutputsParams
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "lora"))
+from lora_fixtures import AdapterSpec, make_adapter  # noqa: E402
 
 COMMON = dict(max_model_len=256, block_size=16, seed=0, dtype="float32", dist_timeout=60.0,
               num_gpu_blocks_override=64, max_num_batched_tokens=8)
@@ -77,3 +86,59 @@ def test_tp2_structured_outputs_match_tp1(engines):
     assert_same(got, want)
     assert re.fullmatch(REGEX, got[1][2]) and re.fullmatch(REGEX, got[2][2])
     assert got[0][2].startswith('{"name"')
+
+
+def relative_error(got, want) -> float:
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max())
+
+
+@pytest.fixture(scope="module")
+def qwen2_adapters(checkpoint_factory, tmp_path_factory):
+    """Qwen2 (q/k/v biases) and three adapters covering every module, row- and column-parallel."""
+    base = checkpoint_factory("Qwen2ForCausalLM")
+    specs = (AdapterSpec(8, "all-linear", use_rslora=True, seed=2),
+             AdapterSpec(16, ("o_proj", "gate_proj", "down_proj"), alpha=8, seed=3),
+             AdapterSpec(4, ("q_proj", "v_proj", "up_proj"), seed=1))
+    loras = []
+    for i, spec in enumerate(specs):
+        folder = tmp_path_factory.mktemp(f"tp-lora-{i}")
+        make_adapter(base, folder, spec)
+        loras.append(LoRARequest(f"adapter-{i}", i + 1, str(folder)))
+    return base, loras
+
+
+def lora_run(llm: LLM, loras: list[LoRARequest]):
+    """(logits of two prompts with adapters 0 and 1, the same without adapters, greedy results of
+    a batch [adapter 0, adapter 1, base], then adapter 2 alone (it evicts a slot: --max-loras 2),
+    then adapters 1 and 0 again)."""
+    runner = llm.llm_engine.core.runner
+    two = [PROMPTS[0], PROMPTS[1]]
+    adapted = runner.forward(two, [[1, 2], [3]], lora_requests=loras[:2])
+    plain = runner.forward(two, [[1, 2], [3]], lora_requests=[None, None])
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
+    results = []
+    for prompts, adapters in (([0, 1, 2], [loras[0], loras[1], None]), ([2], [loras[2]]),
+                              ([0, 1], [loras[1], loras[0]])):
+        outputs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in prompts], params, lora_request=adapters)
+        results += [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outputs]
+    return adapted, plain, results
+
+
+@pytest.mark.slow
+def test_tp2_lora_matches_tp1(qwen2_adapters):
+    base, loras = qwen2_adapters
+    options = dict(COMMON, enable_lora=True, max_loras=2, max_lora_rank=16)
+    want_adapted, want_plain, want = lora_run(LLM(str(base), tensor_parallel_size=1, **options), loras)
+    sharded = LLM(str(base), tensor_parallel_size=2, **options)
+    try:
+        got_adapted, got_plain, got = lora_run(sharded, loras)
+    finally:
+        sharded.shutdown()
+    for got_l, want_l, plain in zip(got_adapted, want_adapted, want_plain, strict=True):
+        assert relative_error(plain, want_l) > 1e-2  # the adapter matters
+        assert relative_error(got_l, want_l) < 1e-5
+    for got_l, want_l in zip(got_plain, want_plain, strict=True):
+        assert relative_error(got_l, want_l) < 1e-5
+    for (ids, lps), (want_ids, want_lps) in zip(got, want, strict=True):
+        assert ids == want_ids and len(ids) == 16
+        assert lps == pytest.approx(want_lps, rel=1e-5, abs=1e-5)

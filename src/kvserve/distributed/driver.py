@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
-from kvserve.config import ParallelConfig, QuantizationConfig
+from kvserve.config import LoRAConfig, ParallelConfig, QuantizationConfig
 from kvserve.distributed.communicator import START_TIMEOUT, Communicator, make_store
 from kvserve.distributed.cpu_pinning import pin_current_thread, split_cores, unpin
 from kvserve.distributed.loader import load_shard
@@ -57,10 +57,20 @@ class TensorParallelModel(nn.Module):
         self.module = module
         self.communicator = communicator
         self.vocab_size = vocab_size
+        # The runner's kvserve.lora.manager.LoRAManager with --enable-lora: each forward carries
+        # its adapters to the other ranks (LoRAManager.step_message).
+        self.lora = None
+
+    @property
+    def model(self) -> nn.Module:
+        """The rank's decoder (``module.model``: embedding, layers, norm), where code written for
+        one process finds it (``kvserve.lora.manager`` wraps its projections)."""
+        return self.module.model
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
-        self.communicator.send_message(Forward.of(input_ids, positions, attn_metadata))
+        lora = None if self.lora is None else self.lora.step_message()
+        self.communicator.send_message(Forward.of(input_ids, positions, attn_metadata, lora))
         with _engine_dead_on_failure("forward"):
             return self.module(input_ids, positions, kv_caches, attn_metadata)
 
@@ -95,6 +105,7 @@ class TensorParallelDriver:
         device: rank 0's device (CUDA ranks use ``cuda:<local rank>``).
         backend: rank 0's attention backend (the workers build one of the same name).
         quantization: ``--quantization`` (every rank quantizes its own slices).
+        lora: ``--enable-lora`` and its flags (every rank keeps adapter slots for its shard).
 
     Attributes:
         loaded: rank 0's ``LoadedModel``: ``model`` is a :class:`TensorParallelModel`.
@@ -105,7 +116,8 @@ class TensorParallelDriver:
     """
 
     def __init__(self, parallel: ParallelConfig, model_dir: str, dtype: torch.dtype, device: torch.device,
-                 backend: AttentionBackend, quantization: QuantizationConfig = QuantizationConfig()):
+                 backend: AttentionBackend, quantization: QuantizationConfig = QuantizationConfig(),
+                 lora: LoRAConfig | None = None):
         self.parallel = parallel
         self.world_size = parallel.tensor_parallel_size
         self.processes: dict[int, torch.multiprocessing.Process] = {}
@@ -114,7 +126,7 @@ class TensorParallelDriver:
         cores = split_cores(parallel.ranks_per_node) if device.type == "cpu" and parallel.pin_cpus else None
         self.store = make_store(parallel.master_addr, parallel.master_port, 0, self.world_size, parallel.dist_timeout)
         try:
-            self._spawn(model_dir, dtype, device, backend.name, cores, quantization)
+            self._spawn(model_dir, dtype, device, backend.name, cores, quantization, lora)
             if cores is not None:
                 self._pinned = pin_current_thread(cores[0])
             self._wait_for("joined")
@@ -131,12 +143,13 @@ class TensorParallelDriver:
                     f", cores per rank {[list(c) for c in cores]}" if cores else "")
 
     def _spawn(self, model_dir: str, dtype: torch.dtype, device: torch.device, backend_name: str,
-               cores: list[tuple[int, ...]] | None, quantization: QuantizationConfig) -> None:
+               cores: list[tuple[int, ...]] | None, quantization: QuantizationConfig,
+               lora: LoRAConfig | None) -> None:
         context = torch.multiprocessing.get_context("spawn")
         for local_rank in range(1, self.parallel.ranks_per_node):
             spec = WorkerSpec(model_dir, dtype, device.type, backend_name, local_rank, self.world_size, local_rank,
                               self.parallel.master_addr, self.store.port, self.parallel.dist_timeout,
-                              cores[local_rank] if cores else None, quantization)
+                              cores[local_rank] if cores else None, quantization, lora)
             process = context.Process(target=worker_main, args=(spec,), name=f"kvserve-tp-rank{local_rank}",
                                       daemon=True)
             process.start()

@@ -86,7 +86,7 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     gen_path = model_dir / "generation_config.json"
     generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
     return LoadedModel(model, arch, dtype, generation_config, str(model_dir), describe_weights(model, dtype),
-                       num_kv_heads=shard.num_kv_heads)
+                       num_kv_heads=shard.num_kv_heads, shard=shard)
 
 
 def _slice_targets(model: nn.Module, shard: TensorParallelShard) -> dict[str, _SliceTarget]:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from kvserve.attention.backend import AttentionMetadata
+from kvserve.lora.request import LoRARequest
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,23 @@ class InitKVCache:
     num_blocks: int
     block_size: int
     kv_cache_dtype: str
+
+
+@dataclass(frozen=True)
+class LoRAStep:
+    """The adapters of one forward (``--enable-lora``), decided on the driver
+    (``kvserve.lora.manager.LoRAManager``) and applied by every rank to its own shard.
+
+    Attributes:
+        loads: ``(slot, adapter)`` written into the driver's slots since the last forward, in
+            order: each rank reads the adapter's folder (its own CPU cache) and writes its slice
+            of the weights into the same slot.
+        token_slots: int64 [T], each token's slot (-1: the base model); None when no token of
+            this forward runs an adapter.
+    """
+
+    loads: tuple[tuple[int, LoRARequest], ...] = ()
+    token_slots: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -36,15 +54,17 @@ class Forward:
     slot_mapping: np.ndarray
     max_query_len: int
     max_seq_len: int
+    lora: LoRAStep | None = None
 
     @classmethod
-    def of(cls, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> Forward:
+    def of(cls, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata,
+           lora: LoRAStep | None = None) -> Forward:
         def host(tensor: torch.Tensor) -> np.ndarray:
             return tensor.detach().cpu().numpy()
 
         return cls(host(input_ids), host(positions), host(metadata.query_start_loc_cpu), host(metadata.seq_lens_cpu),
                    host(metadata.block_tables), host(metadata.slot_mapping), metadata.max_query_len,
-                   metadata.max_seq_len)
+                   metadata.max_seq_len, lora)
 
     def to_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """(input_ids, positions, attn_metadata) on ``device``, as the driver's model got them."""

@@ -5,7 +5,8 @@ loop that mirrors the driver's model calls::
     loop:  message = receive (an idle engine may send nothing for hours: the wait for the next
            message has no practical limit; a driver process that exits or dies closes its
            connections, which ends the wait at once)
-           InitKVCache -> allocate    Forward -> forward (its all-reduces)
+           InitKVCache -> allocate    Forward -> forward (its all-reduces; its LoRA slot
+                                      loads and token -> slot map first, with --enable-lora)
            ComputeLogits -> receive hidden rows, LM head rows, gather to the driver
            Heartbeat -> nothing       Shutdown -> exit 0
 
@@ -15,13 +16,14 @@ log line; the driver then fails its next collective or health check.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from dataclasses import dataclass
 
 import torch
 
-from kvserve.config import QuantizationConfig
+from kvserve.config import LoRAConfig, QuantizationConfig
 from kvserve.distributed.messages import ComputeLogits, Forward, Heartbeat, InitKVCache, Shutdown
 
 logger = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class WorkerSpec:
         timeout: ``--dist-timeout`` seconds.
         cores: CPU cores to run on (None: not pinned).
         quantization: ``--quantization`` (each rank quantizes its slices).
+        lora: ``--enable-lora`` and its flags (adapter slots for the rank's shard), or None.
     """
 
     model_dir: str
@@ -59,6 +62,7 @@ class WorkerSpec:
     timeout: float
     cores: tuple[int, ...] | None = None
     quantization: QuantizationConfig = QuantizationConfig()
+    lora: LoRAConfig | None = None
 
     @property
     def torch_device(self) -> torch.device:
@@ -107,11 +111,20 @@ class TensorParallelWorker:
                                      spec.quantization)
             if self.device.type == "cpu":
                 use_invariant_linears(self.loaded.model)
+            self.lora = self._init_lora()
         except BaseException as exc:
             self.store.set(f"error/{spec.rank}", f"{type(exc).__name__}: {exc}")
             raise
         self.store.set(f"loaded/{spec.rank}", "1")
         self.kv_caches: list[torch.Tensor] = []
+
+    def _init_lora(self):
+        if self.spec.lora is None:
+            return None
+        from kvserve.lora.manager import LoRAManager
+
+        loaded = self.loaded
+        return LoRAManager(loaded.model, loaded.arch, self.spec.lora, self.device, loaded.dtype, shard=loaded.shard)
 
     @torch.inference_mode()
     def run(self) -> None:
@@ -122,7 +135,10 @@ class TensorParallelWorker:
                 return
             if isinstance(message, Forward):
                 input_ids, positions, metadata = message.to_inputs(self.device)
-                self.loaded.model(input_ids, positions, self.kv_caches, metadata)
+                if message.lora is not None and self.lora is None:
+                    raise TypeError("the driver sent LoRA adapters but this rank has no LoRA slots")
+                with contextlib.nullcontext() if self.lora is None else self.lora.apply_step(message.lora):
+                    self.loaded.model(input_ids, positions, self.kv_caches, metadata)
             elif isinstance(message, ComputeLogits):
                 hidden = torch.empty(message.num_rows, self.loaded.arch.hidden_size, dtype=message.dtype,
                                      device=self.device)

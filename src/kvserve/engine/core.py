@@ -167,7 +167,7 @@ class EngineCore:
         check_parallel_options(config)
         dtype = shard_dtype(config.model.model, config.model.dtype, self.device)
         self.tensor_parallel = TensorParallelDriver(config.parallel, config.model.model, dtype, self.device, backend,
-                                                    config.model.quantization)
+                                                    config.model.quantization, config.lora)
         return self.tensor_parallel.loaded
 
     def check_health(self) -> None:

@@ -8,6 +8,18 @@ preallocated slots, and each step's token -> slot map.
 
 The scheduler admits at most ``max_loras`` adapters among running requests, so a step never
 needs more slots than there are.
+
+Under tensor parallelism every rank has a manager over its shard, with the same slots. The
+driver's decides (slots, token -> slot map) and each forward carries its decisions to the other
+ranks (``step_message`` -> ``kvserve.distributed.messages.LoRAStep`` -> ``apply_step``); every
+rank writes its slice of an adapter into a slot (``kvserve.distributed.lora``)::
+
+    column-parallel  qkv_proj, gate_up_proj   B's rows of the rank's output rows, A whole
+    row-parallel     o_proj, down_proj        A's columns of the rank's input columns, B whole;
+                                              wraps the layer's inner linear, so the partial
+                                              B (A_r x_r) joins the partial base product before
+                                              the layer's one all-reduce (summed once, before
+                                              the bias)
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,11 +40,16 @@ from kvserve.lora.peft_adapter import LoRAWeights, load_adapter, module_shapes
 from kvserve.lora.request import LoRARequest
 from kvserve.model.arch_config import ModelArchConfig
 
+if TYPE_CHECKING:
+    from kvserve.distributed.messages import LoRAStep
+    from kvserve.distributed.shard import TensorParallelShard
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Our module names -> where they live in a decoder layer.
 _MODULE_PATHS = {"qkv_proj": "self_attn", "o_proj": "self_attn", "gate_up_proj": "mlp", "down_proj": "mlp"}
+_ROW_PARALLEL = ("o_proj", "down_proj")
 
 
 def lora_dtype(config: LoRAConfig, model_dtype: torch.dtype) -> torch.dtype:
@@ -58,11 +76,13 @@ class LoRAManager:
         config: the LoRA flags.
         device: the model's device.
         model_dtype: the model's dtype.
+        shard: the rank's share under tensor parallelism (``model`` is then the rank's shard);
+            None = the whole model.
     """
 
     def __init__(self, model: nn.Module, arch: ModelArchConfig, config: LoRAConfig, device: torch.device,
-                 model_dtype: torch.dtype):
-        self.arch, self.config, self.device = arch, config, device
+                 model_dtype: torch.dtype, shard: TensorParallelShard | None = None):
+        self.arch, self.config, self.device, self.shard = arch, config, device, shard
         self.dtype = lora_dtype(config, model_dtype)
         kernels = _kernels_for(device, model_dtype, self.dtype)
         self.layers = self._wrap(model, kernels)
@@ -73,18 +93,23 @@ class LoRAManager:
         self._keys: dict[LoRARequest, int] = {}
         self._requests: dict[int, LoRARequest] = {}
         self.num_disk_loads = 0
+        self._batch: LoRABatch | None = None
+        # Tensor parallelism, the driver: slots written since the last forward's message.
+        self._pending_loads: list[tuple[int, LoRARequest]] = []
 
     def _wrap(self, model: nn.Module, kernels) -> list[dict[str, LoRALinear]]:
-        shapes = module_shapes(self.arch)
+        shapes = module_shapes(self.arch if self.shard is None else self.shard.local_arch())
         wrapped = []
         for layer in model.model.layers:
             modules = {}
             for name, parent_name in _MODULE_PATHS.items():
-                parent = getattr(layer, parent_name)
+                parent, attr = getattr(layer, parent_name), name
+                if self.shard is not None and name in _ROW_PARALLEL:  # a RowParallelLinear
+                    parent, attr = getattr(parent, name), "linear"
                 in_features, outs = shapes[name]
-                module = LoRALinear(getattr(parent, name), in_features, list(outs), self.config.max_loras,
+                module = LoRALinear(getattr(parent, attr), in_features, list(outs), self.config.max_loras,
                                     self.config.max_lora_rank, self.dtype, self.device, kernels)
-                setattr(parent, name, module)
+                setattr(parent, attr, module)
                 modules[name] = module
             wrapped.append(modules)
         return wrapped
@@ -138,16 +163,49 @@ class LoRAManager:
             RuntimeError: more adapters than slots (the scheduler prevents it).
             LoRAAdapterError: an adapter's folder cannot be read again.
         """
-        batch = self._make_batch(row_keys, num_scheduled)
+        with self._using(self._make_batch(row_keys, num_scheduled)):
+            yield
+
+    @contextlib.contextmanager
+    def _using(self, batch: LoRABatch | None) -> Iterator[None]:
+        self._batch = batch
         for modules in self.layers:
             for module in modules.values():
                 module.batch = batch
         try:
             yield
         finally:
+            self._batch = None
             for modules in self.layers:
                 for module in modules.values():
                     module.batch = None
+
+    # -- tensor parallelism ------------------------------------------------------------------------
+
+    def step_message(self) -> LoRAStep | None:
+        """The driver, inside ``activate``: what the other ranks need for this forward (the slots
+        written since the last message, the token -> slot map), or None when there is nothing."""
+        from kvserve.distributed.messages import LoRAStep
+
+        token_slots = None if self._batch is None else self._batch.token_slots
+        if token_slots is None and not self._pending_loads:
+            return None
+        step = LoRAStep(tuple(self._pending_loads), token_slots)
+        self._pending_loads.clear()
+        return step
+
+    def apply_step(self, step: LoRAStep | None) -> contextlib.AbstractContextManager:
+        """A worker rank: write the driver's slot loads (this rank's slices), then give every
+        ``LoRALinear`` the token -> slot map for the forward inside the ``with``.
+
+        Raises:
+            LoRAAdapterError: an adapter's folder cannot be read on this rank.
+        """
+        if step is None:
+            return contextlib.nullcontext()
+        for slot, request in step.loads:
+            self._load_slot(slot, request)
+        return self._using(None if step.token_slots is None else LoRABatch(step.token_slots))
 
     def _make_batch(self, row_keys: np.ndarray, num_scheduled: np.ndarray) -> LoRABatch | None:
         keys = [int(k) for k in np.unique(row_keys) if k > 0]
@@ -171,6 +229,8 @@ class LoRAManager:
             if slot is None:
                 slot = self._free_slot(wanted)
                 self._load_slot(slot, request)
+                if self.shard is not None:
+                    self._pending_loads.append((slot, request))
             self._slot_used[slot] = self._step
             result[request] = slot
         return result
@@ -188,7 +248,12 @@ class LoRAManager:
         self.slots[slot] = None  # a failure below leaves the slot empty, never half written
         for layer, modules in enumerate(self.layers):
             for name, module in modules.items():
-                module.set_slot(slot, weights.modules.get((layer, name)))
+                module_weights = weights.modules.get((layer, name))
+                if self.shard is not None and module_weights is not None:
+                    from kvserve.distributed.lora import shard_module_lora
+
+                    module_weights = shard_module_lora(module_weights, name, self.shard)
+                module.set_slot(slot, module_weights)
         self.slots[slot] = request
 
     def remove(self, lora_request: LoRARequest) -> None:

@@ -66,6 +66,8 @@ class LoadedModel:
             ``kvserve.checkpoint_quantization.resolve_quantization``).
         num_kv_heads: KV heads this process computes and caches: its share under tensor
             parallelism (``kvserve.distributed``); None = all of ``arch.num_key_value_heads``.
+        shard: under tensor parallelism, the ``kvserve.distributed.shard.TensorParallelShard``
+            ``model`` holds; None = the whole model.
     """
 
     model: nn.Module
@@ -76,6 +78,7 @@ class LoadedModel:
     weight_format: str = ""
     quantization: QuantizationConfig = QuantizationConfig()
     num_kv_heads: int | None = None
+    shard: Any = None
 
     @property
     def cached_kv_heads(self) -> int:

@@ -123,7 +123,9 @@ class ModelRunner:
         if lora_config is not None:
             from kvserve.lora.manager import LoRAManager
 
-            self.lora = LoRAManager(self.model, self.arch, lora_config, self.device, self.dtype)
+            self.lora = LoRAManager(self.model, self.arch, lora_config, self.device, self.dtype, shard=loaded.shard)
+            if loaded.shard is not None:  # a TensorParallelModel: its forwards carry the adapters to every rank
+                self.model.lora = self.lora
         max_model_len = max_model_len or loaded.arch.max_position_embeddings
         self.input_batch = InputBatch(max_num_reqs, max_model_len, math.ceil(max_model_len / block_size),
                                       self.vocab_size, self.device,
