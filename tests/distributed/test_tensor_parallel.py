@@ -161,11 +161,6 @@ def test_refused_combinations_name_the_flag(tiny_llama):
     arch = ModelArchConfig.from_file(tiny_llama / "config.json")
     with pytest.raises(ConfigError, match=r"--tensor-parallel-size 3: num_attention_heads \(4\)"):
         check_tensor_parallel(arch, 3)
-    for kwargs, flag in (({"speculative_config": '{"method": "draft_model", "num_speculative_tokens": 2, '
-                                                 f'"model": "{tiny_llama}"}}'},
-                          "--speculative-config method draft_model"),):
-        with pytest.raises(ConfigError, match=f"^{flag} with --tensor-parallel-size 2 is not supported"):
-            make(tiny_llama, 2, **kwargs)
 
 
 def test_a_rank_killed_before_a_step_fails_it_at_once(tiny_llama):

@@ -7,7 +7,11 @@
   gathered logits, so the other ranks never see a grammar;
 - LoRA adapters written by ``peft`` (each rank applies its slice): two adapters and the base model
   in one batch give float32 logits within 1e-5 of TP 1 and the same greedy tokens, also after a
-  third adapter evicts one from its slot.
+  third adapter evicts one from its slot;
+- speculative decoding with a draft model: the draft runs whole on rank 0 (the proposer is the
+  driver's; its K/V cache uses the target's block ids), the target verifies on every rank; greedy
+  output has the bits of TP 2 without speculation, with the target itself as draft (all accepted)
+  and with another model (most rejected).
 """
 
 from __future__ import annotations
@@ -142,3 +146,26 @@ def test_tp2_lora_matches_tp1(qwen2_adapters):
     for (ids, lps), (want_ids, want_lps) in zip(got, want, strict=True):
         assert ids == want_ids and len(ids) == 16
         assert lps == pytest.approx(want_lps, rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_tp2_draft_model_speculation_equals_tp2_plain(tiny_llama, checkpoint_factory):
+    other = checkpoint_factory("LlamaForCausalLM", seed=3, num_hidden_layers=1)  # same vocabulary
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    results = {}
+    for name, draft in (("plain", None), ("self", tiny_llama), ("other", other)):
+        spec = None if draft is None else {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3,
+                                           "min_acceptance_rate": 0}
+        llm = LLM(str(tiny_llama), tensor_parallel_size=2, speculative_config=spec, **COMMON)
+        try:
+            results[name] = run(llm, prompts, params)
+            stats = llm.llm_engine.core.make_stats().spec_decoding
+        finally:
+            llm.shutdown()
+        if name == "self":
+            assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens == stats.num_draft_tokens
+        elif name == "other":
+            assert stats.num_draft_tokens > stats.num_accepted_tokens
+    assert results["self"] == results["plain"]  # token ids and logprob bits
+    assert results["other"] == results["plain"]

@@ -135,9 +135,6 @@ def check_parallel_options(config) -> None:
          "its packed weights are not sliced per rank yet (int8 / int4 quantized at load are)"),
         (f"a GGUF file ({quant.label})", quant.gguf_types is not None,
          "its quantized tensors are not sliced per rank yet (kvserve.model.gguf_loader)"),
-        ("--speculative-config method draft_model",
-         config.speculative is not None and config.speculative.method == "draft_model",
-         "the draft model is not sharded yet (method ngram is)"),
     ]
     for flag, given, why in refused:
         if given:

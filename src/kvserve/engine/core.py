@@ -196,7 +196,8 @@ class EngineCore:
 
     def _load_draft(self, config: EngineConfig) -> LoadedModel | None:
         """The draft model of ``--speculative-config`` method draft_model (target's dtype,
-        device and attention backend), or None."""
+        device and attention backend), or None. Under tensor parallelism it runs whole on rank 0
+        beside the driver's proposer (the other ranks only verify: their target forwards)."""
         spec = config.speculative
         if spec is None or spec.method != "draft_model":
             return None

@@ -30,8 +30,8 @@ DEFAULT_MIN_ACCEPTANCE_RATE = 0.1
 
 # vLLM keys kvserve does not implement, with why.
 _REFUSED_KEYS = {
-    "draft_tensor_parallel_size": "the draft model runs on the target's one device",
-    "tensor_parallel_size": "the draft model runs on the target's one device",
+    "draft_tensor_parallel_size": "the draft model runs whole on one device (rank 0 under -tp)",
+    "tensor_parallel_size": "the draft model runs whole on one device (rank 0 under -tp)",
     "quantization": "quantized draft weights are not implemented",
     "kv_cache_dtype": "the draft's KV cache has the model's dtype",
     "revision": "a local folder has no revisions",
