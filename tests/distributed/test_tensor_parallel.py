@@ -139,24 +139,6 @@ def test_shards_hold_their_rows_only(tiny_llama_kv1):
     assert [s.num_heads for s in four] == [1] * 4 and [s.first_kv_head for s in four] == [0] * 4
 
 
-def test_a_pre_quantized_checkpoint_is_refused_by_name(tiny_llama):
-    import dataclasses
-
-    from kvserve.checkpoint_quantization import parse_quantization_config
-    from kvserve.config import QuantizationConfig
-    from kvserve.distributed.shard import check_parallel_options
-    from kvserve.engine.arg_utils import engine_config_from_kwargs
-
-    config = engine_config_from_kwargs(str(tiny_llama), tensor_parallel_size=2)
-    gptq = parse_quantization_config({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True,
-                                      "desc_act": False})
-    config = dataclasses.replace(config, model=dataclasses.replace(
-        config.model, quantization=QuantizationConfig("gptq", 128, checkpoint=gptq)))
-    with pytest.raises(ConfigError, match=r"^--quantization gptq \(a pre-quantized checkpoint\) with "
-                                          "--tensor-parallel-size 2 is not supported"):
-        check_parallel_options(config)
-
-
 def test_refused_combinations_name_the_flag(tiny_llama):
     arch = ModelArchConfig.from_file(tiny_llama / "config.json")
     with pytest.raises(ConfigError, match=r"--tensor-parallel-size 3: num_attention_heads \(4\)"):

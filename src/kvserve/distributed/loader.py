@@ -10,6 +10,10 @@ columns, never the whole model. Name mapping as ``kvserve.model.loader``, plus::
     ...down_proj.weight[:, rank's MLP columns]  -> ...mlp.down_proj.linear.weight
     model.embed_tokens.weight[rank's vocab rows] -> model.embed_tokens.weight (zero-padded rows)
     lm_head.weight[rank's vocab rows]           -> lm_head.weight
+
+A GPTQ/AWQ checkpoint's packed tensors (``qweight``, ``qzeros``, ``scales``, ``g_idx``) are
+sliced the same way, in whole packed words and whole groups (``kvserve.distributed.prequantized``),
+and repacked into the rank's ``QuantizedLinear`` layers as ``kvserve.model.loader`` does.
 """
 
 from __future__ import annotations
@@ -23,14 +27,19 @@ from safetensors import safe_open
 from torch import nn
 
 from kvserve.attention.backend import AttentionBackend
+from kvserve.checkpoint_quantization import resolve_quantization
+from kvserve.config import CheckpointQuantization, QuantizationConfig
 from kvserve.distributed.communicator import Communicator
 from kvserve.distributed.layers import RowParallelLinear, VocabParallelEmbedding, parallelize
+from kvserve.distributed.prequantized import PackedSplit, read_packed_slice
 from kvserve.distributed.shard import TensorParallelShard
-from kvserve.config import QuantizationConfig
 from kvserve.errors import CheckpointError, ConfigError
+from kvserve.kernels import cpu_kernels
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.layers import MergedLinear
-from kvserve.model.loader import LoadedModel, _is_ignorable, _safetensors_files, check_all_loaded
+from kvserve.model.loader import LoadedModel, _is_ignorable, _safetensors_files, _tensor_names, check_all_loaded
+from kvserve.model.prequantized import (PACKED_TENSORS, drop_float_weights, install_quantized_linears,
+                                        plan_quantized_linears)
 from kvserve.model.quant_linear import quantize_linears
 from kvserve.model.quant_summary import describe_weights
 from kvserve.model.registry import get_model_class
@@ -49,8 +58,9 @@ class _SliceTarget(NamedTuple):
 def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, backend: AttentionBackend,
                shard_rank: int, communicator: Communicator,
                quantization: QuantizationConfig = QuantizationConfig()) -> LoadedModel:
-    """Rank ``shard_rank``'s shard (of ``communicator.world_size``) of ``model_dir``; with
-    ``quantization`` (``--quantization int8|int4``) the rank quantizes its own slices after loading
+    """Rank ``shard_rank``'s shard (of ``communicator.world_size``) of ``model_dir``. A GPTQ/AWQ
+    checkpoint's packed tensors are read in the rank's slices (``kvserve.distributed
+    .prequantized``). With ``quantization`` (``--quantization int8|int4``) the rank quantizes its own slices after loading
     (``kvserve.model.quant_linear.quantize_linears``). int4 groups never straddle two ranks
     (a rank's columns start at a multiple of the group size, else ``ConfigError``), so the
     quantized weights are those of one process; int8's per-output-channel scale of a row-parallel
@@ -63,20 +73,29 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     Raises:
         CheckpointError: as ``kvserve.model.loader.load_model`` (missing, unexpected or
             misshapen tensors).
-        ConfigError: the model does not split over the ranks (``check_tensor_parallel``).
+        ConfigError: the model does not split over the ranks (``check_tensor_parallel``), or a
+            pre-quantized checkpoint's groups or packed words do not (named).
     """
     model_dir = Path(model_dir)
     check_architecture(model_dir)
     arch = ModelArchConfig.from_file(model_dir / "config.json")
+    quantization = resolve_quantization(model_dir, quantization)
+    spec = quantization.checkpoint
+    files = _safetensors_files(model_dir)
     shard = TensorParallelShard(shard_rank, communicator.world_size, arch)
     with torch.device("meta"):
         model = get_model_class(arch.architecture)(shard.local_arch(), backend)
         parallelize(model, shard, communicator)
+    plan = {} if spec is None else plan_quantized_linears(model, _tensor_names(files), spec, _row_parallel_names(model))
+    packed = _Packed({s: {} for shards in plan.values() for s in shards}, _packed_splits(model, plan, shard), spec)
+    drop_float_weights(model, plan)
     model = model.to(dtype=dtype).to_empty(device=device)
-    if arch.tie_word_embeddings:
+    if arch.tie_word_embeddings and "lm_head" not in plan:
         model.lm_head.weight = model.model.embed_tokens.weight
-    _load_slices(model, _safetensors_files(model_dir), shard)
-    if quantization.method is not None:
+    _load_slices(model, files, shard, packed)
+    if spec is not None:
+        install_quantized_linears(model, plan, packed.tensors, spec, cpu_kernels(), device)
+    elif quantization.method is not None:
         try:
             quantize_linears(model, quantization.method, quantization.group_size, quantization.lm_head)
         except ValueError as exc:
@@ -85,8 +104,54 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     model.eval()
     gen_path = model_dir / "generation_config.json"
     generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-    return LoadedModel(model, arch, dtype, generation_config, str(model_dir), describe_weights(model, dtype),
+    weight_format = describe_weights(model, dtype)
+    if spec is not None:
+        weight_format = f"{spec.method} ({spec.checkpoint_format}): {weight_format}"
+    return LoadedModel(model, arch, dtype, generation_config, str(model_dir), weight_format, quantization,
                        num_kv_heads=shard.num_kv_heads, shard=shard)
+
+
+class _Packed(NamedTuple):
+    """The packed GPTQ/AWQ tensors a rank collects while loading: ``tensors[checkpoint module]
+    [part]`` (filled by ``_load_slices``), how each module splits, and the checkpoint's format."""
+
+    tensors: dict[str, dict[str, torch.Tensor]]
+    splits: dict[str, PackedSplit]
+    spec: CheckpointQuantization | None
+
+
+def _row_parallel_names(model: nn.Module) -> dict[str, str]:
+    """``<layer>.linear`` -> ``<layer>`` for each row-parallel layer: the checkpoint's name of its
+    inner linear."""
+    return {f"{name}.linear": name for name, module in model.named_modules() if isinstance(module, RowParallelLinear)}
+
+
+def _packed_splits(model: nn.Module, plan: dict[str, list[str]], shard: TensorParallelShard) -> dict[str, PackedSplit]:
+    """Checkpoint module -> how the rank slices its packed tensors
+    (``kvserve.distributed.prequantized``).
+
+    Raises:
+        ConfigError: a quantized LM head whose vocabulary does not split evenly over the ranks.
+    """
+    splits = {}
+    for name, shards in plan.items():
+        module = model.get_submodule(name)
+        if isinstance(module, MergedLinear):
+            for checkpoint_name in shards:
+                rows = shard.rows_of(checkpoint_name.rpartition(".")[2])
+                splits[checkpoint_name] = PackedSplit("column", *rows)
+        elif name == "lm_head":
+            start, end = shard.vocab_rows
+            if end - start != module.out_features:
+                raise ConfigError(f"a checkpoint with a quantized LM head and --tensor-parallel-size {shard.size}: "
+                                  f"its vocabulary ({shard.arch.vocab_size}) does not split evenly over the ranks")
+            splits[name] = PackedSplit("column", start, end)
+        elif shards[0] != name:  # the inner linear of a RowParallelLinear
+            start, end = shard.rows_of(shards[0].rpartition(".")[2])
+            splits[shards[0]] = PackedSplit("row", start, end)
+        else:
+            splits[shards[0]] = PackedSplit("whole")
+    return splits
 
 
 def _slice_targets(model: nn.Module, shard: TensorParallelShard) -> dict[str, _SliceTarget]:
@@ -116,7 +181,9 @@ def _slice_targets(model: nn.Module, shard: TensorParallelShard) -> dict[str, _S
 
 
 @torch.no_grad()
-def _load_slices(model: nn.Module, files: list[Path], shard: TensorParallelShard) -> None:
+def _load_slices(model: nn.Module, files: list[Path], shard: TensorParallelShard, packed: _Packed) -> None:
+    """Copy the rank's slice of each checkpoint tensor into its parameter; the packed tensors of
+    pre-quantized linears go (sliced) into ``packed.tensors`` instead."""
     targets = _slice_targets(model, shard)
     for target in targets.values():
         if target.row_end - target.row_start < target.param.shape[0]:
@@ -128,6 +195,14 @@ def _load_slices(model: nn.Module, files: list[Path], shard: TensorParallelShard
             for name in f.keys():
                 target = targets.get(name)
                 if target is None:
+                    module, _, part = name.rpartition(".")
+                    if module in packed.tensors and part in PACKED_TENSORS:
+                        packed.tensors[module][part] = read_packed_slice(f.get_slice(name), module, part,
+                                                                         packed.splits[module], packed.spec,
+                                                                         shard.size)
+                        continue
+                    if module in packed.tensors and part == "bias" and not f.get_tensor(name).any():
+                        continue  # a zero bias some GPTQ writers store for bias-free layers (as load_model)
                     if _is_ignorable(name, tied):
                         continue
                     raise CheckpointError(f"unexpected tensor {name!r} in {path.name}; this model has no such weight")

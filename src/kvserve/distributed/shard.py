@@ -118,7 +118,8 @@ class TensorParallelShard:
 
 
 def check_parallel_options(config) -> None:
-    """The engine options that do not combine with ``-tp > 1`` yet, refused by name.
+    """The engine options that do not combine with ``-tp > 1`` yet, refused by name: a GGUF
+    file, and a GPTQ/AWQ checkpoint whose groups do not split over the ranks.
 
     Args:
         config: the ``kvserve.config.EngineConfig``.
@@ -131,11 +132,16 @@ def check_parallel_options(config) -> None:
         return
     quant = config.model.quantization
     refused = [
-        (f"--quantization {quant.method} (a pre-quantized checkpoint)", quant.checkpoint is not None,
-         "its packed weights are not sliced per rank yet (int8 / int4 quantized at load are)"),
         (f"a GGUF file ({quant.label})", quant.gguf_types is not None,
          "its quantized tensors are not sliced per rank yet (kvserve.model.gguf_loader)"),
     ]
     for flag, given, why in refused:
         if given:
             raise ConfigError(f"{flag} with --tensor-parallel-size {size} is not supported: {why}")
+    if quant.checkpoint is not None:
+        from pathlib import Path
+
+        from kvserve.distributed.prequantized import check_prequantized_split
+
+        arch = ModelArchConfig.from_file(Path(config.model.model) / "config.json")
+        check_prequantized_split(arch, quant.checkpoint, size)

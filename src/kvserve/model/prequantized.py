@@ -176,10 +176,12 @@ def concat_outputs(parts: list[tuple[QuantizedTensor, torch.Tensor | None]],
                            first.bits, first.group_size), perm
 
 
-def plan_quantized_linears(model: nn.Module, checkpoint_names: Iterable[str],
-                           spec: CheckpointQuantization) -> dict[str, list[str]]:
+def plan_quantized_linears(model: nn.Module, checkpoint_names: Iterable[str], spec: CheckpointQuantization,
+                           renamed: dict[str, str] | None = None) -> dict[str, list[str]]:
     """Our linear module name -> the checkpoint modules (shards) that fill it, for every linear the
-    checkpoint stores quantized (``<shard>.qweight``).
+    checkpoint stores quantized (``<shard>.qweight``); ``renamed`` maps a linear's module name to
+    its checkpoint name where they differ (a tensor-parallel row-parallel layer's inner
+    ``<name>.linear``).
 
     Raises:
         CheckpointError: no quantized linear at all; a fused projection with some shards quantized
@@ -192,7 +194,7 @@ def plan_quantized_linears(model: nn.Module, checkpoint_names: Iterable[str],
             continue
         parent = name.rpartition(".")[0]
         shards = ([f"{parent}.{s}" if parent else s for s in module.shard_names]
-                  if isinstance(module, MergedLinear) else [name])
+                  if isinstance(module, MergedLinear) else [(renamed or {}).get(name, name)])
         present = [shard in quantized for shard in shards]
         if all(present):
             plan[name] = shards
