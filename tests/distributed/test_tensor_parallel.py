@@ -235,5 +235,5 @@ def test_a_gguf_file_is_refused_by_name(tiny_llama, tmp_path):
     path = export_gguf(tiny_llama, tmp_path / "tiny-Q8_0.gguf", "q8_0")
     config = engine_config_from_kwargs(str(path), tensor_parallel_size=2)
     with pytest.raises(ConfigError, match=r"^a GGUF file \(gguf-Q8_0\) with --tensor-parallel-size 2 is not "
-                                          "supported: its quantized tensors are not sliced per rank yet"):
+                                          "supported: its quantized tensors are not sliced per rank"):
         check_parallel_options(config)

@@ -133,7 +133,8 @@ def check_parallel_options(config) -> None:
     quant = config.model.quantization
     refused = [
         (f"a GGUF file ({quant.label})", quant.gguf_types is not None,
-         "its quantized tensors are not sliced per rank yet (kvserve.model.gguf_loader)"),
+         "its quantized tensors are not sliced per rank (serve the safetensors checkpoint with -tp, "
+         "or the GGUF file with --tensor-parallel-size 1)"),
     ]
     for flag, given, why in refused:
         if given:
