@@ -7,7 +7,8 @@
   gathered logits, so the other ranks never see a grammar;
 - LoRA adapters written by ``peft`` (each rank applies its slice): two adapters and the base model
   in one batch give float32 logits within 1e-5 of TP 1 and the same greedy tokens, also after a
-  third adapter evicts one from its slot;
+  third adapter evicts one from its slot; over HTTP, an adapter of ``--lora-modules`` and one
+  loaded at run time (``/v1/load_lora_adapter``) reach both ranks;
 - speculative decoding with a draft model: the draft runs whole on rank 0 (the proposer is the
   driver's; its K/V cache uses the target's block ids), the target verifies on every rank; greedy
   output has the bits of TP 2 without speculation, with the target itself as draft (all accepted)
@@ -20,12 +21,15 @@ import re
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kvserve import SamplingParams
 from kvserve.engine.llm import LLM
+from kvserve.lora.flags import LoRAModulePath
 from kvserve.lora.request import LoRARequest
 from kvserve.structured_output.params import StructuredOutputsParams
+from kvserve.testing.live_server import start_live_server
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "lora"))
 from lora_fixtures import AdapterSpec, make_adapter  # noqa: E402
@@ -146,6 +150,43 @@ def test_tp2_lora_matches_tp1(qwen2_adapters):
     for (ids, lps), (want_ids, want_lps) in zip(got, want, strict=True):
         assert ids == want_ids and len(ids) == 16
         assert lps == pytest.approx(want_lps, rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_tp2_server_serves_static_and_runtime_loaded_adapters(qwen2_adapters):
+    base, loras = qwen2_adapters
+    options = dict(dtype="float32", max_model_len=256, num_gpu_blocks_override=64, seed=0, enable_lora=True,
+                   max_loras=2, max_lora_rank=16)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    reference = LLM(str(base), **options)
+    want = [reference.generate([{"prompt_token_ids": PROMPTS[0]}], params, lora_request=lora)[0].outputs[0].token_ids
+            for lora in loras[:2]]
+    assert want[0] != want[1]  # the two adapters are told apart
+    live = start_live_server(str(base), api_key="", tensor_parallel_size=2, dist_timeout=60.0,
+                             settings={"lora_modules": (LoRAModulePath("static", loras[0].lora_path),),
+                                       "allow_runtime_lora_updating": True}, **options)
+
+    def complete(model: str) -> httpx.Response:
+        body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                "logprobs": 0, "return_tokens_as_token_ids": True}
+        return httpx.post(live.base_url + "/v1/completions", json=body, timeout=60)
+
+    def token_ids(reply: httpx.Response) -> list[int]:
+        assert reply.status_code == 200, reply.text
+        return [int(t.removeprefix("token_id:")) for t in reply.json()["choices"][0]["logprobs"]["tokens"]]
+
+    try:
+        loaded = httpx.post(live.base_url + "/v1/load_lora_adapter",
+                            json={"lora_name": "runtime", "lora_path": loras[1].lora_path}, timeout=60)
+        assert loaded.status_code == 200, loaded.text
+        assert token_ids(complete("static")) == want[0]
+        assert token_ids(complete("runtime")) == want[1]
+        assert httpx.post(live.base_url + "/v1/unload_lora_adapter", json={"lora_name": "runtime"},
+                          timeout=60).status_code == 200
+        assert complete("runtime").status_code == 404
+        assert token_ids(complete("static")) == want[0]
+    finally:
+        live.stop()
 
 
 @pytest.mark.slow
