@@ -225,15 +225,3 @@ def test_tp2_seeded_sampling_and_prompt_logprobs_match_tp1(tiny_llama):
     for (got_ids, got_prompt), (want_ids, want_prompt) in zip(got, want, strict=True):
         assert got_ids == want_ids
         assert got_prompt == pytest.approx(want_prompt, rel=1e-5, abs=1e-5)
-
-
-def test_a_gguf_file_is_refused_by_name(tiny_llama, tmp_path):
-    from kvserve.distributed.shard import check_parallel_options
-    from kvserve.engine.arg_utils import engine_config_from_kwargs
-    from kvserve.testing.gguf_export import export_gguf
-
-    path = export_gguf(tiny_llama, tmp_path / "tiny-Q8_0.gguf", "q8_0")
-    config = engine_config_from_kwargs(str(path), tensor_parallel_size=2)
-    with pytest.raises(ConfigError, match=r"^a GGUF file \(gguf-Q8_0\) with --tensor-parallel-size 2 is not "
-                                          "supported: its quantized tensors are not sliced per rank"):
-        check_parallel_options(config)

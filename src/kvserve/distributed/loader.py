@@ -13,11 +13,14 @@ columns, never the whole model. Name mapping as ``kvserve.model.loader``, plus::
 
 A GPTQ/AWQ checkpoint's packed tensors (``qweight``, ``qzeros``, ``scales``, ``g_idx``) are
 sliced the same way, in whole packed words and whole groups (``kvserve.distributed.prequantized``),
-and repacked into the rank's ``QuantizedLinear`` layers as ``kvserve.model.loader`` does.
+and repacked into the rank's ``QuantizedLinear`` layers as ``kvserve.model.loader`` does. A
+GGUF file is read by ``kvserve.model.gguf_loader`` in the rank's rows and columns (whole
+quantization blocks).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -36,6 +39,7 @@ from kvserve.distributed.shard import TensorParallelShard
 from kvserve.errors import CheckpointError, ConfigError
 from kvserve.kernels import cpu_kernels
 from kvserve.model.arch_config import ModelArchConfig
+from kvserve.model.gguf_file import find_gguf
 from kvserve.model.layers import MergedLinear
 from kvserve.model.loader import LoadedModel, _is_ignorable, _safetensors_files, _tensor_names, check_all_loaded
 from kvserve.model.prequantized import (PACKED_TENSORS, drop_float_weights, install_quantized_linears,
@@ -77,6 +81,9 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
             pre-quantized checkpoint's groups or packed words do not (named).
     """
     model_dir = Path(model_dir)
+    gguf = find_gguf(model_dir)
+    if gguf is not None:
+        return _load_gguf_shard(gguf, dtype, device, backend, shard_rank, communicator, quantization)
     check_architecture(model_dir)
     arch = ModelArchConfig.from_file(model_dir / "config.json")
     quantization = resolve_quantization(model_dir, quantization)
@@ -108,6 +115,25 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     if spec is not None:
         weight_format = f"{spec.method} ({spec.checkpoint_format}): {weight_format}"
     return LoadedModel(model, arch, dtype, generation_config, str(model_dir), weight_format, quantization,
+                       num_kv_heads=shard.num_kv_heads, shard=shard)
+
+
+def _load_gguf_shard(path: Path, dtype: torch.dtype, device: torch.device, backend: AttentionBackend,
+                     shard_rank: int, communicator: Communicator, quantization: QuantizationConfig) -> LoadedModel:
+    """A GGUF file's shard (``kvserve.model.gguf_loader.load_gguf_model`` with the rank's
+    ``TensorParallelShard``: its rows and columns read from the memory map)."""
+    from kvserve.model.gguf_file import open_gguf
+    from kvserve.model.gguf_loader import load_gguf_model
+
+    if quantization.method is not None:
+        raise ConfigError(f"--quantization {quantization.method} does not apply to the GGUF file {path.name}: its "
+                          "weights load as stored")
+    gguf = open_gguf(path)
+    shard = TensorParallelShard(shard_rank, communicator.world_size, gguf.arch)
+    model = load_gguf_model(gguf, dtype, device, backend, shard, communicator)
+    weight_format = f"GGUF {gguf.weight_types()}: {describe_weights(model, dtype)}"
+    return LoadedModel(model, gguf.arch, dtype, {}, str(path), weight_format,
+                       dataclasses.replace(quantization, gguf_types=gguf.weight_types()),
                        num_kv_heads=shard.num_kv_heads, shard=shard)
 
 
@@ -220,8 +246,8 @@ def _load_slices(model: nn.Module, files: list[Path], shard: TensorParallelShard
 def shard_dtype(model_dir: str | Path, dtype: str, device: torch.device) -> torch.dtype:
     """The dtype every rank loads: the engine's rule for ``auto``
     (``kvserve.model.loader.default_dtype_for_device``), else the named one."""
-    from kvserve.model.loader import default_dtype_for_device, resolve_dtype
+    from kvserve.model.loader import default_dtype_for_device, load_arch_config, resolve_dtype
 
     if dtype == "auto":
         return default_dtype_for_device(model_dir, device)
-    return resolve_dtype(dtype, ModelArchConfig.from_file(Path(model_dir) / "config.json"))
+    return resolve_dtype(dtype, load_arch_config(model_dir))

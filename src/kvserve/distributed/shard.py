@@ -118,8 +118,9 @@ class TensorParallelShard:
 
 
 def check_parallel_options(config) -> None:
-    """The engine options that do not combine with ``-tp > 1`` yet, refused by name: a GGUF
-    file, and a GPTQ/AWQ checkpoint whose groups do not split over the ranks.
+    """The engine options that do not combine with ``-tp > 1``, refused by name: a GPTQ/AWQ
+    checkpoint whose groups do not split over the ranks (a GGUF file's blocks are checked as
+    the ranks load it).
 
     Args:
         config: the ``kvserve.config.EngineConfig``.
@@ -131,14 +132,6 @@ def check_parallel_options(config) -> None:
     if size == 1:
         return
     quant = config.model.quantization
-    refused = [
-        (f"a GGUF file ({quant.label})", quant.gguf_types is not None,
-         "its quantized tensors are not sliced per rank (serve the safetensors checkpoint with -tp, "
-         "or the GGUF file with --tensor-parallel-size 1)"),
-    ]
-    for flag, given, why in refused:
-        if given:
-            raise ConfigError(f"{flag} with --tensor-parallel-size {size} is not supported: {why}")
     if quant.checkpoint is not None:
         from pathlib import Path
 

@@ -22,22 +22,27 @@ Any other tensor in the file, and any missing one, stops the load with one line 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
 from kvserve.attention.backend import AttentionBackend
-from kvserve.errors import CheckpointError
+from kvserve.errors import CheckpointError, ConfigError
 from kvserve.kernels import cpu_kernels
 from kvserve.model.gguf_file import GGUFFile
 from kvserve.model.gguf_names import PERMUTED_ARCHITECTURES, gguf_name, llama_rotary_order
-from kvserve.model.gguf_tensors import read_tensor
+from kvserve.model.gguf_tensors import block_size, read_tensor
 from kvserve.model.layers import MergedLinear
 from kvserve.model.quant_linear import QuantizedLinear
 from kvserve.model.quant_tensor import QuantizedTensor
 from kvserve.model.registry import get_model_class
 from kvserve.model.stacked_linear import StackedLinear
+
+if TYPE_CHECKING:
+    from kvserve.distributed.communicator import Communicator
+    from kvserve.distributed.shard import TensorParallelShard
 
 Shard = torch.Tensor | QuantizedTensor
 
@@ -53,29 +58,39 @@ class _Projection:
 
 
 def load_gguf_model(gguf: GGUFFile, dtype: torch.dtype, device: torch.device | str,
-                    backend: AttentionBackend) -> nn.Module:
+                    backend: AttentionBackend, shard: TensorParallelShard | None = None,
+                    communicator: Communicator | None = None) -> nn.Module:
     """Build and fill the model of an opened GGUF file (module docstring); returns it in eval
-    mode.
+    mode. With ``shard`` (and its ``communicator``), only a tensor-parallel rank's part: the
+    model has the rank's sizes and row-parallel layers (``kvserve.distributed.layers``), and each
+    matrix is read in the rank's rows (column-parallel, vocabulary) or columns (row-parallel, in
+    whole quantization blocks) straight from the memory map (``kvserve.distributed.shard``).
 
     Raises:
         CheckpointError: unsupported architecture or tensor type, a missing, unexpected or
             wrongly shaped tensor.
+        ConfigError: a row-parallel matrix whose rank columns are not whole blocks of its type.
     """
     arch = gguf.arch
     with torch.device("meta"):
-        model = get_model_class(arch.architecture)(arch, backend)
+        model = get_model_class(arch.architecture)(arch if shard is None else shard.local_arch(), backend)
+        if shard is not None:
+            from kvserve.distributed.layers import parallelize
+
+            parallelize(model, shard, communicator)
     model = model.to(dtype=dtype).to_empty(device=device)
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    _GGUFFiller(gguf, model, dtype, device).fill()
+    _GGUFFiller(gguf, model, dtype, device, shard).fill()
     return model.eval()
 
 
 class _GGUFFiller:
     """Reads every tensor of the file into ``model`` (one at a time)."""
 
-    def __init__(self, gguf: GGUFFile, model: nn.Module, dtype: torch.dtype, device: torch.device | str):
-        self.gguf, self.model, self.dtype, self.device = gguf, model, dtype, device
+    def __init__(self, gguf: GGUFFile, model: nn.Module, dtype: torch.dtype, device: torch.device | str,
+                 shard: TensorParallelShard | None = None):
+        self.gguf, self.model, self.dtype, self.device, self.shard = gguf, model, dtype, device, shard
         self.arch = gguf.arch
         self.used: set[str] = set()
         self.kernels = cpu_kernels() if torch.device(device).type == "cpu" else None
@@ -86,10 +101,14 @@ class _GGUFFiller:
         for projection in self._projections():
             self._fill_projection(projection, tied and projection.attr == "lm_head")
         for name, param in self.model.named_parameters():  # a tied lm_head appears as embed_tokens
-            if "_proj." in name or name.startswith("lm_head."):
+            if name.startswith("lm_head.") or ("_proj." in name and not self._row_parallel_bias(name)):
                 continue
-            value = self._read(gguf_name(name), expected=tuple(param.shape))
-            param.data.copy_(value.dequantize() if isinstance(value, QuantizedTensor) else value)
+            rows = self._rows(name)
+            value = self._read(gguf_name(name), (param.shape[0] if rows is None else len(rows), *param.shape[1:]),
+                               rows)
+            value = value.dequantize() if isinstance(value, QuantizedTensor) else value
+            param.data[: value.shape[0]].copy_(value)
+            param.data[value.shape[0] :].zero_()  # the padding rows of the last vocabulary shard
         self._apply_rope_freqs()
         unexpected = sorted(set(self.gguf.tensors) - self.used)
         if unexpected:
@@ -103,6 +122,8 @@ class _GGUFFiller:
                 if not isinstance(child, nn.Linear):
                     continue
                 full = f"{parent_name}.{attr}" if parent_name else attr
+                if attr == "linear":  # a row-parallel layer's inner linear: the layer's tensor
+                    full = parent_name
                 names = ([f"{parent_name}.{s}" for s in child.shard_names] if isinstance(child, MergedLinear)
                          else [full])
                 found.append(_Projection(parent, attr, child, names))
@@ -112,19 +133,56 @@ class _GGUFFiller:
         sizes = proj.layer.output_sizes if isinstance(proj.layer, MergedLinear) else [proj.layer.out_features]
         k = proj.layer.in_features
         weight_names = ["token_embd.weight"] if tied_head else [gguf_name(n) + ".weight" for n in proj.names]
-        weights = [self._read(g, (n, k), self._rotary_rows(h, n)) for g, h, n in zip(weight_names, proj.names, sizes)]
+        rows = [self._rows(h) if self.shard is not None else self._rotary_rows(h, n)
+                for h, n in zip(proj.names, sizes)]
+        columns = self._columns(proj.names[0])
+        weights = [self._read(g, (n if r is None else len(r), k), r, columns)
+                   for g, r, n in zip(weight_names, rows, sizes)]
         biases = None
         if proj.layer.bias is not None:
-            biases = [self._read(gguf_name(h) + ".bias", (n,), self._rotary_rows(h, n))
-                      for h, n in zip(proj.names, sizes)]
+            biases = [self._read(gguf_name(h) + ".bias", (n,), r) for h, r, n in zip(proj.names, rows, sizes)]
         if tied_head and isinstance(weights[0], torch.Tensor):
             return  # the tied head shares the embedding's float weight, filled below
         if all(isinstance(w, torch.Tensor) for w in weights):
             _copy_rows(proj.layer.weight, weights)
+            proj.layer.weight.data[sum(w.shape[0] for w in weights) :].zero_()  # vocabulary padding rows
             if biases is not None:
                 _copy_rows(proj.layer.bias, biases)
             return
+        if sum(w.shape[0] for w in weights) < sum(sizes):  # the last vocabulary shard: zero rows
+            weights = [_pad_rows(weights[0], sizes[0])]
         setattr(proj.parent, proj.attr, self._quantized_layer(weights, biases))
+
+    # -- a tensor-parallel rank's part (kvserve.distributed.shard) ---------------------------------
+
+    def _rows(self, hf_name: str) -> torch.Tensor | None:
+        """The file rows (int64, in Hugging Face order) of tensor or module ``hf_name`` this
+        process holds; None = all, in the file's order (no shard, or a whole tensor)."""
+        if self.shard is None:
+            return None
+        module = hf_name.removesuffix(".weight").removesuffix(".bias")
+        projection = module.rpartition(".")[2]
+        if module in ("model.embed_tokens", "lm_head"):
+            return torch.arange(*self.shard.vocab_rows)
+        if projection not in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
+            return None
+        heads = {"q_proj": self.arch.num_attention_heads, "k_proj": self.arch.num_key_value_heads,
+                 "v_proj": self.arch.num_key_value_heads}
+        total = heads[projection] * self.arch.head_dim if projection in heads else self.arch.intermediate_size
+        order = self._rotary_rows(module, total)
+        start, end = self.shard.rows_of(projection)
+        return (torch.arange(total) if order is None else order)[start:end]
+
+    def _columns(self, hf_name: str) -> tuple[int, int] | None:
+        """The input columns of a row-parallel matrix (o_proj, down_proj) this rank holds."""
+        projection = hf_name.rpartition(".")[2]
+        if self.shard is None or projection not in ("o_proj", "down_proj"):
+            return None
+        return self.shard.rows_of(projection)
+
+    def _row_parallel_bias(self, name: str) -> bool:
+        """A row-parallel layer's bias: whole on every rank, added after the all-reduce."""
+        return self.shard is not None and name.endswith(("o_proj.bias", "down_proj.bias"))
 
     def _quantized_layer(self, weights: list[Shard], biases: list[torch.Tensor] | None) -> nn.Module:
         """One ``QuantizedLinear`` when every shard is quantized alike, else a ``StackedLinear`` of
@@ -164,15 +222,28 @@ class _GGUFFiller:
             return None
         return torch.from_numpy(np.argsort(llama_rotary_order(rows, heads)))
 
-    def _read(self, name: str, expected: tuple[int, ...], rows: torch.Tensor | None = None) -> Shard:
+    def _read(self, name: str, expected: tuple[int, ...], rows: torch.Tensor | None = None,
+              columns: tuple[int, int] | None = None) -> Shard:
+        """Tensor ``name``'s ``rows`` and ``columns`` (None: all), checked to be ``expected``."""
         tensor = self.gguf.tensors.get(name)
         if tensor is None:
             raise CheckpointError(f"{self.gguf.path} lacks the tensor {name!r}")
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        if shape != expected:
-            raise CheckpointError(f"tensor {name!r} in {self.gguf.path.name} has shape {shape}, expected {expected}")
+        part = ((shape[0] if rows is None else len(rows)),) + shape[1:]
+        if columns is not None:
+            part = part[:1] + (columns[1] - columns[0],)
+        if part != expected:
+            raise CheckpointError(f"tensor {name!r} in {self.gguf.path.name} has shape {shape}, expected {expected}"
+                                  + ("" if self.shard is None else f" for tensor-parallel rank {self.shard.rank}"))
+        if columns is not None:
+            block = block_size(tensor.tensor_type.name)
+            if columns[0] % block or columns[1] % block:
+                raise ConfigError(f"a GGUF file with --tensor-parallel-size {self.shard.size}: tensor {name!r} is "
+                                  f"{tensor.tensor_type.name}, in blocks of {block} inputs, but each rank takes "
+                                  f"{columns[1] - columns[0]} of its {shape[1]} inputs; a block would straddle two "
+                                  "ranks")
         self.used.add(name)
-        return read_tensor(tensor, rows)
+        return read_tensor(tensor, rows, columns)
 
     def _apply_rope_freqs(self) -> None:
         tensor = self.gguf.tensors.get("rope_freqs.weight")
@@ -191,6 +262,16 @@ def _copy_rows(dest: torch.Tensor, shards: list[torch.Tensor]) -> None:
     for shard in shards:
         dest.data[start:start + shard.shape[0]].copy_(shard)
         start += shard.shape[0]
+
+
+def _pad_rows(weight: QuantizedTensor, rows: int) -> QuantizedTensor:
+    """``weight`` with zero rows (zero scales and offsets: zero outputs) up to ``rows``."""
+    extra = rows - weight.q.shape[0]
+
+    def pad(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else torch.cat([t, t.new_zeros((extra, *t.shape[1:]))])
+
+    return QuantizedTensor(pad(weight.q), pad(weight.scales), pad(weight.offsets), weight.bits, weight.group_size)
 
 
 def _form(weight: Shard) -> tuple:

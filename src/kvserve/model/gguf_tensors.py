@@ -38,10 +38,13 @@ SUPPORTED_TYPES = FLOAT_TYPES + QUANT_TYPES
 _BLOCK_BYTES = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144), "Q6_K": (256, 210)}
 
 
-def read_tensor(tensor, rows: torch.Tensor | None = None) -> torch.Tensor | QuantizedTensor:
+def read_tensor(tensor, rows: torch.Tensor | None = None,
+                columns: tuple[int, int] | None = None) -> torch.Tensor | QuantizedTensor:
     """A GGUF tensor (``gguf.ReaderTensor``) as a float tensor (1-D [K] or 2-D [N, K]) or, for a
-    quantized matrix, a ``QuantizedTensor`` (module docstring). ``rows``: an int64 permutation of
-    the N rows to apply first (the q/k rotary layout of llama files).
+    quantized matrix, a ``QuantizedTensor`` (module docstring). ``rows``: int64 indices of the N
+    rows to take, in that order (the q/k rotary layout of llama files; a tensor-parallel rank's
+    rows); ``columns``: a range ``[start, end)`` of the K inputs (a tensor-parallel rank's, in whole
+    blocks: ``block_size``). Only the selected part is copied out of the file's memory map.
 
     Raises:
         CheckpointError: a GGML type kvserve does not read (the message names it and the tensor).
@@ -51,17 +54,33 @@ def read_tensor(tensor, rows: torch.Tensor | None = None) -> torch.Tensor | Quan
         raise CheckpointError(f"tensor {tensor.name} has GGML type {kind}; kvserve reads "
                               f"{', '.join(SUPPORTED_TYPES)} GGUF tensors")
     shape = [int(d) for d in reversed(tensor.shape.tolist())]  # [N, K] (GGML stores K first)
-    data = np.array(tensor.data, copy=True)
     if kind in FLOAT_TYPES:
-        raw = torch.from_numpy(data.view(np.int16) if kind == "BF16" else data)
-        out = (raw.view(torch.bfloat16) if kind == "BF16" else raw).reshape(shape)
-        return out if rows is None else out[rows]
+        data = np.asarray(tensor.data)
+        if kind == "BF16":  # stored as bytes (numpy has no bfloat16)
+            data = data.reshape(-1).view(np.int16)
+        raw = torch.from_numpy(_select(data.reshape(shape), rows, columns))
+        return raw.view(torch.bfloat16) if kind == "BF16" else raw
     block, size = _BLOCK_BYTES[kind]
     n, k = shape
-    blocks = torch.from_numpy(data).reshape(n, k // block, size)
+    blocks = np.asarray(tensor.data).reshape(n, k // block, size)
+    if columns is not None and (columns[0] % block or columns[1] % block):
+        raise ValueError(f"columns {columns} of {tensor.name} are not whole {kind} blocks of {block}")
+    blocks = _select(blocks, rows, None if columns is None else (columns[0] // block, columns[1] // block))
+    return _UNPACK[kind](torch.from_numpy(blocks))
+
+
+def block_size(kind: str) -> int:
+    """Inputs per block of GGML type ``kind`` (1 for the float types)."""
+    return 1 if kind in FLOAT_TYPES else _BLOCK_BYTES[kind][0]
+
+
+def _select(data: np.ndarray, rows: torch.Tensor | None, columns: tuple[int, int] | None) -> np.ndarray:
+    """A writable copy of ``data[rows][:, start:end]`` (axis 1 in blocks for quantized data)."""
     if rows is not None:
-        blocks = blocks[rows]
-    return _UNPACK[kind](blocks)
+        data = data[rows.numpy()]
+    if columns is not None:
+        data = data[:, columns[0] : columns[1]]
+    return np.array(data, copy=True)
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:
