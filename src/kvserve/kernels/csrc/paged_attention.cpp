@@ -218,6 +218,43 @@ struct Shape {
   int64_t row;  // cache elements per (token, KV head) row: head_dim, or head_dim + 4 (int8 + scale)
 };
 
+// Software prefetch into L2 of the K and V rows of KV heads [head, head + heads) at positions
+// [from, to) of a request. A block's rows are contiguous but blocks are scattered, each one a new
+// page where the hardware prefetchers stop; asking for the next chunk's rows while the current
+// one is computed (and for the next task's first chunk while this task runs) hides the memory
+// latency that otherwise stalls the K/V loads of every chunk.
+// K/V rows a task asks for ahead of use: positions [from, to) of a request (its block table), KV
+// heads [head, head + heads).
+struct Upcoming {
+  const int32_t* block_table;
+  int64_t from, to, head, heads;
+};
+
+template <typename cache_t>
+inline void prefetch_positions(const cache_t* key_cache, const cache_t* value_cache, const int32_t* block_table,
+                               int64_t from, int64_t to, int64_t head, int64_t heads, const Shape& sh) {
+  const int64_t token_bytes = sh.num_kv_heads * sh.row * static_cast<int64_t>(sizeof(cache_t));
+  const int64_t offset = head * sh.row * static_cast<int64_t>(sizeof(cache_t));
+  const int64_t bytes = heads * sh.row * static_cast<int64_t>(sizeof(cache_t));
+  const char* keys = reinterpret_cast<const char*>(key_cache) + offset;
+  const char* values = reinterpret_cast<const char*>(value_cache) + offset;
+  for (int64_t t = from; t < to;) {
+    const int64_t b = t / sh.block_size, off = t - b * sh.block_size, n = std::min(to - t, sh.block_size - off);
+    const int64_t start = (static_cast<int64_t>(block_table[b]) * sh.block_size + off) * token_bytes;
+    for (int64_t j = 0; j < n; ++j) {
+      const char* k = keys + start + j * token_bytes;
+      const char* v = values + start + j * token_bytes;
+      for (int64_t x = 0; x < bytes; x += 64) {
+        __builtin_prefetch(k + x, 0, 2);
+        __builtin_prefetch(v + x, 0, 2);
+      }
+      __builtin_prefetch(k + bytes - 1, 0, 2);
+      __builtin_prefetch(v + bytes - 1, 0, 2);
+    }
+    t += n;
+  }
+}
+
 // Scores of positions [start, end) for every head of the group: s[h][t - start] = q_h . k_t.
 template <typename scalar_t>
 void score_chunk(const float (*q)[kMaxHeadDim], float (*s)[kChunk], const scalar_t* key_cache,
@@ -336,6 +373,39 @@ void attend_one(const Task& task, int64_t kv_head, const scalar_t* query, scalar
 // result of a row is the same alone, in a prefill tile or in any batch.
 
 constexpr int64_t kChunkBf16 = 64;
+
+// The cache lines of the next chunk's K/V rows, prefetched into L2 a few at a time between pieces
+// of the current chunk's work: hundreds of prefetches at once fill the core's miss buffers and
+// stall it until memory answers; spread out, the transfers overlap the arithmetic.
+struct PrefetchQueue {
+  const char* rows_[2 * kChunkBf16];
+  int64_t count = 0, next = 0, offset = 0, bytes = 64;
+  void issue(int64_t n) {
+    for (; n > 0 && next < count; --n) {
+      __builtin_prefetch(rows_[next] + offset, 0, 2);
+      offset += 64;
+      if (offset >= bytes) { offset = 0; ++next; }
+    }
+  }
+  void issue_all() { issue(1 << 30); }
+  // Queue the rows of `rows` (at most kChunkBf16 positions).
+  template <typename cache_t>
+  void fill(const cache_t* key_cache, const cache_t* value_cache, const Upcoming& rows, const Shape& sh) {
+    const int64_t token_stride = sh.num_kv_heads * sh.row;
+    bytes = rows.heads * sh.row * static_cast<int64_t>(sizeof(cache_t));
+    count = next = offset = 0;
+    for (int64_t t = rows.from; t < rows.to;) {
+      const int64_t b = t / sh.block_size, off = t - b * sh.block_size, n = std::min(rows.to - t, sh.block_size - off);
+      const int64_t base = (static_cast<int64_t>(rows.block_table[b]) * sh.block_size + off) * token_stride + rows.head * sh.row;
+      for (int64_t j = 0; j < n; ++j) {
+        rows_[count++] = reinterpret_cast<const char*>(key_cache + base + j * token_stride);
+        rows_[count++] = reinterpret_cast<const char*>(value_cache + base + j * token_stride);
+      }
+      t += n;
+    }
+  }
+};
+
 alignas(64) const uint16_t kZeroRow[kMaxHeadDim] = {};
 
 inline __m512bh load_bh(const void* p) { return (__m512bh)_mm512_loadu_si512(p); }
@@ -378,6 +448,112 @@ inline void score_heads_n(const __m512i* kg, const uint32_t* q, int64_t pairs, _
   for (int h = 0; h < NH; ++h) _mm512_store_ps(out[h], _mm512_mul_ps(dot[h], scale));
 }
 
+// The same for two consecutive 16-position groups (kg[p] and kg[kStride + p]) at once: each q
+// broadcast serves both groups; every lane's sum is still the same chain over the dimension pairs
+// in order, so the scores are bit-identical to two calls of score_heads_n.
+template <int NH, int64_t kStride>
+inline void score_heads2_n(const __m512i* kg, const uint32_t* q, int64_t pairs, __m512 scale, float* const* out) {
+  __m512 dot0[NH], dot1[NH];
+  for (int h = 0; h < NH; ++h) dot0[h] = dot1[h] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m512bh k0 = (__m512bh)_mm512_load_si512(kg + p), k1 = (__m512bh)_mm512_load_si512(kg + kStride + p);
+    for (int h = 0; h < NH; ++h) {
+      const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(q[h * pairs + p]));
+      dot0[h] = _mm512_dpbf16_ps(dot0[h], k0, b);
+      dot1[h] = _mm512_dpbf16_ps(dot1[h], k1, b);
+    }
+  }
+  for (int h = 0; h < NH; ++h) {
+    _mm512_store_ps(out[h], _mm512_mul_ps(dot0[h], scale));
+    _mm512_store_ps(out[h] + 16, _mm512_mul_ps(dot1[h], scale));
+  }
+}
+
+template <int64_t kStride>
+inline void score_heads2(int64_t nh, const __m512i* kg, const uint32_t* q, int64_t pairs, __m512 scale,
+                         float* const* out) {
+  switch (nh) {
+    case 1: score_heads2_n<1, kStride>(kg, q, pairs, scale, out); break;
+    case 2: score_heads2_n<2, kStride>(kg, q, pairs, scale, out); break;
+    case 3: score_heads2_n<3, kStride>(kg, q, pairs, scale, out); break;
+    case 4: score_heads2_n<4, kStride>(kg, q, pairs, scale, out); break;
+    case 5: score_heads2_n<5, kStride>(kg, q, pairs, scale, out); break;
+    case 6: score_heads2_n<6, kStride>(kg, q, pairs, scale, out); break;
+    case 7: score_heads2_n<7, kStride>(kg, q, pairs, scale, out); break;
+    default: score_heads2_n<8, kStride>(kg, q, pairs, scale, out); break;
+  }
+}
+
+// acc[h] = acc[h] * alpha[h] + sum over pairs k in [k0, k1) of ppairs[h][k] . vpairs[k] (NV
+// vectors of 16 dims) for NH heads: each V pair is loaded once for all of them, and every
+// accumulator's chain (scaling, then the pairs in order) is the same as head by head.
+template <int NV, int NH>
+inline void pv_heads(float* acc, const float* alpha, const uint32_t (*pp)[kChunkBf16 / 2 + 16],
+                     const uint16_t (*vpairs)[2 * kMaxHeadDim], int64_t k0, int64_t k1) {
+  __m512 av[NH][NV];
+  for (int h = 0; h < NH; ++h) {
+    const __m512 a = _mm512_set1_ps(alpha[h]);
+    for (int j = 0; j < NV; ++j) av[h][j] = _mm512_mul_ps(_mm512_load_ps(acc + h * kMaxHeadDim + 16 * j), a);
+  }
+  for (int64_t k = k0; k < k1; ++k) {
+    __m512bh v[NV];
+    for (int j = 0; j < NV; ++j) v[j] = load_bh(vpairs[k] + 32 * j);
+    for (int h = 0; h < NH; ++h) {
+      const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pp[h][k]));
+      for (int j = 0; j < NV; ++j) av[h][j] = _mm512_dpbf16_ps(av[h][j], v[j], p);
+    }
+  }
+  for (int h = 0; h < NH; ++h)
+    for (int j = 0; j < NV; ++j) _mm512_store_ps(acc + h * kMaxHeadDim + 16 * j, av[h][j]);
+}
+
+// At most about 24 accumulator registers: heads per pass for NV vectors of 16 dims.
+template <int NV>
+constexpr int kPvHeads = NV <= 2 ? 6 : NV <= 4 ? 4 : NV <= 8 ? 3 : 1;
+
+template <int NV, int NH = kPvHeads<NV>>
+inline void pv_pass(int64_t nh, float* acc, const float* alpha, const uint32_t (*pp)[kChunkBf16 / 2 + 16],
+                    const uint16_t (*vpairs)[2 * kMaxHeadDim], int64_t k0, int64_t k1) {
+  if constexpr (NH > 1) {
+    if (nh < NH) {
+      pv_pass<NV, NH - 1>(nh, acc, alpha, pp, vpairs, k0, k1);
+      return;
+    }
+  }
+  pv_heads<NV, NH>(acc, alpha, pp, vpairs, k0, k1);
+}
+
+template <typename Prefetch>
+inline void accumulate_pv(int64_t nv, int64_t G, float* acc, const float* alpha, const uint32_t (*pp)[kChunkBf16 / 2 + 16],
+                          const uint16_t (*vpairs)[2 * kMaxHeadDim], int64_t k0, int64_t k1, Prefetch& pf) {
+  const int64_t max_heads = nv == 2 ? kPvHeads<2> : nv == 4 ? kPvHeads<4> : nv == 8 ? kPvHeads<8> : 1;
+  const int64_t passes = (G + max_heads - 1) / max_heads;
+  for (int64_t h0 = 0, pass = 0; pass < passes; ++pass) {
+    const int64_t nh = (G - h0 + (passes - pass) - 1) / (passes - pass);  // even split of what is left
+    float* a = acc + h0 * kMaxHeadDim;
+    switch (nv) {
+      case 2: pv_pass<2>(nh, a, alpha + h0, pp + h0, vpairs, k0, k1); break;
+      case 4: pv_pass<4>(nh, a, alpha + h0, pp + h0, vpairs, k0, k1); break;
+      case 8: pv_pass<8>(nh, a, alpha + h0, pp + h0, vpairs, k0, k1); break;
+      case 16: pv_pass<16>(nh, a, alpha + h0, pp + h0, vpairs, k0, k1); break;
+      default:  // head_dim 32 * odd: one head at a time over any number of vectors
+        for (int64_t h = h0; h < h0 + nh; ++h) {
+          float* ah = acc + h * kMaxHeadDim;
+          __m512 av[kMaxHeadDim / 16];
+          const __m512 alpha_v = _mm512_set1_ps(alpha[h]);
+          for (int64_t j = 0; j < nv; ++j) av[j] = _mm512_mul_ps(_mm512_load_ps(ah + 16 * j), alpha_v);
+          for (int64_t k = k0; k < k1; ++k) {
+            const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pp[h][k]));
+            for (int64_t j = 0; j < nv; ++j) av[j] = _mm512_dpbf16_ps(av[j], load_bh(vpairs[k] + 32 * j), p);
+          }
+          for (int64_t j = 0; j < nv; ++j) _mm512_store_ps(ah + 16 * j, av[j]);
+        }
+    }
+    h0 += nh;
+    pf.issue(64);
+  }
+}
+
 inline void score_heads(int64_t nh, const __m512i* kg, const uint32_t* q, int64_t pairs, __m512 scale,
                         float* const* out) {
   switch (nh) {
@@ -392,9 +568,12 @@ inline void score_heads(int64_t nh, const __m512i* kg, const uint32_t* q, int64_
   }
 }
 
+// prefetch_heads: KV heads [kv_head, kv_head + prefetch_heads) whose rows of the next chunk are
+// prefetched while a chunk is computed (0: none, the task's first head asked for them already);
+// after: rows prefetched during the last chunk (the thread's next task), or nullptr.
 void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* query, c10::BFloat16* out,
                       const c10::BFloat16* key_cache, const c10::BFloat16* value_cache, const int32_t* block_table,
-                      const Shape& sh) {
+                      const Shape& sh, int64_t prefetch_heads, const Upcoming* after) {
   constexpr int64_t C = kChunkBf16;
   const int64_t G = sh.group, D = sh.head_dim, nq = D / 32, nv = D / 16, R = tile.rows;
   const int64_t token_stride = sh.num_kv_heads * D;
@@ -404,7 +583,8 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
   // V rows of positions (2k, 2k + 1) of the chunk interleaved per dimension, as vdpbf16ps pairs:
   // for each 32-dim block, 32 bf16 pairs of unpacklo then 32 of unpackhi.
   alignas(64) uint16_t vpairs[C / 2][2 * kMaxHeadDim];
-  alignas(64) uint32_t ppairs[C / 2 + 16];  // + one vector of slack for the last group
+  alignas(64) uint32_t ppairs[kMaxGroup][C / 2 + 16];  // + one vector of slack for the last group
+  float alphas[kMaxGroup];
   // K of the chunk transposed per 16-position group: kt[group][p] holds the bf16 pair (2p, 2p + 1)
   // of the 16 positions, so q.K is one vdpbf16ps per pair of dimensions with q broadcast.
   alignas(64) __m512i kt[C / 16][kMaxHeadDim / 2];
@@ -425,11 +605,22 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
   const __m512 scale = _mm512_set1_ps(sh.scale);
   for (int64_t c = lo[0] / C; c * C < hi[R - 1]; ++c) {
     const int64_t cs = c * C, first = std::max(lo[0], cs), last = std::min(hi[R - 1], cs + C);  // [first, last)
-    for (int64_t t = cs; t < cs + C; ++t) {
-      if (t < first || t >= last) { kptr[t - cs] = vptr[t - cs] = kZeroRow; continue; }
-      const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
-      kptr[t - cs] = key_cache + slot * token_stride + kv_head * D;
-      vptr[t - cs] = value_cache + slot * token_stride + kv_head * D;
+    PrefetchQueue pf;
+    if (prefetch_heads > 0 && cs + C < hi[R - 1])  // this tile's next chunk, heads [kv_head, kv_head + prefetch_heads)
+      pf.fill(key_cache, value_cache, {block_table, cs + C, std::min(hi[R - 1], cs + 2 * C), kv_head, prefetch_heads}, sh);
+    else if (after != nullptr && cs + C >= hi[R - 1])  // the last chunk: the next task's first rows
+      pf.fill(key_cache, value_cache, *after, sh);
+    // Row addresses of the chunk, one block-table lookup per block; zeros outside [first, last).
+    for (int64_t t = cs; t < first; ++t) kptr[t - cs] = vptr[t - cs] = kZeroRow;
+    for (int64_t t = last; t < cs + C; ++t) kptr[t - cs] = vptr[t - cs] = kZeroRow;
+    for (int64_t t = first; t < last;) {
+      const int64_t b = t / sh.block_size, off = t - b * sh.block_size, n = std::min(last - t, sh.block_size - off);
+      const int64_t base = (static_cast<int64_t>(block_table[b]) * sh.block_size + off) * token_stride + kv_head * D;
+      for (int64_t j = 0; j < n; ++j) {
+        kptr[t - cs + j] = key_cache + base + j * token_stride;
+        vptr[t - cs + j] = value_cache + base + j * token_stride;
+      }
+      t += n;
     }
     for (int64_t k = (first - cs) / 2; k < (last - cs + 1) / 2; ++k) {
       const uint16_t* r0 = static_cast<const uint16_t*>(vptr[2 * k]);
@@ -439,6 +630,7 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
         _mm512_store_si512(vpairs[k] + 64 * j, _mm512_unpacklo_epi16(a, b));
         _mm512_store_si512(vpairs[k] + 64 * j + 32, _mm512_unpackhi_epi16(a, b));
       }
+      pf.issue(4);
     }
     for (int64_t g = (first - cs) / 16; g * 16 < last - cs; ++g) {
       for (int64_t z = 0; z < nq; ++z) {  // dims 32z .. 32z + 31 = dword pairs 16z .. 16z + 15
@@ -446,6 +638,7 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
         for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(static_cast<const c10::BFloat16*>(kptr[16 * g + j]) + 32 * z);
         transpose16x16(rows, cols);
         for (int j = 0; j < 16; ++j) kt[g][16 * z + j] = cols[j];
+        pf.issue(8);
       }
     }
     for (int64_t i = 0; i < R; ++i) {
@@ -456,13 +649,17 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
       // outside are computed on K rows or zeros and never used): one accumulation per head, over
       // the dimension pairs in order, up to 8 heads at once.
       const uint32_t* qrow = reinterpret_cast<const uint32_t*>(query + ((tile.row0 + i) * sh.num_heads + kv_head * G) * D);
-      for (int64_t g = g_begin; g < g_end; g += 16) {
+      for (int64_t g = g_begin; g < g_end; g += 32) {
         const __m512i* kg = kt[g / 16];
         for (int64_t h0 = 0; h0 < G; h0 += 8) {
           float* out_rows[8];
           const int64_t nh = std::min<int64_t>(8, G - h0);
           for (int64_t h = 0; h < nh; ++h) out_rows[h] = s[i * G + h0 + h] + g;
-          score_heads(nh, kg, qrow + h0 * (D / 2), D / 2, scale, out_rows);
+          if (g + 16 < g_end)
+            score_heads2<kMaxHeadDim / 2>(nh, kg, qrow + h0 * (D / 2), D / 2, scale, out_rows);
+          else
+            score_heads(nh, kg, qrow + h0 * (D / 2), D / 2, scale, out_rows);
+          pf.issue(16);
         }
       }
       for (int64_t h = 0; h < G; ++h) {
@@ -470,8 +667,13 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
         // Online softmax over this chunk's valid scores; probabilities outside [a, b) set to 0.
         float* row = s[r] + (a - cs);
         const int64_t n = b - a;
-        float chunk_max = row[0];
-        for (int64_t t = 1; t < n; ++t) chunk_max = std::max(chunk_max, row[t]);
+        // The maximum 16 lanes at a time (exact, so the same value as a scalar scan).
+        __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int64_t t = 0; t < n; t += 16) {
+          const __mmask16 mask = n - t >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - t)) - 1);
+          vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, mask, row + t));
+        }
+        const float chunk_max = _mm512_reduce_max_ps(vmax);
         const float new_max = std::max(m[r], chunk_max);
         const float alpha = exp_nonpositive(m[r] - new_max);
         float sum = 0.f;
@@ -485,19 +687,16 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
         for (int64_t g = g_begin; g < g_end; g += 32) {
           const __m512 p0 = _mm512_load_ps(s[r] + g);
           const __m512 p1 = g + 16 < g_end ? _mm512_load_ps(s[r] + g + 16) : _mm512_setzero_ps();
-          _mm512_storeu_si512(ppairs + g / 2, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+          _mm512_storeu_si512(ppairs[h] + g / 2, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
         }
-        // acc = acc * alpha + sum over pairs of (p_2k V_2k + p_2k+1 V_2k+1), in registers.
-        __m512 av[kMaxHeadDim / 16];
-        const __m512 alpha_v = _mm512_set1_ps(alpha);
-        for (int64_t j = 0; j < nv; ++j) av[j] = _mm512_mul_ps(_mm512_load_ps(acc[r] + 16 * j), alpha_v);
-        for (int64_t k = (a - cs) / 2; k < (b - cs + 1) / 2; ++k) {
-          const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(ppairs[k]));
-          for (int64_t j = 0; j < nv; ++j) av[j] = _mm512_dpbf16_ps(av[j], load_bh(vpairs[k] + 32 * j), p);
-        }
-        for (int64_t j = 0; j < nv; ++j) _mm512_store_ps(acc[r] + 16 * j, av[j]);
+        alphas[h] = alpha;
+        pf.issue(16);
       }
+      // acc = acc * alpha + sum over pairs of (p_2k V_2k + p_2k+1 V_2k+1), in registers, for
+      // several heads per V load.
+      accumulate_pv(nv, G, acc[i * G], alphas, ppairs, vpairs, (a - cs) / 2, (b - cs + 1) / 2, pf);
     }
+    pf.issue_all();
   }
   // acc lane order per 32-dim block: [unpacklo | unpackhi]; unpacklo holds dims 8L + 0..3 of each
   // 128-bit lane L, unpackhi dims 8L + 4..7.
@@ -537,40 +736,66 @@ std::vector<Tile> make_tiles(const torch::Tensor& query_start_loc, const torch::
 // One tile for one KV head: the bfloat16 fast path where it applies, else row by row.
 template <typename scalar_t, typename cache_t>
 void run_tile(const Tile& tile, int64_t kv_head, const scalar_t* query, scalar_t* out, const cache_t* key_cache,
-              const cache_t* value_cache, const int32_t* block_table, const Shape& sh) {
+              const cache_t* value_cache, const int32_t* block_table, const Shape& sh, int64_t prefetch_heads,
+              const Upcoming* after) {
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<cache_t, c10::BFloat16>) {
     if (sh.head_dim % 32 == 0) {
-      attend_tile_bf16(tile, kv_head, query, out, key_cache, value_cache, block_table, sh);
+      attend_tile_bf16(tile, kv_head, query, out, key_cache, value_cache, block_table, sh, prefetch_heads, after);
       return;
     }
   }
 #endif
+  if (after != nullptr)
+    prefetch_positions(key_cache, value_cache, after->block_table, after->from, after->to, after->head, after->heads, sh);
   for (int64_t r = 0; r < tile.rows; ++r)
     attend_one<scalar_t, cache_t>({tile.row0 + r, tile.request, tile.position0 + r}, kv_head, query, out, key_cache,
                                   value_cache, block_table, sh);
 }
 
 
+// A task is one tile for a run of KV heads: every KV head of the tile when there are tiles enough
+// to keep the threads busy (a decode step at batch), so a task streams its request's blocks, whole
+// token rows, once; else one KV head (a lone request still uses every thread). A row's result
+// does not depend on which task computed it.
 template <typename scalar_t, typename cache_t>
 void run_tasks(const torch::Tensor& query, torch::Tensor& out, const torch::Tensor& kv_cache,
                const torch::Tensor& block_tables, const std::vector<Tile>& tiles, const Shape& shape) {
   const int64_t width = block_tables.size(1), num_kv_heads = shape.num_kv_heads;
-  const int64_t num_tasks = static_cast<int64_t>(tiles.size()) * num_kv_heads;
+  const int64_t max_threads = at::get_num_threads();
+  const int64_t num_tiles = static_cast<int64_t>(tiles.size());
+  const int64_t heads_per_task = num_tiles >= 4 * max_threads ? num_kv_heads : 1;
+  const int64_t tasks_per_tile = num_kv_heads / heads_per_task;
+  const int64_t num_tasks = num_tiles * tasks_per_tile;
   // A shared work queue: tasks differ in cost (context lengths, causal prefill rows), so each
-  // thread takes the next one when it is free instead of a fixed contiguous share.
+  // thread takes the next one when it is free instead of a fixed contiguous share. A thread
+  // claims its next task before running the current one and prefetches that task's first chunk.
   std::atomic<int64_t> next{0};
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_tasks));
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(max_threads, num_tasks));
   const scalar_t* q = query.data_ptr<scalar_t>();
   scalar_t* o = out.data_ptr<scalar_t>();
   const cache_t* keys = static_cast<const cache_t*>(kv_cache.data_ptr());
   const cache_t* values = keys + kv_cache.stride(0);
   const int32_t* tables = block_tables.data_ptr<int32_t>();
+  // The first rows of task i (up to the end of its first 64-position chunk).
+  auto first_rows = [&](int64_t i) -> Upcoming {
+    const Tile& tile = tiles[i / tasks_per_tile];
+    const int64_t lo = shape.window > 0 ? std::max<int64_t>(0, tile.position0 - shape.window + 1) : 0;
+    const int64_t hi = std::min(tile.position0 + tile.rows, (lo / 64 + 1) * 64);
+    return {tables + tile.request * width, lo, hi, (i % tasks_per_tile) * heads_per_task, heads_per_task};
+  };
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t i = next.fetch_add(1); i < num_tasks; i = next.fetch_add(1)) {
-      const Tile& tile = tiles[i / num_kv_heads];
-      const int64_t kv_head = i % num_kv_heads;
-      run_tile<scalar_t, cache_t>(tile, kv_head, q, o, keys, values, tables + tile.request * width, shape);
+    int64_t i = next.fetch_add(1);
+    while (i < num_tasks) {
+      const int64_t j = next.fetch_add(1);
+      const Upcoming upcoming = j < num_tasks ? first_rows(j) : Upcoming{};
+      const Tile& tile = tiles[i / tasks_per_tile];
+      const int64_t first_head = (i % tasks_per_tile) * heads_per_task, last_head = first_head + heads_per_task - 1;
+      for (int64_t h = first_head; h <= last_head; ++h)
+        run_tile<scalar_t, cache_t>(tile, h, q, o, keys, values, tables + tile.request * width, shape,
+                                    h == first_head ? heads_per_task : 0,
+                                    h == last_head && j < num_tasks ? &upcoming : nullptr);
+      i = j;
     }
   });
 }
