@@ -3,6 +3,8 @@
 Sources (``csrc/``):
 - ``paged_attention.cpp``: attention reading K/V in place from the paged cache
   (``kvserve.attention.cpu_paged``);
+- ``elementwise.cpp``: SiLU-and-multiply and the bfloat16 rotary embedding in one pass each
+  (``kvserve.model.layers``);
 - ``argmax.cpp``: row-wise argmax of float32/bfloat16 logits without an upcast copy
   (``kvserve.sample.greedy``);
 - ``linear.cpp``: the batch-invariant linear (GEMM) over prepacked float32/bfloat16 weights
@@ -46,7 +48,7 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("paged_attention.cpp", "argmax.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp",
+SOURCES = ("paged_attention.cpp", "argmax.cpp", "elementwise.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp",
            "amx_quant_linear.cpp", "bitmask.cpp", "lora.cpp", "bindings.cpp")
 
 

@@ -3,7 +3,11 @@ the fused (merged) linear projections.
 
 Numerics follow transformers' Llama implementation operation for operation (norm computed in
 float32 and cast back before the weight multiply; cos/sin computed in float32 and cast to the
-activation dtype), so that bfloat16 runs round the same way as the reference.
+activation dtype), so that bfloat16 runs round the same way as the reference. On the CPU,
+SiLU-and-multiply and the bfloat16 rotary embedding run as one C++ pass each
+(``kvserve/kernels/csrc/elementwise.cpp``: the rotary embedding gives torch's bits, SiLU may differ
+in the last place through its exp) instead of several torch operators, whose per-call cost
+dominated these small tensors in a decode step.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvserve.kernels import cpu_kernels
 from kvserve.model.arch_config import RopeScaling
 
 
@@ -30,11 +35,30 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ops = self._fused_ops(x)
+        if ops is not None:
+            return ops.rms_norm(x.reshape(-1, x.shape[-1]), self.weight, None, self.eps)[0].view(x.shape)
         input_dtype = x.dtype
         x32 = x.to(torch.float32)
         variance = x32.pow(2).mean(-1, keepdim=True)
         x32 = x32 * torch.rsqrt(variance + self.eps)
         return self.weight * x32.to(input_dtype)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual), both [T, hidden_size] in x's dtype; one pass on the CPU."""
+        ops = self._fused_ops(x)
+        if ops is not None and x.dim() == 2 and residual.shape == x.shape and residual.dtype == x.dtype:
+            normed, total = ops.rms_norm(x, self.weight, residual.contiguous(), self.eps)
+            return normed, total
+        total = residual + x
+        return self.forward(total), total
+
+    def _fused_ops(self, x: torch.Tensor):
+        """The C++ kernels (``elementwise.cpp``) when they handle x here, else None."""
+        if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != self.weight.dtype
+                or x.stride(-1) != 1 or x.requires_grad or self.weight.requires_grad and torch.is_grad_enabled()):
+            return None
+        return cpu_kernels()
 
 
 class SiluAndMul(nn.Module):
@@ -44,6 +68,10 @@ class SiluAndMul(nn.Module):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16):
+            ops = cpu_kernels()
+            if ops is not None:
+                return ops.silu_and_mul(x.contiguous())
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
@@ -125,6 +153,11 @@ class RotaryEmbedding(nn.Module):
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, head_dim]; cos, sin: [T, head_dim] (same dtype as x)."""
+        if (x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 3 and x.shape[-1] % 32 == 0
+                and x.stride(-1) == 1 and cos.dtype == torch.bfloat16):
+            ops = cpu_kernels()
+            if ops is not None:
+                return ops.rotary_embedding(x, cos.contiguous(), sin.contiguous())
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos[:, None, :] + rotated * sin[:, None, :]

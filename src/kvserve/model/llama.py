@@ -133,8 +133,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
     def forward(self, hidden, cos, sin, kv_cache, attn_metadata):
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, attn_metadata)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attn = self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, attn_metadata)
+        normed, hidden = self.post_attention_layernorm.add_and_norm(attn, hidden)  # hidden += attn, normed
+        return hidden + self.mlp(normed)
 
 
 class LlamaModel(nn.Module):

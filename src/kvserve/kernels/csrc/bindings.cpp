@@ -5,6 +5,10 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_ca
                      torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t window,
                      int64_t max_q_len);
 torch::Tensor argmax_rows(torch::Tensor logits);
+torch::Tensor silu_and_mul(torch::Tensor x);
+std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> residual,
+                                    double eps);
+torch::Tensor rotary_embedding(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor pack_linear_weight(torch::Tensor weight);
 torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
                                int64_t out_features);
@@ -26,6 +30,9 @@ void lora_apply(torch::Tensor x, torch::Tensor y, torch::Tensor a, torch::Tensor
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over the block cache (see paged_attention.cpp)");
   m.def("argmax_rows", &argmax_rows, "index of the largest value of each row (see argmax.cpp)");
+  m.def("rms_norm", &rms_norm, "RMSNorm of rows, optionally after a residual add (see elementwise.cpp)");
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [gate | up] rows (see elementwise.cpp)");
+  m.def("rotary_embedding", &rotary_embedding, "rotate-half rotary embedding of bfloat16 q or k (see elementwise.cpp)");
   m.def("pack_linear_weight", &pack_linear_weight, "weight [N, K] into the panels of invariant_linear (see linear.cpp)");
   m.def("invariant_linear", &invariant_linear, "batch-invariant x W^T + b over packed weights (see linear.cpp)");
   m.def("linear_panel_width", &linear_panel_width, "output columns per packed weight panel");

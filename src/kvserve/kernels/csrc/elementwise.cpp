@@ -1,0 +1,259 @@
+// Fused elementwise steps of the decoder layer (kvserve.model.layers), one pass each instead of
+// torch's several (each a separate operator call with its own dispatch, allocation and pass):
+//
+// - silu_and_mul: SwiGLU's silu(gate) * up over x = [gate | up], float32 or bfloat16. In bfloat16
+//   the rounding steps are torch's (silu computed in float32 and rounded to bfloat16, then the
+//   product of two bfloat16 values computed in float32 and rounded); silu's exp and reciprocal are
+//   this file's (range reduction and a degree-6 polynomial; a reciprocal estimate and one Newton
+//   step: each within a few float32 ulp), so an output can differ from torch's in the last place.
+// - rotary_embedding: the "rotate half" rotary embedding of bfloat16 q or k,
+//   x * cos + rotate_half(x) * sin with every product and the sum rounded to bfloat16 as torch
+//   rounds them: the same bits as RotaryEmbedding.apply's torch ops.
+// - rms_norm: RMSNorm of float32 or bfloat16 rows, optionally after a residual add (h = x + r
+//   rounded to the dtype, as torch's add rounds): statistics in float32, x * rsqrt(mean(x^2) +
+//   eps) rounded to the dtype, then times the weight and rounded, transformers' steps; the sum of
+//   squares runs in 16 float32 lanes (torch's reduction order differs), so the mean can differ
+//   from torch's in the last place.
+//
+// Every element depends only on its own row, so a row's result never depends on the batch.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+#include "bf16_convert.h"
+
+#if defined(__AVX512F__)
+// Masked loads and stores only for a row's last, partial vector.
+inline __m512 load16(const float* p, __mmask16 m) {
+  return m == 0xFFFF ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
+}
+inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {
+  const __m256i raw = m == 0xFFFF ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+// float32 rounded to the nearest bfloat16 (ties to even) with c10's arithmetic, kept as float32
+// (low 16 bits zero); NaN -> 0x7fc0. No flushing of subnormals, unlike vcvtneps2bf16.
+inline __m512i round_bf16_word(__m512 v) {
+  const __m512i w = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(w, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(w, _mm512_set1_epi32(0x7fff)), lsb),
+                                     _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc00000));
+}
+inline __m512 round_to(float, __m512 v) { return v; }
+inline __m512 round_to(c10::BFloat16, __m512 v) { return _mm512_castsi512_ps(round_bf16_word(v)); }
+inline void store16(float* p, __m512 v, __mmask16 m) {
+  if (m == 0xFFFF) _mm512_storeu_ps(p, v); else _mm512_mask_storeu_ps(p, m, v);
+}
+inline void store16(c10::BFloat16* p, __m512 v, __mmask16 m) {
+  const __m256i bits = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_word(v), 16));
+  if (m == 0xFFFF) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits); else _mm256_mask_storeu_epi16(p, m, bits);
+}
+
+// exp(x): 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p the degree-6 Taylor polynomial; scalef
+// gives 0 below about -104 and infinity above about 88.7.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(100.f)), _mm512_set1_ps(-110.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+template <typename scalar_t>
+void silu_and_mul_rows(const scalar_t* x, scalar_t* out, int64_t rows, int64_t d) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const scalar_t* gate = x + t * 2 * d;
+    const scalar_t* up = gate + d;
+    scalar_t* dst = out + t * d;
+#if defined(__AVX512F__)
+    for (int64_t i = 0; i < d; i += 16) {
+      const __mmask16 m = d - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (d - i)) - 1);
+      const __m512 g = load16(gate + i, m);
+      // g / (1 + exp(-g)) through a reciprocal estimate and one Newton step (a division
+      // instruction per 16 values was the bottleneck); the reciprocal is within ~1 ulp.
+      const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
+      __m512 inv = _mm512_rcp14_ps(den);
+      inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(den, inv, _mm512_set1_ps(2.f)));
+      const __m512 silu = _mm512_mul_ps(g, inv);
+      store16(dst + i, _mm512_mul_ps(round_to(scalar_t{}, silu), load16(up + i, m)), m);
+    }
+#else
+    for (int64_t i = 0; i < d; ++i) {
+      const float g = to_float(gate[i]);
+      const float silu = to_float(from_float<scalar_t>(g / (1.f + std::exp(-g))));
+      dst[i] = from_float<scalar_t>(silu * to_float(up[i]));
+    }
+#endif
+  }
+}
+
+// One bfloat16 row of `heads` heads (row stride `head_stride` elements) rotated into dst.
+void rotary_row(const c10::BFloat16* x, int64_t heads, int64_t head_stride, const c10::BFloat16* cos,
+                const c10::BFloat16* sin, c10::BFloat16* dst, int64_t dim) {
+  const int64_t half = dim / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    const c10::BFloat16* src = x + h * head_stride;
+    c10::BFloat16* o = dst + h * dim;
+#if defined(__AVX512F__)
+    for (int64_t i = 0; i < dim; i += 16) {
+      const __mmask16 m = dim - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (dim - i)) - 1);
+      // lanes i .. i + 15 lie in one half when half % 16 == 0 (checked by the caller)
+      const bool first = i < half;
+      __m512 rot = load16(src + (first ? i + half : i - half), m);
+      if (first) rot = _mm512_sub_ps(_mm512_setzero_ps(), rot);
+      const __m512 a = round_to(c10::BFloat16{}, _mm512_mul_ps(load16(src + i, m), load16(cos + i, m)));
+      const __m512 b = round_to(c10::BFloat16{}, _mm512_mul_ps(rot, load16(sin + i, m)));
+      store16(o + i, _mm512_add_ps(a, b), m);
+    }
+#else
+    for (int64_t i = 0; i < dim; ++i) {
+      const float rot = i < half ? -to_float(src[i + half]) : to_float(src[i - half]);
+      const float a = to_float(from_float<c10::BFloat16>(to_float(src[i]) * to_float(cos[i])));
+      const float b = to_float(from_float<c10::BFloat16>(rot * to_float(sin[i])));
+      o[i] = from_float<c10::BFloat16>(a + b);
+    }
+#endif
+  }
+}
+
+// Rows of RMSNorm(x [+ res]); when res is given, the sums x + res are written to sum_out.
+template <typename scalar_t>
+void rms_norm_rows(const scalar_t* x, int64_t x_stride, const scalar_t* res, scalar_t* sum_out, const scalar_t* w,
+                   scalar_t* out, int64_t rows, int64_t n, float eps) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const scalar_t* src = x + t * x_stride;
+    if (res != nullptr) {
+      const scalar_t* r = res + t * n;
+      scalar_t* h = sum_out + t * n;
+#if defined(__AVX512F__)
+      for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+        store16(h + i, _mm512_add_ps(load16(src + i, m), load16(r + i, m)), m);
+      }
+#else
+      for (int64_t i = 0; i < n; ++i) h[i] = from_float<scalar_t>(to_float(src[i]) + to_float(r[i]));
+#endif
+      src = h;
+    }
+    scalar_t* dst = out + t * n;
+#if defined(__AVX512F__)
+    __m512 ss = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+      const __m512 v = load16(src + i, m);
+      ss = _mm512_fmadd_ps(v, v, ss);
+    }
+    const float inv = 1.f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(n) + eps);
+    const __m512 inv_v = _mm512_set1_ps(inv);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+      const __m512 y = round_to(scalar_t{}, _mm512_mul_ps(load16(src + i, m), inv_v));
+      store16(dst + i, _mm512_mul_ps(load16(w + i, m), y), m);
+    }
+#else
+    float ss = 0.f;
+    for (int64_t i = 0; i < n; ++i) ss += to_float(src[i]) * to_float(src[i]);
+    const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = from_float<scalar_t>(to_float(w[i]) * to_float(from_float<scalar_t>(to_float(src[i]) * inv)));
+#endif
+  }
+}
+
+}  // namespace
+
+// x: [T, 2 * d] contiguous, float32 or bfloat16 -> [T, d] = silu(x[:, :d]) * x[:, d:].
+torch::Tensor silu_and_mul(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0);
+  const int64_t rows = x.size(0), d = x.size(1) / 2;
+  auto out = torch::empty({rows, d}, x.options());
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1));
+  AT_DISPATCH_SWITCH(x.scalar_type(), "silu_and_mul",
+    AT_DISPATCH_CASE(at::kFloat, [&] {
+      at::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
+        silu_and_mul_rows(x.data_ptr<float>() + a * 2 * d, out.data_ptr<float>() + a * d, b - a, d);
+      });
+    })
+    AT_DISPATCH_CASE(at::kBFloat16, [&] {
+      at::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
+        silu_and_mul_rows(x.data_ptr<c10::BFloat16>() + a * 2 * d, out.data_ptr<c10::BFloat16>() + a * d, b - a, d);
+      });
+    }));
+  return out;
+}
+
+// x: bfloat16 [T, H, D] with unit stride in D (a view into the fused qkv output is fine); cos,
+// sin: bfloat16 [T, D] contiguous -> contiguous [T, H, D], bit-identical to
+// x * cos[:, None] + cat(-x[..., D/2:], x[..., :D/2]) * sin[:, None] in torch.
+torch::Tensor rotary_embedding(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kBFloat16 && x.stride(2) == 1);
+  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
+              sin.is_contiguous() && cos.size(0) == x.size(0) && cos.size(1) == x.size(2) && sin.sizes() == cos.sizes());
+  const int64_t rows = x.size(0), heads = x.size(1), dim = x.size(2);
+  TORCH_CHECK(dim % 32 == 0, "rotary_embedding: head_dim must be a multiple of 32");
+  auto out = torch::empty({rows, heads, dim}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  const auto* src = x.data_ptr<c10::BFloat16>();
+  auto* dst = out.data_ptr<c10::BFloat16>();
+  const auto* c = cos.data_ptr<c10::BFloat16>();
+  const auto* s = sin.data_ptr<c10::BFloat16>();
+  const int64_t row_stride = x.stride(0), head_stride = x.stride(1);
+  at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / (heads * dim)), [&](int64_t a, int64_t b) {
+    for (int64_t t = a; t < b; ++t)
+      rotary_row(src + t * row_stride, heads, head_stride, c + t * dim, s + t * dim, dst + t * heads * dim, dim);
+  });
+  return out;
+}
+
+// x: [T, n] (unit stride in n), weight: [n], residual: [T, n] contiguous or None, all one dtype
+// (float32 or bfloat16) -> (RMSNorm(h) * weight, h) with h = x + residual (or x itself).
+std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> residual,
+                                    double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && weight.is_contiguous() && weight.numel() == x.size(1) &&
+              weight.scalar_type() == x.scalar_type());
+  const int64_t rows = x.size(0), n = x.size(1);
+  auto out = torch::empty({rows, n}, x.options());
+  torch::Tensor sum = x;
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->is_contiguous() && residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type());
+    sum = torch::empty({rows, n}, x.options());
+  }
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1));
+  AT_DISPATCH_SWITCH(x.scalar_type(), "rms_norm",
+    AT_DISPATCH_CASE(at::kFloat, [&] {
+      using T = float;
+      at::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
+        rms_norm_rows<T>(x.data_ptr<T>() + a * x.stride(0), x.stride(0),
+                         residual.has_value() ? residual->data_ptr<T>() + a * n : nullptr,
+                         residual.has_value() ? sum.data_ptr<T>() + a * n : nullptr, weight.data_ptr<T>(),
+                         out.data_ptr<T>() + a * n, b - a, n, static_cast<float>(eps));
+      });
+    })
+    AT_DISPATCH_CASE(at::kBFloat16, [&] {
+      using T = c10::BFloat16;
+      at::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
+        rms_norm_rows<T>(x.data_ptr<T>() + a * x.stride(0), x.stride(0),
+                         residual.has_value() ? residual->data_ptr<T>() + a * n : nullptr,
+                         residual.has_value() ? sum.data_ptr<T>() + a * n : nullptr, weight.data_ptr<T>(),
+                         out.data_ptr<T>() + a * n, b - a, n, static_cast<float>(eps));
+      });
+    }));
+  return {out, sum};
+}
