@@ -4,8 +4,7 @@ Sources (``csrc/``):
 - ``paged_attention.cpp``: attention reading K/V in place from the paged cache
   (``kvserve.attention.cpu_paged``);
 - ``elementwise.cpp``: RMSNorm (with the residual add), SiLU-and-multiply and the bfloat16 rotary
-  embedding, one pass each
-  (``kvserve.model.layers``);
+  embedding, one pass each (``kvserve.model.layers``);
 - ``argmax.cpp``: row-wise argmax of float32/bfloat16 logits without an upcast copy
   (``kvserve.sample.greedy``);
 - ``linear.cpp``: the batch-invariant linear (GEMM) over prepacked float32/bfloat16 weights
