@@ -84,7 +84,11 @@ class CpuPagedAttentionBackend(AttentionBackend):
         if not self.supports(query.shape[1], kv_cache.shape[3], query.shape[2], query.device):
             return self._reference.forward(query, key, value, kv_cache, metadata, scale=scale,
                                            sliding_window=sliding_window)
-        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        if (kv_cache.dtype == key.dtype == value.dtype and key.stride(-1) == 1 and value.stride(-1) == 1
+                and metadata.slot_mapping.dtype == torch.int64):
+            self._ops.write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        else:  # one-byte caches quantize their rows
+            write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
         query = query.contiguous()
         out = torch.empty_like(query)
         self._ops.paged_attention(

@@ -123,7 +123,11 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` (residual adds in model dtype,
-    as transformers does)."""
+    as transformers does).
+
+    forward(hidden, residual, ...) -> (mlp_out, residual): the layer's input is ``hidden +
+    residual`` (``residual`` None: ``hidden`` alone) and its output ``mlp_out + residual``; each
+    sum is formed inside the following norm (``RMSNorm.add_and_norm``, one pass on the CPU)."""
 
     def __init__(self, arch: ModelArchConfig, layer_idx: int, backend: AttentionBackend, options: AttentionOptions):
         super().__init__()
@@ -132,10 +136,14 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
-    def forward(self, hidden, cos, sin, kv_cache, attn_metadata):
-        attn = self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, attn_metadata)
-        normed, hidden = self.post_attention_layernorm.add_and_norm(attn, hidden)  # hidden += attn, normed
-        return hidden + self.mlp(normed)
+    def forward(self, hidden, residual, cos, sin, kv_cache, attn_metadata):
+        if residual is None:
+            normed, residual = self.input_layernorm(hidden), hidden
+        else:
+            normed, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        attn = self.self_attn(normed, cos, sin, kv_cache, attn_metadata)
+        normed, residual = self.post_attention_layernorm.add_and_norm(attn, residual)
+        return self.mlp(normed), residual
 
 
 class LlamaModel(nn.Module):
@@ -153,9 +161,10 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, kv_caches, attn_metadata):
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb.cos_sin(positions, hidden.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, cos, sin, kv_cache, attn_metadata)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, attn_metadata)
+        return self.norm(hidden) if residual is None else self.norm.add_and_norm(hidden, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

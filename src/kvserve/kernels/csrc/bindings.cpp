@@ -4,6 +4,7 @@
 void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
                      torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t window,
                      int64_t max_q_len);
+void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor kv_cache, torch::Tensor slot_mapping);
 torch::Tensor argmax_rows(torch::Tensor logits);
 torch::Tensor silu_and_mul(torch::Tensor x);
 std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> residual,
@@ -29,6 +30,7 @@ void lora_apply(torch::Tensor x, torch::Tensor y, torch::Tensor a, torch::Tensor
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over the block cache (see paged_attention.cpp)");
+  m.def("write_kv_cache", &write_kv_cache, "K/V rows into their cache slots (see paged_attention.cpp)");
   m.def("argmax_rows", &argmax_rows, "index of the largest value of each row (see argmax.cpp)");
   m.def("rms_norm", &rms_norm, "RMSNorm of rows, optionally after a residual add (see elementwise.cpp)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [gate | up] rows (see elementwise.cpp)");

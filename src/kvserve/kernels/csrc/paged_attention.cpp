@@ -38,6 +38,7 @@
 #include <immintrin.h>
 #endif
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -834,4 +835,30 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_ca
       run_tasks<scalar_t, scalar_t>(query, out, kv_cache, block_tables, tiles, shape);
     }
   });
+}
+
+// key/value: [T, H_kv, D] (unit stride in D; a view into the fused qkv output is fine) stored at
+// slot_mapping (int64 [T]) of kv_cache [2, num_blocks, block_size, H_kv, D] of the same dtype:
+// the rows copied as they are (torch's index_copy_ did the same in two calls of ~30 us each at
+// 64 rows, mostly fixed cost).
+void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor kv_cache, torch::Tensor slot_mapping) {
+  TORCH_CHECK(kv_cache.is_contiguous() && slot_mapping.is_contiguous() && key.scalar_type() == kv_cache.scalar_type() &&
+              value.scalar_type() == kv_cache.scalar_type() && slot_mapping.scalar_type() == torch::kInt64);
+  TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes() && key.stride(2) == 1 && value.stride(2) == 1 &&
+              key.size(1) == kv_cache.size(3) && key.size(2) == kv_cache.size(4) && slot_mapping.numel() == key.size(0));
+  const int64_t tokens = key.size(0), heads = key.size(1), dim = key.size(2);
+  const int64_t slots = kv_cache.size(1) * kv_cache.size(2), bytes = dim * key.element_size();
+  const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(slot[t] >= 0 && slot[t] < slots, "slot out of range");
+  char* keys = static_cast<char*>(kv_cache.data_ptr());
+  char* values = keys + kv_cache.stride(0) * kv_cache.element_size();
+  const char* k = static_cast<const char*>(key.data_ptr());
+  const char* v = static_cast<const char*>(value.data_ptr());
+  const int64_t es = key.element_size(), row = heads * bytes;
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::memcpy(keys + slot[t] * row + h * bytes, k + (t * key.stride(0) + h * key.stride(1)) * es, bytes);
+      std::memcpy(values + slot[t] * row + h * bytes, v + (t * value.stride(0) + h * value.stride(1)) * es, bytes);
+    }
+  }
 }
