@@ -1,7 +1,8 @@
 // Paged attention, reading K/V in place from the block cache (decode rows and prefill chunks).
 //
-// Work is split into tasks of (tile, KV head): a tile is up to kTileRows consecutive query rows of
-// one request (a decode row is a tile of one). A task walks the request's context in chunks
+// Work is split into tasks of (tile, KV heads): a tile is up to kTileRows consecutive query rows of
+// one request (a decode row is a tile of one); a task covers every KV head of its tile when there
+// are tiles enough for the threads (a decode step at batch), else one. A task walks the request's context in chunks
 // aligned to absolute positions (K/V rows found through the block table) and keeps an online
 // softmax (Milakov & Gimelshein 2018; FlashAttention's chunk-wise rescaling, Dao et al. 2022) in
 // float32 for every query head of the KV head's group:
@@ -26,7 +27,10 @@
 // codes through a 256-entry table), the product the reference backend's dequantization
 // computes; no dequantized copy is made.
 // Padded, masked and other requests' tokens are never read. Tasks are taken from a shared queue,
-// costliest first, so causal prefill rows of uneven cost keep every thread busy.
+// costliest first, so causal prefill rows of uneven cost keep every thread busy. The bf16 path
+// prefetches the next chunk's K/V rows (and, in a task's last chunk, the first rows of the
+// thread's next task) a few lines at a time while it computes: blocks are scattered pages, where
+// the hardware prefetchers stop, and the loads otherwise stalled on memory each chunk.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
