@@ -162,3 +162,22 @@ def test_bfloat16_rows_identical_however_the_prompt_is_chunked(dim, window):
             scores = (k[lo : i + 1, h // group].double() @ q[i, h].double()) * dim**-0.5
             expected = torch.softmax(scores, 0) @ v[lo : i + 1, h // group].double()
             torch.testing.assert_close(whole[i, h].double(), expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_cache_write_equals_index_copy(dtype):
+    """The C++ K/V write (rows into their slots; v a strided view as the model passes it) stores
+    exactly what the reference backend's index_copy_ stores."""
+    from kvserve.attention.torch_backend import write_kv_cache  # noqa: PLC0415
+    from kvserve.kernels import cpu_kernels  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(4)
+    qkv = torch.randn(5, 3 * 2 * 32, generator=gen).to(dtype)
+    key, value = qkv[:, 64:128].reshape(5, 2, 32), qkv[:, 128:].reshape(5, 2, 32)
+    slots = torch.tensor([17, 3, 40, 0, 63])
+    caches = [torch.zeros(2, 4, 16, 2, 32, dtype=dtype) for _ in range(2)]
+    cpu_kernels().write_kv_cache(key, value, caches[0], slots)
+    write_kv_cache(key, value, caches[1], slots)
+    assert torch.equal(caches[0], caches[1])
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        cpu_kernels().write_kv_cache(key, value, caches[0], torch.tensor([0, 1, 2, 3, 64]))
