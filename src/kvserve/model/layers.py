@@ -4,10 +4,11 @@ the fused (merged) linear projections.
 Numerics follow transformers' Llama implementation operation for operation (norm computed in
 float32 and cast back before the weight multiply; cos/sin computed in float32 and cast to the
 activation dtype), so that bfloat16 runs round the same way as the reference. On the CPU,
-SiLU-and-multiply and the bfloat16 rotary embedding run as one C++ pass each
-(``kvserve/kernels/csrc/elementwise.cpp``: the rotary embedding gives torch's bits, SiLU may differ
-in the last place through its exp) instead of several torch operators, whose per-call cost
-dominated these small tensors in a decode step.
+RMSNorm (with the residual add before it), SiLU-and-multiply and the bfloat16 rotary embedding run
+as one C++ pass each (``kvserve/kernels/csrc/elementwise.cpp``: the rotary embedding and the
+residual sums give torch's bits; RMSNorm's sum of squares and SiLU's exp may differ in the last
+float32 place) instead of several torch operators, whose per-call cost dominated these small
+tensors in a decode step.
 """
 
 from __future__ import annotations
