@@ -25,11 +25,9 @@ from kvserve.distributed.shard import TensorParallelShard, check_tensor_parallel
 from kvserve.engine.llm import LLM
 from kvserve.errors import ConfigError
 from kvserve.model.arch_config import ModelArchConfig
+from tp_workload import COMMON, PROMPTS, greedy
 
-COMMON = dict(max_model_len=256, block_size=16, seed=0, dtype="float32", dist_timeout=60.0)
-PROMPTS = [[5, 17, 29, 41, 53, 65, 77, 89, 101, 113, 125, 137, 149, 161, 173, 185, 197, 209, 221],
-           [7, 8, 9, 10, 11], [300, 200, 100, 50, 25, 12, 6, 3, 400]]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True, logprobs=1)
+GREEDY = greedy(64)
 
 
 def make(model_dir, tp: int, **kwargs) -> LLM:

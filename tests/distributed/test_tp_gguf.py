@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvserve import SamplingParams
 from kvserve.attention import get_attention_backend
 from kvserve.distributed.shard import TensorParallelShard
 from kvserve.engine.llm import LLM
@@ -19,20 +18,12 @@ from kvserve.kernels import cpu_kernels_available
 from kvserve.model.gguf_file import open_gguf
 from kvserve.model.gguf_loader import load_gguf_model
 from kvserve.testing.gguf_export import export_gguf
+from tp_workload import COMMON as BASE
+from tp_workload import forward_and_generate
 
 pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="no C++ compiler for the kernels")
 
-COMMON = dict(max_model_len=256, block_size=16, seed=0, dtype="float32", dist_timeout=60.0,
-              num_gpu_blocks_override=64)
-PROMPTS = [[5, 17, 29, 41, 53, 65, 77, 89, 101, 113, 125, 137, 149, 161, 173, 185, 197, 209, 221],
-           [7, 8, 9, 10, 11], [300, 200, 100, 50, 25, 12, 6, 3, 400]]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=1)
-
-
-def run(llm: LLM):
-    logits = llm.llm_engine.core.runner.forward([PROMPTS[0], PROMPTS[1]], [[1, 2], [3]])
-    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)
-    return logits, [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outputs]
+COMMON = BASE | {"num_gpu_blocks_override": 64}
 
 
 @pytest.mark.slow
@@ -40,13 +31,13 @@ def run(llm: LLM):
 def test_tp2_gguf_matches_tp1(request, tmp_path, fixture, outtype):
     path = export_gguf(request.getfixturevalue(fixture), tmp_path / f"m-{outtype}.gguf", outtype)
     reference = LLM(str(path), tensor_parallel_size=1, **COMMON)
-    want_logits, want = run(reference)
+    want_logits, want = forward_and_generate(reference)
     whole = reference.llm_engine.core.loaded.model.model.layers[1]
     sharded = LLM(str(path), tensor_parallel_size=2, **COMMON)
     try:
         loaded = sharded.llm_engine.core.loaded
         assert loaded.weight_format.startswith(f"GGUF {outtype.upper()}")
-        got_logits, got = run(sharded)
+        got_logits, got = forward_and_generate(sharded)
     finally:
         sharded.shutdown()
     shard = TensorParallelShard(0, 2, loaded.arch)

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvserve import SamplingParams
 from kvserve.distributed.shard import TensorParallelShard
 from kvserve.engine.llm import LLM
 from kvserve.errors import ConfigError
@@ -22,14 +21,12 @@ from kvserve.model.quant_linear import QuantizedLinear
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "quantization"))
 from prequantized_writer import write_prequantized  # noqa: E402
+from tp_workload import COMMON as BASE  # noqa: E402
+from tp_workload import forward_and_generate  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="no C++ compiler for the kernels")
 
-COMMON = dict(max_model_len=256, block_size=16, seed=0, dtype="float32", dist_timeout=60.0,
-              num_gpu_blocks_override=64)
-PROMPTS = [[5, 17, 29, 41, 53, 65, 77, 89, 101, 113, 125, 137, 149, 161, 173, 185, 197, 209, 221],
-           [7, 8, 9, 10, 11], [300, 200, 100, 50, 25, 12, 6, 3, 400]]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=1)
+COMMON = BASE | {"num_gpu_blocks_override": 64}
 CHECKPOINTS = {
     # With a quantized LM head (vocabulary rows split) and the zero biases older writers store.
     "gptq_v2_g32_lm_head": ("LlamaForCausalLM", dict(method="gptq", group_size=32, sym=False, lm_head=True,
@@ -45,12 +42,6 @@ def write(checkpoint_factory, tmp_path_factory, architecture: str, **options) ->
     return out
 
 
-def run(llm: LLM):
-    runner = llm.llm_engine.core.runner
-    logits = runner.forward([PROMPTS[0], PROMPTS[1]], [[1, 2], [3]])
-    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)
-    return logits, [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outputs]
-
 
 def quantized_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name.removesuffix(".linear"): m.dequantized_weight().float() for name, m in module.named_modules()
@@ -63,13 +54,13 @@ def test_tp2_prequantized_matches_tp1(checkpoint_factory, tmp_path_factory, name
     architecture, options = CHECKPOINTS[name]
     folder = write(checkpoint_factory, tmp_path_factory, architecture, **options)
     reference = LLM(str(folder), tensor_parallel_size=1, **COMMON)
-    want_logits, want = run(reference)
+    want_logits, want = forward_and_generate(reference)
     whole = quantized_weights(reference.llm_engine.core.loaded.model)
     sharded = LLM(str(folder), tensor_parallel_size=2, **COMMON)
     try:
         loaded = sharded.llm_engine.core.loaded
         assert loaded.quantization.checkpoint is not None and loaded.weight_format.startswith(options["method"])
-        got_logits, got = run(sharded)
+        got_logits, got = forward_and_generate(sharded)
     finally:
         sharded.shutdown()
     shard = TensorParallelShard(0, 2, loaded.arch)

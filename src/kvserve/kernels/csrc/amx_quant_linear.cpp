@@ -433,10 +433,8 @@ torch::Tensor amx_quant_linear(torch::Tensor x, torch::Tensor packed, torch::Ten
   const std::vector<int64_t> param_shape{blocks, groups, bc};
   TORCH_CHECK(scales.is_contiguous() && scales.sizes() == param_shape && scales.scalar_type() == torch::kFloat,
               "scales must be float32 [blocks, K / group_size, block columns] like packed");
-  const bool has_offsets = neg_offsets.has_value() && neg_offsets->defined();
-  TORCH_CHECK(!has_offsets || (bits == 4 && neg_offsets->is_contiguous() && neg_offsets->sizes() == param_shape &&
-                               neg_offsets->scalar_type() == torch::kFloat),
-              "offsets (int4 only) must be float32 like the scales");
+  const float* offsets_ptr = optional_offsets(neg_offsets, bits, param_shape);
+  const bool has_offsets = offsets_ptr != nullptr;
   const float* bias_ptr = optional_bias(bias, N);
   auto out = torch::empty({M, N}, x.options());
 #if defined(KVSERVE_AMX_BUILD)
@@ -458,7 +456,7 @@ torch::Tensor amx_quant_linear(torch::Tensor x, torch::Tensor packed, torch::Ten
     }
   }
   const Layer layer{packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
-                    has_offsets ? neg_offsets->data_ptr<float>() : nullptr, bias_ptr,
+                    offsets_ptr, bias_ptr,
                     has_offsets ? xsum.data() : nullptr, M, K, N, chunks, groups,
                     group_size == K ? chunks : group_size / kTileK, !has_offsets};
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());

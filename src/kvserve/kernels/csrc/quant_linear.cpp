@@ -167,15 +167,13 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor 
   const std::vector<int64_t> param_shape{P, K / group_size, nr};
   TORCH_CHECK(scales.is_contiguous() && scales.sizes() == param_shape && scales.scalar_type() == torch::kFloat,
               "scales must be float32 [P, K / group_size, kNR]");
-  const bool has_offsets = neg_offsets.has_value() && neg_offsets->defined();
-  TORCH_CHECK(!has_offsets || (bits == 4 && neg_offsets->is_contiguous() && neg_offsets->sizes() == param_shape &&
-                               neg_offsets->scalar_type() == torch::kFloat),
-              "offsets (int4 only) must be float32 like the scales");
+  const float* offsets_ptr = optional_offsets(neg_offsets, bits, param_shape);
+  const bool has_offsets = offsets_ptr != nullptr;
   const float* bias_ptr = optional_bias(bias, N);
   auto out = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   const kvserve_quant::QuantArgs q{packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
-                                   has_offsets ? neg_offsets->data_ptr<float>() : nullptr, bias_ptr, M, K, N,
+                                   offsets_ptr, bias_ptr, M, K, N,
                                    group_size, bits};
   const bool bf16 = x.scalar_type() == torch::kBFloat16;
   switch (isa) {
