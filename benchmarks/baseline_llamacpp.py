@@ -141,7 +141,9 @@ def run(args: argparse.Namespace) -> list[Path]:
     workload = ["--dataset-name", "random", "--input-len", str(args.input_len), "--output-len",
                 str(args.output_len), "--num-prompts", str(args.num_prompts), "--seed", str(args.seed)]
     logit_bias = eog_logit_bias(args.model)
-    extra = ["--extra-body", json.dumps({"logit_bias": logit_bias})]
+    # No x-request-id header: llama-cpp-python's server (starlette-context) answers HTTP 400 with an
+    # empty body to a request id that is not a UUID.
+    extra = ["--extra-body", json.dumps({"logit_bias": logit_bias}), "--request-id-prefix", ""]
     result_dir = Path(args.result_dir)
     written = []
     with running_server(command, f"http://127.0.0.1:{port}/v1/models", result_dir / "llamacpp-server.log"):
