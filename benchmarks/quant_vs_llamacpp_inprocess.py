@@ -12,8 +12,7 @@ Q4_0 quantizations of it (``baseline_llamacpp.py`` makes them)::
     python benchmarks/quant_vs_llamacpp_inprocess.py --model /tmp/qwen-shaped \\
         --llamacpp-python /tmp/llamacpp-venv-noamx/bin/python
 
-(``quant_vs_llamacpp.py`` compares the two servers; llama-cpp-python's server answered HTTP 400
-to every request after the first on a kept-alive connection of ``kvserve bench serve`` here.)
+(``quant_vs_llamacpp.py`` compares the two servers, HTTP and serving loop included.)
 """
 
 from __future__ import annotations
