@@ -38,8 +38,6 @@
 #include "amx_tiles.h"
 #include <ATen/Parallel.h>
 
-#include <memory>
-
 #pragma GCC push_options
 #pragma GCC optimize("no-fast-math", "fp-contract=off")
 
@@ -47,11 +45,9 @@ namespace {
 
 using namespace kvserve_amx;
 
-constexpr int64_t kChunkWeights = kTileK * kTileN;  // 512 weights per chunk
+#include "bf16_convert.h"
 
-// Chunks widened into a ring of buffers, so that widening the next chunk need not wait for the
-// tile loads of the last one.
-constexpr int64_t kBuffers = 4;
+constexpr int64_t kChunkWeights = kTileK * kTileN;  // 512 weights per chunk
 
 // Output columns per block of the packed layout: int8 rows are one panel wide (16 bytes per
 // input), int4 rows four panels (one 64-byte line per input pair), which is what the one-row
@@ -75,10 +71,10 @@ constexpr int64_t ahead(int64_t bits) { return bits == 8 ? 2048 : 4096; }
 template <int kBits>
 inline void prefetch_line(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p) + ahead(kBits), _MM_HINT_T2); }
 
-// One int8 chunk of a panel (32 rows of 16 bytes: inputs k, k + 1, ...
-// of the panel's 16 columns) -> its bfloat16 B tile: tile row r, column j is the pair
-// (q[2r][j], q[2r + 1][j]). Each integer goes through float32 exactly; a small integer's float32
-// has 16 zero low bits, so a pair is one shift and one or.
+// One int8 chunk of a panel (32 rows of 16 bytes: inputs k, k + 1, ... of the panel's 16 columns)
+// -> its bfloat16 B tile: tile row r, column j is the pair (q[2r][j], q[2r + 1][j]). Each integer
+// goes through float32 exactly; a small integer's float32 has 16 zero low bits, so a pair is one
+// shift and one or.
 inline void widen_int8(const uint8_t* src, uint16_t* dst) {
   for (int r = 0; r < 16; ++r) {
     const __m512i even = _mm512_castps_si512(_mm512_cvtepi32_ps(
@@ -152,8 +148,7 @@ inline void store_c_tile(int t, float* tile) {
 }
 
 // rt A tiles (16 rows each: a[i], row stride lda[i] bytes) x pt panels (p, p + 1) of the layer,
-// rt * pt <= 4 C tiles: each chunk is widened into `buf` (a ring of kBuffers x 2 x 512 bfloat16, in
-// L1) just before its
+// rt * pt <= 4 C tiles: each chunk is widened into `buf` (2 x 512 bfloat16, in L1) just before its
 // tile load and used by every row; every group's tile sums are merged into acc, then stored with
 // the bias through `out` (the first row's row, column 16p). A tiles beyond two reuse registers 4-5.
 template <int rt, int pt, int kBits>
@@ -169,12 +164,11 @@ void micro_kernel(const Layer& L, __m512i table, int64_t p, int64_t row0, const 
     if constexpr (rt * pt > 3) _tile_zero(3);
     const int64_t c1 = std::min(L.chunks, (g + 1) * L.chunks_per_group);
     for (int64_t c = g * L.chunks_per_group; c < c1; ++c) {
-      uint16_t* b = buf + (c % kBuffers) * 2 * kChunkWeights;
-      widen_chunk<kBits>(L.chunk<kBits>(p, c), b, table);
-      _tile_loadd(6, b, 64);
+      widen_chunk<kBits>(L.chunk<kBits>(p, c), buf, table);
+      _tile_loadd(6, buf, 64);
       if constexpr (pt == 2) {
-        widen_chunk<kBits>(L.chunk<kBits>(p + 1, c), b + kChunkWeights, table);
-        _tile_loadd(7, b + kChunkWeights, 64);
+        widen_chunk<kBits>(L.chunk<kBits>(p + 1, c), buf + kChunkWeights, table);
+        _tile_loadd(7, buf + kChunkWeights, 64);
       }
       _tile_loadd(4, a[0] + c * 64, lda[0]);
       _tile_dpbf16ps(0, 4, 6);
@@ -284,8 +278,9 @@ class FlushDenormals {
 //     e = fma(x[k0+30], w[k0+30], ... fma(x[k0], w[k0], 0)),  o = the same over k0+1, ..., k0+31
 //     c = c + (e + o)
 // with input denormals treated as zero and denormal results flushed (DAZ, FTZ: FlushDenormals,
-// for the whole kernel on both paths).
-// The same operations give the same bits: a row's result does not depend on which path ran.
+// for the whole kernel on both paths). The same operations give the same bits: a row's result does
+// not depend on which path ran.
+//
 // A panel's 16 weights of inputs 2r (even) and 2r + 1 (odd) as float32, from its 16 bytes of
 // packed row 2r and 2r + 1 (int8) or of row r (int4).
 template <int kBits>
@@ -302,7 +297,7 @@ inline void pair_weights(const uint8_t* row, __m512 table, __m512& even, __m512&
 }
 
 template <int kBits, int np>
-void row_kernel(const Layer& L, const float* x, const float* xsum, int64_t p0, uint16_t* out) {
+void row_kernel(const Layer& L, const float* x, int64_t p0, uint16_t* out) {
   // Bytes between input pairs: int8 two rows, int4 one.
   constexpr int64_t pair_bytes = kBits == 8 ? 2 * block_cols(8) : block_cols(4);
   const __m512 table = kBits == 4 ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
@@ -339,7 +334,7 @@ void row_kernel(const Layer& L, const float* x, const float* xsum, int64_t p0, u
     for (int j = 0; j < np; ++j) {
       const int64_t at = L.param<kBits>(p0 + j, g);
       __m512 v = _mm512_fmadd_ps(c[j], _mm512_loadu_ps(L.scales + at), g == 0 ? _mm512_setzero_ps() : acc[j]);
-      if (L.neg_offsets != nullptr) v = _mm512_fmadd_ps(_mm512_loadu_ps(L.neg_offsets + at), _mm512_set1_ps(xsum[g]), v);
+      if (L.neg_offsets != nullptr) v = _mm512_fmadd_ps(_mm512_loadu_ps(L.neg_offsets + at), _mm512_set1_ps(L.xsum[g]), v);
       acc[j] = v;
     }
   }
@@ -353,23 +348,19 @@ void row_kernel(const Layer& L, const float* x, const float* xsum, int64_t p0, u
 }
 
 template <int kBits>
-void run_row(const uint16_t* x, uint16_t* out, const Layer& L) {
+void run_row(const c10::BFloat16* x, uint16_t* out, const Layer& L) {
   const int64_t panels = (L.N + kTileN - 1) / kTileN;
-  const int64_t width = L.chunks * kTileK;
-  std::vector<float> row(static_cast<size_t>(width), 0.f);  // the row as float32, zero-padded to whole chunks
-  for (int64_t k = 0; k < L.K; ++k) {
-    const uint32_t word = static_cast<uint32_t>(x[k]) << 16;
-    std::memcpy(&row[k], &word, sizeof(float));
-  }
+  std::vector<float> row(static_cast<size_t>(L.chunks * kTileK), 0.f);  // as float32, zero-padded to whole chunks
+  for (int64_t k = 0; k < L.K; ++k) row[k] = to_float(x[k]);
   const int64_t items = (panels + kRowPanels - 1) / kRowPanels;
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     const FlushDenormals flush;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t p0 = item * kRowPanels;
       if (panels - p0 >= kRowPanels) {
-        row_kernel<kBits, kRowPanels>(L, row.data(), L.xsum, p0, out);
+        row_kernel<kBits, kRowPanels>(L, row.data(), p0, out);
       } else {
-        for (int64_t p = p0; p < panels; ++p) row_kernel<kBits, 1>(L, row.data(), L.xsum, p, out);
+        for (int64_t p = p0; p < panels; ++p) row_kernel<kBits, 1>(L, row.data(), p, out);
       }
     }
   });
@@ -390,7 +381,7 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
   at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     const FlushDenormals flush;
     configure_tiles(M);
-    alignas(64) uint16_t buf[kBuffers * 2 * kChunkWeights];
+    alignas(64) uint16_t buf[2 * kChunkWeights];
     for (int64_t item = begin; item < end; ++item) {
       const int64_t pair = item % pairs, g = item / pairs;
       const int64_t p = pair * 2, pt = std::min<int64_t>(2, panels - p);
@@ -410,9 +401,8 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
 
 // x: contiguous [M, K] bfloat16; packed: uint8 [N/16, K', 16] (int8) or [N/64, K'/2, 64] (int4), K'
 // = K rounded up to 32; scales (and neg_offsets, int4 only): float32 [blocks, K / group_size, block
-// columns]; bias float32 [N] or
-// None; group_size: K, or a multiple of 32 that divides K; bits 8 or 4 (int4 without offsets is
-// symmetric: q - 8). Returns [M, N] bfloat16.
+// columns]; bias float32 [N] or None; group_size: K, or a multiple of 32 that divides K; bits 8 or
+// 4 (int4 without offsets is symmetric: q - 8). Returns [M, N] bfloat16.
 torch::Tensor amx_quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
                                c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
                                int64_t out_features, int64_t group_size, int64_t bits) {
@@ -439,29 +429,25 @@ torch::Tensor amx_quant_linear(torch::Tensor x, torch::Tensor packed, torch::Ten
   auto out = torch::empty({M, N}, x.options());
 #if defined(KVSERVE_AMX_BUILD)
   if (M == 0 || N == 0) return out;
-  const uint16_t* xs = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+  const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>();
   // Each row's input sum per group, a plain float32 sum in increasing k (offsets only).
   const FlushDenormals flush;
   std::vector<float> xsum(has_offsets ? M * groups : 0);
   for (int64_t r = 0; r < M && has_offsets; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
       float s = 0.f;
-      for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) {
-        const uint32_t word = static_cast<uint32_t>(xs[r * K + k]) << 16;
-        float v;
-        std::memcpy(&v, &word, sizeof(v));
-        s += v;
-      }
+      for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) s += to_float(xb[r * K + k]);
       xsum[r * groups + g] = s;
     }
   }
+  const uint16_t* xs = reinterpret_cast<const uint16_t*>(xb);
   const Layer layer{packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
                     offsets_ptr, bias_ptr,
                     has_offsets ? xsum.data() : nullptr, M, K, N, chunks, groups,
                     group_size == K ? chunks : group_size / kTileK, !has_offsets};
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
-  if (M == 1 && bits == 8) run_row<8>(xs, o, layer);
-  else if (M == 1) run_row<4>(xs, o, layer);
+  if (M == 1 && bits == 8) run_row<8>(xb, o, layer);
+  else if (M == 1) run_row<4>(xb, o, layer);
   else if (bits == 8) run<8>(xs, o, layer);
   else run<4>(xs, o, layer);
 #endif

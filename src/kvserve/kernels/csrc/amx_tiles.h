@@ -60,7 +60,7 @@ struct TileConfig {
 // `rows` (1-16) rows in the A and C tiles: fewer than 16 when the layer has fewer rows, so that a
 // decode row does not load and multiply 15 rows of zeros (each row's sums are independent of the
 // others', so the count never changes a bit).
-inline void configure_tiles(int64_t rows = kTileRows) {
+inline void configure_tiles(int64_t rows) {
   TileConfig config;
   std::memset(&config, 0, sizeof(config));
   config.palette_id = 1;

@@ -1,6 +1,7 @@
-// float32 <-> bfloat16 conversions of the linear kernels (linear.cpp, quant_linear_impl.h), written
-// here rather than taken from c10: functions from headers compiled under other optimisation
-// options are not inlined into the kernels (a call per element). No include guard and no includes,
+// float32 <-> bfloat16 conversions of the kernels (linear.cpp, quant_linear_impl.h, lora.cpp,
+// amx_quant_linear.cpp, elementwise.cpp), written here rather than taken from c10: functions from
+// headers compiled under other optimisation options are not inlined into the kernels (a call per
+// element). No include guard and no includes,
 // on purpose: each kernel includes this inside its own namespace and optimisation pragmas (the
 // quantized kernel once per instruction set), after <torch/extension.h> and <cstring>.
 inline float to_float(float v) { return v; }

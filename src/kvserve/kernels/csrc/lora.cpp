@@ -35,29 +35,11 @@
 
 namespace {
 
-inline float to_f(float v) { return v; }
-inline float to_f(c10::BFloat16 v) {
-  const uint32_t word = static_cast<uint32_t>(v.x) << 16;
-  float f;
-  std::memcpy(&f, &word, sizeof(f));
-  return f;
-}
-
-template <typename T>
-inline T from_f(float v);
-template <>
-inline float from_f<float>(float v) { return v; }
-template <>
-inline c10::BFloat16 from_f<c10::BFloat16>(float v) {  // round to nearest even, as c10
-  uint32_t word;
-  std::memcpy(&word, &v, sizeof(word));
-  const uint16_t bits = v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>((word + 0x7fffu + ((word >> 16) & 1u)) >> 16);
-  return c10::BFloat16(bits, c10::BFloat16::from_bits());
-}
+#include "bf16_convert.h"
 
 template <typename T>
 inline void to_float_row(const T* __restrict src, float* __restrict dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = to_f(src[i]);
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
 }
 
 // 16 floats; GCC lowers it to one AVX-512 register, two AVX2 registers or portable code.
@@ -81,7 +63,7 @@ inline vf load_v(const c10::BFloat16* p) {  // exact: a bfloat16 is the upper ha
   return v;
 }
 inline void store_v(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
-inline void store_v(c10::BFloat16* p, vf v) {  // round to nearest even (NaN -> 0x7fc0), as from_f
+inline void store_v(c10::BFloat16* p, vf v) {  // round to nearest even (NaN -> 0x7fc0), as from_float
   vu word;
   std::memcpy(&word, &v, sizeof(word));
   vu rounded = (word + 0x7fffu + ((word >> 16) & 1u)) >> 16;
@@ -131,9 +113,9 @@ void shrink_block(const act_t* x, const weight_t* at, const int64_t* order, int6
   std::vector<float> acc(static_cast<size_t>(count * R), 0.f);  // any R: the same sequence, scalar
   for (int64_t k = 0; k < K; ++k)
     for (int64_t i = 0; i < count; ++i)
-      for (int64_t q = 0; q < R; ++q) acc[i * R + q] = acc[i * R + q] + xs[i * K + k] * to_f(at[k * R + q]);
+      for (int64_t q = 0; q < R; ++q) acc[i * R + q] = acc[i * R + q] + xs[i * K + k] * to_float(at[k * R + q]);
   for (int64_t i = 0; i < count; ++i)
-    for (int64_t q = 0; q < R; ++q) h[(i0 + i) * R + q] = to_f(from_f<act_t>(acc[i * R + q]));
+    for (int64_t q = 0; q < R; ++q) h[(i0 + i) * R + q] = to_float(from_float<act_t>(acc[i * R + q]));
 }
 
 // Columns [n0, n0 + cols) of one shard for the tokens of one segment: y += round(h_j Bt).
@@ -156,7 +138,7 @@ void expand_block(act_t* y, const weight_t* bt, const float* h, const int64_t* o
     for (int64_t c = full * kV; c < cols; ++c) {  // the tail, the same sequence per element
       float a = 0.f;
       for (int64_t k = 0; k < rank; ++k) a = a + hi[k] * w[k * kColumnBlock + c];
-      out[c] = from_f<act_t>(to_f(out[c]) + to_f(from_f<act_t>(a)));
+      out[c] = from_float<act_t>(to_float(out[c]) + to_float(from_float<act_t>(a)));
     }
   }
 }
