@@ -13,8 +13,20 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvserve.testing.checkpoints import build_checkpoint
+
+
+@pytest.fixture
+def one_torch_thread():
+    """The test on one torch thread, restored after it: tiny models and tensors run fastest so;
+    with other work on the machine, OpenMP threads contend and a 2-thread run was 20x slower.
+    Folders of such tests request it for every test (an autouse fixture in their conftest)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,8 @@
 """Run the attention tests on one torch thread (tiny tensors; restored after each test)."""
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_torch_thread(one_torch_thread):
+    """Every test here on one torch thread (tests/conftest.py)."""

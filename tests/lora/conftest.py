@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from lora_fixtures import SPECS, make_adapter
 from model_fixtures import tiny_checkpoint  # noqa: F401  (re-exported fixture)
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models run fastest on one thread (see tests/model/conftest.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_torch_thread(one_torch_thread):
+    """Every test here on one torch thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")

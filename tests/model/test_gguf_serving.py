@@ -125,6 +125,14 @@ def agreement(ours, reference) -> float:
     return same / sum(len(b) for _, b in reference)
 
 
+def agreements(path, source, tmp_path) -> tuple[float, float]:
+    """Greedy agreement of the GGUF file served with (its dequantized weights as a float
+    checkpoint, the source checkpoint)."""
+    served = greedy(make_llm(path))
+    same_model = agreement(served, greedy(make_llm(dequantized_checkpoint(path, source, tmp_path / "deq"))))
+    return same_model, agreement(served, greedy(make_llm(source)))
+
+
 @pytest.mark.skipif(not cpu_kernels_available(), reason="no C++ compiler for the kernels")
 @pytest.mark.parametrize(("outtype", "bits", "bound"), [("q8_0", 8, 0.01), ("q4_0", 4, 0.15)])
 def test_q8_0_and_q4_0_load_the_files_integers(tmp_path, outtype, bits, bound):
@@ -143,9 +151,7 @@ def test_q8_0_and_q4_0_load_the_files_integers(tmp_path, outtype, bits, bound):
     error = (attn.qkv_proj.dequantized_weight() - float_weight).norm() / float_weight.norm()
     assert error < bound, error
     assert loaded.weight_format == f"GGUF {outtype.upper()}: {attn.qkv_proj.format()}; LM head {attn.qkv_proj.format()}"
-    served = greedy(make_llm(path))
-    same_model = agreement(served, greedy(make_llm(dequantized_checkpoint(path, source, tmp_path / "deq"))))
-    share = agreement(served, greedy(make_llm(source)))
+    same_model, share = agreements(path, source, tmp_path)
     print(f"{outtype}: weight error {error:.4f}, greedy agreement with the source {share:.2f}, with the file's "
           f"dequantized weights as a float checkpoint {same_model:.2f}")
     assert same_model >= 0.9
@@ -170,9 +176,7 @@ def test_q4_k_and_q6_k_mix(tmp_path):
     assert np.array_equal(qkv.parts[1].dequantized_weight().numpy(), dequantized(path, "blk.0.attn_v.weight", 128))
     assert torch.equal(qkv.parts[1].bias, load_model(source).model.model.layers[0].self_attn.qkv_proj.bias[384:])
     assert loaded.model.model.layers[0].mlp.down_proj.format() == "int8 (group 16)"
-    served = greedy(make_llm(path))
-    same_model = agreement(served, greedy(make_llm(dequantized_checkpoint(path, source, tmp_path / "deq"))))
-    share = agreement(served, greedy(make_llm(source)))
+    same_model, share = agreements(path, source, tmp_path)
     print(f"Q4_K/Q6_K: greedy agreement with the source {share:.2f}, with the file's dequantized weights as a "
           f"float checkpoint {same_model:.2f}")
     assert same_model >= 0.9
