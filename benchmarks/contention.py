@@ -10,7 +10,9 @@ child process loads the model once with the offline ``LLM`` and times greedy dec
 then while a busy-loop process pinned to one core (``--busy-core``) runs, then idle again. The
 table gives the busy/idle ratio of each; a ratio near 1 is what graceful degradation means.
 
-Configurations (``--config NAME=VAR=VALUE;VAR=VALUE``; default: all of these):
+Configurations (``--config NAME=VAR=VALUE;VAR=VALUE``; default: all of these). ``SPIN_US=N`` is
+not an environment variable: it sets the kernel worker pool's spin window (``thread_pool.h``) in
+the child; ``PYTHONPATH=<checkout>/src`` measures another checkout of kvserve.
 
     libgomp        nothing set: libgomp's default spin (GOMP_SPINCOUNT 300,000 before sleeping)
     kvserve        what `kvserve serve` sets by default (kvserve.cpu_threads.process_environment)
@@ -70,6 +72,10 @@ def child(args: argparse.Namespace) -> None:
 
     llm = LLM(args.model, max_model_len=256, num_gpu_blocks_override=256, enable_prefix_caching=False,
               dtype=args.dtype)
+    if args.spin_us is not None:
+        from kvserve.kernels import cpu_kernels
+
+        cpu_kernels().set_pool_spin_us(args.spin_us)
     measure(llm, 4, 1, 1)  # warm-up: kernels, allocator
     result: dict = {"threads": torch.get_num_threads()}
     for phase in ("idle", "busy", "idle_again"):
@@ -89,6 +95,8 @@ def run_config(name: str, env: dict[str, str], args: argparse.Namespace) -> dict
     clean = {k: v for k, v in os.environ.items() if k not in _OMP_VARS}
     command = [sys.executable, __file__, "--child", "--model", args.model, "--tokens", str(args.tokens),
                "--repeats", str(args.repeats), "--busy-core", str(args.busy_core), "--dtype", args.dtype]
+    if "SPIN_US" in env:
+        command += ["--spin-us", env["SPIN_US"]]
     done = subprocess.run(command, env={**clean, **env}, capture_output=True, text=True, check=False)
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
     if line is None:
@@ -115,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", action="append", default=None, help="NAME or NAME=VAR=VALUE;... (repeat)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--spin-us", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.model is None:
         from kvserve.builtin import builtin_model_path

@@ -18,6 +18,8 @@ Sources (``csrc/``):
   (``kvserve.structured_output.bitmask``);
 - ``lora.cpp``: every token's LoRA adapter added to a projection, all adapters in one call
   (``kvserve.lora.layers``);
+- ``thread_pool.cpp`` (+ ``thread_pool.h``): the worker threads every kernel's ``parallel_for``
+  runs on (idle workers spin for a short window, then sleep; not OpenMP's process-wide policy);
 - ``bindings.cpp``: the Python module.
 
 The build uses ``torch.utils.cpp_extension.load`` (g++ with OpenMP, ``-O3 -march=native``; about a
@@ -49,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("paged_attention.cpp", "argmax.cpp", "elementwise.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp",
-           "amx_quant_linear.cpp", "bitmask.cpp", "lora.cpp", "bindings.cpp")
+           "amx_quant_linear.cpp", "bitmask.cpp", "lora.cpp", "thread_pool.cpp", "bindings.cpp")
 
 
 def cpu_tag() -> str:

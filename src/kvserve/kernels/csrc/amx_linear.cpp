@@ -28,6 +28,7 @@
 #include "linear_bias.h"
 #include "amx_tiles.h"
 #include <ATen/Parallel.h>
+#include "thread_pool.h"
 
 namespace {
 
@@ -115,7 +116,7 @@ void amx_kernel(const uint16_t* x, const uint16_t* packed, const float* bias, ui
   const int64_t items = row_blocks * pairs;
   const int64_t grain = std::max<int64_t>(1, items / (threads * 4));
   const ActivationTiles tiles(x, M, K);
-  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+  kvserve::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     configure_tiles(M);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t pair = item % pairs, block = item / pairs;

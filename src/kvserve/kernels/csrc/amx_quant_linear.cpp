@@ -37,6 +37,7 @@
 #include "linear_bias.h"
 #include "amx_tiles.h"
 #include <ATen/Parallel.h>
+#include "thread_pool.h"
 
 #pragma GCC push_options
 #pragma GCC optimize("no-fast-math", "fp-contract=off")
@@ -353,7 +354,7 @@ void run_row(const c10::BFloat16* x, uint16_t* out, const Layer& L) {
   std::vector<float> row(static_cast<size_t>(L.chunks * kTileK), 0.f);  // as float32, zero-padded to whole chunks
   for (int64_t k = 0; k < L.K; ++k) row[k] = to_float(x[k]);
   const int64_t items = (panels + kRowPanels - 1) / kRowPanels;
-  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+  kvserve::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     const FlushDenormals flush;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t p0 = item * kRowPanels;
@@ -378,7 +379,7 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
   const int64_t grain = std::max<int64_t>(1, items / (threads * 4));
   const ActivationTiles tiles(x, M, L.K);
   const __m512i table = nibble_table(L.minus8);
-  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+  kvserve::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     const FlushDenormals flush;
     configure_tiles(M);
     alignas(64) uint16_t buf[2 * kChunkWeights];

@@ -10,6 +10,7 @@
 // equals torch.argmax of the upcast row.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include "thread_pool.h"
 
 #include <cmath>
 #include <cstdint>
@@ -103,12 +104,12 @@ torch::Tensor argmax_rows(torch::Tensor logits) {
   int64_t* out = result.data_ptr<int64_t>();
   if (logits.scalar_type() == torch::kFloat) {
     const float* data = logits.data_ptr<float>();
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    kvserve::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) out[r] = argmax_row(data + r * vocab, vocab);
     });
   } else {
     const c10::BFloat16* data = logits.data_ptr<c10::BFloat16>();
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    kvserve::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) out[r] = argmax_row(data + r * vocab, vocab);
     });
   }

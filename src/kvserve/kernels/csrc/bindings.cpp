@@ -1,6 +1,8 @@
 // Python bindings of the CPU kernels (one extension module, built by kvserve.kernels).
 #include <torch/extension.h>
 
+#include "thread_pool.h"
+
 void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
                      torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t window,
                      int64_t max_q_len);
@@ -46,5 +48,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "batch-invariant bfloat16 x W^T + b over int8/int4 weights on AMX tiles (see amx_quant_linear.cpp)");
   m.def("quant_linear_layout", &quant_linear_layout, "(vector width, vectors per panel) of the quantized panels of an ISA");
   m.def("quant_linear_isa", &quant_linear_isa, "instruction set of quant_linear here: 1 portable, 2 AVX2, 3 AVX-512");
+  m.def("set_pool_spin_us", &kvserve::set_pool_spin_us,
+        "how long (us) idle kernel worker threads wait for the next region before sleeping (see thread_pool.h)");
+  m.def("pool_spin_us", &kvserve::pool_spin_us, "the kernel worker threads' spin window in microseconds");
   m.def("apply_token_bitmask", &apply_token_bitmask, "logits[r, t] = -inf where the token bitmask bans t (see bitmask.cpp)");
 }

@@ -8,6 +8,7 @@
 // are independent (OpenMP over rows); one pass over the words and at most one over the logits.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include "thread_pool.h"
 
 #include <cstdint>
 #include <limits>
@@ -53,7 +54,7 @@ void apply_token_bitmask(torch::Tensor logits, torch::Tensor bitmask, torch::Ten
     TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < logits.size(0) && row_ids[i] < bitmask.size(0),
                 "row index out of range");
   }
-  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+  kvserve::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t r = row_ids[i];
       apply_row(base + r * stride, masks + r * width, vocab, width);

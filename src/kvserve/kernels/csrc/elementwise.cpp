@@ -18,6 +18,7 @@
 // Every element depends only on its own row, so a row's result never depends on the batch.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include "thread_pool.h"
 
 #include <cmath>
 #include <cstdint>
@@ -188,12 +189,12 @@ torch::Tensor silu_and_mul(torch::Tensor x) {
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1));
   AT_DISPATCH_SWITCH(x.scalar_type(), "silu_and_mul",
     AT_DISPATCH_CASE(at::kFloat, [&] {
-      at::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
+      kvserve::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
         silu_and_mul_rows(x.data_ptr<float>() + a * 2 * d, out.data_ptr<float>() + a * d, b - a, d);
       });
     })
     AT_DISPATCH_CASE(at::kBFloat16, [&] {
-      at::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
+      kvserve::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
         silu_and_mul_rows(x.data_ptr<c10::BFloat16>() + a * 2 * d, out.data_ptr<c10::BFloat16>() + a * d, b - a, d);
       });
     }));
@@ -215,7 +216,7 @@ torch::Tensor rotary_embedding(torch::Tensor x, torch::Tensor cos, torch::Tensor
   const auto* c = cos.data_ptr<c10::BFloat16>();
   const auto* s = sin.data_ptr<c10::BFloat16>();
   const int64_t row_stride = x.stride(0), head_stride = x.stride(1);
-  at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / (heads * dim)), [&](int64_t a, int64_t b) {
+  kvserve::parallel_for(0, rows, std::max<int64_t>(1, 8192 / (heads * dim)), [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t)
       rotary_row(src + t * row_stride, heads, head_stride, c + t * dim, s + t * dim, dst + t * heads * dim, dim);
   });
@@ -239,7 +240,7 @@ std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, c10::
   AT_DISPATCH_SWITCH(x.scalar_type(), "rms_norm",
     AT_DISPATCH_CASE(at::kFloat, [&] {
       using T = float;
-      at::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
+      kvserve::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
         rms_norm_rows<T>(x.data_ptr<T>() + a * x.stride(0), x.stride(0),
                          residual.has_value() ? residual->data_ptr<T>() + a * n : nullptr,
                          residual.has_value() ? sum.data_ptr<T>() + a * n : nullptr, weight.data_ptr<T>(),
@@ -248,7 +249,7 @@ std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, c10::
     })
     AT_DISPATCH_CASE(at::kBFloat16, [&] {
       using T = c10::BFloat16;
-      at::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
+      kvserve::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
         rms_norm_rows<T>(x.data_ptr<T>() + a * x.stride(0), x.stride(0),
                          residual.has_value() ? residual->data_ptr<T>() + a * n : nullptr,
                          residual.has_value() ? sum.data_ptr<T>() + a * n : nullptr, weight.data_ptr<T>(),

@@ -46,6 +46,7 @@
 #include <torch/extension.h>
 #include "linear_bias.h"
 #include <ATen/Parallel.h>
+#include "thread_pool.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -250,7 +251,7 @@ void linear_kernel(const act_t* x, const weight_t* packed, const float* bias, ac
   const int64_t panel_blocks = (panels + blk.panel_block - 1) / blk.panel_block;
   const int64_t k_blocks = std::max<int64_t>(1, (K + blk.k_block - 1) / blk.k_block);
   const int64_t tile = kMR * kNR;
-  at::parallel_for(0, row_blocks * panel_blocks, 1, [&](int64_t begin, int64_t end) {
+  kvserve::parallel_for(0, row_blocks * panel_blocks, 1, [&](int64_t begin, int64_t end) {
     Scratch rows_packed = scratch(blk.row_block * blk.k_block);
     // Partial sums of every tile of an item when K is split; one tile otherwise.
     const int64_t tiles = k_blocks > 1 ? blk.row_block / kMR * blk.panel_block : 1;
@@ -288,7 +289,7 @@ void linear_kernel(const act_t* x, const weight_t* packed, const float* bias, ac
 template <typename weight_t>
 void pack_panels(const weight_t* w, weight_t* out, int64_t N, int64_t K) {
   const int64_t panels = (N + kNR - 1) / kNR;
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+  kvserve::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       for (int64_t j = 0; j < kNR; ++j) {
         // Position of column j of the panel within a packed row.

@@ -23,6 +23,7 @@
 // (segment, token block) for the shrink and (segment, column block) for the expand only.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include "thread_pool.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -158,7 +159,7 @@ void lora_kernel(const act_t* x, act_t* y, const weight_t* a, const weight_t* b,
     }
   const int64_t shrink_items = static_cast<int64_t>(shrink_seg.size());
   const int64_t shrink_grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, K * R));
-  at::parallel_for(0, shrink_items, shrink_grain, [&](int64_t begin, int64_t end) {
+  kvserve::parallel_for(0, shrink_items, shrink_grain, [&](int64_t begin, int64_t end) {
     std::vector<float> xs(static_cast<size_t>(kTokenBlock * K));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seg = shrink_seg[item], i0 = shrink_first[item];
@@ -176,7 +177,7 @@ void lora_kernel(const act_t* x, act_t* y, const weight_t* a, const weight_t* b,
   const int64_t blocks = static_cast<int64_t>(col_start.size());
   const int64_t per_segment = std::max<int64_t>(1, num_adapted / num_segments);
   const int64_t expand_grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, kColumnBlock * rank * per_segment));
-  at::parallel_for(0, num_segments * blocks, expand_grain, [&](int64_t begin, int64_t end) {
+  kvserve::parallel_for(0, num_segments * blocks, expand_grain, [&](int64_t begin, int64_t end) {
     std::vector<float> w(static_cast<size_t>(rank * kColumnBlock));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seg = item / blocks, block = item % blocks, j = col_shard[block];

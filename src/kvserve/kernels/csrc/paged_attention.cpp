@@ -33,6 +33,7 @@
 // the hardware prefetchers stop, and the loads otherwise stalled on memory each chunk.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include "thread_pool.h"
 
 #include <algorithm>
 #include <atomic>
@@ -789,7 +790,7 @@ void run_tasks(const torch::Tensor& query, torch::Tensor& out, const torch::Tens
     const int64_t hi = std::min(tile.position0 + tile.rows, (lo / 64 + 1) * 64);
     return {tables + tile.request * width, lo, hi, (i % tasks_per_tile) * heads_per_task, heads_per_task};
   };
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+  kvserve::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     int64_t i = next.fetch_add(1);
     while (i < num_tasks) {
       const int64_t j = next.fetch_add(1);

@@ -49,6 +49,7 @@
 #include <torch/extension.h>
 #include "linear_bias.h"
 #include <ATen/Parallel.h>
+#include "thread_pool.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -313,7 +313,7 @@ void kernel(const act_t* x, act_t* out, const QuantArgs& q) {
   const int64_t panel_blocks = (panels + blk.panel_block - 1) / blk.panel_block;
   const int64_t k_blocks = (K + blk.k_block - 1) / blk.k_block;
   const int64_t tile = kMR * kNR;
-  at::parallel_for(0, row_blocks * panel_blocks, 1, [&](int64_t begin, int64_t end) {
+  kvserve::parallel_for(0, row_blocks * panel_blocks, 1, [&](int64_t begin, int64_t end) {
     const int64_t row_groups = blk.row_block / kMR;
     Scratch rows_packed = scratch(blk.row_block * blk.k_block);
     Scratch xsum = scratch(sums ? row_groups * ((blk.k_block + G - 1) / G) * kMR : 1);

@@ -1,0 +1,226 @@
+// kvserve's worker pool (see thread_pool.h for why and what it promises).
+//
+// One region at a time. The caller publishes the region's parameters, then a ticket (generation,
+// next item) that every participant advances with compare-and-swap to claim a run; it bumps the
+// wake word (a futex) and wakes sleeping workers only when there are any. The caller claims runs
+// too, then waits until the completed-item count reaches the region's size: a worker that never
+// woke, or woke late, holds nothing back. Before it writes the next region's parameters the caller
+// closes the old ticket (new generation, no items), so a late worker's claim on the old generation
+// fails instead of running an item with the new parameters; parameters are read with acquire
+// loads, so a worker that saw a new parameter also sees the closed ticket.
+#include "thread_pool.h"
+
+#include <ATen/Parallel.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kvserve {
+namespace {
+
+constexpr int kIndexBits = 40;
+constexpr uint64_t kIndexMask = (uint64_t{1} << kIndexBits) - 1;
+constexpr uint64_t kClosed = kIndexMask;  // index of a ticket with nothing left to claim
+
+inline uint64_t ticket(uint64_t generation, uint64_t index) { return (generation << kIndexBits) | index; }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, nullptr, nullptr, 0);
+}
+
+thread_local bool inside_region = false;  // a pool worker, or a caller running its region
+
+class Pool {
+ public:
+  explicit Pool(int64_t spin_us) : spin_ns_(spin_us * 1000), pid_(getpid()) {}
+
+  void run(int64_t begin, int64_t end, int64_t grain, RangeFunction function, const void* context, int64_t threads);
+  void set_spin_us(int64_t microseconds) { spin_ns_.store(microseconds * 1000, std::memory_order_relaxed); }
+  int64_t spin_us() const { return spin_ns_.load(std::memory_order_relaxed) / 1000; }
+  pid_t pid() const { return pid_; }
+  std::mutex& busy() { return busy_; }
+
+ private:
+  void grow(int64_t workers);
+  void worker_loop(int64_t index);
+  bool wait_for_region(uint32_t* seen);
+  // Claims and runs runs of the current region until none is left.
+  void claim_and_run();
+
+  std::mutex busy_;
+  std::atomic<int64_t> spin_ns_;
+  const pid_t pid_;
+  int64_t workers_ = 0;
+  // Wake word: bumped once per region; idle workers sleep on it after their spin window.
+  std::atomic<uint32_t> wake_{0};
+  std::atomic<uint32_t> sleepers_{0};
+  std::atomic<uint64_t> ticket_{ticket(0, kClosed)};
+  uint64_t generation_ = 0;  // written by the caller only
+  // The current region's parameters (acquire/release: see the file comment).
+  std::atomic<RangeFunction> function_{nullptr};
+  std::atomic<const void*> context_{nullptr};
+  std::atomic<int64_t> begin_{0};
+  std::atomic<int64_t> end_{0};
+  std::atomic<int64_t> grain_{1};
+  std::atomic<int64_t> participants_{1};
+  std::atomic<int64_t> completed_{0};
+  std::mutex error_mutex_;
+  std::exception_ptr error_;
+};
+
+void Pool::grow(int64_t workers) {
+  for (; workers_ < workers; ++workers_) {
+    const int64_t index = workers_;
+    std::thread([this, index] { worker_loop(index); }).detach();
+  }
+}
+
+void Pool::worker_loop(int64_t index) {
+  inside_region = true;
+  uint32_t seen = wake_.load();
+  for (;;) {
+    if (!wait_for_region(&seen)) continue;
+    if (index + 1 < participants_.load(std::memory_order_acquire)) claim_and_run();
+  }
+}
+
+// Spins (yielding the core once the first 20 us are over) for the spin window, then sleeps on
+// the wake word. True when a new region was announced.
+bool Pool::wait_for_region(uint32_t* seen) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const int64_t window = spin_ns_.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint32_t now = wake_.load();
+    if (now != *seen) {
+      *seen = now;
+      return true;
+    }
+    const int64_t waited = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+    if (waited >= window) break;
+    if (waited > 20000) {
+      sched_yield();
+    } else {
+      for (int i = 0; i < 32; ++i) cpu_relax();
+    }
+  }
+  sleepers_.fetch_add(1);
+  futex(&wake_, FUTEX_WAIT_PRIVATE, *seen);
+  sleepers_.fetch_sub(1);
+  return false;
+}
+
+void Pool::claim_and_run() {
+  for (;;) {
+    uint64_t current = ticket_.load(std::memory_order_acquire);
+    const uint64_t index = current & kIndexMask;
+    if (index == kClosed) return;
+    const RangeFunction function = function_.load(std::memory_order_acquire);
+    const void* context = context_.load(std::memory_order_acquire);
+    const int64_t begin = begin_.load(std::memory_order_acquire);
+    const int64_t end = end_.load(std::memory_order_acquire);
+    const int64_t grain = grain_.load(std::memory_order_acquire);
+    const int64_t participants = participants_.load(std::memory_order_acquire);
+    const int64_t first = static_cast<int64_t>(index);
+    if (first >= end) return;
+    const int64_t share = (end - first + 2 * participants - 1) / (2 * participants);
+    const int64_t last = std::min(end, first + std::max(grain, share));
+    if (!ticket_.compare_exchange_weak(current, (current & ~kIndexMask) | static_cast<uint64_t>(last))) continue;
+    try {
+      function(context, begin + first, begin + last);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+    completed_.fetch_add(last - first, std::memory_order_acq_rel);
+  }
+}
+
+void Pool::run(int64_t begin, int64_t end, int64_t grain, RangeFunction function, const void* context,
+               int64_t threads) {
+  // The caller holds busy_. Close the old generation before touching the parameters.
+  ++generation_;
+  ticket_.store(ticket(generation_, kClosed));
+  grow(threads - 1);
+  function_.store(function, std::memory_order_release);
+  context_.store(context, std::memory_order_release);
+  begin_.store(begin, std::memory_order_release);
+  end_.store(end - begin, std::memory_order_release);  // the ticket numbers items from 0
+  grain_.store(grain, std::memory_order_release);
+  participants_.store(threads, std::memory_order_release);
+  completed_.store(0, std::memory_order_release);
+  error_ = nullptr;
+  ticket_.store(ticket(generation_, 0), std::memory_order_release);
+  wake_.fetch_add(1);
+  if (sleepers_.load() > 0) futex(&wake_, FUTEX_WAKE_PRIVATE, INT_MAX);
+  inside_region = true;
+  claim_and_run();
+  const int64_t total = end - begin;
+  for (int spins = 0; completed_.load(std::memory_order_acquire) < total; ++spins) {
+    if (spins < 2000) {
+      cpu_relax();
+    } else {
+      sched_yield();
+    }
+  }
+  inside_region = false;
+  ticket_.store(ticket(generation_, kClosed));
+  if (error_) std::rethrow_exception(error_);
+}
+
+std::atomic<int64_t> configured_spin_us{200};
+std::mutex pool_mutex;
+Pool* pool = nullptr;  // never deleted: detached workers use it until the process exits
+
+Pool* current_pool() {
+  std::lock_guard<std::mutex> lock(pool_mutex);
+  if (pool == nullptr || pool->pid() != getpid()) pool = new Pool(configured_spin_us.load());  // first call, or forked
+  return pool;
+}
+
+}  // namespace
+
+void parallel_run(int64_t begin, int64_t end, int64_t grain, RangeFunction function, const void* context) {
+  if (end <= begin) return;
+  grain = std::max<int64_t>(1, grain);
+  const int64_t size = end - begin;
+  const int64_t threads = std::min<int64_t>(std::max(1, at::get_num_threads()), (size + grain - 1) / grain);
+  if (threads <= 1 || inside_region) {
+    function(context, begin, end);
+    return;
+  }
+  Pool* p = current_pool();
+  std::unique_lock<std::mutex> lock(p->busy(), std::try_to_lock);
+  if (!lock.owns_lock()) {  // another thread's region is running: this one runs here, alone
+    function(context, begin, end);
+    return;
+  }
+  p->run(begin, end, grain, function, context, threads);
+}
+
+void set_pool_spin_us(int64_t microseconds) {
+  configured_spin_us.store(std::max<int64_t>(0, microseconds));
+  current_pool()->set_spin_us(std::max<int64_t>(0, microseconds));
+}
+
+int64_t pool_spin_us() { return configured_spin_us.load(); }
+
+}  // namespace kvserve

@@ -1,0 +1,44 @@
+// kvserve's own worker threads for the CPU kernels: parallel_for with a step-scoped wait.
+//
+// Why not at::parallel_for (OpenMP): libgomp fixes, once per process, how its idle threads wait.
+// Spinning (its default) makes a decode step up to 12x slower when another process takes a core;
+// sleeping at once (`OMP_WAIT_POLICY=PASSIVE`, kvserve's setting) costs a futex wake-up per
+// parallel region, ~200 regions per decode step: about 15 ms per token on the 2-vCPU benchmark
+// host (docs/benchmarks.md, "OpenMP waiting between the steps"). This pool's workers spin only
+// for a short window after each region (`spin_us`), yielding the core while they do, so the
+// regions of one step find them awake; between steps they sleep.
+//
+// Work is claimed, not assigned: every participant (the calling thread and up to threads - 1
+// workers) takes the next contiguous run of items from a shared counter, runs of about
+// remaining / (2 x participants) items and at least `grain`. A thread that is slow to wake or that
+// the OS takes away holds back only the run it has claimed. Which thread runs an item never
+// changes what the item computes: the kernels' bits do not depend on the partition.
+//
+// Calls made while the pool is busy (another thread's region, or from inside a region) run
+// inline on the calling thread. A forked child starts a new pool on its first call.
+#pragma once
+
+#include <cstdint>
+
+namespace kvserve {
+
+using RangeFunction = void (*)(const void* context, int64_t begin, int64_t end);
+
+// Runs function(context, b, e) over disjoint runs [b, e) covering [begin, end), on up to
+// at::get_num_threads() threads; rethrows the first exception a run threw, after all runs end.
+void parallel_run(int64_t begin, int64_t end, int64_t grain, RangeFunction function, const void* context);
+
+// How long (microseconds) an idle worker waits for the next region before it sleeps; 0: at once.
+void set_pool_spin_us(int64_t microseconds);
+int64_t pool_spin_us();
+
+template <class F>
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  if (end <= begin) return;
+  parallel_run(
+      begin, end, grain,
+      [](const void* context, int64_t b, int64_t e) { (*static_cast<const F*>(context))(b, e); },
+      static_cast<const void*>(&f));
+}
+
+}  // namespace kvserve
