@@ -7,17 +7,20 @@ rounded up. ``os.cpu_count()`` counts the host's CPUs, which over-subscribes a l
 vLLM's CPU backend does the same job with ``VLLM_CPU_OMP_THREADS_BIND`` (a core list, ``auto`` by
 default); kvserve takes a count and leaves placement to the OS.
 
-Waiting: PyTorch runs its CPU kernels on GNU OpenMP (libgomp), whose threads spin at the end of
-every parallel region before they sleep (``GOMP_SPINCOUNT``, 300,000 spins by default). When
-another process takes one of the cores, a thread spins on a peer that is not running, through its
-time slice: decode got 14-30x slower. ``kvserve`` (the command) therefore sets
-``OMP_WAIT_POLICY=PASSIVE`` (waiting threads sleep at once) unless the environment sets
-``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` itself (``OMP_WAIT_POLICY=ACTIVE`` restores spinning).
-On the shared 2-vCPU development machines passive waiting was also the fastest with no extra
-busy process (``benchmarks/contention.py``, figures in ``docs/benchmarks.md``); an earlier quiet-
-machine measurement found it 17% slower there. These variables are read once, when libgomp loads,
-so :func:`apply_cpu_threads` must run before ``import torch`` to set them; the thread count itself
-can be set at any time (``torch.set_num_threads``).
+Waiting: kvserve's C++ kernels run on a worker pool of their own (``kernels/csrc/thread_pool.h``)
+whose idle workers spin for 200 us after each parallel region, so the ~200 regions of a decode
+step find them awake, and then sleep, so nothing spins between steps. PyTorch's own operators run
+on GNU OpenMP (libgomp), whose threads spin at the end of every parallel region before they sleep
+(``GOMP_SPINCOUNT``, 300,000 spins by default): when another process takes one of the cores, a
+thread spins on a peer that is not running, through its time slice (decode got 14-30x slower),
+and spinning OpenMP threads take the cores from the kernels' pool (a decode step 1.7x slower).
+``kvserve`` (the command) therefore sets ``OMP_WAIT_POLICY=PASSIVE`` (waiting threads sleep at
+once) unless the environment sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` itself, and the kernels
+use their pool only where OpenMP's threads sleep at once (:func:`openmp_threads_sleep`); elsewhere
+(an ``LLM`` in a script that imported torch with libgomp's default) they run on OpenMP's threads.
+These variables are read once, when libgomp loads, so :func:`apply_cpu_threads` must run before
+``import torch`` to set them; the thread count itself can be set at any time
+(``torch.set_num_threads``). Figures: docs/benchmarks.md section 18.
 """
 
 from __future__ import annotations
@@ -39,6 +42,14 @@ def process_environment(environ: dict[str, str] | None = None) -> dict[str, str]
     if any(name in environ for name in _WAIT_VARIABLES):
         return {}
     return dict(_OPENMP_DEFAULTS)
+
+
+def openmp_threads_sleep(environ: dict[str, str] | None = None) -> bool:
+    """True when libgomp's idle threads sleep at once in this process: ``OMP_WAIT_POLICY=PASSIVE``
+    (any case) or ``GOMP_SPINCOUNT=0`` in ``environ`` (default ``os.environ``, as libgomp read it
+    when it loaded)."""
+    environ = os.environ if environ is None else environ
+    return environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE" or environ.get("GOMP_SPINCOUNT", "").strip() == "0"
 
 
 def cpu_threads_arg(text: str) -> str | int:

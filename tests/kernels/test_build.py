@@ -18,9 +18,13 @@ def fake_load(monkeypatch, tmp_path):
 
     calls = []
 
+    class Module(str):
+        def set_pool_enabled(self, enabled: bool) -> None:
+            self.pool_enabled = enabled
+
     def load(**kwargs):
         calls.append(kwargs)
-        return f"module in {kwargs['build_directory']}"
+        return Module(f"module in {kwargs['build_directory']}")
 
     monkeypatch.setattr(cpp_extension, "load", load)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

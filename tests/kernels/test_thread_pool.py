@@ -1,7 +1,9 @@
 """The kernels' worker pool (``csrc/thread_pool.h``): which thread runs which items never changes
-a result. Real kernels (the bfloat16/float32 linears, the paged attention) give the bits of a
-one-thread run with any thread count, with the workers sleeping at once or spinning, when two
-Python threads call kernels at once (one runs inline while the other holds the pool)."""
+a result. Real kernels (the bfloat16 linear on AMX tiles where the CPU has them, the float32 one)
+give the bits of a one-thread run with any thread count, on the pool (its workers sleeping at
+once or spinning) and on OpenMP's threads, and when two Python threads call kernels at once (one
+runs inline while the other holds the pool). The pool is used where OpenMP's threads sleep at
+once (``kvserve.cpu_threads.openmp_threads_sleep``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from kvserve.cpu_threads import openmp_threads_sleep
 from kvserve.kernels import cpu_kernels, cpu_kernels_available
 from kvserve.model.invariant_linear import InvariantLinear
 
@@ -68,19 +71,29 @@ def _assert_same_bits(outputs: list[torch.Tensor], reference: list[torch.Tensor]
 
 
 @pytest.fixture
-def spin_window():
-    """Restores the pool's spin window after a test changes it."""
+def pool():
+    """The kernels with the pool on; its settings restored afterwards."""
     kernels = cpu_kernels()
-    before = kernels.pool_spin_us()
+    enabled, spin_us = kernels.pool_enabled(), kernels.pool_spin_us()
+    kernels.set_pool_enabled(True)
     yield kernels
-    kernels.set_pool_spin_us(before)
+    kernels.set_pool_enabled(enabled)
+    kernels.set_pool_spin_us(spin_us)
+
+
+def test_the_pool_is_used_where_openmp_threads_sleep():
+    assert openmp_threads_sleep({"OMP_WAIT_POLICY": "passive"}) and openmp_threads_sleep({"GOMP_SPINCOUNT": "0"})
+    assert not openmp_threads_sleep({}) and not openmp_threads_sleep({"OMP_WAIT_POLICY": "ACTIVE"})
+    assert not openmp_threads_sleep({"GOMP_SPINCOUNT": "10000"})
+    assert cpu_kernels().pool_enabled() == openmp_threads_sleep()
 
 
 @pytest.mark.parametrize("threads", [2, 3, 5])
-@pytest.mark.parametrize("spin_us", [0, 200])
-def test_any_thread_count_and_wait_gives_the_one_thread_bits(layers, reference, threads, spin_us, spin_window):
-    spin_window.set_pool_spin_us(spin_us)
-    assert spin_window.pool_spin_us() == spin_us
+@pytest.mark.parametrize(("enabled", "spin_us"), [(True, 0), (True, 200), (False, 200)])
+def test_any_thread_count_and_wait_gives_the_one_thread_bits(layers, reference, threads, enabled, spin_us, pool):
+    pool.set_pool_enabled(enabled)
+    pool.set_pool_spin_us(spin_us)
+    assert pool.pool_enabled() == enabled and pool.pool_spin_us() == spin_us
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -90,7 +103,7 @@ def test_any_thread_count_and_wait_gives_the_one_thread_bits(layers, reference, 
         torch.set_num_threads(before)
 
 
-def test_two_python_threads_at_once(layers, reference):
+def test_two_python_threads_at_once(layers, reference, pool):
     """One caller holds the pool while the other's regions run inline: both get the same bits."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)

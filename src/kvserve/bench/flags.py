@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from kvserve.bench.refused import REFUSED_FLAGS
+from kvserve.cpu_threads import cpu_threads_arg
 
 DEFAULT_NUM_PROMPTS = 1000  # vLLM's, for every dataset but kvserve's jsonl (the whole file)
 
@@ -199,6 +200,9 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="local model folder (default: the built-in model)")
     g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --model)")
     g.add_argument("--engine-kwargs", type=json_object, default={}, help='JSON, e.g. {"max_num_seqs": 32}')
+    g.add_argument("--cpu-threads", type=cpu_threads_arg, default="auto", metavar="N|auto",
+                   help="CPU threads of the in-process engine, set as `kvserve serve --cpu-threads` sets them "
+                        "(before torch loads, with OpenMP's passive waiting; default auto)")
     g.add_argument("--result-file", default=None, help="write the result JSON here")
     g.add_argument("--ignore-eos", action="store_true", help="generate exactly the output length")
     g.add_argument("--temperature", type=float, default=0.0)

@@ -19,7 +19,7 @@ Sources (``csrc/``):
 - ``lora.cpp``: every token's LoRA adapter added to a projection, all adapters in one call
   (``kvserve.lora.layers``);
 - ``thread_pool.cpp`` (+ ``thread_pool.h``): the worker threads every kernel's ``parallel_for``
-  runs on (idle workers spin for a short window, then sleep; not OpenMP's process-wide policy);
+  runs on where OpenMP's threads sleep at once (idle workers spin for a short window, then sleep);
 - ``bindings.cpp``: the Python module.
 
 The build uses ``torch.utils.cpp_extension.load`` (g++ with OpenMP, ``-O3 -march=native``; about a
@@ -46,6 +46,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+
+from kvserve.cpu_threads import openmp_threads_sleep
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +143,7 @@ def cpu_kernels() -> ModuleType | None:
                 build_directory=str(directory),
                 verbose=False,
             )
+        module.set_pool_enabled(openmp_threads_sleep())
         if announce:
             _stamp_file(directory).write_text(stamp)
             print(f"kvserve: CPU kernels built in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)

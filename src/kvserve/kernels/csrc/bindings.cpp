@@ -48,6 +48,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "batch-invariant bfloat16 x W^T + b over int8/int4 weights on AMX tiles (see amx_quant_linear.cpp)");
   m.def("quant_linear_layout", &quant_linear_layout, "(vector width, vectors per panel) of the quantized panels of an ISA");
   m.def("quant_linear_isa", &quant_linear_isa, "instruction set of quant_linear here: 1 portable, 2 AVX2, 3 AVX-512");
+  m.def("set_pool_enabled", &kvserve::set_pool_enabled,
+        "run the kernels' parallel regions on kvserve's worker pool (true) or OpenMP's (false; see thread_pool.h)");
+  m.def("pool_enabled", &kvserve::pool_enabled, "whether the kernels run on kvserve's worker pool");
   m.def("set_pool_spin_us", &kvserve::set_pool_spin_us,
         "how long (us) idle kernel worker threads wait for the next region before sleeping (see thread_pool.h)");
   m.def("pool_spin_us", &kvserve::pool_spin_us, "the kernel worker threads' spin window in microseconds");

@@ -186,6 +186,7 @@ void Pool::run(int64_t begin, int64_t end, int64_t grain, RangeFunction function
   if (error_) std::rethrow_exception(error_);
 }
 
+std::atomic<bool> enabled{false};
 std::atomic<int64_t> configured_spin_us{200};
 std::mutex pool_mutex;
 Pool* pool = nullptr;  // never deleted: detached workers use it until the process exits
@@ -207,6 +208,10 @@ void parallel_run(int64_t begin, int64_t end, int64_t grain, RangeFunction funct
     function(context, begin, end);
     return;
   }
+  if (!enabled.load(std::memory_order_relaxed)) {
+    at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { function(context, b, e); });
+    return;
+  }
   Pool* p = current_pool();
   std::unique_lock<std::mutex> lock(p->busy(), std::try_to_lock);
   if (!lock.owns_lock()) {  // another thread's region is running: this one runs here, alone
@@ -215,6 +220,10 @@ void parallel_run(int64_t begin, int64_t end, int64_t grain, RangeFunction funct
   }
   p->run(begin, end, grain, function, context, threads);
 }
+
+void set_pool_enabled(bool on) { enabled.store(on); }
+
+bool pool_enabled() { return enabled.load(); }
 
 void set_pool_spin_us(int64_t microseconds) {
   configured_spin_us.store(std::max<int64_t>(0, microseconds));
