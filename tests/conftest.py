@@ -10,12 +10,21 @@ The BPE tokenizer is trained once per session and the Tekken conversion done onc
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
-import pytest
-import torch
+from kvserve.cpu_threads import process_environment
 
-from kvserve.testing.checkpoints import build_checkpoint
+# The process settings of `kvserve serve` (OpenMP's threads sleep at once, so the C++ kernels run
+# on their own worker pool), set before torch loads: libgomp reads them once.
+if "torch" not in sys.modules:
+    os.environ.update(process_environment())
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kvserve.testing.checkpoints import build_checkpoint  # noqa: E402
 
 
 @pytest.fixture
