@@ -260,3 +260,16 @@ def test_docs_table_lists_every_refused_flag():
     for refused in (*REFUSED_FLAGS, *FRONTEND_REFUSED_FLAGS):
         row = "| " + " / ".join(f"`{flag}`" for flag in refused.flags) + " |"
         assert row in doc and refused.reason in doc, refused.flags
+
+
+def test_the_model_argument_as_given_is_also_a_served_name():
+    """vLLM serves ``--model /models/qwen`` as ``/models/qwen``; kvserve reports ``qwen`` and
+    accepts the path too, unless ``--served-model-name`` chose the names."""
+    from kvserve.api.settings import ServerSettings, with_model_argument_name
+
+    plain = with_model_argument_name(ServerSettings(), "/models/qwen", "qwen")
+    assert plain.served_model_name is None and plain.served_model_aliases == ("/models/qwen",)
+    assert with_model_argument_name(ServerSettings(), "qwen", "qwen").served_model_aliases == ()
+    assert with_model_argument_name(ServerSettings(), None, "kvserve-builtin").served_model_aliases == ()
+    named = ServerSettings(served_model_name="mine", served_model_aliases=("other",))
+    assert with_model_argument_name(named, "/models/qwen", "qwen") == named

@@ -23,7 +23,7 @@ import time
 
 from kvserve.api.run import make_server
 from kvserve.api.chat_parsers import ChatParsers
-from kvserve.api.settings import ServerSettings, settings_from_args
+from kvserve.api.settings import ServerSettings, settings_from_args, with_model_argument_name
 
 logger = logging.getLogger(__name__)
 
@@ -140,11 +140,12 @@ def run_server(args: argparse.Namespace) -> int:
     from kvserve.builtin import resolve_model
     from kvserve.engine.arg_utils import model_from_args
 
-    model, default_name = resolve_model(model_from_args(args))
+    given = model_from_args(args)
+    model, default_name = resolve_model(given)
     if getattr(args, "node_rank", 0) > 0:  # a tensor-parallel node other than 0: its ranks, no API
         return _serve_worker_node(args, model)
     start = time.perf_counter()
-    settings = settings_from_args(args)
+    settings = with_model_argument_name(settings_from_args(args), given, default_name)
     sock = bind_socket(settings.host, settings.port)
     if settings.port == 0:  # an ephemeral port: name the one the OS chose
         settings = dataclasses.replace(settings, port=sock.getsockname()[1])

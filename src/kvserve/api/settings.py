@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -404,3 +404,18 @@ def _lora_settings(args: argparse.Namespace) -> tuple[tuple[LoRAModulePath, ...]
     if repeated:
         raise ValueError(f"--lora-modules names {repeated[0]!r} twice; give each adapter its own name")
     return modules, bool(runtime) and enabled
+
+
+def with_model_argument_name(settings: ServerSettings, given: str | None, default_name: str) -> ServerSettings:
+    """``settings`` that also accept the ``MODEL`` argument as given (``/models/qwen``) as a
+    ``model`` name when no ``--served-model-name`` is set.
+
+    kvserve reports a folder under its own name (``qwen``); vLLM's default served name is the
+    ``--model`` string itself, so a client written for vLLM sends the path. Both are accepted;
+    ``default_name`` stays the reported one."""
+    if settings.served_model_name is not None or not given or given == default_name:
+        return settings
+    if given in settings.served_model_aliases:
+        return settings
+    return replace(settings, served_model_aliases=(*settings.served_model_aliases, given))
+
