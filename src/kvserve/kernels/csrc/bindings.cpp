@@ -54,5 +54,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_pool_spin_us", &kvserve::set_pool_spin_us,
         "how long (us) idle kernel worker threads wait for the next region before sleeping (see thread_pool.h)");
   m.def("pool_spin_us", &kvserve::pool_spin_us, "the kernel worker threads' spin window in microseconds");
+  m.def("pool_self_check", &kvserve::pool_self_check, py::call_guard<py::gil_scoped_release>(),
+        "the worker pool's self-check for the tests: faults in random regions (see thread_pool.h)");
   m.def("apply_token_bitmask", &apply_token_bitmask, "logits[r, t] = -inf where the token bitmask bans t (see bitmask.cpp)");
 }

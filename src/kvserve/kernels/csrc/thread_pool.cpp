@@ -21,9 +21,17 @@
 #include <chrono>
 #include <climits>
 #include <exception>
+#include <memory>
 #include <mutex>
+#include <random>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace kvserve {
 namespace {
@@ -231,5 +239,95 @@ void set_pool_spin_us(int64_t microseconds) {
 }
 
 int64_t pool_spin_us() { return configured_spin_us.load(); }
+
+namespace {
+
+// One region of pool_self_check. Every region's record lives until the check returns, so a body
+// that ran late (after its region returned) is seen, not undefined.
+struct CheckRegion {
+  int64_t id = 0;
+  int64_t begin = 0, end = 0;
+  int64_t throw_item = INT64_MIN;  // the item whose run throws; INT64_MIN: none
+  bool nested = false;             // each run also makes a region of its own
+  const std::atomic<int64_t>* active = nullptr;  // the id of the region now running on this caller
+  std::atomic<int64_t>* faults = nullptr;        // by kind: see pool_self_check
+  std::unique_ptr<std::atomic<uint8_t>[]> hits;  // times each item ran
+};
+
+void check_body(const void* context, int64_t b, int64_t e) {
+  const CheckRegion& r = *static_cast<const CheckRegion*>(context);
+  if (r.active->load(std::memory_order_acquire) != r.id || b < r.begin || e > r.end || b >= e) {
+    r.faults[1].fetch_add(1);
+    return;
+  }
+  for (int64_t i = b; i < e; ++i) r.hits[i - r.begin].fetch_add(1, std::memory_order_relaxed);
+  // Unequal work per run, so runs end out of order.
+  for (volatile int64_t spin = (b * 2654435761u) % 97; spin > 0; spin = spin - 1) {
+  }
+  if (r.nested) {  // inline where this run is on the pool; it may use the pool where this run is inline
+    std::atomic<int64_t> count{0};
+    parallel_run(
+        0, 1000, 1,
+        [](const void* c, int64_t ib, int64_t ie) {
+          static_cast<std::atomic<int64_t>*>(const_cast<void*>(c))->fetch_add(ie - ib);
+        },
+        &count);
+    if (count.load() != 1000) r.faults[2].fetch_add(1);
+  }
+  if (b <= r.throw_item && r.throw_item < e) throw std::runtime_error("pool_self_check: item " + std::to_string(r.throw_item));
+}
+
+}  // namespace
+
+std::vector<int64_t> pool_self_check(int64_t regions, int64_t seed, int64_t max_threads, int64_t throw_every) {
+  std::mt19937_64 random(static_cast<uint64_t>(seed));
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(random); };
+  std::atomic<int64_t> active{-1};
+  std::atomic<int64_t> faults[4] = {};
+  std::vector<CheckRegion> records(static_cast<size_t>(std::max<int64_t>(0, regions)));
+  at::get_num_threads();  // torch sets this thread's count on its first call: before the one below
+#ifdef _OPENMP
+  const int saved_threads = omp_get_max_threads();  // this thread's own setting (torch's thread count)
+#endif
+  for (int64_t id = 0; id < regions; ++id) {
+    CheckRegion& r = records[static_cast<size_t>(id)];
+    r.id = id;
+    r.begin = uniform(-1000, 1000);
+    r.end = r.begin + (uniform(0, 3) == 0 ? uniform(1, 8) : uniform(1, 600));
+    const int64_t grain = uniform(0, 2) == 0 ? 1 : uniform(1, 64);
+    r.nested = uniform(0, 7) == 0;
+    const bool throws = throw_every > 0 && uniform(1, throw_every) == 1;
+    if (throws) r.throw_item = uniform(r.begin, r.end - 1);
+    r.active = &active;
+    r.faults = faults;
+    r.hits.reset(new std::atomic<uint8_t>[static_cast<size_t>(r.end - r.begin)]);
+    for (int64_t i = 0; i < r.end - r.begin; ++i) r.hits[i].store(0, std::memory_order_relaxed);
+#ifdef _OPENMP
+    if (max_threads > 0) omp_set_num_threads(static_cast<int>(uniform(1, max_threads)));  // up and down
+#endif
+    if (uniform(0, 63) == 0) std::this_thread::sleep_for(std::chrono::microseconds(uniform(100, 1500)));  // workers asleep
+    active.store(id, std::memory_order_release);
+    bool thrown = false;
+    try {
+      parallel_run(r.begin, r.end, grain, check_body, &r);
+    } catch (const std::runtime_error& error) {
+      thrown = std::string(error.what()) == "pool_self_check: item " + std::to_string(r.throw_item);
+    }
+    active.store(-1, std::memory_order_release);
+    if (thrown != throws) faults[3].fetch_add(1);
+    // Every item once; where a run threw, OpenMP's threads may leave the rest of their share.
+    for (int64_t i = 0; i < r.end - r.begin; ++i) {
+      const int hits = r.hits[i].load(std::memory_order_relaxed);
+      if (hits > 1 || (hits == 0 && !(throws && !pool_enabled()))) faults[0].fetch_add(1);
+    }
+  }
+#ifdef _OPENMP
+  omp_set_num_threads(saved_threads);
+#endif
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a late body would show by now
+  std::vector<int64_t> counts;
+  for (const auto& count : faults) counts.push_back(count.load());
+  return counts;
+}
 
 }  // namespace kvserve

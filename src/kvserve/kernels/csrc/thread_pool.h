@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace kvserve {
 
@@ -41,6 +42,15 @@ bool pool_enabled();
 // How long (microseconds) an idle worker waits for the next region before it sleeps; 0: at once.
 void set_pool_spin_us(int64_t microseconds);
 int64_t pool_spin_us();
+
+// Self-check for the tests: `regions` regions of random sizes, offsets and grains (seeded), with
+// random thread counts up to max_threads (0: leave them), some nested, some after a pause (the
+// workers asleep), and with throw_every > 0 about one region in throw_every throwing from one of
+// its items. Returns the faults seen, by kind: [items run other than once, runs outside their
+// region or after it returned, nested regions whose items did not all run once, exceptions lost
+// or changed]. Call
+// it without the GIL, from any number of threads at once.
+std::vector<int64_t> pool_self_check(int64_t regions, int64_t seed, int64_t max_threads, int64_t throw_every);
 
 template <class F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
