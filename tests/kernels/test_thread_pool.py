@@ -1,9 +1,10 @@
 """The kernels' worker pool (``csrc/thread_pool.h``): which thread runs which items never changes
 a result. Real kernels (the bfloat16 linear on AMX tiles where the CPU has them, the float32 one)
 give the bits of a one-thread run with any thread count, on the pool (its workers sleeping at
-once or spinning) and on OpenMP's threads, and when two Python threads call kernels at once (one
-runs inline while the other holds the pool). The pool is used where OpenMP's threads sleep at
-once (``kvserve.cpu_threads.openmp_threads_sleep``)."""
+once or spinning) and on OpenMP's threads, and when two Python threads call kernels in turn (the
+kernels keep the GIL, so their calls never overlap; callers at once, one running inline while the
+other holds the pool, are in test_thread_pool_stress.py). The pool is used where OpenMP's threads
+sleep at once (``kvserve.cpu_threads.openmp_threads_sleep``)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def test_any_thread_count_and_wait_gives_the_one_thread_bits(layers, reference, 
 
 
 def test_two_python_threads_at_once(layers, reference, pool):
-    """One caller holds the pool while the other's regions run inline: both get the same bits."""
+    """Two Python threads calling kernels (in turn: the kernels keep the GIL) get the same bits."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     results: dict[int, list[list[torch.Tensor]]] = {0: [], 1: []}
