@@ -55,14 +55,13 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value) {
 }
 
 thread_local bool inside_region = false;  // a pool worker, or a caller running its region
+std::atomic<int64_t> configured_spin_us{200};  // set_pool_spin_us; read by every worker as it waits
 
 class Pool {
  public:
-  explicit Pool(int64_t spin_us) : spin_ns_(spin_us * 1000), pid_(getpid()) {}
+  Pool() : pid_(getpid()) {}
 
   void run(int64_t begin, int64_t end, int64_t grain, RangeFunction function, const void* context, int64_t threads);
-  void set_spin_us(int64_t microseconds) { spin_ns_.store(microseconds * 1000, std::memory_order_relaxed); }
-  int64_t spin_us() const { return spin_ns_.load(std::memory_order_relaxed) / 1000; }
   pid_t pid() const { return pid_; }
   std::mutex& busy() { return busy_; }
 
@@ -74,7 +73,6 @@ class Pool {
   void claim_and_run();
 
   std::mutex busy_;
-  std::atomic<int64_t> spin_ns_;
   const pid_t pid_;
   int64_t workers_ = 0;
   // Wake word: bumped once per region; idle workers sleep on it after their spin window.
@@ -115,7 +113,7 @@ void Pool::worker_loop(int64_t index) {
 bool Pool::wait_for_region(uint32_t* seen) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  const int64_t window = spin_ns_.load(std::memory_order_relaxed);
+  const int64_t window = configured_spin_us.load(std::memory_order_relaxed) * 1000;
   for (;;) {
     const uint32_t now = wake_.load();
     if (now != *seen) {
@@ -195,13 +193,12 @@ void Pool::run(int64_t begin, int64_t end, int64_t grain, RangeFunction function
 }
 
 std::atomic<bool> enabled{false};
-std::atomic<int64_t> configured_spin_us{200};
 std::mutex pool_mutex;
 Pool* pool = nullptr;  // never deleted: detached workers use it until the process exits
 
 Pool* current_pool() {
   std::lock_guard<std::mutex> lock(pool_mutex);
-  if (pool == nullptr || pool->pid() != getpid()) pool = new Pool(configured_spin_us.load());  // first call, or forked
+  if (pool == nullptr || pool->pid() != getpid()) pool = new Pool();  // first call, or forked
   return pool;
 }
 
@@ -235,7 +232,6 @@ bool pool_enabled() { return enabled.load(); }
 
 void set_pool_spin_us(int64_t microseconds) {
   configured_spin_us.store(std::max<int64_t>(0, microseconds));
-  current_pool()->set_spin_us(std::max<int64_t>(0, microseconds));
 }
 
 int64_t pool_spin_us() { return configured_spin_us.load(); }

@@ -48,8 +48,7 @@ int64_t pool_spin_us();
 // workers asleep), and with throw_every > 0 about one region in throw_every throwing from one of
 // its items. Returns the faults seen, by kind: [items run other than once, runs outside their
 // region or after it returned, nested regions whose items did not all run once, exceptions lost
-// or changed]. Call
-// it without the GIL, from any number of threads at once.
+// or changed]. Call it without the GIL, from any number of threads at once.
 std::vector<int64_t> pool_self_check(int64_t regions, int64_t seed, int64_t max_threads, int64_t throw_every);
 
 template <class F>
