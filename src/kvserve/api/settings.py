@@ -413,9 +413,7 @@ def with_model_argument_name(settings: ServerSettings, given: str | None, defaul
     kvserve reports a folder under its own name (``qwen``); vLLM's default served name is the
     ``--model`` string itself, so a client written for vLLM sends the path. Both are accepted;
     ``default_name`` stays the reported one."""
-    if settings.served_model_name is not None or not given or given == default_name:
-        return settings
-    if given in settings.served_model_aliases:
+    if settings.served_model_name is not None or given in (None, "", default_name, *settings.served_model_aliases):
         return settings
     return replace(settings, served_model_aliases=(*settings.served_model_aliases, given))
 
