@@ -57,7 +57,7 @@ def parse_format(name: str) -> ServingFormat:
 
 
 def measure_steps(model: str, fmt: ServingFormat, batches: list[int], context: int,
-                  steps: int) -> tuple[dict[int, float], str]:
+                  steps: int, enforce_eager: bool = False) -> tuple[dict[int, float], str]:
     """(median decode-step seconds of kvserve per batch size, the loaded weights' description)
     with the engine's default attention backend."""
     from profile_decode import DecodeSteps, blocks_needed, time_steps  # noqa: PLC0415 - benchmarks/ sibling
@@ -70,7 +70,7 @@ def measure_steps(model: str, fmt: ServingFormat, batches: list[int], context: i
     block_size, extra = 16, 2 * steps + 4
     runner = ModelRunner(loaded, blocks_needed(batches, context, block_size, extra), block_size,
                          max_num_reqs=max(batches), max_model_len=context + max(batches) + extra + 4,
-                         kv_cache_dtype=fmt.kv_cache_dtype)
+                         kv_cache_dtype=fmt.kv_cache_dtype, enforce_eager=enforce_eager)
     medians = {}
     for b in batches:
         step = DecodeSteps(runner, b, context, block_size, extra)
@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--measure", action="store_true", help="also time kvserve's decode step")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="run the model's modules, not the decoder layers' C++ loop (as kvserve serve's flag)")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     parser.add_argument("--format", action="append", type=parse_format, default=None,
                         help="weight format (repeatable): bfloat16, float32, int8[+lm_head], int4-gG[+lm_head], "
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
         cost = model_cost(arch, fmt)
         measured, described = ({}, fmt.label)
         if args.measure:
-            measured, described = measure_steps(args.model, fmt, batches, args.context, args.steps)
+            measured, described = measure_steps(args.model, fmt, batches, args.context, args.steps,
+                                                   args.enforce_eager)
         rows = []
         for batch in batches:
             bound = decode_step_bound(cost, peaks, fmt.dtype, [args.context] * batch)

@@ -18,6 +18,8 @@ Sources (``csrc/``):
   (``kvserve.structured_output.bitmask``);
 - ``lora.cpp``: every token's LoRA adapter added to a projection, all adapters in one call
   (``kvserve.lora.layers``);
+- ``decoder.cpp``: a Llama-family model's decoder layers in one call over the kernels above
+  (``kvserve.model.fused_decoder``);
 - ``thread_pool.cpp`` (+ ``thread_pool.h``): the worker threads every kernel's ``parallel_for``
   runs on where OpenMP's threads sleep at once (idle workers spin for a short window, then sleep);
 - ``bindings.cpp``: the Python module.
@@ -53,7 +55,8 @@ logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("paged_attention.cpp", "argmax.cpp", "elementwise.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp",
-           "amx_quant_linear.cpp", "bitmask.cpp", "lora.cpp", "thread_pool.cpp", "bindings.cpp")
+           "amx_quant_linear.cpp", "bitmask.cpp", "lora.cpp", "thread_pool.cpp", "decoder.cpp",
+           "bindings.cpp")
 
 
 def cpu_tag() -> str:

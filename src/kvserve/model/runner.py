@@ -35,7 +35,8 @@ from kvserve.model.input_batch import CachedRequestState, InputBatch, request_ge
 from kvserve.attention.kv_quant import kv_cache_torch_dtype, kv_row_size
 from kvserve.model.invariant_linear import use_invariant_linears
 from kvserve.model.loader import LoadedModel
-from kvserve.model.model_inputs import make_flat_batch, to_model_inputs
+from kvserve.model.fused_decoder import FusedDecoder
+from kvserve.model.model_inputs import ModelInputs, make_flat_batch, to_model_inputs
 from kvserve.outputs import ModelRunnerOutput, PromptLogprobsChunk, TokenLogprobs
 from kvserve.sample.logits_processor import build_logits_processors
 from kvserve.sample.logprobs import prompt_logprobs_from_logits
@@ -100,12 +101,14 @@ class ModelRunner:
             (``kvserve.lora.manager``); None = no adapters.
         kv_cache_dtype: ``auto`` (the model's dtype), ``int8``, ``fp8_e4m3`` or ``fp8_e5m2``
             (``--kv-cache-dtype``).
+        enforce_eager: always run the model's modules (``--enforce-eager``), never the decoder
+            layers' C++ loop (``kvserve.model.fused_decoder``, used where it applies).
     """
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str | torch.device = "cpu",
                  *, max_num_reqs: int = 256, max_model_len: int | None = None, seed: int = 0,
                  prepack_linears: bool = True, proposer: Proposer | None = None,
-                 lora_config: LoRAConfig | None = None, kv_cache_dtype: str = "auto"):
+                 lora_config: LoRAConfig | None = None, kv_cache_dtype: str = "auto", enforce_eager: bool = False):
         self.model = loaded.model
         self.arch = loaded.arch
         self.dtype = loaded.dtype
@@ -126,6 +129,8 @@ class ModelRunner:
             self.lora = LoRAManager(self.model, self.arch, lora_config, self.device, self.dtype, shard=loaded.shard)
             if loaded.shard is not None:  # a TensorParallelModel: its forwards carry the adapters to every rank
                 self.model.lora = self.lora
+        use_fused = on_cpu and self.lora is None and not enforce_eager
+        self.fused_decoder = FusedDecoder.build(self.model, self.kv_caches) if use_fused else None
         max_model_len = max_model_len or loaded.arch.max_position_embeddings
         self.input_batch = InputBatch(max_num_reqs, max_model_len, math.ceil(max_model_len / block_size),
                                       self.vocab_size, self.device,
@@ -216,7 +221,7 @@ class ModelRunner:
         inputs = to_model_inputs(flat, self.device)
         self.faults.check("forward", req_ids)
         with self._adapters(rows, num_scheduled):
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+            hidden = self._forward(inputs)
         prompt_logprobs = self._prompt_logprobs(rows, req_ids, hidden, flat.query_start_loc)
         sampling_rows = rows[samples]
         if len(sampling_rows) == 0:
@@ -226,6 +231,14 @@ class ModelRunner:
         verified = self.rejection_sampler(logits, sampling_rows, [d for d, s in zip(drafts, samples) if s], batch,
                                           self._uniforms)
         return _RowsResult(rows, sampling_rows, verified.token_ids, verified.logprobs, prompt_logprobs)
+
+    def _forward(self, inputs: ModelInputs) -> torch.Tensor:
+        """Hidden states [T, hidden_size] of the step's tokens: the decoder's C++ loop where it
+        applies, else the model's modules (the same bits)."""
+        fused = self.fused_decoder
+        if fused is not None and fused.handles(inputs.attn_metadata):
+            return fused(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
 
     def _adapters(self, rows: np.ndarray, num_scheduled: np.ndarray):
         """The rows' adapters for the forward inside the ``with`` (nothing without LoRA)."""
@@ -407,7 +420,7 @@ class ModelRunner:
             keys = np.array([self.lora.key_of(lora) for lora in lora_requests], dtype=np.int64)
             adapters = self.lora.activate(keys, num_new)
         with adapters:
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+            hidden = self._forward(inputs)
         logits = self.model.compute_logits(hidden)
         starts = flat.query_start_loc.tolist()
         return [logits[starts[i] : starts[i + 1]] for i in range(len(token_ids))]

@@ -29,6 +29,7 @@ int64_t quant_linear_isa();
 void apply_token_bitmask(torch::Tensor logits, torch::Tensor bitmask, torch::Tensor rows);
 void lora_apply(torch::Tensor x, torch::Tensor y, torch::Tensor a, torch::Tensor b, torch::Tensor order,
                 torch::Tensor seg_starts, torch::Tensor seg_slots, torch::Tensor shard_offsets, int64_t rank);
+void bind_decoder(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over the block cache (see paged_attention.cpp)");
@@ -56,5 +57,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pool_spin_us", &kvserve::pool_spin_us, "the kernel worker threads' spin window in microseconds");
   m.def("pool_self_check", &kvserve::pool_self_check, py::call_guard<py::gil_scoped_release>(),
         "the worker pool's self-check for the tests: faults in random regions (see thread_pool.h)");
+  bind_decoder(m);
   m.def("apply_token_bitmask", &apply_token_bitmask, "logits[r, t] = -inf where the token bitmask bans t (see bitmask.cpp)");
 }
