@@ -193,11 +193,13 @@ def test_api_keys_from_flags_and_both_environment_variables(tiny_llama, monkeypa
 
 def test_no_op_flags_and_accepted_values_change_nothing(tiny_llama):
     plain = configs("vllm serve MODEL", tiny_llama)
-    same = configs("vllm serve MODEL --trust-remote-code --enforce-eager --disable-custom-all-reduce "
+    same = configs("vllm serve MODEL --trust-remote-code --disable-custom-all-reduce "
                    "--disable-cascade-attn --disable-frontend-multiprocessing --enable-request-id-headers "
                    "-tp 1 -pp 1 -dp 1 --kv-cache-dtype auto --quantization None --tokenizer-mode auto "
                    "--no-enable-lora --no-enable-expert-parallel --api-server-count 1", tiny_llama)
     assert same == plain
+    eager = configs("vllm serve MODEL --enforce-eager", tiny_llama)[0]
+    assert eager.model.enforce_eager and not plain[0].model.enforce_eager  # the modules, not the C++ layer loop
 
 
 def test_quantization_int8_int4_are_accepted(tiny_llama):

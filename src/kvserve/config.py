@@ -115,6 +115,8 @@ class ModelConfig:
             generation_config.json and ``--generation-config`` / ``--override-generation-config``
             (``kvserve.generation_config``); empty = the API's own defaults.
         quantization: weight quantization (``QuantizationConfig``).
+        enforce_eager: run the model's PyTorch modules layer by layer (``--enforce-eager``), not
+            the decoder layers' C++ loop (``kvserve.model.fused_decoder``; the same bits).
     """
 
     model: str
@@ -127,6 +129,7 @@ class ModelConfig:
     attention_backend: str = "auto"
     sampling_defaults: SamplingDefaults = SamplingDefaults()
     quantization: QuantizationConfig = QuantizationConfig()
+    enforce_eager: bool = False
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,8 @@ class EngineCore:
                                   max_num_reqs=self.config.scheduler.max_num_seqs, max_model_len=self.max_model_len,
                                   seed=config.model.seed, proposer=self._build_proposer(),
                                   lora_config=self.config.lora,
-                                  kv_cache_dtype=self.config.cache.kv_cache_dtype)
+                                  kv_cache_dtype=self.config.cache.kv_cache_dtype,
+                                  enforce_eager=self.config.model.enforce_eager)
         if self.tensor_parallel is not None:
             self.tensor_parallel.init_kv_cache(self.kv_plan.num_blocks, self.kv_plan.block_size,
                                                self.config.cache.kv_cache_dtype)

@@ -29,6 +29,7 @@ from kvserve.kernels import cpu_kernels
 from kvserve.model.invariant_linear import InvariantLinear
 from kvserve.model.layers import RMSNorm, SiluAndMul
 from kvserve.model.llama import MLP_TILE_ROWS, LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
+from kvserve.model.model_inputs import ModelInputs
 from kvserve.model.quant_linear import QuantizedLinear
 from kvserve.model.stacked_linear import StackedLinear
 
@@ -91,6 +92,15 @@ class FusedDecoder:
         cos, sin = self._model.rotary_emb.cos_sin(positions, hidden.dtype)
         return self._stack.forward(hidden, cos.contiguous(), sin.contiguous(), kv_caches, metadata.block_tables,
                                    metadata.seq_lens_cpu, metadata.query_start_loc_cpu, metadata.slot_mapping)
+
+
+def model_hidden(model: nn.Module, fused: FusedDecoder | None, inputs: ModelInputs,
+                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
+    """Hidden states [T, hidden_size] of a step's tokens: through ``fused`` where it handles the
+    step, else the model's modules (the same bits)."""
+    if fused is not None and fused.handles(inputs.attn_metadata):
+        return fused(inputs.input_ids, inputs.positions, kv_caches, inputs.attn_metadata)
+    return model(inputs.input_ids, inputs.positions, kv_caches, inputs.attn_metadata)
 
 
 def _layer_spec(layer: nn.Module, first: LlamaAttention, eps: float, dtype: torch.dtype,

@@ -35,8 +35,8 @@ from kvserve.model.input_batch import CachedRequestState, InputBatch, request_ge
 from kvserve.attention.kv_quant import kv_cache_torch_dtype, kv_row_size
 from kvserve.model.invariant_linear import use_invariant_linears
 from kvserve.model.loader import LoadedModel
-from kvserve.model.fused_decoder import FusedDecoder
-from kvserve.model.model_inputs import ModelInputs, make_flat_batch, to_model_inputs
+from kvserve.model.fused_decoder import FusedDecoder, model_hidden
+from kvserve.model.model_inputs import make_flat_batch, to_model_inputs
 from kvserve.outputs import ModelRunnerOutput, PromptLogprobsChunk, TokenLogprobs
 from kvserve.sample.logits_processor import build_logits_processors
 from kvserve.sample.logprobs import prompt_logprobs_from_logits
@@ -221,7 +221,7 @@ class ModelRunner:
         inputs = to_model_inputs(flat, self.device)
         self.faults.check("forward", req_ids)
         with self._adapters(rows, num_scheduled):
-            hidden = self._forward(inputs)
+            hidden = model_hidden(self.model, self.fused_decoder, inputs, self.kv_caches)
         prompt_logprobs = self._prompt_logprobs(rows, req_ids, hidden, flat.query_start_loc)
         sampling_rows = rows[samples]
         if len(sampling_rows) == 0:
@@ -231,14 +231,6 @@ class ModelRunner:
         verified = self.rejection_sampler(logits, sampling_rows, [d for d, s in zip(drafts, samples) if s], batch,
                                           self._uniforms)
         return _RowsResult(rows, sampling_rows, verified.token_ids, verified.logprobs, prompt_logprobs)
-
-    def _forward(self, inputs: ModelInputs) -> torch.Tensor:
-        """Hidden states [T, hidden_size] of the step's tokens: the decoder's C++ loop where it
-        applies, else the model's modules (the same bits)."""
-        fused = self.fused_decoder
-        if fused is not None and fused.handles(inputs.attn_metadata):
-            return fused(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
-        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
 
     def _adapters(self, rows: np.ndarray, num_scheduled: np.ndarray):
         """The rows' adapters for the forward inside the ``with`` (nothing without LoRA)."""
@@ -420,7 +412,7 @@ class ModelRunner:
             keys = np.array([self.lora.key_of(lora) for lora in lora_requests], dtype=np.int64)
             adapters = self.lora.activate(keys, num_new)
         with adapters:
-            hidden = self._forward(inputs)
+            hidden = model_hidden(self.model, self.fused_decoder, inputs, self.kv_caches)
         logits = self.model.compute_logits(hidden)
         starts = flat.query_start_loc.tolist()
         return [logits[starts[i] : starts[i + 1]] for i in range(len(token_ids))]

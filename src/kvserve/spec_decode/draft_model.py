@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from kvserve.errors import ConfigError
+from kvserve.model.fused_decoder import FusedDecoder, model_hidden
 from kvserve.model.invariant_linear import use_invariant_linears
 from kvserve.model.loader import LoadedModel
 from kvserve.model.model_inputs import make_flat_batch, to_model_inputs
@@ -103,8 +104,10 @@ class DraftModelProposer(Proposer):
         shape = (2, num_blocks, block_size, draft.arch.num_key_value_heads, draft.arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=draft.dtype, device=self.device)
                           for _ in range(draft.arch.num_hidden_layers)]
+        self.fused_decoder = None
         if self.device.type == "cpu" and prepack_linears:
             use_invariant_linears(self.model)
+            self.fused_decoder = FusedDecoder.build(self.model, self.kv_caches)
 
     @classmethod
     def from_config(cls, config: Any, *, max_model_len: int, draft: LoadedModel, num_blocks: int,
@@ -147,7 +150,7 @@ class DraftModelProposer(Proposer):
             flat = make_flat_batch(tokens[active], computed[active], scheduled[active], tables[active],
                                    self.block_size, np.ones(len(active), dtype=bool))
             inputs = to_model_inputs(flat, self.device)
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+            hidden = model_hidden(self.model, self.fused_decoder, inputs, self.kv_caches)
             next_ids = greedy_argmax(self.model.compute_logits(hidden[inputs.logits_indices])).tolist()
             for r, token_id in zip(active.tolist(), next_ids):
                 drafts[r].append(token_id)
