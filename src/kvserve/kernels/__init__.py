@@ -7,6 +7,8 @@ Sources (``csrc/``):
   embedding, one pass each (``kvserve.model.layers``);
 - ``argmax.cpp``: row-wise argmax of float32/bfloat16 logits without an upcast copy
   (``kvserve.sample.greedy``);
+- ``sample.cpp``: a token per row drawn from softmax(logits / T) by inverse transform, reading the
+  logits in place (``kvserve.sample.sampler``);
 - ``linear.cpp``: the batch-invariant linear (GEMM) over prepacked float32/bfloat16 weights
   (``kvserve.model.invariant_linear``);
 - ``amx_linear.cpp``: the same for bfloat16 on AMX tiles, where the CPU has them;
@@ -54,8 +56,8 @@ from kvserve.cpu_threads import openmp_threads_sleep
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("paged_attention.cpp", "argmax.cpp", "elementwise.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp",
-           "amx_quant_linear.cpp", "bitmask.cpp", "lora.cpp", "thread_pool.cpp", "decoder.cpp",
+SOURCES = ("paged_attention.cpp", "argmax.cpp", "sample.cpp", "elementwise.cpp", "linear.cpp", "amx_linear.cpp",
+           "quant_linear.cpp", "amx_quant_linear.cpp", "bitmask.cpp", "lora.cpp", "thread_pool.cpp", "decoder.cpp",
            "bindings.cpp")
 
 

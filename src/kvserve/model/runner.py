@@ -131,6 +131,8 @@ class ModelRunner:
                 self.model.lora = self.lora
         use_fused = on_cpu and self.lora is None and not enforce_eager
         self.fused_decoder = FusedDecoder.build(self.model, self.kv_caches) if use_fused else None
+        if self.fused_decoder is not None:
+            logger.info("decoder layers: one C++ call per step (--enforce-eager runs the PyTorch modules)")
         max_model_len = max_model_len or loaded.arch.max_position_embeddings
         self.input_batch = InputBatch(max_num_reqs, max_model_len, math.ceil(max_model_len / block_size),
                                       self.vocab_size, self.device,

@@ -14,7 +14,13 @@ Pipeline (each stage skipped when no row needs it)::
 
 Random rows draw by inverse transform sampling: token ``i`` is the first whose cumulative
 probability exceeds ``u * total`` for one uniform ``u`` in [0, 1) per row (what
-``torch.multinomial`` does). One number per row keeps seeds cheap: the runner draws a seeded
+``torch.multinomial`` does). On the CPU the C++ ``sample_rows`` kernel (``kernels/csrc/sample.cpp``)
+does the division by the temperature, the softmax and the search in one pass per row over the
+logits as they are (bfloat16 included), without the ``[N, V]`` float32 copies of the torch path
+below (at 64 x 151,936 those, and the zeroing of their fresh pages, were ~30 ms of a served
+step); top-k/top-p/min-p only mark the tokens it must skip. Its sums run in its own fixed order,
+so a draw can differ from the torch path's where ``u`` falls within float rounding of a CDF step;
+every row is computed alone, so a seeded row's tokens still never depend on the batch. One number per row keeps seeds cheap: the runner draws a seeded
 row's ``u`` from the request's own generator, so its tokens do not depend on what else is in the
 batch; unseeded rows share one batched draw (``SamplingMetadata.uniforms``). On CPU this was ~6x cheaper than the exponential race
 (``argmax(p / q)``, ``q ~ Exp(1)``), which needs ``V`` random numbers per row (32 x 151,936
@@ -28,6 +34,7 @@ from typing import NamedTuple
 
 import torch
 
+from kvserve.kernels import cpu_kernels
 from kvserve.outputs import TokenLogprobs
 from kvserve.sample.greedy import greedy_argmax
 from kvserve.sample.logprobs import gather_logprobs
@@ -101,7 +108,7 @@ class Sampler:
             selected = logits if len(rows) == metadata.num_rows else logits[index]
             raw_logprobs = torch.log_softmax(selected.float(), dim=1)
         processed = self._process_logits(logits, metadata)
-        sampled = self._sample(processed, metadata)
+        sampled = self._sample(processed, metadata, owned=processed is not logits)
         result: list[TokenLogprobs | None] = [None] * metadata.num_rows
         if raw_logprobs is not None:
             num_logprobs = [metadata.num_logprobs[i] for i in rows]
@@ -112,10 +119,9 @@ class Sampler:
 
     @staticmethod
     def _process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        """Logits processors and penalties on a float32 copy (the input is left as is); an
-        all-greedy batch without them keeps the input (argmax does not need float32)."""
-        needs_copy = bool(metadata.logits_processors) or metadata.penalties is not None or not metadata.all_greedy
-        if not needs_copy:
+        """Logits processors and penalties on a float32 copy (the input is left as is); without
+        them the input is kept (argmax and the sampling kernel read it as it is)."""
+        if not metadata.logits_processors and metadata.penalties is None:
             return logits
         logits = logits.to(torch.float32, copy=True)
         for processor in metadata.logits_processors:
@@ -124,26 +130,54 @@ class Sampler:
             apply_penalties(logits, metadata.penalties)
         return logits
 
-    def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata, owned: bool) -> torch.Tensor:
+        """int64 ``[N]``; ``owned``: ``logits`` is the sampler's own float32 copy (may be modified)."""
         if metadata.all_greedy:
             return greedy_argmax(logits)
         greedy_ids = None if metadata.all_random else greedy_argmax(logits)
-        probs = self.processed_probs(logits, metadata)
         uniforms = metadata.uniforms
         if uniforms is None:
-            uniforms = draw_uniforms(metadata.greedy_mask.tolist(), metadata.generators, self.generator, probs.device)
-        sampled = _inverse_cdf_sample(probs, uniforms)
+            uniforms = draw_uniforms(metadata.greedy_mask.tolist(), metadata.generators, self.generator, logits.device)
+        sampled = self._draw(logits, metadata, uniforms, owned)
+        vocab_size = logits.shape[1]
         # A row without a distribution (a +inf or NaN logit, or every token at -inf, e.g.
         # allowed_token_ids=[eos] with min_tokens) has NaN probabilities and its search returns
         # V, past the vocabulary: it takes the argmax of its logits as a greedy row would (the
         # +inf token, the first NaN, or token 0). Truncation only sets -inf and never drops the
         # largest logit, so the argmax after it is the argmax before.
-        undefined = sampled >= probs.shape[1]
+        undefined = sampled >= vocab_size
         if bool(undefined.any()):
             sampled = torch.where(undefined, greedy_argmax(logits) if greedy_ids is None else greedy_ids, sampled)
         if greedy_ids is not None:
             sampled = torch.where(metadata.greedy_mask, greedy_ids, sampled)
         return sampled
+
+    def _draw(self, logits: torch.Tensor, metadata: SamplingMetadata, uniforms: torch.Tensor, owned: bool) -> torch.Tensor:
+        """The random rows' tokens (int64 ``[N]``; greedy rows hold anything; ``V``: no
+        distribution): the C++ kernel on the CPU, else softmax + inverse CDF in torch."""
+        kernels = cpu_kernels() if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) else None
+        if kernels is None:
+            work = logits if owned else logits.to(torch.float32, copy=True)
+            return _inverse_cdf_sample(self.processed_probs(work, metadata), uniforms)
+        if metadata.top_k is not None or metadata.top_p is not None or metadata.min_p is not None:
+            # Truncation decides on the scaled logits (torch); the kernel divides the raw values of
+            # the kept tokens itself, so a row samples the same bits with or without truncating
+            # rows beside it.
+            scaled = logits.to(torch.float32, copy=True).div_(metadata.temperature.unsqueeze(1))
+            self._truncate(scaled, metadata)
+            logits = (logits if owned else logits.to(torch.float32, copy=True)).masked_fill_(scaled == -torch.inf, -torch.inf)
+        rows = torch.arange(logits.shape[0]) if metadata.all_random else (~metadata.greedy_mask).nonzero().squeeze(1)
+        sampled = torch.zeros(logits.shape[0], dtype=torch.int64)
+        sampled[rows] = kernels.sample_rows(logits.contiguous(), rows, metadata.temperature[rows].contiguous(),
+                                            uniforms[rows].contiguous())
+        return sampled
+
+    @staticmethod
+    def _truncate(scaled: torch.Tensor, metadata: SamplingMetadata) -> None:
+        """top-k, top-p and min-p on temperature-scaled float32 logits, in place (dropped: -inf)."""
+        apply_top_k_top_p(scaled, metadata.top_k, metadata.top_p)
+        if metadata.min_p is not None:
+            apply_min_p(scaled, metadata.min_p)
 
     @staticmethod
     def processed_probs(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
@@ -158,9 +192,7 @@ class Sampler:
             float32 ``[N, V]`` probabilities (rows sum to 1; greedy rows are not meaningful).
         """
         logits.div_(metadata.temperature.unsqueeze(1))
-        apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
-        if metadata.min_p is not None:
-            apply_min_p(logits, metadata.min_p)
+        Sampler._truncate(logits, metadata)
         return logits.softmax(dim=1)
 
 

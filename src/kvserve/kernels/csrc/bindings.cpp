@@ -30,11 +30,13 @@ void apply_token_bitmask(torch::Tensor logits, torch::Tensor bitmask, torch::Ten
 void lora_apply(torch::Tensor x, torch::Tensor y, torch::Tensor a, torch::Tensor b, torch::Tensor order,
                 torch::Tensor seg_starts, torch::Tensor seg_slots, torch::Tensor shard_offsets, int64_t rank);
 void bind_decoder(pybind11::module& m);
+torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor temperature, torch::Tensor uniforms);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over the block cache (see paged_attention.cpp)");
   m.def("write_kv_cache", &write_kv_cache, "K/V rows into their cache slots (see paged_attention.cpp)");
   m.def("argmax_rows", &argmax_rows, "index of the largest value of each row (see argmax.cpp)");
+  m.def("sample_rows", &sample_rows, "a token per row drawn from softmax(logits / T) by its uniform (see sample.cpp)");
   m.def("rms_norm", &rms_norm, "RMSNorm of rows, optionally after a residual add (see elementwise.cpp)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [gate | up] rows (see elementwise.cpp)");
   m.def("rotary_embedding", &rotary_embedding, "rotate-half rotary embedding of bfloat16 q or k (see elementwise.cpp)");

@@ -1,0 +1,207 @@
+// Random sampling of logits rows in one pass each, without [N, V] float32 temporaries
+// (kvserve.sample.sampler).
+//
+// The torch path upcasts the logits, divides them by the temperature, takes a softmax and a
+// cumulative sum (each a new N x V float32 tensor: 39 MB at 64 x 151,936, whose pages the kernel
+// zeroes on every allocation) and searches the CDF; at 64 rows that was ~30 ms of a ~170 ms served
+// step. Here one thread draws one row, reading the logits (float32 or bfloat16) in place:
+//
+//   y_i = x_i / T            (float32 division, as torch's div_; skipped when T == 1: x / 1 == x)
+//   m   = max_i y_i
+//   e_i = exp(y_i - m)       (float32, this file's exp: range reduction and a degree-6 polynomial)
+//   s_b = the sum of e over block b of 256 positions (16 vectors added lane-wise in order, then
+//         the 16 lanes in _mm512_reduce_add_ps's fixed tree)
+//   total = sum of s_b in block order, in double;  target = u * total
+//   block: the first whose running double sum (through it) exceeds target
+//   token: in that block, the first position with e_j > 0 whose running sum (the blocks before
+//          plus e_0 .. e_j of the block, in double) exceeds target, else the block's last
+//          position with e_j > 0; if no block exceeds target (u * total rounded to total), the
+//          row's last position with e_j > 0.
+//
+// A token with e_j == 0 (a -inf logit, e.g. after top-k) is never drawn. A row with a NaN or +inf
+// logit, or only -inf logits, has no distribution: its result is V, and the caller takes the
+// argmax as the torch path does. Each row's token depends only on its logits, T and u: the same
+// alone or in any batch, with any thread count.
+#include <torch/extension.h>
+#include "thread_pool.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 256;
+
+inline float widen(float v) { return v; }
+inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+// exp(x) for x <= 0: 2^n * p(r), x = n ln2 + r, p the degree-6 Taylor polynomial (elementwise.cpp's);
+// 0 below about -104 (scalef underflows), -inf gives 0.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-110.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+#endif
+
+// e_j of the positions [begin, end) into out (float32), from y = x / T - m.
+template <typename scalar_t>
+void block_exps(const scalar_t* x, int64_t begin, int64_t end, float temperature, float m, float* out) {
+#if defined(__AVX512F__)
+  const __m512 t = _mm512_set1_ps(temperature), mv = _mm512_set1_ps(m);
+  for (int64_t i = begin; i < end; i += 16) {
+    const __mmask16 mask = tail_mask(end - i);
+    __m512 y = load16(x + i, mask);
+    if (temperature != 1.f) y = _mm512_div_ps(y, t);
+    _mm512_mask_storeu_ps(out + (i - begin), mask, exp16(_mm512_sub_ps(y, mv)));
+  }
+#else
+  for (int64_t i = begin; i < end; ++i) {
+    const float y = temperature != 1.f ? widen(x[i]) / temperature : widen(x[i]);
+    out[i - begin] = std::exp(y - m);
+  }
+#endif
+}
+
+// The largest y of the row, or NaN when the row has a NaN.
+template <typename scalar_t>
+float row_max(const scalar_t* x, int64_t n, float temperature) {
+  float best = -std::numeric_limits<float>::infinity();
+  bool nan = false;
+#if defined(__AVX512F__)
+  __m512 vbest = _mm512_set1_ps(best);
+  __mmask16 nans = 0;
+  const __m512 t = _mm512_set1_ps(temperature);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = tail_mask(n - i);
+    __m512 y = load16(x + i, mask);
+    if (temperature != 1.f) y = _mm512_div_ps(y, t);
+    nans |= _mm512_mask_cmp_ps_mask(mask, y, y, _CMP_UNORD_Q);
+    vbest = _mm512_mask_max_ps(vbest, mask, vbest, y);
+  }
+  best = _mm512_reduce_max_ps(vbest);
+  nan = nans != 0;
+#else
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = temperature != 1.f ? widen(x[i]) / temperature : widen(x[i]);
+    nan = nan || std::isnan(y);
+    best = std::max(best, y);
+  }
+#endif
+  return nan ? std::numeric_limits<float>::quiet_NaN() : best;
+}
+
+// Sum of a block's e (the fixed order of the file header).
+float block_sum(const float* e, int64_t len) {
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < len; i += 16) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(tail_mask(len - i), e + i));
+  return _mm512_reduce_add_ps(acc);
+#else
+  float lanes[16] = {};
+  for (int64_t i = 0; i < len; ++i) lanes[i % 16] += e[i];
+  float sum = 0.f;
+  for (float v : lanes) sum += v;
+  return sum;
+#endif
+}
+
+template <typename scalar_t>
+int64_t sample_row(const scalar_t* x, int64_t n, float temperature, double u, std::vector<float>& sums) {
+  const float m = row_max(x, n, temperature);
+  if (!std::isfinite(m)) return n;  // NaN, +inf, or every logit -inf: no distribution
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  alignas(64) float e[kBlock];
+  sums.resize(blocks);
+  double total = 0.0;
+  int64_t last_positive = -1;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kBlock, len = std::min(kBlock, n - begin);
+    block_exps(x, begin, begin + len, temperature, m, e);
+    sums[b] = block_sum(e, len);
+    total += sums[b];
+    if (sums[b] > 0.f)
+      for (int64_t j = len - 1; j >= 0; --j)
+        if (e[j] > 0.f) { last_positive = begin + j; break; }
+  }
+  const double target = u * total;
+  double running = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (running + sums[b] <= target) { running += sums[b]; continue; }
+    const int64_t begin = b * kBlock, len = std::min(kBlock, n - begin);
+    block_exps(x, begin, begin + len, temperature, m, e);
+    int64_t last = -1;
+    for (int64_t j = 0; j < len; ++j) {
+      if (e[j] <= 0.f) continue;
+      running += e[j];
+      last = j;
+      if (running > target) return begin + j;
+    }
+    return begin + last;
+  }
+  return last_positive;
+}
+
+}  // namespace
+
+// logits: contiguous [N, V] float32 or bfloat16; rows: int64 [R] (rows to draw); temperature:
+// float32 [R] (> 0); uniforms: float64 [R] in [0, 1) -> int64 [R] tokens (V: the row has no
+// distribution).
+torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor temperature, torch::Tensor uniforms) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.device().is_cpu() &&
+                  (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16),
+              "sample_rows takes contiguous 2-D float32 or bfloat16 CPU logits");
+  const int64_t count = rows.numel(), n = logits.size(1);
+  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.dim() == 1 && rows.is_contiguous() &&
+                  temperature.scalar_type() == at::kFloat && temperature.numel() == count && temperature.is_contiguous() &&
+                  uniforms.scalar_type() == at::kDouble && uniforms.numel() == count && uniforms.is_contiguous(),
+              "sample_rows: rows int64 [R], temperature float32 [R], uniforms float64 [R]");
+  const int64_t* row = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i)
+    TORCH_CHECK(row[i] >= 0 && row[i] < logits.size(0), "sample_rows: row ", row[i], " out of range");
+  auto out = torch::empty({count}, rows.options());
+  int64_t* tokens = out.data_ptr<int64_t>();
+  const float* temps = temperature.data_ptr<float>();
+  const double* us = uniforms.data_ptr<double>();
+  AT_DISPATCH_SWITCH(logits.scalar_type(), "sample_rows",
+    AT_DISPATCH_CASE(at::kFloat, [&] {
+      const float* x = logits.data_ptr<float>();
+      kvserve::parallel_for(0, count, 1, [&](int64_t a, int64_t b) {
+        std::vector<float> sums;
+        for (int64_t i = a; i < b; ++i) tokens[i] = sample_row(x + row[i] * n, n, temps[i], us[i], sums);
+      });
+    })
+    AT_DISPATCH_CASE(at::kBFloat16, [&] {
+      const c10::BFloat16* x = logits.data_ptr<c10::BFloat16>();
+      kvserve::parallel_for(0, count, 1, [&](int64_t a, int64_t b) {
+        std::vector<float> sums;
+        for (int64_t i = a; i < b; ++i) tokens[i] = sample_row(x + row[i] * n, n, temps[i], us[i], sums);
+      });
+    }));
+  return out;
+}
