@@ -205,5 +205,7 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
                         "(before torch loads, with OpenMP's passive waiting; default auto)")
     g.add_argument("--result-file", default=None, help="write the result JSON here")
     g.add_argument("--ignore-eos", action="store_true", help="generate exactly the output length")
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of every request (default 1.0 with top_p 1.0, as vLLM's bench "
+                        "throughput samples; 0 = greedy)")
     add_roofline_arg(p)

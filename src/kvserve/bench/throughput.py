@@ -89,7 +89,7 @@ def format_throughput(result: ThroughputResult) -> str:
 
 
 def run_throughput(model: str, samples: Sequence[SampleRequest], engine_kwargs: dict[str, Any],
-                   ignore_eos: bool = False, temperature: float = 0.0) -> ThroughputResult:
+                   ignore_eos: bool = False, temperature: float = 1.0) -> ThroughputResult:
     """Load ``LLM(model=model, **engine_kwargs)`` and generate every sample at once.
 
     Raises:
