@@ -3,9 +3,10 @@
 //
 // - silu_and_mul: SwiGLU's silu(gate) * up over x = [gate | up], float32 or bfloat16. In bfloat16
 //   the rounding steps are torch's (silu computed in float32 and rounded to bfloat16, then the
-//   product of two bfloat16 values computed in float32 and rounded); silu's exp and reciprocal are
-//   this file's (range reduction and a degree-6 polynomial; a reciprocal estimate and one Newton
-//   step: each within a few float32 ulp), so an output can differ from torch's in the last place.
+//   product of two bfloat16 values computed in float32 and rounded); silu's exp (vector_exp.h:
+//   range reduction and a degree-6 polynomial) and reciprocal (an estimate and one Newton step)
+//   are kvserve's, each within a few float32 ulp, so an output can differ from torch's in the
+//   last place.
 // - rotary_embedding: the "rotate half" rotary embedding of bfloat16 q or k,
 //   x * cos + rotate_half(x) * sin with every product and the sum rounded to bfloat16 as torch
 //   rounds them: the same bits as RotaryEmbedding.apply's torch ops.
@@ -19,6 +20,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include "thread_pool.h"
+#include "vector_exp.h"
 
 #include <cmath>
 #include <cstdint>
@@ -59,23 +61,6 @@ inline void store16(c10::BFloat16* p, __m512 v, __mmask16 m) {
   if (m == 0xFFFF) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits); else _mm256_mask_storeu_epi16(p, m, bits);
 }
 
-// exp(x): 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p the degree-6 Taylor polynomial; scalef
-// gives 0 below about -104 and infinity above about 88.7.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(100.f)), _mm512_set1_ps(-110.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
 #endif
 
 template <typename scalar_t>
@@ -90,7 +75,7 @@ void silu_and_mul_rows(const scalar_t* x, scalar_t* out, int64_t rows, int64_t d
       const __m512 g = load16(gate + i, m);
       // g / (1 + exp(-g)) through a reciprocal estimate and one Newton step (a division
       // instruction per 16 values was the bottleneck); the reciprocal is within ~1 ulp.
-      const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
+      const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.f), kvserve::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
       __m512 inv = _mm512_rcp14_ps(den);
       inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(den, inv, _mm512_set1_ps(2.f)));
       const __m512 silu = _mm512_mul_ps(g, inv);

@@ -8,7 +8,7 @@
 //
 //   y_i = x_i / T            (float32 division, as torch's div_; skipped when T == 1: x / 1 == x)
 //   m   = max_i y_i
-//   e_i = exp(y_i - m)       (float32, this file's exp: range reduction and a degree-6 polynomial)
+//   e_i = exp(y_i - m)       (float32, vector_exp.h's exp16 on AVX-512; std::exp elsewhere)
 //   s_b = the sum of e over block b of 256 positions (16 vectors added lane-wise in order, then
 //         the 16 lanes in _mm512_reduce_add_ps's fixed tree)
 //   total = sum of s_b in block order, in double;  target = u * total
@@ -24,6 +24,7 @@
 // alone or in any batch, with any thread count.
 #include <torch/extension.h>
 #include "thread_pool.h"
+#include "vector_exp.h"
 
 #include <cmath>
 #include <cstdint>
@@ -46,23 +47,6 @@ inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 
-// exp(x) for x <= 0: 2^n * p(r), x = n ln2 + r, p the degree-6 Taylor polynomial (elementwise.cpp's);
-// 0 below about -104 (scalef underflows), -inf gives 0.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-110.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
 
 inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
@@ -78,7 +62,7 @@ void block_exps(const scalar_t* x, int64_t begin, int64_t end, float temperature
     const __mmask16 mask = tail_mask(end - i);
     __m512 y = load16(x + i, mask);
     if (temperature != 1.f) y = _mm512_div_ps(y, t);
-    _mm512_mask_storeu_ps(out + (i - begin), mask, exp16(_mm512_sub_ps(y, mv)));
+    _mm512_mask_storeu_ps(out + (i - begin), mask, kvserve::exp16(_mm512_sub_ps(y, mv)));
   }
 #else
   for (int64_t i = begin; i < end; ++i) {
