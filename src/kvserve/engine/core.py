@@ -219,7 +219,8 @@ class EngineCore:
         from kvserve.spec_decode.proposer import build_proposer
 
         return build_proposer(spec, max_model_len=self.max_model_len, draft=self.draft,
-                              num_blocks=self.kv_plan.num_blocks, block_size=self.kv_plan.block_size)
+                              num_blocks=self.kv_plan.num_blocks, block_size=self.kv_plan.block_size,
+                              enforce_eager=self.config.model.enforce_eager)
 
     def _plan_kv_cache(self) -> KVCachePlan:
         cache = self.config.cache

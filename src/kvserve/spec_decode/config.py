@@ -51,7 +51,7 @@ _REFUSED_KEYS = {
     "suffix_decoding_max_spec_factor": "suffix decoding is not implemented",
     "suffix_decoding_min_token_prob": "suffix decoding is not implemented",
 }
-_IGNORED_KEYS = {"enforce_eager"}  # no CUDA graphs to turn off; the draft runs its layers as the target does
+_IGNORED_KEYS = {"enforce_eager"}  # the engine's --enforce-eager applies to the draft too
 _KNOWN_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
                "disable_by_batch_size", "min_acceptance_rate"}
 

@@ -88,13 +88,15 @@ class DraftModelProposer(Proposer):
     num_blocks, block_size: the target's KV cache geometry (same block ids).
     num_speculative_tokens: ``k``.
     max_model_len: no draft reaches past the context length.
-    prepack_linears: on the CPU, run the draft's linears through the batch-invariant GEMM.
+    prepack_linears: on the CPU, run the draft's linears through the batch-invariant GEMM (and its
+        decoder layers in one C++ call, ``kvserve.model.fused_decoder``, unless ``enforce_eager``).
+    enforce_eager: the engine's ``--enforce-eager``: the draft's PyTorch modules layer by layer.
     """
 
     name = "draft_model"
 
     def __init__(self, draft: LoadedModel, num_blocks: int, block_size: int, num_speculative_tokens: int,
-                 max_model_len: int, prepack_linears: bool = True):
+                 max_model_len: int, prepack_linears: bool = True, enforce_eager: bool = False):
         self.model = draft.model
         self.arch = draft.arch
         self.block_size = block_size
@@ -107,12 +109,13 @@ class DraftModelProposer(Proposer):
         self.fused_decoder = None
         if self.device.type == "cpu" and prepack_linears:
             use_invariant_linears(self.model)
-            self.fused_decoder = FusedDecoder.build(self.model, self.kv_caches)
+            self.fused_decoder = None if enforce_eager else FusedDecoder.build(self.model, self.kv_caches)
 
     @classmethod
     def from_config(cls, config: Any, *, max_model_len: int, draft: LoadedModel, num_blocks: int,
-                    block_size: int, **_: Any) -> DraftModelProposer:
-        return cls(draft, num_blocks, block_size, config.num_speculative_tokens, max_model_len)
+                    block_size: int, enforce_eager: bool = False, **_: Any) -> DraftModelProposer:
+        return cls(draft, num_blocks, block_size, config.num_speculative_tokens, max_model_len,
+                   enforce_eager=enforce_eager)
 
     @torch.inference_mode()
     def propose(self, batch: Any, rows: list[int]) -> list[list[int]]:
