@@ -5,6 +5,7 @@ block. A failure no request explains stops the engine (``EngineDeadError``)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kvserve import SamplingParams
@@ -102,3 +103,33 @@ def test_three_steps_in_a_row_where_everything_failed_stop_the_engine(model_dir)
     engine.add_request("r2", PROMPTS[2], PARAMS[0])
     with pytest.raises(EngineDeadError, match="3 steps in a row failed for every request"):
         engine.step()
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["decoder-loop", "modules"])
+@pytest.mark.parametrize("bad_block", [10**6, -3])
+def test_a_block_table_outside_the_cache_fails_that_request_alone(model_dir, reference, monkeypatch, enforce_eager,
+                                                                 bad_block):
+    """A request whose block table names a block outside the KV cache (a scheduler or runner bug)
+    where its context is read, not written: the attention kernel refuses it (it read outside the
+    cache and killed the process with a segfault), so that request fails and the others keep
+    their bits, in the decoder layers' C++ loop and in the modules."""
+    llm = make_llm(model_dir, enforce_eager=enforce_eager)
+    runner = llm.llm_engine.core.runner
+    assert (runner.fused_decoder is None) == enforce_eager
+    flat_batch = runner._flat_batch
+
+    def corrupted(rows, num_scheduled, samples, num_logits=None):
+        flat = flat_batch(rows, num_scheduled, samples, num_logits)
+        for i, row in enumerate(np.asarray(rows).tolist()):
+            if runner.input_batch.req_ids[row] == "2":
+                flat.block_tables[i, 0] = bad_block  # the slot mapping (the write) is already made
+        return flat
+
+    monkeypatch.setattr(runner, "_flat_batch", corrupted)
+    outputs = llm.generate(PROMPTS, PARAMS[1])
+    got = results(outputs)
+    assert got[2][2] == "error" and "paged_attention: request" in outputs[2].error
+    assert [g for i, g in enumerate(got) if i != 2] == [w for i, w in enumerate(reference[1]) if i != 2]
+    monkeypatch.undo()
+    assert_kv_clean(llm)
+    assert results(llm.generate(PROMPTS, PARAMS[1])) == reference[1]

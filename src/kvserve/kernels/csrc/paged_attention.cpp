@@ -739,6 +739,30 @@ std::vector<Tile> make_tiles(const torch::Tensor& query_start_loc, const torch::
   return tiles;
 }
 
+// A bad block table (a scheduler or runner bug) raises here instead of reading outside the cache:
+// every request with a tile must have seq_len <= W * block_size and block ids in [0, num_blocks)
+// over its first ceil(seq_len / block_size) entries.
+void check_block_tables(const std::vector<Tile>& tiles, const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+                        int64_t block_size, int64_t num_blocks) {
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) >= seq_lens.size(0), "paged_attention: block_tables [",
+              block_tables.sizes(), "] for ", seq_lens.size(0), " requests");
+  const int64_t width = block_tables.size(1);
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  auto lens = seq_lens.accessor<int32_t, 1>();
+  int64_t checked = -1;
+  for (const Tile& tile : tiles) {
+    if (tile.request == checked) continue;
+    checked = tile.request;
+    const int64_t used = (static_cast<int64_t>(lens[tile.request]) + block_size - 1) / block_size;
+    TORCH_CHECK(lens[tile.request] >= 0 && used <= width, "paged_attention: request ", tile.request, " has ",
+                lens[tile.request], " tokens, its block table holds ", width * block_size);
+    const int32_t* table = tables + tile.request * width;
+    for (int64_t j = 0; j < used; ++j)
+      TORCH_CHECK(table[j] >= 0 && table[j] < num_blocks, "paged_attention: request ", tile.request, " block ", j,
+                  " is ", table[j], ", not in [0, ", num_blocks, ")");
+  }
+}
+
 // One tile for one KV head: the bfloat16 fast path where it applies, else row by row.
 template <typename scalar_t, typename cache_t>
 void run_tile(const Tile& tile, int64_t kv_head, const scalar_t* query, scalar_t* out, const cache_t* key_cache,
@@ -829,6 +853,7 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_ca
               kv_cache.size(4) == row);
   const Shape shape{num_heads, group, head_dim, block_size, num_kv_heads, window, static_cast<float>(scale), row};
   const std::vector<Tile> tiles = make_tiles(query_start_loc, seq_lens, max_q_len);
+  check_block_tables(tiles, block_tables, seq_lens, block_size, kv_cache.size(1));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
     if (cache_type == torch::kChar) {
       run_tasks<scalar_t, int8_t>(query, out, kv_cache, block_tables, tiles, shape);
