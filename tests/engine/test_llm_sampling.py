@@ -155,3 +155,17 @@ def test_prompt_logprobs_of_a_chunked_prompt_equal_one_pass(model_dir, engine_kw
         assert chunked[pos].rank == whole[pos].rank
         assert math.isclose(chunked[pos].logprob, whole[pos].logprob, abs_tol=1e-5)
     assert_kv_clean(chunked_llm)
+
+
+def test_temperature_and_repetition_penalty_beyond_float32_are_refused(llm):
+    """The runner holds both in float32, where a larger value is inf: a temperature of 1e39 turned
+    the -inf logits of a truncated row into NaN and the request took the argmax every step instead
+    of sampling. Refused by name; the largest float32 still samples."""
+    prompt = random_prompts(1, seed=16)[0]
+    for name in ("temperature", "repetition_penalty"):
+        with pytest.raises(InvalidRequestError, match=f"{name} must be at most 3.402823e\\+38") as refused:
+            llm.generate([prompt], SamplingParams(**{"max_tokens": 2, "temperature": 1.0, name: 1e39}))
+        assert refused.value.param == name
+    huge = SamplingParams(temperature=3.4e38, allowed_token_ids=[5, 6], max_tokens=24, seed=3, ignore_eos=True)
+    assert set(llm.generate([prompt], huge)[0].outputs[0].token_ids) == {5, 6}
+    assert_kv_clean(llm)

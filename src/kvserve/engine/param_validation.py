@@ -11,6 +11,7 @@ from kvserve.sampling_params import SamplingParams
 
 MAX_LOGPROBS = 20
 SEED_MIN, SEED_END = -(2**63), 2**63  # int64, as vLLM's API
+FLOAT32_MAX = 3.4028234663852886e38  # temperature and repetition_penalty are applied in float32
 
 
 def _bad(param: str, message: str) -> None:
@@ -60,6 +61,11 @@ def _validate_floats(params: SamplingParams) -> None:
             _bad(name, f"{name} must be a finite number, got {value!r}")
     if params.temperature < 0:
         _bad("temperature", f"temperature must be >= 0, got {params.temperature}")
+    for name in ("temperature", "repetition_penalty"):
+        # float32 rounds a larger value to inf: -inf logits / inf are NaN and the row lost its
+        # distribution (a truncated row then took the argmax instead of sampling).
+        if getattr(params, name) > FLOAT32_MAX:
+            _bad(name, f"{name} must be at most {FLOAT32_MAX:.7g} (a float32), got {getattr(params, name)}")
     if not 0 < params.top_p <= 1:
         _bad("top_p", f"top_p must be in (0, 1], got {params.top_p}")
     if not 0 <= params.min_p <= 1:
