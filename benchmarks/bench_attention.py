@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--amx", choices=["auto", "on", "off"], default="auto",
+                        help="bfloat16 on AMX tiles where the CPU has them (auto), required (on) or never (off)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -47,17 +49,18 @@ def main(argv: list[str] | None = None) -> None:
               for _ in range(args.layers)]
     query = torch.randn(args.batch, NUM_HEADS, HEAD_DIM, generator=gen).to(dtype)
     out = torch.empty_like(query)
+    amx = {"auto": -1, "on": 1, "off": 0}[args.amx]
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     starts = torch.arange(args.batch + 1, dtype=torch.int32)
 
     def one_pass() -> None:
         for cache in caches:
-            ops.paged_attention(out, query, cache, tables, seq_lens, starts, HEAD_DIM**-0.5, 0, 1 << 30)
+            ops.paged_attention(out, query, cache, tables, seq_lens, starts, HEAD_DIM**-0.5, 0, 1 << 30, amx)
 
     median = statistics.median(time_calls(one_pass, args.repeats))
     kv_bytes = sum(lens) * NUM_KV_HEADS * HEAD_DIM * 2 * caches[0].element_size() * args.layers
     print(f"paged attention, {args.batch} decode rows, contexts {lens[0]}-{lens[-1]}, {args.layers} layers, "
-          f"{args.dtype}, {torch.get_num_threads()} threads: {median * 1e3:.2f} ms "
+          f"{args.dtype}, amx {args.amx}, {torch.get_num_threads()} threads: {median * 1e3:.2f} ms "
           f"({median / args.layers * 1e3:.3f} ms per layer), K/V read at {kv_bytes / median / 1e9:.1f} GB/s")
 
 

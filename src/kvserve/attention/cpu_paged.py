@@ -18,7 +18,9 @@ then depends only on its position and the K/V values, not on how the prompt was 
 much of it came from the prefix cache (with bfloat16 weights, where SDPA's blocked kernels round
 differently for different chunkings, this is what keeps a prefix-cache hit from changing a
 sampled token). In bfloat16 on CPUs with AVX512-BF16 the kernel uses ``vdpbf16ps`` for q.K and
-P.V (see the C++ source header). ``max_kernel_query_len``
+P.V (see the C++ source header); on CPUs with AMX-BF16 tiles it runs both products on the tiles
+instead (``attend_tile_amx``: other bits than the vector path's, the same for every way a row is
+computed; ``KVSERVE_AMX=0`` keeps the vector path, as for the linears). ``max_kernel_query_len``
 sends longer queries to per-request SDPA instead (the reference path). The kernel is built
 on first use (``kvserve.kernels``); ``cpu_paged_available()`` says whether that worked,
 and ``get_attention_backend("auto")`` falls back to the portable torch backend when it did not.
@@ -47,20 +49,26 @@ class CpuPagedAttentionBackend(AttentionBackend):
     Args:
         max_kernel_query_len: requests with at most this many new tokens use the kernel (default:
             all); longer ones use per-request SDPA as the reference backend does.
+        amx: bfloat16 on AMX tiles: None (default) where the CPU has them, False never (the
+            AVX512-BF16 vector path), True required.
 
     Raises:
         RuntimeError: at construction, when the kernel cannot be built (use
             ``get_attention_backend("auto")`` for a silent fallback).
+        ValueError: ``amx=True`` on a CPU (or process) without AMX-BF16 tiles.
     """
 
     name = "cpu_paged"
 
-    def __init__(self, max_kernel_query_len: int = 1 << 30):
+    def __init__(self, max_kernel_query_len: int = 1 << 30, amx: bool | None = None):
         self._ops = cpu_kernels()
         if self._ops is None:
             raise ConfigError("--attention-backend cpu_paged: its C++ kernel could not be built here (see the log); "
                               "use --attention-backend torch or auto")
+        if amx and not self._ops.amx_linear_available():
+            raise ValueError("amx=True: this CPU (or process) has no AMX-BF16 tiles")
         self.max_kernel_query_len = max_kernel_query_len
+        self._amx = -1 if amx is None else int(amx)
         self._reference = TorchAttentionBackend()
 
     @staticmethod
@@ -93,7 +101,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
         out = torch.empty_like(query)
         self._ops.paged_attention(
             out, query, kv_cache, metadata.block_tables, metadata.seq_lens_cpu, metadata.query_start_loc_cpu,
-            scale, sliding_window or 0, self.max_kernel_query_len,
+            scale, sliding_window or 0, self.max_kernel_query_len, self._amx,
         )
         if metadata.max_query_len > self.max_kernel_query_len:  # the rest: per-request SDPA
             _varlen_attention(query, kv_cache, metadata, scale, sliding_window, out=out,

@@ -5,7 +5,7 @@
 
 void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
                      torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t window,
-                     int64_t max_q_len);
+                     int64_t max_q_len, int64_t amx);
 void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor kv_cache, torch::Tensor slot_mapping);
 torch::Tensor argmax_rows(torch::Tensor logits);
 torch::Tensor silu_and_mul(torch::Tensor x);
@@ -33,7 +33,9 @@ void bind_decoder(pybind11::module& m);
 torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor temperature, torch::Tensor uniforms);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "paged attention over the block cache (see paged_attention.cpp)");
+  m.def("paged_attention", &paged_attention, "paged attention over the block cache (see paged_attention.cpp)",
+        py::arg("out"), py::arg("query"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("seq_lens"),
+        py::arg("query_start_loc"), py::arg("scale"), py::arg("window"), py::arg("max_q_len"), py::arg("amx") = -1);
   m.def("write_kv_cache", &write_kv_cache, "K/V rows into their cache slots (see paged_attention.cpp)");
   m.def("argmax_rows", &argmax_rows, "index of the largest value of each row (see argmax.cpp)");
   m.def("sample_rows", &sample_rows, "a token per row drawn from softmax(logits / T) by its uniform (see sample.cpp)");

@@ -34,6 +34,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include "thread_pool.h"
+#include "amx_tiles.h"
 
 #include <algorithm>
 #include <atomic>
@@ -222,6 +223,7 @@ struct Shape {
   int64_t num_heads, group, head_dim, block_size, num_kv_heads, window;
   float scale;
   int64_t row;  // cache elements per (token, KV head) row: head_dim, or head_dim + 4 (int8 + scale)
+  bool amx;     // bfloat16 q and cache, head_dim % 32 == 0, on AMX tiles (attend_tile_amx)
 };
 
 // Software prefetch into L2 of the K and V rows of KV heads [head, head + heads) at positions
@@ -574,6 +576,92 @@ inline void score_heads(int64_t nh, const __m512i* kg, const uint32_t* q, int64_
   }
 }
 
+// The K/V rows of chunk [cs, cs + kChunkBf16) for one KV head, rearranged for the dot products:
+// kptr/vptr: each position's K/V row (kZeroRow outside [first, last)); vpairs[k] for pairs
+// k in [k0, k1): V rows 2k and 2k + 1 interleaved per dimension (for each 32-dim block, 32 bf16
+// pairs of unpacklo then 32 of unpackhi); kt[g] for the 16-position groups covering [first, last):
+// K transposed, kt[g][p] the bf16 pair (2p, 2p + 1) of the group's 16 positions. Issues `pf`'s
+// prefetches between the pieces.
+inline void gather_chunk(const c10::BFloat16* key_cache, const c10::BFloat16* value_cache, const int32_t* block_table,
+                         int64_t kv_head, int64_t cs, int64_t first, int64_t last, int64_t k0, int64_t k1,
+                         const Shape& sh, const void** kptr, const void** vptr,
+                         uint16_t (*vpairs)[2 * kMaxHeadDim], __m512i (*kt)[kMaxHeadDim / 2], PrefetchQueue& pf) {
+  constexpr int64_t C = kChunkBf16;
+  const int64_t D = sh.head_dim, nq = D / 32, token_stride = sh.num_kv_heads * D;
+  // Row addresses of the chunk, one block-table lookup per block; zeros outside [first, last).
+  for (int64_t t = cs; t < first; ++t) kptr[t - cs] = vptr[t - cs] = kZeroRow;
+  for (int64_t t = last; t < cs + C; ++t) kptr[t - cs] = vptr[t - cs] = kZeroRow;
+  for (int64_t t = first; t < last;) {
+    const int64_t b = t / sh.block_size, off = t - b * sh.block_size, n = std::min(last - t, sh.block_size - off);
+    const int64_t base = (static_cast<int64_t>(block_table[b]) * sh.block_size + off) * token_stride + kv_head * D;
+    for (int64_t j = 0; j < n; ++j) {
+      kptr[t - cs + j] = key_cache + base + j * token_stride;
+      vptr[t - cs + j] = value_cache + base + j * token_stride;
+    }
+    t += n;
+  }
+  for (int64_t k = k0; k < k1; ++k) {
+    const uint16_t* r0 = static_cast<const uint16_t*>(vptr[2 * k]);
+    const uint16_t* r1 = static_cast<const uint16_t*>(vptr[2 * k + 1]);
+    for (int64_t j = 0; j < nq; ++j) {
+      const __m512i a = _mm512_loadu_si512(r0 + 32 * j), b = _mm512_loadu_si512(r1 + 32 * j);
+      _mm512_store_si512(vpairs[k] + 64 * j, _mm512_unpacklo_epi16(a, b));
+      _mm512_store_si512(vpairs[k] + 64 * j + 32, _mm512_unpackhi_epi16(a, b));
+    }
+    pf.issue(4);
+  }
+  for (int64_t g = (first - cs) / 16; g * 16 < last - cs; ++g) {
+    for (int64_t z = 0; z < nq; ++z) {  // dims 32z .. 32z + 31 = dword pairs 16z .. 16z + 15
+      __m512i rows[16], cols[16];
+      for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(static_cast<const c10::BFloat16*>(kptr[16 * g + j]) + 32 * z);
+      transpose16x16(rows, cols);
+      for (int j = 0; j < 16; ++j) kt[g][16 * z + j] = cols[j];
+      pf.issue(8);
+    }
+  }
+}
+
+// One chunk of the online softmax for one query head: row[0, n) holds the chunk's valid scores
+// and becomes exp(score - m'), with m' = max(m, max row); l = l * alpha + sum; returns
+// alpha = exp(m - m'), the factor for the accumulator.
+inline float online_softmax(float* row, int64_t n, float& m, float& l) {
+  // The maximum 16 lanes at a time (exact, so the same value as a scalar scan).
+  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < n; t += 16) {
+    const __mmask16 mask = n - t >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - t)) - 1);
+    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, mask, row + t));
+  }
+  const float chunk_max = _mm512_reduce_max_ps(vmax);
+  const float new_max = std::max(m, chunk_max);
+  const float alpha = exp_nonpositive(m - new_max);
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t t = 0; t < n; ++t) { row[t] = exp_nonpositive(row[t] - new_max); sum += row[t]; }
+  l = l * alpha + sum;
+  m = new_max;
+  return alpha;
+}
+
+// out rows of the tile = acc / l, rounded to bfloat16. acc lane order per 32-dim block:
+// [unpacklo | unpackhi] of the V pairs; unpacklo holds dims 8L + 0..3 of each 128-bit lane L,
+// unpackhi dims 8L + 4..7.
+inline void store_rows(const Tile& tile, int64_t kv_head, const float (*acc)[kMaxHeadDim], const float* l,
+                       c10::BFloat16* out, const Shape& sh) {
+  const int64_t G = sh.group, D = sh.head_dim;
+  for (int64_t i = 0; i < tile.rows; ++i) {
+    for (int64_t h = 0; h < G; ++h) {
+      const int64_t r = i * G + h;
+      c10::BFloat16* dst = out + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D;
+      const float inv = 1.f / l[r];
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t block = d / 32, lane = (d % 32) / 8, e = d % 8;
+        const int64_t src = 32 * block + (e < 4 ? 0 : 16) + 4 * lane + e % 4;
+        dst[d] = static_cast<c10::BFloat16>(acc[r][src] * inv);
+      }
+    }
+  }
+}
+
 // prefetch_heads: KV heads [kv_head, kv_head + prefetch_heads) whose rows of the next chunk are
 // prefetched while a chunk is computed (0: none, the task's first head asked for them already);
 // after: rows prefetched during the last chunk (the thread's next task), or nullptr.
@@ -581,8 +669,7 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
                       const c10::BFloat16* key_cache, const c10::BFloat16* value_cache, const int32_t* block_table,
                       const Shape& sh, int64_t prefetch_heads, const Upcoming* after) {
   constexpr int64_t C = kChunkBf16;
-  const int64_t G = sh.group, D = sh.head_dim, nq = D / 32, nv = D / 16, R = tile.rows;
-  const int64_t token_stride = sh.num_kv_heads * D;
+  const int64_t G = sh.group, D = sh.head_dim, nv = D / 16, R = tile.rows;
   alignas(64) float s[kTileRows * kMaxGroup][C];
   // acc lanes follow the interleaved V layout (see below); un-permuted when written out.
   alignas(64) float acc[kTileRows * kMaxGroup][kMaxHeadDim];
@@ -616,37 +703,8 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
       pf.fill(key_cache, value_cache, {block_table, cs + C, std::min(hi[R - 1], cs + 2 * C), kv_head, prefetch_heads}, sh);
     else if (after != nullptr && cs + C >= hi[R - 1])  // the last chunk: the next task's first rows
       pf.fill(key_cache, value_cache, *after, sh);
-    // Row addresses of the chunk, one block-table lookup per block; zeros outside [first, last).
-    for (int64_t t = cs; t < first; ++t) kptr[t - cs] = vptr[t - cs] = kZeroRow;
-    for (int64_t t = last; t < cs + C; ++t) kptr[t - cs] = vptr[t - cs] = kZeroRow;
-    for (int64_t t = first; t < last;) {
-      const int64_t b = t / sh.block_size, off = t - b * sh.block_size, n = std::min(last - t, sh.block_size - off);
-      const int64_t base = (static_cast<int64_t>(block_table[b]) * sh.block_size + off) * token_stride + kv_head * D;
-      for (int64_t j = 0; j < n; ++j) {
-        kptr[t - cs + j] = key_cache + base + j * token_stride;
-        vptr[t - cs + j] = value_cache + base + j * token_stride;
-      }
-      t += n;
-    }
-    for (int64_t k = (first - cs) / 2; k < (last - cs + 1) / 2; ++k) {
-      const uint16_t* r0 = static_cast<const uint16_t*>(vptr[2 * k]);
-      const uint16_t* r1 = static_cast<const uint16_t*>(vptr[2 * k + 1]);
-      for (int64_t j = 0; j < nq; ++j) {
-        const __m512i a = _mm512_loadu_si512(r0 + 32 * j), b = _mm512_loadu_si512(r1 + 32 * j);
-        _mm512_store_si512(vpairs[k] + 64 * j, _mm512_unpacklo_epi16(a, b));
-        _mm512_store_si512(vpairs[k] + 64 * j + 32, _mm512_unpackhi_epi16(a, b));
-      }
-      pf.issue(4);
-    }
-    for (int64_t g = (first - cs) / 16; g * 16 < last - cs; ++g) {
-      for (int64_t z = 0; z < nq; ++z) {  // dims 32z .. 32z + 31 = dword pairs 16z .. 16z + 15
-        __m512i rows[16], cols[16];
-        for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(static_cast<const c10::BFloat16*>(kptr[16 * g + j]) + 32 * z);
-        transpose16x16(rows, cols);
-        for (int j = 0; j < 16; ++j) kt[g][16 * z + j] = cols[j];
-        pf.issue(8);
-      }
-    }
+    gather_chunk(key_cache, value_cache, block_table, kv_head, cs, first, last, (first - cs) / 2, (last - cs + 1) / 2, sh,
+                 kptr, vptr, vpairs, kt, pf);
     for (int64_t i = 0; i < R; ++i) {
       const int64_t a = std::max(lo[i], cs), b = std::min(hi[i], cs + C);
       if (a >= b) continue;
@@ -671,22 +729,7 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
       for (int64_t h = 0; h < G; ++h) {
         const int64_t r = i * G + h;
         // Online softmax over this chunk's valid scores; probabilities outside [a, b) set to 0.
-        float* row = s[r] + (a - cs);
-        const int64_t n = b - a;
-        // The maximum 16 lanes at a time (exact, so the same value as a scalar scan).
-        __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-        for (int64_t t = 0; t < n; t += 16) {
-          const __mmask16 mask = n - t >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - t)) - 1);
-          vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, mask, row + t));
-        }
-        const float chunk_max = _mm512_reduce_max_ps(vmax);
-        const float new_max = std::max(m[r], chunk_max);
-        const float alpha = exp_nonpositive(m[r] - new_max);
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < n; ++t) { row[t] = exp_nonpositive(row[t] - new_max); sum += row[t]; }
-        l[r] = l[r] * alpha + sum;
-        m[r] = new_max;
+        const float alpha = online_softmax(s[r] + (a - cs), b - a, m[r], l[r]);
         for (int64_t t = g_begin; t < a - cs; ++t) s[r][t] = 0.f;
         for (int64_t t = b - cs; t < g_end; ++t) s[r][t] = 0.f;
         // P as bf16 pairs of positions (2k, 2k + 1), as flash attention rounds P for the PV product.
@@ -704,22 +747,198 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
     }
     pf.issue_all();
   }
-  // acc lane order per 32-dim block: [unpacklo | unpackhi]; unpacklo holds dims 8L + 0..3 of each
-  // 128-bit lane L, unpackhi dims 8L + 4..7.
-  for (int64_t i = 0; i < R; ++i) {
-    for (int64_t h = 0; h < G; ++h) {
-      const int64_t r = i * G + h;
-      c10::BFloat16* dst = out + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D;
-      const float inv = 1.f / l[r];
-      for (int64_t d = 0; d < D; ++d) {
-        const int64_t block = d / 32, lane = (d % 32) / 8, e = d % 8;
-        const int64_t src = 32 * block + (e < 4 ? 0 : 16) + 4 * lane + e % 4;
-        dst[d] = static_cast<c10::BFloat16>(acc[r][src] * inv);
+  store_rows(tile, kv_head, acc, l, out, sh);
+}
+
+#if defined(KVSERVE_AMX_BUILD)
+// ---------------------------------------------------------------------------------------------
+// The same loop on AMX tiles (hosts where amx_linear_available(); amx_tiles.h): every query row
+// of the tile (row i, head h of the KV head's group: R * G rows, in tiles of up to 16) at once.
+//   scores   S[16 rows][16 positions] = Q K^T: A = Q (the rows' q, 32 dims per tile), B = K of 16
+//            positions transposed (kt[g], the vector path's layout, already AMX's pair form);
+//            each score sums its dims in TDPBF16PS chunks of 32, in order, from zero;
+//   softmax  in float32 per row, the vector path's online_softmax;
+//   P.V      O[16 rows][16 dims] = P V: A = P in bfloat16 (32 positions per tile, zeros outside
+//            the row's valid range), B = V pairs (vpairs, 16 pairs of positions x 16 dims per
+//            tile); the chunk's product starts from zero, then acc = fma(acc, alpha, O).
+// What a row's result depends on: its chunks (aligned to absolute positions), its valid range in
+// each and the K/V values, as on the vector path. A tile computes for every row the 32-position
+// slices that any of its rows needs; a slice outside a row's range has P = 0 there and adds an
+// exact +0 to its accumulator (TDPBF16PS flushes denormal results, so its tile never holds a value
+// that + 0 would change), so a row gives the same bits alone, in a prefill tile or in any batch.
+// The bits differ from the vector path's (TDPBF16PS sums a 32-element chunk as two chains,
+// even and odd elements, and the chunk's P.V is formed before it is scaled into acc).
+
+constexpr int64_t kAmxRowsMax = kTileRows * kMaxGroup;  // query rows of a tile and KV head
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+
+// This thread's tiles for `rows` (1-16) rows of A and C (kvserve_amx::configure_tiles), and their
+// release at the end of a parallel region.
+void amx_configure(int64_t rows) { kvserve_amx::configure_tiles(rows); }
+void amx_release() { _tile_release(); }
+
+// C tile `c` (0-3) += A tile 4 x B tile `b` (6 or 7); the tile numbers are immediates.
+inline void tile_dot(int c, int b) {
+  switch (c * 2 + (b - 6)) {
+    case 0: _tile_dpbf16ps(0, 4, 6); break;
+    case 1: _tile_dpbf16ps(0, 4, 7); break;
+    case 2: _tile_dpbf16ps(1, 4, 6); break;
+    case 3: _tile_dpbf16ps(1, 4, 7); break;
+    case 4: _tile_dpbf16ps(2, 4, 6); break;
+    case 5: _tile_dpbf16ps(2, 4, 7); break;
+    case 6: _tile_dpbf16ps(3, 4, 6); break;
+    default: _tile_dpbf16ps(3, 4, 7); break;
+  }
+}
+inline void tile_load_b(int b, const void* p, int64_t stride) {
+  if (b == 6) _tile_loadd(6, p, stride);
+  else _tile_loadd(7, p, stride);
+}
+inline void tile_zero_c(int c) {
+  switch (c) {
+    case 0: _tile_zero(0); break;
+    case 1: _tile_zero(1); break;
+    case 2: _tile_zero(2); break;
+    default: _tile_zero(3); break;
+  }
+}
+inline void tile_store_c(int c, void* p, int64_t stride) {
+  switch (c) {
+    case 0: _tile_stored(0, p, stride); break;
+    case 1: _tile_stored(1, p, stride); break;
+    case 2: _tile_stored(2, p, stride); break;
+    default: _tile_stored(3, p, stride); break;
+  }
+}
+
+// Scores of query rows [m0, m0 + 16) for the 16-position groups [g0, g1) of the chunk (at most 4):
+// s[m0 + i][16g + j] = q_i . K_j, unscaled.
+inline void amx_scores(const uint16_t* qbuf, int64_t qstride, int64_t m0, int64_t nq, const __m512i (*kt)[kMaxHeadDim / 2],
+                       int64_t g0, int64_t g1, float (*s)[kChunkBf16]) {
+  const int64_t ng = g1 - g0;
+  for (int64_t g = 0; g < ng; ++g) tile_zero_c(static_cast<int>(g));
+  int b = 6;
+  for (int64_t z = 0; z < nq; ++z) {
+    _tile_loadd(4, qbuf + m0 * qstride + 32 * z, qstride * 2);
+    for (int64_t g = 0; g < ng; ++g, b ^= 1) {
+      tile_load_b(b, &kt[g0 + g][16 * z], 64);
+      tile_dot(static_cast<int>(g), b);
+    }
+  }
+  for (int64_t g = 0; g < ng; ++g) tile_store_c(static_cast<int>(g), &s[m0][16 * (g0 + g)], kChunkBf16 * 4);
+}
+
+// acc[m0 + i] = fma(acc, alpha, P_i V) for the tile's rows i < rows that attend this chunk
+// (valid), over the 32-position slices [sl0, sl1) and every 16-dim vector of the head.
+inline void amx_pv(const uint16_t (*pbuf)[kChunkBf16], int64_t m0, int64_t rows, const uint16_t (*vpairs)[2 * kMaxHeadDim],
+                   int64_t sl0, int64_t sl1, int64_t nv, const float* alpha, const bool* valid,
+                   float (*acc)[kMaxHeadDim]) {
+  alignas(64) float o[16][16];
+  int b = 6;
+  for (int64_t j0 = 0; j0 < nv; j0 += 4) {
+    const int64_t nj = std::min<int64_t>(4, nv - j0);
+    for (int64_t j = 0; j < nj; ++j) tile_zero_c(static_cast<int>(j));
+    for (int64_t sl = sl0; sl < sl1; ++sl) {
+      _tile_loadd(4, &pbuf[m0][32 * sl], kChunkBf16 * 2);
+      for (int64_t j = 0; j < nj; ++j, b ^= 1) {
+        tile_load_b(b, &vpairs[16 * sl][32 * (j0 + j)], 2 * kMaxHeadDim * 2);
+        tile_dot(static_cast<int>(j), b);
+      }
+    }
+    for (int64_t j = 0; j < nj; ++j) {
+      tile_store_c(static_cast<int>(j), o, 64);
+      for (int64_t i = 0; i < rows; ++i) {
+        if (!valid[m0 + i]) continue;
+        float* a = acc[m0 + i] + 16 * (j0 + j);
+        _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_load_ps(a), _mm512_set1_ps(alpha[m0 + i]), _mm512_load_ps(o[i])));
       }
     }
   }
 }
-#endif
+
+// attend_tile_bf16's loop on AMX tiles (see above); the caller configured this thread's tiles
+// for min(16, R * G) rows.
+void attend_tile_amx(const Tile& tile, int64_t kv_head, const c10::BFloat16* query, c10::BFloat16* out,
+                     const c10::BFloat16* key_cache, const c10::BFloat16* value_cache, const int32_t* block_table,
+                     const Shape& sh, int64_t prefetch_heads, const Upcoming* after) {
+  constexpr int64_t C = kChunkBf16;
+  const int64_t G = sh.group, D = sh.head_dim, nq = D / 32, nv = D / 16, R = tile.rows, M = R * G;
+  const int64_t M16 = (M + 15) / 16 * 16;  // rows of whole tiles; rows [M, M16) are zeros
+  alignas(64) float s[kAmxRowsMax][C];
+  alignas(64) float acc[kAmxRowsMax][kMaxHeadDim];
+  alignas(64) uint16_t vpairs[C / 2][2 * kMaxHeadDim];
+  alignas(64) __m512i kt[C / 16][kMaxHeadDim / 2];
+  alignas(64) uint16_t qbuf[kAmxRowsMax * kMaxHeadDim];  // row r = i * G + h: q of row i, head h
+  alignas(64) uint16_t pbuf[kAmxRowsMax][C];             // P of the chunk in bfloat16, natural order
+  float m[kAmxRowsMax], l[kAmxRowsMax], alpha[kAmxRowsMax];
+  bool valid[kAmxRowsMax];
+  const void* kptr[C];
+  const void* vptr[C];
+  int64_t lo[kTileRows], hi[kTileRows];
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t position = tile.position0 + i;
+    lo[i] = sh.window > 0 ? std::max<int64_t>(0, position - sh.window + 1) : 0;
+    hi[i] = position + 1;  // exclusive
+    std::memcpy(qbuf + i * G * D, query + ((tile.row0 + i) * sh.num_heads + kv_head * G) * D, G * D * 2);
+  }
+  std::memset(qbuf + M * D, 0, (M16 - M) * D * 2);
+  std::memset(pbuf[M], 0, (M16 - M) * C * 2);
+  for (int64_t r = 0; r < M; ++r) {
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.f;
+    for (int64_t d = 0; d < D; ++d) acc[r][d] = 0.f;
+  }
+  for (int64_t r = M; r < M16; ++r) valid[r] = false;
+  for (int64_t c = lo[0] / C; c * C < hi[R - 1]; ++c) {
+    const int64_t cs = c * C, first = std::max(lo[0], cs), last = std::min(hi[R - 1], cs + C);  // [first, last)
+    const int64_t sl0 = (first - cs) / 32, sl1 = (last - cs + 31) / 32;  // 32-position slices of P.V
+    PrefetchQueue pf;
+    if (prefetch_heads > 0 && cs + C < hi[R - 1])
+      pf.fill(key_cache, value_cache, {block_table, cs + C, std::min(hi[R - 1], cs + 2 * C), kv_head, prefetch_heads}, sh);
+    else if (after != nullptr && cs + C >= hi[R - 1])
+      pf.fill(key_cache, value_cache, *after, sh);
+    gather_chunk(key_cache, value_cache, block_table, kv_head, cs, first, last, 16 * sl0, 16 * sl1, sh, kptr, vptr,
+                 vpairs, kt, pf);
+    const int64_t g0 = (first - cs) / 16, g1 = (last - cs + 15) / 16;
+    for (int64_t m0 = 0; m0 < M; m0 += 16) {
+      amx_scores(qbuf, D, m0, nq, kt, g0, g1, s);
+      pf.issue(16);
+    }
+    for (int64_t r = 0; r < M; ++r) {
+      const int64_t i = r / G, a = std::max(lo[i], cs), b = std::min(hi[i], cs + C);
+      valid[r] = a < b;
+      float* row = s[r];
+      if (valid[r]) {
+        for (int64_t t = a - cs; t < b - cs; ++t) row[t] *= sh.scale;
+        alpha[r] = online_softmax(row + (a - cs), b - a, m[r], l[r]);
+      }
+      // P in bfloat16 over the whole chunk: zeros outside [a, b) (as flash attention rounds P).
+      for (int64_t t = 0; t < C; t += 32) {
+        const __m512i t0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(cs + t)),
+                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+        const __m512i t1 = _mm512_add_epi32(t0, _mm512_set1_epi32(16));
+        const __m512i va = _mm512_set1_epi32(static_cast<int32_t>(a)), vb = _mm512_set1_epi32(static_cast<int32_t>(b));
+        const __mmask16 k0 = _mm512_cmpge_epi32_mask(t0, va) & _mm512_cmplt_epi32_mask(t0, vb);
+        const __mmask16 k1 = _mm512_cmpge_epi32_mask(t1, va) & _mm512_cmplt_epi32_mask(t1, vb);
+        const __m512 p0 = _mm512_maskz_load_ps(k0, row + t), p1 = _mm512_maskz_load_ps(k1, row + t + 16);
+        _mm512_store_si512(pbuf[r] + t, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+      }
+      pf.issue(4);
+    }
+    for (int64_t m0 = 0; m0 < M; m0 += 16) {
+      amx_pv(pbuf, m0, std::min<int64_t>(16, M - m0), vpairs, sl0, sl1, nv, alpha, valid, acc);
+      pf.issue(32);
+    }
+    pf.issue_all();
+  }
+  store_rows(tile, kv_head, acc, l, out, sh);
+}
+
+#pragma GCC pop_options
+#endif  // KVSERVE_AMX_BUILD
+#endif  // __AVX512BF16__
 
 // Tiles of up to kTileRows consecutive rows per request with 1 <= q_len <= max_q_len, costliest
 // (most positions to attend) first so the work queue ends with small tasks.
@@ -770,6 +989,12 @@ void run_tile(const Tile& tile, int64_t kv_head, const scalar_t* query, scalar_t
               const Upcoming* after) {
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<cache_t, c10::BFloat16>) {
+#if defined(KVSERVE_AMX_BUILD)
+    if (sh.amx) {
+      attend_tile_amx(tile, kv_head, query, out, key_cache, value_cache, block_table, sh, prefetch_heads, after);
+      return;
+    }
+#endif
     if (sh.head_dim % 32 == 0) {
       attend_tile_bf16(tile, kv_head, query, out, key_cache, value_cache, block_table, sh, prefetch_heads, after);
       return;
@@ -815,11 +1040,17 @@ void run_tasks(const torch::Tensor& query, torch::Tensor& out, const torch::Tens
     return {tables + tile.request * width, lo, hi, (i % tasks_per_tile) * heads_per_task, heads_per_task};
   };
   kvserve::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    int64_t i = next.fetch_add(1);
+    int64_t i = next.fetch_add(1), tile_rows = 0;  // tile_rows: this thread's AMX configuration
     while (i < num_tasks) {
       const int64_t j = next.fetch_add(1);
       const Upcoming upcoming = j < num_tasks ? first_rows(j) : Upcoming{};
       const Tile& tile = tiles[i / tasks_per_tile];
+#if defined(KVSERVE_AMX_BUILD) && defined(__AVX512BF16__)
+      if (shape.amx && std::min<int64_t>(16, tile.rows * shape.group) != tile_rows) {
+        tile_rows = std::min<int64_t>(16, tile.rows * shape.group);
+        amx_configure(tile_rows);
+      }
+#endif
       const int64_t first_head = (i % tasks_per_tile) * heads_per_task, last_head = first_head + heads_per_task - 1;
       for (int64_t h = first_head; h <= last_head; ++h)
         run_tile<scalar_t, cache_t>(tile, h, q, o, keys, values, tables + tile.request * width, shape,
@@ -827,6 +1058,9 @@ void run_tasks(const torch::Tensor& query, torch::Tensor& out, const torch::Tens
                                     h == last_head && j < num_tasks ? &upcoming : nullptr);
       i = j;
     }
+#if defined(KVSERVE_AMX_BUILD) && defined(__AVX512BF16__)
+    if (tile_rows > 0) amx_release();
+#endif
   });
 }
 
@@ -838,7 +1072,7 @@ void run_tasks(const torch::Tensor& query, torch::Tensor& out, const torch::Tens
 // 1 <= q_len <= max_q_len; other rows are left untouched.
 void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
                      torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t window,
-                     int64_t max_q_len) {
+                     int64_t max_q_len, int64_t amx) {
   TORCH_CHECK(query.is_contiguous() && out.is_contiguous() && kv_cache.is_contiguous() && block_tables.is_contiguous());
   const auto cache_type = kv_cache.scalar_type();
   const bool one_byte = cache_type == torch::kChar || cache_type == at::kFloat8_e4m3fn || cache_type == at::kFloat8_e5m2;
@@ -851,7 +1085,15 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_ca
   const int64_t row = one_byte ? head_dim + 4 : head_dim;
   TORCH_CHECK(group * num_kv_heads == num_heads && group <= kMaxGroup && head_dim <= kMaxHeadDim &&
               kv_cache.size(4) == row);
-  const Shape shape{num_heads, group, head_dim, block_size, num_kv_heads, window, static_cast<float>(scale), row};
+  // AMX tiles for bfloat16 (amx: -1 where this host has them, 0 never, 1 required).
+  const bool amx_shape = query.scalar_type() == at::kBFloat16 && cache_type == at::kBFloat16 && head_dim % 32 == 0;
+  TORCH_CHECK(amx != 1 || amx_linear_available(), "paged_attention: amx=1 but this CPU / process has no AMX-BF16 tiles");
+  bool use_amx = amx != 0 && amx_shape && amx_linear_available();
+#if !defined(__AVX512BF16__)
+  use_amx = false;  // built without AVX512-BF16: the AMX path is not compiled
+#endif
+  const Shape shape{num_heads, group, head_dim, block_size, num_kv_heads, window, static_cast<float>(scale), row,
+                    use_amx};
   const std::vector<Tile> tiles = make_tiles(query_start_loc, seq_lens, max_q_len);
   check_block_tables(tiles, block_tables, seq_lens, block_size, kv_cache.size(1));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
