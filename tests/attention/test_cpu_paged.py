@@ -113,15 +113,16 @@ def test_shapes_beyond_the_kernel_use_the_reference_path():
     assert torch.equal(fast, ref) and torch.equal(caches[0], caches[1])
 
 
-def _chunked_outputs(q, k, v, chunks, blocks, window, cache_blocks, neighbour=None):
+def _chunked_outputs(q, k, v, chunks, blocks, window, cache_blocks, neighbour=None, *, amx=None, block_size=16):
     """Feed one sequence in ``chunks`` (a neighbour request rides along in every call when given);
-    returns the sequence's output rows in order. Block size 16, as the engine's default."""
+    returns the sequence's output rows in order. Block size 16 (the engine's default) unless given;
+    ``amx``: the backend's choice of AMX tiles (None: where the CPU has them)."""
     import test_torch_backend as helpers  # noqa: PLC0415 - metadata_for reads its BLOCK_SIZE
 
     dim, num_kv = q.shape[2], k.shape[1]
-    cache = torch.zeros(2, cache_blocks, 16, num_kv, dim, dtype=q.dtype)
-    backend, outs, done = CpuPagedAttentionBackend(), [], 0
-    old, helpers.BLOCK_SIZE = helpers.BLOCK_SIZE, 16
+    cache = torch.zeros(2, cache_blocks, block_size, num_kv, dim, dtype=q.dtype)
+    backend, outs, done = CpuPagedAttentionBackend(amx=amx), [], 0
+    old, helpers.BLOCK_SIZE = helpers.BLOCK_SIZE, block_size
     try:
         for n in chunks:
             rows = [(q[done : done + n], k[done : done + n], v[done : done + n])]

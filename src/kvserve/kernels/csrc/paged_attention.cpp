@@ -752,44 +752,60 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
 
 #if defined(KVSERVE_AMX_BUILD)
 // ---------------------------------------------------------------------------------------------
-// The same loop on AMX tiles (hosts where amx_linear_available(); amx_tiles.h): every query row
-// of the tile (row i, head h of the KV head's group: R * G rows, in tiles of up to 16) at once.
-//   scores   S[16 rows][16 positions] = Q K^T: A = Q (the rows' q, 32 dims per tile), B = K of 16
-//            positions transposed (kt[g], the vector path's layout, already AMX's pair form);
-//            each score sums its dims in TDPBF16PS chunks of 32, in order, from zero;
-//   softmax  in float32 per row, the vector path's online_softmax;
-//   P.V      O[16 rows][16 dims] = P V: A = P in bfloat16 (32 positions per tile, zeros outside
-//            the row's valid range), B = V pairs (vpairs, 16 pairs of positions x 16 dims per
-//            tile); the chunk's product starts from zero, then acc = fma(acc, alpha, O).
+// The same loop on AMX tiles (hosts where amx_linear_available(); amx_tiles.h), for every query
+// row of the tile at once (row r = i * G + h: tile row i, head h of the KV head's group; R * G
+// rows, in tiles of 16), with K and V read in place from the cache (a 16-position group of one
+// block is 16 rows at the token stride: one tile):
+//   scores   S^T[16 positions][16 rows] = K Q^T: A = the group's K rows (32 dims per tile), B = q
+//            in AMX's pair form (qt, built once per task); each score sums its dims in TDPBF16PS
+//            chunks of 32, in order, from zero; transposed in registers to S[row][position];
+//   softmax  in float32 per row, the vector path's online_softmax; P rounded to bfloat16;
+//   P.V      O[16 rows][16 dims] = P V: B = the group's V rows as they are (32 dims: 16 pairs of
+//            adjacent dims), A = P widened to pairs (P, 0) for the even dims and (0, P) for the odd
+//            ones; the chunk's product starts from zero, then acc = fma(acc, alpha, O).
+// Nothing is transposed or interleaved in memory but the 16 x 16 scores. A group with positions
+// outside [first, last) of the chunk (the context's ends, a window's start) or across blocks
+// (block sizes that are not a multiple of 16) is copied with zero rows instead.
 // What a row's result depends on: its chunks (aligned to absolute positions), its valid range in
-// each and the K/V values, as on the vector path. A tile computes for every row the 32-position
-// slices that any of its rows needs; a slice outside a row's range has P = 0 there and adds an
-// exact +0 to its accumulator (TDPBF16PS flushes denormal results, so its tile never holds a value
+// each and the K/V values, as on the vector path. A tile computes for every row the 16-position
+// groups that any of its rows needs; a group outside a row's range has P = 0 there and adds an
+// exact +0 to its accumulator (TDPBF16PS flushes denormal results, so a tile never holds a value
 // that + 0 would change), so a row gives the same bits alone, in a prefill tile or in any batch.
 // The bits differ from the vector path's (TDPBF16PS sums a 32-element chunk as two chains,
 // even and odd elements, and the chunk's P.V is formed before it is scaled into acc).
 
 constexpr int64_t kAmxRowsMax = kTileRows * kMaxGroup;  // query rows of a tile and KV head
+constexpr int64_t kGroups = kChunkBf16 / 16;            // 16-position groups per chunk
 
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16")
 
-// This thread's tiles for `rows` (1-16) rows of A and C (kvserve_amx::configure_tiles), and their
+// This thread's tiles: 16 rows of 64 bytes each (kvserve_amx::configure_tiles), and their
 // release at the end of a parallel region.
-void amx_configure(int64_t rows) { kvserve_amx::configure_tiles(rows); }
+void amx_configure() { kvserve_amx::configure_tiles(16); }
 void amx_release() { _tile_release(); }
 
-// C tile `c` (0-3) += A tile 4 x B tile `b` (6 or 7); the tile numbers are immediates.
-inline void tile_dot(int c, int b) {
-  switch (c * 2 + (b - 6)) {
+// C tile `c` (0-3) += A tile `a` (4-5) x B tile `b` (6-7); the tile numbers are immediates (the
+// intrinsic names its registers in the instruction text).
+inline void tile_dot(int c, int a, int b) {
+  switch (c * 4 + (a - 4) * 2 + (b - 6)) {
     case 0: _tile_dpbf16ps(0, 4, 6); break;
     case 1: _tile_dpbf16ps(0, 4, 7); break;
-    case 2: _tile_dpbf16ps(1, 4, 6); break;
-    case 3: _tile_dpbf16ps(1, 4, 7); break;
-    case 4: _tile_dpbf16ps(2, 4, 6); break;
-    case 5: _tile_dpbf16ps(2, 4, 7); break;
-    case 6: _tile_dpbf16ps(3, 4, 6); break;
-    default: _tile_dpbf16ps(3, 4, 7); break;
+    case 2: _tile_dpbf16ps(0, 5, 6); break;
+    case 3: _tile_dpbf16ps(0, 5, 7); break;
+    case 4: _tile_dpbf16ps(1, 4, 6); break;
+    case 5: _tile_dpbf16ps(1, 4, 7); break;
+    case 6: _tile_dpbf16ps(1, 5, 6); break;
+    case 7: _tile_dpbf16ps(1, 5, 7); break;
+    case 8: _tile_dpbf16ps(2, 4, 6); break;
+    case 9: _tile_dpbf16ps(2, 4, 7); break;
+    case 10: _tile_dpbf16ps(2, 5, 6); break;
+    case 11: _tile_dpbf16ps(2, 5, 7); break;
+    case 12: _tile_dpbf16ps(3, 4, 6); break;
+    case 13: _tile_dpbf16ps(3, 4, 7); break;
+    case 14: _tile_dpbf16ps(3, 5, 6); break;
+    case 15: _tile_dpbf16ps(3, 5, 7); break;
+    default: break;
   }
 }
 inline void tile_load_b(int b, const void* p, int64_t stride) {
@@ -813,127 +829,223 @@ inline void tile_store_c(int c, void* p, int64_t stride) {
   }
 }
 
-// Scores of query rows [m0, m0 + 16) for the 16-position groups [g0, g1) of the chunk (at most 4):
-// s[m0 + i][16g + j] = q_i . K_j, unscaled.
-inline void amx_scores(const uint16_t* qbuf, int64_t qstride, int64_t m0, int64_t nq, const __m512i (*kt)[kMaxHeadDim / 2],
-                       int64_t g0, int64_t g1, float (*s)[kChunkBf16]) {
+// Prefetched cache lines per piece of work (a group's scores, a row's softmax, a group's P.V):
+// about a chunk's K/V lines of one head over the chunk's work, so that the requests stay spread.
+constexpr int64_t kIssue = 16;
+
+// The K and V rows of a 16-position group: 16 rows `stride` bytes apart.
+struct GroupRows {
+  const uint16_t* k;
+  const uint16_t* v;
+  int64_t stride;
+};
+
+// Scores of query rows [16 nt, 16 nt + rows) for the groups [g0, g1) of the chunk (at most 4):
+// s[16 nt + n][16 g + j] = q_n . K_j, unscaled.
+inline void amx_scores(const uint32_t* qt, int64_t nt, int64_t rows, int64_t nq, const GroupRows* grp, int64_t g0,
+                       int64_t g1, float (*s)[kChunkBf16], PrefetchQueue& pf) {
   const int64_t ng = g1 - g0;
   for (int64_t g = 0; g < ng; ++g) tile_zero_c(static_cast<int>(g));
-  int b = 6;
   for (int64_t z = 0; z < nq; ++z) {
-    _tile_loadd(4, qbuf + m0 * qstride + 32 * z, qstride * 2);
-    for (int64_t g = 0; g < ng; ++g, b ^= 1) {
-      tile_load_b(b, &kt[g0 + g][16 * z], 64);
-      tile_dot(static_cast<int>(g), b);
+    _tile_loadd(6, qt + (nt * nq * 16 + 16 * z) * 16, 64);
+    for (int64_t g = 0; g < ng; ++g) {
+      if (g % 2 == 0) _tile_loadd(4, grp[g0 + g].k + 32 * z, grp[g0 + g].stride);
+      else _tile_loadd(5, grp[g0 + g].k + 32 * z, grp[g0 + g].stride);
+      tile_dot(static_cast<int>(g), g % 2 == 0 ? 4 : 5, 6);
     }
   }
-  for (int64_t g = 0; g < ng; ++g) tile_store_c(static_cast<int>(g), &s[m0][16 * (g0 + g)], kChunkBf16 * 4);
+  alignas(64) float st[16][16];
+  for (int64_t g = 0; g < ng; ++g) {
+    tile_store_c(static_cast<int>(g), st, 64);
+    __m512i in[16], out[16];
+    for (int j = 0; j < 16; ++j) in[j] = _mm512_load_si512(st[j]);
+    transpose16x16(in, out);
+    for (int64_t n = 0; n < rows; ++n) _mm512_store_si512(s[16 * nt + n] + 16 * (g0 + g), out[n]);
+    pf.issue(kIssue);
+  }
 }
 
-// acc[m0 + i] = fma(acc, alpha, P_i V) for the tile's rows i < rows that attend this chunk
-// (valid), over the 32-position slices [sl0, sl1) and every 16-dim vector of the head.
-inline void amx_pv(const uint16_t (*pbuf)[kChunkBf16], int64_t m0, int64_t rows, const uint16_t (*vpairs)[2 * kMaxHeadDim],
-                   int64_t sl0, int64_t sl1, int64_t nv, const float* alpha, const bool* valid,
-                   float (*acc)[kMaxHeadDim]) {
+// acc[16 nt + n] = fma(acc, alpha, P_n V) for the tile's rows n < rows that attend this chunk
+// (valid), over the groups [g0, g1); acc lanes per 32-dim block: 16 even dims, then 16 odd.
+inline void amx_pv(const uint32_t (*pe)[kChunkBf16], const uint32_t (*po)[kChunkBf16], int64_t nt, int64_t rows,
+                   const GroupRows* grp, int64_t g0, int64_t g1, int64_t nq, const float* alpha, const bool* valid,
+                   float (*acc)[kMaxHeadDim], PrefetchQueue& pf) {
   alignas(64) float o[16][16];
-  int b = 6;
-  for (int64_t j0 = 0; j0 < nv; j0 += 4) {
-    const int64_t nj = std::min<int64_t>(4, nv - j0);
-    for (int64_t j = 0; j < nj; ++j) tile_zero_c(static_cast<int>(j));
-    for (int64_t sl = sl0; sl < sl1; ++sl) {
-      _tile_loadd(4, &pbuf[m0][32 * sl], kChunkBf16 * 2);
-      for (int64_t j = 0; j < nj; ++j, b ^= 1) {
-        tile_load_b(b, &vpairs[16 * sl][32 * (j0 + j)], 2 * kMaxHeadDim * 2);
-        tile_dot(static_cast<int>(j), b);
+  for (int64_t z0 = 0; z0 < nq; z0 += 2) {  // two 32-dim blocks per pass: 4 C tiles
+    const int64_t nz = std::min<int64_t>(2, nq - z0);
+    for (int64_t c = 0; c < 2 * nz; ++c) tile_zero_c(static_cast<int>(c));
+    for (int64_t g = g0; g < g1; ++g) {
+      _tile_loadd(4, &pe[16 * nt][16 * g], kChunkBf16 * 4);
+      _tile_loadd(5, &po[16 * nt][16 * g], kChunkBf16 * 4);
+      for (int64_t z = 0; z < nz; ++z) {
+        const int b = z == 0 ? 6 : 7;
+        tile_load_b(b, grp[g].v + 32 * (z0 + z), grp[g].stride);
+        tile_dot(static_cast<int>(2 * z), 4, b);
+        tile_dot(static_cast<int>(2 * z + 1), 5, b);
       }
+      pf.issue(kIssue);
     }
-    for (int64_t j = 0; j < nj; ++j) {
-      tile_store_c(static_cast<int>(j), o, 64);
-      for (int64_t i = 0; i < rows; ++i) {
-        if (!valid[m0 + i]) continue;
-        float* a = acc[m0 + i] + 16 * (j0 + j);
-        _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_load_ps(a), _mm512_set1_ps(alpha[m0 + i]), _mm512_load_ps(o[i])));
+    for (int64_t c = 0; c < 2 * nz; ++c) {
+      tile_store_c(static_cast<int>(c), o, 64);
+      const int64_t lane0 = 32 * z0 + 16 * c;  // block z0 + c / 2, even (c even) or odd dims
+      for (int64_t n = 0; n < rows; ++n) {
+        if (!valid[16 * nt + n]) continue;
+        float* a = acc[16 * nt + n] + lane0;
+        _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_load_ps(a), _mm512_set1_ps(alpha[16 * nt + n]), _mm512_load_ps(o[n])));
       }
     }
   }
+}
+
+// exp(x) for x <= 0 in 16 lanes: exp_nonpositive's polynomial (the same constants and steps).
+inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693145751953125f))),
+                                 _mm512_mul_ps(n, _mm512_set1_ps(1.428606765330187045e-06f)));
+  __m512 p = _mm512_set1_ps(1.f / 720.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 result = _mm512_mul_ps(p, _mm512_castsi512_ps(exponent));
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_GT_OQ), result);
+}
+
+// One chunk of the online softmax for one query row on the AMX path, in 16 lanes: the row's
+// unscaled scores s[t - cs] for its valid positions [a, b) of the chunk (cs); m, l updated as in
+// online_softmax; P = exp(scale * s - m') in bfloat16, widened to the pair forms pe (P, 0) and
+// po (0, P) for the groups [g0, g1) (zeros outside [a, b)). Lane j of every vector holds the
+// positions = j mod 16 and the groups are visited in order, so the sums run in one fixed order
+// for a given (a, b). Returns alpha = exp(m - m').
+inline float amx_softmax(const float* s, int64_t cs, int64_t a, int64_t b, int64_t g0, int64_t g1, float scale,
+                         float& m, float& l, uint32_t* pe, uint32_t* po) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i va = _mm512_set1_epi32(static_cast<int32_t>(a)), vb = _mm512_set1_epi32(static_cast<int32_t>(b));
+  const __m512 vscale = _mm512_set1_ps(scale);
+  __m512 v[kGroups];
+  __mmask16 mask[kGroups];
+  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t g = g0; g < g1; ++g) {
+    const __m512i t = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(cs + 16 * g)), lane);
+    mask[g] = _mm512_cmpge_epi32_mask(t, va) & _mm512_cmplt_epi32_mask(t, vb);
+    v[g] = _mm512_mul_ps(_mm512_load_ps(s + 16 * g), vscale);
+    vmax = _mm512_mask_max_ps(vmax, mask[g], vmax, v[g]);
+  }
+  const float new_max = std::max(m, _mm512_reduce_max_ps(vmax));
+  const float alpha = exp_nonpositive(m - new_max);
+  const __m512 vnew = _mm512_set1_ps(new_max);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t g = g0; g < g1; ++g) {
+    const __m512 p = _mm512_maskz_mov_ps(mask[g], exp_nonpositive16(_mm512_sub_ps(v[g], vnew)));
+    sum = _mm512_add_ps(sum, p);
+    const __m512i bits = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(p));
+    _mm512_store_si512(pe + 16 * g, bits);
+    _mm512_store_si512(po + 16 * g, _mm512_slli_epi32(bits, 16));
+  }
+  l = l * alpha + _mm512_reduce_add_ps(sum);
+  m = new_max;
+  return alpha;
 }
 
 // attend_tile_bf16's loop on AMX tiles (see above); the caller configured this thread's tiles
-// for min(16, R * G) rows.
+// (amx_configure).
 void attend_tile_amx(const Tile& tile, int64_t kv_head, const c10::BFloat16* query, c10::BFloat16* out,
                      const c10::BFloat16* key_cache, const c10::BFloat16* value_cache, const int32_t* block_table,
                      const Shape& sh, int64_t prefetch_heads, const Upcoming* after) {
   constexpr int64_t C = kChunkBf16;
-  const int64_t G = sh.group, D = sh.head_dim, nq = D / 32, nv = D / 16, R = tile.rows, M = R * G;
-  const int64_t M16 = (M + 15) / 16 * 16;  // rows of whole tiles; rows [M, M16) are zeros
+  const int64_t G = sh.group, D = sh.head_dim, nq = D / 32, R = tile.rows, M = R * G, NT = (M + 15) / 16;
+  const int64_t token_stride = sh.num_kv_heads * D;
   alignas(64) float s[kAmxRowsMax][C];
   alignas(64) float acc[kAmxRowsMax][kMaxHeadDim];
-  alignas(64) uint16_t vpairs[C / 2][2 * kMaxHeadDim];
-  alignas(64) __m512i kt[C / 16][kMaxHeadDim / 2];
-  alignas(64) uint16_t qbuf[kAmxRowsMax * kMaxHeadDim];  // row r = i * G + h: q of row i, head h
-  alignas(64) uint16_t pbuf[kAmxRowsMax][C];             // P of the chunk in bfloat16, natural order
+  // q in AMX's pair form per tile of 16 rows: qt[nt][p][n] = dims (2p, 2p + 1) of row 16 nt + n.
+  alignas(64) uint32_t qt[kAmxRowsMax * kMaxHeadDim / 2];
+  // P of the chunk in bfloat16, widened to 32 bits: pe = (P, 0) pairs, po = (0, P) pairs.
+  alignas(64) uint32_t pe[kAmxRowsMax][C];
+  alignas(64) uint32_t po[kAmxRowsMax][C];
+  alignas(64) uint16_t kcopy[kGroups][16 * kMaxHeadDim];  // groups that are not read in place
+  alignas(64) uint16_t vcopy[kGroups][16 * kMaxHeadDim];
+  GroupRows grp[kGroups];
   float m[kAmxRowsMax], l[kAmxRowsMax], alpha[kAmxRowsMax];
   bool valid[kAmxRowsMax];
-  const void* kptr[C];
-  const void* vptr[C];
   int64_t lo[kTileRows], hi[kTileRows];
   for (int64_t i = 0; i < R; ++i) {
     const int64_t position = tile.position0 + i;
     lo[i] = sh.window > 0 ? std::max<int64_t>(0, position - sh.window + 1) : 0;
     hi[i] = position + 1;  // exclusive
-    std::memcpy(qbuf + i * G * D, query + ((tile.row0 + i) * sh.num_heads + kv_head * G) * D, G * D * 2);
   }
-  std::memset(qbuf + M * D, 0, (M16 - M) * D * 2);
-  std::memset(pbuf[M], 0, (M16 - M) * C * 2);
+  std::memset(qt, 0, NT * 16 * (D / 2) * 4);
   for (int64_t r = 0; r < M; ++r) {
+    const int64_t i = r / G, h = r % G;
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(query + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D);
+    uint32_t* dst = qt + (r / 16) * (D / 2) * 16 + r % 16;
+    for (int64_t p = 0; p < D / 2; ++p) dst[16 * p] = q[p];
     m[r] = -std::numeric_limits<float>::infinity();
     l[r] = 0.f;
     for (int64_t d = 0; d < D; ++d) acc[r][d] = 0.f;
   }
-  for (int64_t r = M; r < M16; ++r) valid[r] = false;
+  for (int64_t r = M; r < NT * 16; ++r) {
+    valid[r] = false;
+    for (int64_t t = 0; t < C; ++t) pe[r][t] = po[r][t] = 0;
+  }
   for (int64_t c = lo[0] / C; c * C < hi[R - 1]; ++c) {
     const int64_t cs = c * C, first = std::max(lo[0], cs), last = std::min(hi[R - 1], cs + C);  // [first, last)
-    const int64_t sl0 = (first - cs) / 32, sl1 = (last - cs + 31) / 32;  // 32-position slices of P.V
-    PrefetchQueue pf;
-    if (prefetch_heads > 0 && cs + C < hi[R - 1])
-      pf.fill(key_cache, value_cache, {block_table, cs + C, std::min(hi[R - 1], cs + 2 * C), kv_head, prefetch_heads}, sh);
-    else if (after != nullptr && cs + C >= hi[R - 1])
-      pf.fill(key_cache, value_cache, *after, sh);
-    gather_chunk(key_cache, value_cache, block_table, kv_head, cs, first, last, 16 * sl0, 16 * sl1, sh, kptr, vptr,
-                 vpairs, kt, pf);
     const int64_t g0 = (first - cs) / 16, g1 = (last - cs + 15) / 16;
-    for (int64_t m0 = 0; m0 < M; m0 += 16) {
-      amx_scores(qbuf, D, m0, nq, kt, g0, g1, s);
-      pf.issue(16);
+    PrefetchQueue pf;
+    if (prefetch_heads > 0 && cs + C < hi[R - 1])  // this head's next chunk
+      pf.fill(key_cache, value_cache, {block_table, cs + C, std::min(hi[R - 1], cs + 2 * C), kv_head, prefetch_heads}, sh);
+    else if (after != nullptr && cs + C >= hi[R - 1])  // the last chunk: the next head's (or task's) first rows
+      pf.fill(key_cache, value_cache, *after, sh);
+    // Where each group's rows are: in place, or copied with zeros outside [first, last).
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t p0 = cs + 16 * g, u = std::max(first, p0), v = std::min(last, p0 + 16);
+      if (u == p0 && v == p0 + 16 && sh.block_size % 16 == 0) {
+        const int64_t base = (static_cast<int64_t>(block_table[p0 / sh.block_size]) * sh.block_size + p0 % sh.block_size) *
+                                 token_stride + kv_head * D;
+        grp[g] = {reinterpret_cast<const uint16_t*>(key_cache + base), reinterpret_cast<const uint16_t*>(value_cache + base),
+                  token_stride * 2};
+        continue;
+      }
+      std::memset(kcopy[g], 0, 16 * D * 2);
+      std::memset(vcopy[g], 0, 16 * D * 2);
+      for (int64_t t = u; t < v; ++t) {
+        const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
+        std::memcpy(kcopy[g] + (t - p0) * D, key_cache + slot * token_stride + kv_head * D, D * 2);
+        std::memcpy(vcopy[g] + (t - p0) * D, value_cache + slot * token_stride + kv_head * D, D * 2);
+      }
+      grp[g] = {kcopy[g], vcopy[g], D * 2};
+    }
+    for (int64_t nt = 0; nt < NT; ++nt) {
+      amx_scores(qt, nt, std::min<int64_t>(16, M - 16 * nt), nq, grp, g0, g1, s, pf);
     }
     for (int64_t r = 0; r < M; ++r) {
       const int64_t i = r / G, a = std::max(lo[i], cs), b = std::min(hi[i], cs + C);
       valid[r] = a < b;
-      float* row = s[r];
-      if (valid[r]) {
-        for (int64_t t = a - cs; t < b - cs; ++t) row[t] *= sh.scale;
-        alpha[r] = online_softmax(row + (a - cs), b - a, m[r], l[r]);
+      if (valid[r]) alpha[r] = amx_softmax(s[r], cs, a, b, g0, g1, sh.scale, m[r], l[r], pe[r], po[r]);
+      else for (int64_t g = g0; g < g1; ++g) {
+        _mm512_store_si512(pe[r] + 16 * g, _mm512_setzero_si512());
+        _mm512_store_si512(po[r] + 16 * g, _mm512_setzero_si512());
       }
-      // P in bfloat16 over the whole chunk: zeros outside [a, b) (as flash attention rounds P).
-      for (int64_t t = 0; t < C; t += 32) {
-        const __m512i t0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(cs + t)),
-                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-        const __m512i t1 = _mm512_add_epi32(t0, _mm512_set1_epi32(16));
-        const __m512i va = _mm512_set1_epi32(static_cast<int32_t>(a)), vb = _mm512_set1_epi32(static_cast<int32_t>(b));
-        const __mmask16 k0 = _mm512_cmpge_epi32_mask(t0, va) & _mm512_cmplt_epi32_mask(t0, vb);
-        const __mmask16 k1 = _mm512_cmpge_epi32_mask(t1, va) & _mm512_cmplt_epi32_mask(t1, vb);
-        const __m512 p0 = _mm512_maskz_load_ps(k0, row + t), p1 = _mm512_maskz_load_ps(k1, row + t + 16);
-        _mm512_store_si512(pbuf[r] + t, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
-      }
-      pf.issue(4);
+      pf.issue(kIssue);
     }
-    for (int64_t m0 = 0; m0 < M; m0 += 16) {
-      amx_pv(pbuf, m0, std::min<int64_t>(16, M - m0), vpairs, sl0, sl1, nv, alpha, valid, acc);
-      pf.issue(32);
+    for (int64_t nt = 0; nt < NT; ++nt) {
+      amx_pv(pe, po, nt, std::min<int64_t>(16, M - 16 * nt), grp, g0, g1, nq, alpha, valid, acc, pf);
     }
     pf.issue_all();
   }
-  store_rows(tile, kv_head, acc, l, out, sh);
+  // acc lanes per 32-dim block: the 16 even dims, then the 16 odd ones.
+  for (int64_t i = 0; i < R; ++i) {
+    for (int64_t h = 0; h < G; ++h) {
+      const int64_t r = i * G + h;
+      c10::BFloat16* dst = out + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D;
+      const float inv = 1.f / l[r];
+      for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<c10::BFloat16>(acc[r][32 * (d / 32) + 16 * (d % 2) + (d % 32) / 2] * inv);
+    }
+  }
 }
 
 #pragma GCC pop_options
@@ -1040,26 +1152,40 @@ void run_tasks(const torch::Tensor& query, torch::Tensor& out, const torch::Tens
     return {tables + tile.request * width, lo, hi, (i % tasks_per_tile) * heads_per_task, heads_per_task};
   };
   kvserve::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    int64_t i = next.fetch_add(1), tile_rows = 0;  // tile_rows: this thread's AMX configuration
+    int64_t i = next.fetch_add(1);
+    bool tiles_configured = false;  // this thread's AMX tiles (amx_configure)
     while (i < num_tasks) {
       const int64_t j = next.fetch_add(1);
       const Upcoming upcoming = j < num_tasks ? first_rows(j) : Upcoming{};
       const Tile& tile = tiles[i / tasks_per_tile];
 #if defined(KVSERVE_AMX_BUILD) && defined(__AVX512BF16__)
-      if (shape.amx && std::min<int64_t>(16, tile.rows * shape.group) != tile_rows) {
-        tile_rows = std::min<int64_t>(16, tile.rows * shape.group);
-        amx_configure(tile_rows);
+      if (shape.amx && !tiles_configured) {
+        amx_configure();
+        tiles_configured = true;
       }
 #endif
       const int64_t first_head = (i % tasks_per_tile) * heads_per_task, last_head = first_head + heads_per_task - 1;
-      for (int64_t h = first_head; h <= last_head; ++h)
-        run_tile<scalar_t, cache_t>(tile, h, q, o, keys, values, tables + tile.request * width, shape,
-                                    h == first_head ? heads_per_task : 0,
-                                    h == last_head && j < num_tasks ? &upcoming : nullptr);
+      if (shape.amx) {
+        // The AMX path prefetches its own KV head's next chunk as it goes, and in its last chunk
+        // the first chunk of the next head (or task): its arithmetic is short, so the requests
+        // are spread over every head's work.
+        Upcoming next_head = first_rows(i);
+        for (int64_t h = first_head; h <= last_head; ++h) {
+          next_head.head = h + 1;
+          next_head.heads = 1;
+          const Upcoming* after = h < last_head ? &next_head : j < num_tasks ? &upcoming : nullptr;
+          run_tile<scalar_t, cache_t>(tile, h, q, o, keys, values, tables + tile.request * width, shape, 1, after);
+        }
+      } else {
+        for (int64_t h = first_head; h <= last_head; ++h)
+          run_tile<scalar_t, cache_t>(tile, h, q, o, keys, values, tables + tile.request * width, shape,
+                                      h == first_head ? heads_per_task : 0,
+                                      h == last_head && j < num_tasks ? &upcoming : nullptr);
+      }
       i = j;
     }
 #if defined(KVSERVE_AMX_BUILD) && defined(__AVX512BF16__)
-    if (tile_rows > 0) amx_release();
+    if (tiles_configured) amx_release();
 #endif
   });
 }
