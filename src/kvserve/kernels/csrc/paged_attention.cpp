@@ -952,14 +952,25 @@ inline float amx_softmax(const float* s, int64_t cs, int64_t a, int64_t b, int64
   return alpha;
 }
 
-// attend_tile_bf16's loop on AMX tiles (see above); the caller configured this thread's tiles
-// (amx_configure).
-void attend_tile_amx(const Tile& tile, int64_t kv_head, const c10::BFloat16* query, c10::BFloat16* out,
+// Whether attend_tile_amx can take `heads` KV heads of a tile of `rows` query rows in one pass
+// (its buffers: up to kAmxRowsMax query rows in whole tiles of 16 per head, kMaxHeadDim elements
+// of K/V per token).
+inline bool amx_heads_fit(int64_t heads, int64_t rows, const Shape& sh) {
+  return heads * ((rows * sh.group + 15) / 16 * 16) <= kAmxRowsMax && heads * sh.head_dim <= kMaxHeadDim;
+}
+
+// attend_tile_bf16's loop on AMX tiles (see above) for KV heads [kv_head, kv_head + heads) at once
+// (amx_heads_fit), so that a chunk's K and V token rows are read whole, each block's once; the
+// rows of KV head j are the query rows [j * M16, j * M16 + R * G). prefetch: the next chunk's rows
+// of these heads are prefetched while a chunk is computed; after: rows prefetched during the last
+// chunk, or nullptr. The caller configured this thread's tiles (amx_configure).
+void attend_tile_amx(const Tile& tile, int64_t kv_head, int64_t heads, const c10::BFloat16* query, c10::BFloat16* out,
                      const c10::BFloat16* key_cache, const c10::BFloat16* value_cache, const int32_t* block_table,
-                     const Shape& sh, int64_t prefetch_heads, const Upcoming* after) {
+                     const Shape& sh, bool prefetch, const Upcoming* after) {
   constexpr int64_t C = kChunkBf16;
-  const int64_t G = sh.group, D = sh.head_dim, nq = D / 32, R = tile.rows, M = R * G, NT = (M + 15) / 16;
-  const int64_t token_stride = sh.num_kv_heads * D;
+  const int64_t G = sh.group, D = sh.head_dim, nq = D / 32, R = tile.rows, M = R * G;
+  const int64_t M16 = (M + 15) / 16 * 16, rows = heads * M16, NT = rows / 16, tiles_per_head = M16 / 16;
+  const int64_t token_stride = sh.num_kv_heads * D, width = heads * D;  // width: K/V elements read per token
   alignas(64) float s[kAmxRowsMax][C];
   alignas(64) float acc[kAmxRowsMax][kMaxHeadDim];
   // q in AMX's pair form per tile of 16 rows: qt[nt][p][n] = dims (2p, 2p + 1) of row 16 nt + n.
@@ -969,7 +980,7 @@ void attend_tile_amx(const Tile& tile, int64_t kv_head, const c10::BFloat16* que
   alignas(64) uint32_t po[kAmxRowsMax][C];
   alignas(64) uint16_t kcopy[kGroups][16 * kMaxHeadDim];  // groups that are not read in place
   alignas(64) uint16_t vcopy[kGroups][16 * kMaxHeadDim];
-  GroupRows grp[kGroups];
+  GroupRows grp[kMaxHeadDim / 32][kGroups];  // [head][group]: heads * D <= kMaxHeadDim
   float m[kAmxRowsMax], l[kAmxRowsMax], alpha[kAmxRowsMax];
   bool valid[kAmxRowsMax];
   int64_t lo[kTileRows], hi[kTileRows];
@@ -978,27 +989,30 @@ void attend_tile_amx(const Tile& tile, int64_t kv_head, const c10::BFloat16* que
     lo[i] = sh.window > 0 ? std::max<int64_t>(0, position - sh.window + 1) : 0;
     hi[i] = position + 1;  // exclusive
   }
-  std::memset(qt, 0, NT * 16 * (D / 2) * 4);
-  for (int64_t r = 0; r < M; ++r) {
-    const int64_t i = r / G, h = r % G;
-    const uint32_t* q = reinterpret_cast<const uint32_t*>(query + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D);
+  std::memset(qt, 0, rows * (D / 2) * 4);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t j = r / M16, local = r % M16;
+    valid[r] = false;
+    if (local >= M) {  // padding rows of a head's last tile: P = 0
+      for (int64_t t = 0; t < C; ++t) pe[r][t] = po[r][t] = 0;
+      continue;
+    }
+    const int64_t i = local / G, h = local % G;
+    const uint32_t* q =
+        reinterpret_cast<const uint32_t*>(query + ((tile.row0 + i) * sh.num_heads + (kv_head + j) * G + h) * D);
     uint32_t* dst = qt + (r / 16) * (D / 2) * 16 + r % 16;
     for (int64_t p = 0; p < D / 2; ++p) dst[16 * p] = q[p];
     m[r] = -std::numeric_limits<float>::infinity();
     l[r] = 0.f;
     for (int64_t d = 0; d < D; ++d) acc[r][d] = 0.f;
   }
-  for (int64_t r = M; r < NT * 16; ++r) {
-    valid[r] = false;
-    for (int64_t t = 0; t < C; ++t) pe[r][t] = po[r][t] = 0;
-  }
   for (int64_t c = lo[0] / C; c * C < hi[R - 1]; ++c) {
     const int64_t cs = c * C, first = std::max(lo[0], cs), last = std::min(hi[R - 1], cs + C);  // [first, last)
     const int64_t g0 = (first - cs) / 16, g1 = (last - cs + 15) / 16;
     PrefetchQueue pf;
-    if (prefetch_heads > 0 && cs + C < hi[R - 1])  // this head's next chunk
-      pf.fill(key_cache, value_cache, {block_table, cs + C, std::min(hi[R - 1], cs + 2 * C), kv_head, prefetch_heads}, sh);
-    else if (after != nullptr && cs + C >= hi[R - 1])  // the last chunk: the next head's (or task's) first rows
+    if (prefetch && cs + C < hi[R - 1])  // the next chunk
+      pf.fill(key_cache, value_cache, {block_table, cs + C, std::min(hi[R - 1], cs + 2 * C), kv_head, heads}, sh);
+    else if (after != nullptr && cs + C >= hi[R - 1])  // the last chunk: the next task's (or head's) first rows
       pf.fill(key_cache, value_cache, *after, sh);
     // Where each group's rows are: in place, or copied with zeros outside [first, last).
     for (int64_t g = g0; g < g1; ++g) {
@@ -1006,24 +1020,28 @@ void attend_tile_amx(const Tile& tile, int64_t kv_head, const c10::BFloat16* que
       if (u == p0 && v == p0 + 16 && sh.block_size % 16 == 0) {
         const int64_t base = (static_cast<int64_t>(block_table[p0 / sh.block_size]) * sh.block_size + p0 % sh.block_size) *
                                  token_stride + kv_head * D;
-        grp[g] = {reinterpret_cast<const uint16_t*>(key_cache + base), reinterpret_cast<const uint16_t*>(value_cache + base),
-                  token_stride * 2};
+        for (int64_t j = 0; j < heads; ++j)
+          grp[j][g] = {reinterpret_cast<const uint16_t*>(key_cache + base + j * D),
+                       reinterpret_cast<const uint16_t*>(value_cache + base + j * D), token_stride * 2};
         continue;
       }
-      std::memset(kcopy[g], 0, 16 * D * 2);
-      std::memset(vcopy[g], 0, 16 * D * 2);
+      std::memset(kcopy[g], 0, 16 * width * 2);
+      std::memset(vcopy[g], 0, 16 * width * 2);
       for (int64_t t = u; t < v; ++t) {
         const int64_t slot = static_cast<int64_t>(block_table[t / sh.block_size]) * sh.block_size + t % sh.block_size;
-        std::memcpy(kcopy[g] + (t - p0) * D, key_cache + slot * token_stride + kv_head * D, D * 2);
-        std::memcpy(vcopy[g] + (t - p0) * D, value_cache + slot * token_stride + kv_head * D, D * 2);
+        std::memcpy(kcopy[g] + (t - p0) * width, key_cache + slot * token_stride + kv_head * D, width * 2);
+        std::memcpy(vcopy[g] + (t - p0) * width, value_cache + slot * token_stride + kv_head * D, width * 2);
       }
-      grp[g] = {kcopy[g], vcopy[g], D * 2};
+      for (int64_t j = 0; j < heads; ++j) grp[j][g] = {kcopy[g] + j * D, vcopy[g] + j * D, width * 2};
     }
     for (int64_t nt = 0; nt < NT; ++nt) {
-      amx_scores(qt, nt, std::min<int64_t>(16, M - 16 * nt), nq, grp, g0, g1, s, pf);
+      const int64_t local0 = (nt % tiles_per_head) * 16;
+      amx_scores(qt, nt, std::min<int64_t>(16, M - local0), nq, grp[nt / tiles_per_head], g0, g1, s, pf);
     }
-    for (int64_t r = 0; r < M; ++r) {
-      const int64_t i = r / G, a = std::max(lo[i], cs), b = std::min(hi[i], cs + C);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t local = r % M16;
+      if (local >= M) continue;
+      const int64_t i = local / G, a = std::max(lo[i], cs), b = std::min(hi[i], cs + C);
       valid[r] = a < b;
       if (valid[r]) alpha[r] = amx_softmax(s[r], cs, a, b, g0, g1, sh.scale, m[r], l[r], pe[r], po[r]);
       else for (int64_t g = g0; g < g1; ++g) {
@@ -1033,18 +1051,19 @@ void attend_tile_amx(const Tile& tile, int64_t kv_head, const c10::BFloat16* que
       pf.issue(kIssue);
     }
     for (int64_t nt = 0; nt < NT; ++nt) {
-      amx_pv(pe, po, nt, std::min<int64_t>(16, M - 16 * nt), grp, g0, g1, nq, alpha, valid, acc, pf);
+      const int64_t local0 = (nt % tiles_per_head) * 16;
+      amx_pv(pe, po, nt, std::min<int64_t>(16, M - local0), grp[nt / tiles_per_head], g0, g1, nq, alpha, valid, acc, pf);
     }
     pf.issue_all();
   }
   // acc lanes per 32-dim block: the 16 even dims, then the 16 odd ones.
-  for (int64_t i = 0; i < R; ++i) {
-    for (int64_t h = 0; h < G; ++h) {
-      const int64_t r = i * G + h;
-      c10::BFloat16* dst = out + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D;
-      const float inv = 1.f / l[r];
-      for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<c10::BFloat16>(acc[r][32 * (d / 32) + 16 * (d % 2) + (d % 32) / 2] * inv);
-    }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t j = r / M16, local = r % M16;
+    if (local >= M) continue;
+    const int64_t i = local / G, h = local % G;
+    c10::BFloat16* dst = out + ((tile.row0 + i) * sh.num_heads + (kv_head + j) * G + h) * D;
+    const float inv = 1.f / l[r];
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<c10::BFloat16>(acc[r][32 * (d / 32) + 16 * (d % 2) + (d % 32) / 2] * inv);
   }
 }
 
@@ -1101,12 +1120,6 @@ void run_tile(const Tile& tile, int64_t kv_head, const scalar_t* query, scalar_t
               const Upcoming* after) {
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<cache_t, c10::BFloat16>) {
-#if defined(KVSERVE_AMX_BUILD)
-    if (sh.amx) {
-      attend_tile_amx(tile, kv_head, query, out, key_cache, value_cache, block_table, sh, prefetch_heads, after);
-      return;
-    }
-#endif
     if (sh.head_dim % 32 == 0) {
       attend_tile_bf16(tile, kv_head, query, out, key_cache, value_cache, block_table, sh, prefetch_heads, after);
       return;
@@ -1120,6 +1133,30 @@ void run_tile(const Tile& tile, int64_t kv_head, const scalar_t* query, scalar_t
                                   value_cache, block_table, sh);
 }
 
+
+// A task's KV heads [first, first + heads) on AMX tiles (bfloat16 only; see attend_tile_amx): in one
+// pass where they fit, else one head at a time. Each pass prefetches its own next chunk as it
+// goes, and in its last chunk the first rows of the next pass (or of the thread's next task,
+// `upcoming`): its arithmetic is short, so the requests are spread over all of the work.
+template <typename scalar_t, typename cache_t>
+void run_tile_amx(const Tile& tile, int64_t first, int64_t heads, const scalar_t* query, scalar_t* out,
+                  const cache_t* key_cache, const cache_t* value_cache, const int32_t* block_table, const Shape& sh,
+                  const Upcoming* upcoming) {
+#if defined(KVSERVE_AMX_BUILD) && defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<cache_t, c10::BFloat16>) {
+    const int64_t per_pass = amx_heads_fit(heads, tile.rows, sh) ? heads : 1;
+    const int64_t lo = sh.window > 0 ? std::max<int64_t>(0, tile.position0 - sh.window + 1) : 0;
+    for (int64_t h = first; h < first + heads; h += per_pass) {
+      const Upcoming next{block_table, lo, std::min(tile.position0 + tile.rows, (lo / kChunkBf16 + 1) * kChunkBf16),
+                          h + per_pass, per_pass};
+      const Upcoming* after = h + per_pass < first + heads ? &next : upcoming;
+      attend_tile_amx(tile, h, per_pass, query, out, key_cache, value_cache, block_table, sh, true, after);
+    }
+    return;
+  }
+#endif
+  // Not reached: Shape::amx is set for bfloat16 queries and caches only.
+}
 
 // A task is one tile for a run of KV heads: every KV head of the tile when there are tiles enough
 // to keep the threads busy (a decode step at batch), so a task streams its request's blocks, whole
@@ -1166,16 +1203,8 @@ void run_tasks(const torch::Tensor& query, torch::Tensor& out, const torch::Tens
 #endif
       const int64_t first_head = (i % tasks_per_tile) * heads_per_task, last_head = first_head + heads_per_task - 1;
       if (shape.amx) {
-        // The AMX path prefetches its own KV head's next chunk as it goes, and in its last chunk
-        // the first chunk of the next head (or task): its arithmetic is short, so the requests
-        // are spread over every head's work.
-        Upcoming next_head = first_rows(i);
-        for (int64_t h = first_head; h <= last_head; ++h) {
-          next_head.head = h + 1;
-          next_head.heads = 1;
-          const Upcoming* after = h < last_head ? &next_head : j < num_tasks ? &upcoming : nullptr;
-          run_tile<scalar_t, cache_t>(tile, h, q, o, keys, values, tables + tile.request * width, shape, 1, after);
-        }
+        run_tile_amx(tile, first_head, heads_per_task, q, o, keys, values, tables + tile.request * width, shape,
+                     j < num_tasks ? &upcoming : nullptr);
       } else {
         for (int64_t h = first_head; h <= last_head; ++h)
           run_tile<scalar_t, cache_t>(tile, h, q, o, keys, values, tables + tile.request * width, shape,
