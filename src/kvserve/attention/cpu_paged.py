@@ -68,7 +68,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
         if amx and not self._ops.amx_linear_available():
             raise ValueError("amx=True: this CPU (or process) has no AMX-BF16 tiles")
         self.max_kernel_query_len = max_kernel_query_len
-        self._amx = -1 if amx is None else int(amx)
+        self.kernel_amx = -1 if amx is None else int(amx)  # the kernel's amx argument: -1 auto, 0 never, 1 required
         self._reference = TorchAttentionBackend()
 
     @staticmethod
@@ -101,7 +101,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
         out = torch.empty_like(query)
         self._ops.paged_attention(
             out, query, kv_cache, metadata.block_tables, metadata.seq_lens_cpu, metadata.query_start_loc_cpu,
-            scale, sliding_window or 0, self.max_kernel_query_len, self._amx,
+            scale, sliding_window or 0, self.max_kernel_query_len, self.kernel_amx,
         )
         if metadata.max_query_len > self.max_kernel_query_len:  # the rest: per-request SDPA
             _varlen_attention(query, kv_cache, metadata, scale, sliding_window, out=out,

@@ -74,7 +74,7 @@ class FusedDecoder:
         stack = kernels.DecoderStack(num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
                                      eps=inner.norm.eps, scale=attn.scale, mlp_tile_rows=MLP_TILE_ROWS,
                                      max_kernel_query_len=backend.max_kernel_query_len,
-                                     final_norm=inner.norm.weight.detach())
+                                     final_norm=inner.norm.weight.detach(), attention_amx=backend.kernel_amx)
         for layer in layers:
             spec = _layer_spec(layer, attn, inner.norm.eps, dtype, kernels)
             if spec is None:

@@ -22,7 +22,7 @@
 
 void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
                      torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t window,
-                     int64_t max_q_len);
+                     int64_t max_q_len, int64_t amx);
 void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor kv_cache, torch::Tensor slot_mapping);
 torch::Tensor silu_and_mul(torch::Tensor x);
 std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> residual,
@@ -78,7 +78,7 @@ struct Batch {
 class DecoderStack {
  public:
   DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
-               int64_t mlp_tile_rows, int64_t max_kernel_query_len, torch::Tensor final_norm);
+               int64_t mlp_tile_rows, int64_t max_kernel_query_len, torch::Tensor final_norm, int64_t attention_amx);
   void add_layer(int64_t window, torch::Tensor input_norm, torch::Tensor post_norm,
                  c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm,
                  std::vector<LinearPart> qkv, std::vector<LinearPart> o, std::vector<LinearPart> gate_up,
@@ -95,7 +95,7 @@ class DecoderStack {
 
   int64_t num_heads_, num_kv_heads_, head_dim_;
   double eps_, scale_;
-  int64_t mlp_tile_rows_, max_kernel_query_len_;
+  int64_t mlp_tile_rows_, max_kernel_query_len_, attention_amx_;  // attention_amx_: paged_attention's amx
   torch::Tensor final_norm_;
   std::vector<DecoderLayer> layers_;
 };
@@ -126,9 +126,11 @@ torch::Tensor Projection::operator()(const torch::Tensor& x) const {
 }
 
 DecoderStack::DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
-                           int64_t mlp_tile_rows, int64_t max_kernel_query_len, torch::Tensor final_norm)
+                           int64_t mlp_tile_rows, int64_t max_kernel_query_len, torch::Tensor final_norm,
+                           int64_t attention_amx)
     : num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(eps), scale_(scale),
-      mlp_tile_rows_(mlp_tile_rows), max_kernel_query_len_(max_kernel_query_len), final_norm_(final_norm) {}
+      mlp_tile_rows_(mlp_tile_rows), max_kernel_query_len_(max_kernel_query_len), attention_amx_(attention_amx),
+      final_norm_(final_norm) {}
 
 void DecoderStack::add_layer(int64_t window, torch::Tensor input_norm, torch::Tensor post_norm,
                              c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm,
@@ -173,7 +175,7 @@ torch::Tensor DecoderStack::attention(const DecoderLayer& layer, const torch::Te
   q = q.contiguous();
   torch::Tensor out = torch::empty_like(q);
   paged_attention(out, q, batch.kv_caches[layer.index], batch.block_tables, batch.seq_lens, batch.query_start_loc,
-                  scale_, layer.window, max_kernel_query_len_);
+                  scale_, layer.window, max_kernel_query_len_, attention_amx_);
   return layer.o(out.reshape({tokens, q_size}));
 }
 
@@ -227,9 +229,10 @@ void bind_decoder(pybind11::module& m) {
            py::arg("input_perm"), py::arg("in_features"), py::arg("out_features"), py::arg("group_size"),
            py::arg("bits"), py::arg("isa"));
   py::class_<DecoderStack>(m, "DecoderStack", "a Llama-family model's decoder layers in one call (see decoder.cpp)")
-      .def(py::init<int64_t, int64_t, int64_t, double, double, int64_t, int64_t, torch::Tensor>(),
+      .def(py::init<int64_t, int64_t, int64_t, double, double, int64_t, int64_t, torch::Tensor, int64_t>(),
            py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("scale"),
-           py::arg("mlp_tile_rows"), py::arg("max_kernel_query_len"), py::arg("final_norm"))
+           py::arg("mlp_tile_rows"), py::arg("max_kernel_query_len"), py::arg("final_norm"),
+           py::arg("attention_amx") = -1)
       .def("add_layer", &DecoderStack::add_layer, py::arg("window"), py::arg("input_norm"), py::arg("post_norm"),
            py::arg("q_norm"), py::arg("k_norm"), py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"))
       .def("forward", &DecoderStack::forward, py::call_guard<py::gil_scoped_release>(),
