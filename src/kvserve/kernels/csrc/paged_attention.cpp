@@ -12,12 +12,17 @@
 //                               l  = l * a + sum exp(s - m');  acc = acc * a + sum exp(s - m') V[c]
 //     out = acc / l
 //
-// Two implementations of the same loop:
+// Three implementations of the same loop:
+// - attend_tile_amx (bfloat16, head_dim % 32 == 0, CPUs with AMX-BF16 tiles where the process may
+//   use them; KVSERVE_AMX=0: never): q.K and P.V on tiles with K and V read in place, every query
+//   row of the tile (and of the task's KV heads) at once; see its section below;
 // - attend_tile_bf16 (bfloat16, head_dim % 32 == 0, CPUs with AVX512-BF16): q.K with vdpbf16ps on
 //   the raw bf16 values against K transposed per 16 positions, P rounded to bf16 for the P.V
 //   product (as FlashAttention-2 does) with V rows interleaved in pairs of positions; the K/V
 //   rows of a chunk are read and rearranged once for every row and head of the tile;
 // - attend_one (any dtype and shape): one row at a time, K/V converted to float32.
+// The AMX and vector paths round differently (bits differ in the last place between hosts with
+// and without AMX, as for the linears); on one host each row takes one path whatever the batch.
 // A row's chunks, their valid ranges and the order of every sum depend only on its position and
 // the K/V values, never on the tile, the chunking of the prompt or the rest of the batch, so a
 // row's result is bit-identical alone, in a prefill chunk or in any batch (batch invariance).
