@@ -581,92 +581,6 @@ inline void score_heads(int64_t nh, const __m512i* kg, const uint32_t* q, int64_
   }
 }
 
-// The K/V rows of chunk [cs, cs + kChunkBf16) for one KV head, rearranged for the dot products:
-// kptr/vptr: each position's K/V row (kZeroRow outside [first, last)); vpairs[k] for pairs
-// k in [k0, k1): V rows 2k and 2k + 1 interleaved per dimension (for each 32-dim block, 32 bf16
-// pairs of unpacklo then 32 of unpackhi); kt[g] for the 16-position groups covering [first, last):
-// K transposed, kt[g][p] the bf16 pair (2p, 2p + 1) of the group's 16 positions. Issues `pf`'s
-// prefetches between the pieces.
-inline void gather_chunk(const c10::BFloat16* key_cache, const c10::BFloat16* value_cache, const int32_t* block_table,
-                         int64_t kv_head, int64_t cs, int64_t first, int64_t last, int64_t k0, int64_t k1,
-                         const Shape& sh, const void** kptr, const void** vptr,
-                         uint16_t (*vpairs)[2 * kMaxHeadDim], __m512i (*kt)[kMaxHeadDim / 2], PrefetchQueue& pf) {
-  constexpr int64_t C = kChunkBf16;
-  const int64_t D = sh.head_dim, nq = D / 32, token_stride = sh.num_kv_heads * D;
-  // Row addresses of the chunk, one block-table lookup per block; zeros outside [first, last).
-  for (int64_t t = cs; t < first; ++t) kptr[t - cs] = vptr[t - cs] = kZeroRow;
-  for (int64_t t = last; t < cs + C; ++t) kptr[t - cs] = vptr[t - cs] = kZeroRow;
-  for (int64_t t = first; t < last;) {
-    const int64_t b = t / sh.block_size, off = t - b * sh.block_size, n = std::min(last - t, sh.block_size - off);
-    const int64_t base = (static_cast<int64_t>(block_table[b]) * sh.block_size + off) * token_stride + kv_head * D;
-    for (int64_t j = 0; j < n; ++j) {
-      kptr[t - cs + j] = key_cache + base + j * token_stride;
-      vptr[t - cs + j] = value_cache + base + j * token_stride;
-    }
-    t += n;
-  }
-  for (int64_t k = k0; k < k1; ++k) {
-    const uint16_t* r0 = static_cast<const uint16_t*>(vptr[2 * k]);
-    const uint16_t* r1 = static_cast<const uint16_t*>(vptr[2 * k + 1]);
-    for (int64_t j = 0; j < nq; ++j) {
-      const __m512i a = _mm512_loadu_si512(r0 + 32 * j), b = _mm512_loadu_si512(r1 + 32 * j);
-      _mm512_store_si512(vpairs[k] + 64 * j, _mm512_unpacklo_epi16(a, b));
-      _mm512_store_si512(vpairs[k] + 64 * j + 32, _mm512_unpackhi_epi16(a, b));
-    }
-    pf.issue(4);
-  }
-  for (int64_t g = (first - cs) / 16; g * 16 < last - cs; ++g) {
-    for (int64_t z = 0; z < nq; ++z) {  // dims 32z .. 32z + 31 = dword pairs 16z .. 16z + 15
-      __m512i rows[16], cols[16];
-      for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(static_cast<const c10::BFloat16*>(kptr[16 * g + j]) + 32 * z);
-      transpose16x16(rows, cols);
-      for (int j = 0; j < 16; ++j) kt[g][16 * z + j] = cols[j];
-      pf.issue(8);
-    }
-  }
-}
-
-// One chunk of the online softmax for one query head: row[0, n) holds the chunk's valid scores
-// and becomes exp(score - m'), with m' = max(m, max row); l = l * alpha + sum; returns
-// alpha = exp(m - m'), the factor for the accumulator.
-inline float online_softmax(float* row, int64_t n, float& m, float& l) {
-  // The maximum 16 lanes at a time (exact, so the same value as a scalar scan).
-  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t t = 0; t < n; t += 16) {
-    const __mmask16 mask = n - t >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - t)) - 1);
-    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, mask, row + t));
-  }
-  const float chunk_max = _mm512_reduce_max_ps(vmax);
-  const float new_max = std::max(m, chunk_max);
-  const float alpha = exp_nonpositive(m - new_max);
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t t = 0; t < n; ++t) { row[t] = exp_nonpositive(row[t] - new_max); sum += row[t]; }
-  l = l * alpha + sum;
-  m = new_max;
-  return alpha;
-}
-
-// out rows of the tile = acc / l, rounded to bfloat16. acc lane order per 32-dim block:
-// [unpacklo | unpackhi] of the V pairs; unpacklo holds dims 8L + 0..3 of each 128-bit lane L,
-// unpackhi dims 8L + 4..7.
-inline void store_rows(const Tile& tile, int64_t kv_head, const float (*acc)[kMaxHeadDim], const float* l,
-                       c10::BFloat16* out, const Shape& sh) {
-  const int64_t G = sh.group, D = sh.head_dim;
-  for (int64_t i = 0; i < tile.rows; ++i) {
-    for (int64_t h = 0; h < G; ++h) {
-      const int64_t r = i * G + h;
-      c10::BFloat16* dst = out + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D;
-      const float inv = 1.f / l[r];
-      for (int64_t d = 0; d < D; ++d) {
-        const int64_t block = d / 32, lane = (d % 32) / 8, e = d % 8;
-        const int64_t src = 32 * block + (e < 4 ? 0 : 16) + 4 * lane + e % 4;
-        dst[d] = static_cast<c10::BFloat16>(acc[r][src] * inv);
-      }
-    }
-  }
-}
-
 // prefetch_heads: KV heads [kv_head, kv_head + prefetch_heads) whose rows of the next chunk are
 // prefetched while a chunk is computed (0: none, the task's first head asked for them already);
 // after: rows prefetched during the last chunk (the thread's next task), or nullptr.
@@ -674,7 +588,8 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
                       const c10::BFloat16* key_cache, const c10::BFloat16* value_cache, const int32_t* block_table,
                       const Shape& sh, int64_t prefetch_heads, const Upcoming* after) {
   constexpr int64_t C = kChunkBf16;
-  const int64_t G = sh.group, D = sh.head_dim, nv = D / 16, R = tile.rows;
+  const int64_t G = sh.group, D = sh.head_dim, nq = D / 32, nv = D / 16, R = tile.rows;
+  const int64_t token_stride = sh.num_kv_heads * D;
   alignas(64) float s[kTileRows * kMaxGroup][C];
   // acc lanes follow the interleaved V layout (see below); un-permuted when written out.
   alignas(64) float acc[kTileRows * kMaxGroup][kMaxHeadDim];
@@ -708,8 +623,37 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
       pf.fill(key_cache, value_cache, {block_table, cs + C, std::min(hi[R - 1], cs + 2 * C), kv_head, prefetch_heads}, sh);
     else if (after != nullptr && cs + C >= hi[R - 1])  // the last chunk: the next task's first rows
       pf.fill(key_cache, value_cache, *after, sh);
-    gather_chunk(key_cache, value_cache, block_table, kv_head, cs, first, last, (first - cs) / 2, (last - cs + 1) / 2, sh,
-                 kptr, vptr, vpairs, kt, pf);
+    // Row addresses of the chunk, one block-table lookup per block; zeros outside [first, last).
+    for (int64_t t = cs; t < first; ++t) kptr[t - cs] = vptr[t - cs] = kZeroRow;
+    for (int64_t t = last; t < cs + C; ++t) kptr[t - cs] = vptr[t - cs] = kZeroRow;
+    for (int64_t t = first; t < last;) {
+      const int64_t b = t / sh.block_size, off = t - b * sh.block_size, n = std::min(last - t, sh.block_size - off);
+      const int64_t base = (static_cast<int64_t>(block_table[b]) * sh.block_size + off) * token_stride + kv_head * D;
+      for (int64_t j = 0; j < n; ++j) {
+        kptr[t - cs + j] = key_cache + base + j * token_stride;
+        vptr[t - cs + j] = value_cache + base + j * token_stride;
+      }
+      t += n;
+    }
+    for (int64_t k = (first - cs) / 2; k < (last - cs + 1) / 2; ++k) {
+      const uint16_t* r0 = static_cast<const uint16_t*>(vptr[2 * k]);
+      const uint16_t* r1 = static_cast<const uint16_t*>(vptr[2 * k + 1]);
+      for (int64_t j = 0; j < nq; ++j) {
+        const __m512i a = _mm512_loadu_si512(r0 + 32 * j), b = _mm512_loadu_si512(r1 + 32 * j);
+        _mm512_store_si512(vpairs[k] + 64 * j, _mm512_unpacklo_epi16(a, b));
+        _mm512_store_si512(vpairs[k] + 64 * j + 32, _mm512_unpackhi_epi16(a, b));
+      }
+      pf.issue(4);
+    }
+    for (int64_t g = (first - cs) / 16; g * 16 < last - cs; ++g) {
+      for (int64_t z = 0; z < nq; ++z) {  // dims 32z .. 32z + 31 = dword pairs 16z .. 16z + 15
+        __m512i rows[16], cols[16];
+        for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(static_cast<const c10::BFloat16*>(kptr[16 * g + j]) + 32 * z);
+        transpose16x16(rows, cols);
+        for (int j = 0; j < 16; ++j) kt[g][16 * z + j] = cols[j];
+        pf.issue(8);
+      }
+    }
     for (int64_t i = 0; i < R; ++i) {
       const int64_t a = std::max(lo[i], cs), b = std::min(hi[i], cs + C);
       if (a >= b) continue;
@@ -734,7 +678,22 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
       for (int64_t h = 0; h < G; ++h) {
         const int64_t r = i * G + h;
         // Online softmax over this chunk's valid scores; probabilities outside [a, b) set to 0.
-        const float alpha = online_softmax(s[r] + (a - cs), b - a, m[r], l[r]);
+        float* row = s[r] + (a - cs);
+        const int64_t n = b - a;
+        // The maximum 16 lanes at a time (exact, so the same value as a scalar scan).
+        __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int64_t t = 0; t < n; t += 16) {
+          const __mmask16 mask = n - t >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - t)) - 1);
+          vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, mask, row + t));
+        }
+        const float chunk_max = _mm512_reduce_max_ps(vmax);
+        const float new_max = std::max(m[r], chunk_max);
+        const float alpha = exp_nonpositive(m[r] - new_max);
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < n; ++t) { row[t] = exp_nonpositive(row[t] - new_max); sum += row[t]; }
+        l[r] = l[r] * alpha + sum;
+        m[r] = new_max;
         for (int64_t t = g_begin; t < a - cs; ++t) s[r][t] = 0.f;
         for (int64_t t = b - cs; t < g_end; ++t) s[r][t] = 0.f;
         // P as bf16 pairs of positions (2k, 2k + 1), as flash attention rounds P for the PV product.
@@ -752,7 +711,20 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
     }
     pf.issue_all();
   }
-  store_rows(tile, kv_head, acc, l, out, sh);
+  // acc lane order per 32-dim block: [unpacklo | unpackhi]; unpacklo holds dims 8L + 0..3 of each
+  // 128-bit lane L, unpackhi dims 8L + 4..7.
+  for (int64_t i = 0; i < R; ++i) {
+    for (int64_t h = 0; h < G; ++h) {
+      const int64_t r = i * G + h;
+      c10::BFloat16* dst = out + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D;
+      const float inv = 1.f / l[r];
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t block = d / 32, lane = (d % 32) / 8, e = d % 8;
+        const int64_t src = 32 * block + (e < 4 ? 0 : 16) + 4 * lane + e % 4;
+        dst[d] = static_cast<c10::BFloat16>(acc[r][src] * inv);
+      }
+    }
+  }
 }
 
 #if defined(KVSERVE_AMX_BUILD)
@@ -764,7 +736,7 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
 //   scores   S^T[16 positions][16 rows] = K Q^T: A = the group's K rows (32 dims per tile), B = q
 //            in AMX's pair form (qt, built once per task); each score sums its dims in TDPBF16PS
 //            chunks of 32, in order, from zero; transposed in registers to S[row][position];
-//   softmax  in float32 per row, the vector path's online_softmax; P rounded to bfloat16;
+//   softmax  in float32 per row, 16 positions per vector (amx_softmax); P rounded to bfloat16;
 //   P.V      O[16 rows][16 dims] = P V: B = the group's V rows as they are (32 dims: 16 pairs of
 //            adjacent dims), A = P widened to pairs (P, 0) for the even dims and (0, P) for the odd
 //            ones; the chunk's product starts from zero, then acc = fma(acc, alpha, O).
@@ -922,11 +894,11 @@ inline __m512 exp_nonpositive16(__m512 x) {
 }
 
 // One chunk of the online softmax for one query row on the AMX path, in 16 lanes: the row's
-// unscaled scores s[t - cs] for its valid positions [a, b) of the chunk (cs); m, l updated as in
-// online_softmax; P = exp(scale * s - m') in bfloat16, widened to the pair forms pe (P, 0) and
-// po (0, P) for the groups [g0, g1) (zeros outside [a, b)). Lane j of every vector holds the
-// positions = j mod 16 and the groups are visited in order, so the sums run in one fixed order
-// for a given (a, b). Returns alpha = exp(m - m').
+// unscaled scores s[t - cs] for its valid positions [a, b) of the chunk (cs); m' = max(m, max of
+// the chunk's scaled scores), l = l * alpha + sum of P; P = exp(scale * s - m') in bfloat16,
+// widened to the pair forms pe (P, 0) and po (0, P) for the groups [g0, g1) (zeros outside
+// [a, b)). Lane j of every vector holds the positions = j mod 16 and the groups are visited in
+// order, so the sums run in one fixed order for a given (a, b). Returns alpha = exp(m - m').
 inline float amx_softmax(const float* s, int64_t cs, int64_t a, int64_t b, int64_t g0, int64_t g1, float scale,
                          float& m, float& l, uint32_t* pe, uint32_t* po) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
