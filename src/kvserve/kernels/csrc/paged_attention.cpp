@@ -40,6 +40,7 @@
 #include <ATen/Parallel.h>
 #include "thread_pool.h"
 #include "amx_tiles.h"
+#include "vector_exp.h"
 
 #include <algorithm>
 #include <atomic>
@@ -874,25 +875,6 @@ inline void amx_pv(const uint32_t (*pe)[kChunkBf16], const uint32_t (*po)[kChunk
   }
 }
 
-// exp(x) for x <= 0 in 16 lanes: exp_nonpositive's polynomial (the same constants and steps).
-inline __m512 exp_nonpositive16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693145751953125f))),
-                                 _mm512_mul_ps(n, _mm512_set1_ps(1.428606765330187045e-06f)));
-  __m512 p = _mm512_set1_ps(1.f / 720.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  const __m512 result = _mm512_mul_ps(p, _mm512_castsi512_ps(exponent));
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_GT_OQ), result);
-}
-
 // One chunk of the online softmax for one query row on the AMX path, in 16 lanes: the row's
 // unscaled scores s[t - cs] for its valid positions [a, b) of the chunk (cs); m' = max(m, max of
 // the chunk's scaled scores), l = l * alpha + sum of P; P = exp(scale * s - m') in bfloat16,
@@ -918,7 +900,7 @@ inline float amx_softmax(const float* s, int64_t cs, int64_t a, int64_t b, int64
   const __m512 vnew = _mm512_set1_ps(new_max);
   __m512 sum = _mm512_setzero_ps();
   for (int64_t g = g0; g < g1; ++g) {
-    const __m512 p = _mm512_maskz_mov_ps(mask[g], exp_nonpositive16(_mm512_sub_ps(v[g], vnew)));
+    const __m512 p = _mm512_maskz_mov_ps(mask[g], kvserve::exp16(_mm512_sub_ps(v[g], vnew)));
     sum = _mm512_add_ps(sum, p);
     const __m512i bits = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(p));
     _mm512_store_si512(pe + 16 * g, bits);
