@@ -20,23 +20,7 @@
 
 #include <vector>
 
-void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
-                     torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t window,
-                     int64_t max_q_len, int64_t amx);
-void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor kv_cache, torch::Tensor slot_mapping);
-torch::Tensor silu_and_mul(torch::Tensor x);
-std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> residual,
-                                    double eps);
-torch::Tensor rotary_embedding(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
-torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
-                               int64_t out_features);
-torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t out_features);
-torch::Tensor quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
-                           c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
-                           int64_t out_features, int64_t group_size, int64_t bits, int64_t isa);
-torch::Tensor amx_quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
-                               c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
-                               int64_t out_features, int64_t group_size, int64_t bits);
+#include "kernels.h"
 
 namespace kvserve {
 namespace {
