@@ -134,15 +134,12 @@ def _linear_parts(module: nn.Module, dtype: torch.dtype, kernels: ModuleType) ->
         parts = [_linear_parts(part, dtype, kernels) for part in module.parts]
         return None if any(p is None for p in parts) else [p for sub in parts for p in sub]
     if type(module) is InvariantLinear:
-        amx = module.amx and dtype == torch.bfloat16
-        packed = module.packed if amx else module._vector_panels()
+        amx, packed = module.kernel_weights(dtype)
         return [kernels.LinearPart(kind=AMX if amx else VECTOR, packed=packed, scales=None, neg_offsets=None,
                                    bias=module.bias, input_perm=None, in_features=module.in_features,
                                    out_features=module.out_features, group_size=0, bits=0, isa=0)]
-    if type(module) is QuantizedLinear and module._kernels is not None:
-        amx = module.amx and dtype == torch.bfloat16
-        packed, scales, neg_offsets = ((module.packed, module.scales, module.neg_offsets) if amx
-                                       else module._vector_panels())
+    if type(module) is QuantizedLinear and module.on_kernels:
+        amx, packed, scales, neg_offsets = module.kernel_weights(dtype)
         return [kernels.LinearPart(kind=QUANT_AMX if amx else QUANT_VECTOR, packed=packed, scales=scales,
                                    neg_offsets=neg_offsets, bias=module.bias, input_perm=module.input_perm,
                                    in_features=module.in_features, out_features=module.out_features,

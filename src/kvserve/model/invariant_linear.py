@@ -78,11 +78,16 @@ class InvariantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, self.in_features).contiguous()
-        if self.amx and rows.dtype == torch.bfloat16:
-            out = self._kernels.amx_linear(rows, self.packed, self.bias, self.out_features)
-        else:
-            out = self._kernels.invariant_linear(rows, self._vector_panels(), self.bias, self.out_features)
-        return out.reshape(*shape[:-1], self.out_features)
+        amx, packed = self.kernel_weights(rows.dtype)
+        kernel = self._kernels.amx_linear if amx else self._kernels.invariant_linear
+        return kernel(rows, packed, self.bias, self.out_features).reshape(*shape[:-1], self.out_features)
+
+    def kernel_weights(self, dtype: torch.dtype) -> tuple[bool, torch.Tensor]:
+        """(AMX tiles?, the packed weight) the forward of ``dtype`` activations passes to its kernel
+        (``amx_linear`` or ``invariant_linear``); also what ``kvserve.model.fused_decoder`` calls."""
+        if self.amx and dtype == torch.bfloat16:
+            return True, self.packed
+        return False, self._vector_panels()
 
     def _vector_panels(self) -> torch.Tensor:
         """linear.cpp's panels: ``packed`` itself, or for an AMX layer (whose tiles take only

@@ -162,14 +162,28 @@ class QuantizedLinear(nn.Module):
             return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
         shape = x.shape
         rows = x.reshape(-1, self.in_features).contiguous()
-        if self.amx and rows.dtype == torch.bfloat16:
-            out = self._kernels.amx_quant_linear(rows, self.packed, self.scales, self.neg_offsets, self.bias,
-                                                 self.out_features, self.group_size, self.bits)
+        amx, packed, scales, neg_offsets = self.kernel_weights(rows.dtype)
+        if amx:
+            out = self._kernels.amx_quant_linear(rows, packed, scales, neg_offsets, self.bias, self.out_features,
+                                                 self.group_size, self.bits)
         else:
-            packed, scales, neg_offsets = self._vector_panels()
             out = self._kernels.quant_linear(rows, packed, scales, neg_offsets, self.bias, self.out_features,
                                              self.group_size, self.bits, self.isa)
         return out.reshape(*shape[:-1], self.out_features)
+
+    @property
+    def on_kernels(self) -> bool:
+        """Whether the forward runs kvserve's kernels (CPU float32/bfloat16 activations), not the
+        dequantize-per-call path."""
+        return self._kernels is not None
+
+    def kernel_weights(self, dtype: torch.dtype) -> tuple[bool, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(AMX tiles?, packed, scales, neg_offsets) the forward of ``dtype`` activations passes to
+        its kernel (``amx_quant_linear`` or ``quant_linear``); also what
+        ``kvserve.model.fused_decoder`` calls. Only with ``on_kernels``."""
+        if self.amx and dtype == torch.bfloat16:
+            return True, self.packed, self.scales, self.neg_offsets
+        return (False, *self._vector_panels())
 
     def _vector_panels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The vector kernel's (packed, scales, neg_offsets): the layer's own, or for an AMX layer
