@@ -72,7 +72,8 @@ void block_exps(const scalar_t* x, int64_t begin, int64_t end, float temperature
 #endif
 }
 
-// The largest y of the row, or NaN when the row has a NaN.
+// The largest y = x / T of the row, or NaN when the row has a NaN: the largest x divided once
+// (rounding is monotonic, so fl(max x / T) = max fl(x / T)).
 template <typename scalar_t>
 float row_max(const scalar_t* x, int64_t n, float temperature) {
   float best = -std::numeric_limits<float>::infinity();
@@ -80,24 +81,23 @@ float row_max(const scalar_t* x, int64_t n, float temperature) {
 #if defined(__AVX512F__)
   __m512 vbest = _mm512_set1_ps(best);
   __mmask16 nans = 0;
-  const __m512 t = _mm512_set1_ps(temperature);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 mask = tail_mask(n - i);
-    __m512 y = load16(x + i, mask);
-    if (temperature != 1.f) y = _mm512_div_ps(y, t);
-    nans |= _mm512_mask_cmp_ps_mask(mask, y, y, _CMP_UNORD_Q);
-    vbest = _mm512_mask_max_ps(vbest, mask, vbest, y);
+    const __m512 v = load16(x + i, mask);
+    nans |= _mm512_mask_cmp_ps_mask(mask, v, v, _CMP_UNORD_Q);
+    vbest = _mm512_mask_max_ps(vbest, mask, vbest, v);
   }
   best = _mm512_reduce_max_ps(vbest);
   nan = nans != 0;
 #else
   for (int64_t i = 0; i < n; ++i) {
-    const float y = temperature != 1.f ? widen(x[i]) / temperature : widen(x[i]);
-    nan = nan || std::isnan(y);
-    best = std::max(best, y);
+    const float v = widen(x[i]);
+    nan = nan || std::isnan(v);
+    best = std::max(best, v);
   }
 #endif
-  return nan ? std::numeric_limits<float>::quiet_NaN() : best;
+  if (nan) return std::numeric_limits<float>::quiet_NaN();
+  return temperature != 1.f ? best / temperature : best;
 }
 
 // Sum of a block's e (the fixed order of the file header).
