@@ -173,7 +173,7 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
     ChatParsers.from_settings(settings, tokenizer)  # a parser this model cannot use stops the start here
     logger.info("loading %s (%s) for %s", model, arch.architecture, served_name)
     failure = _LoadFailure()
-    input_processor = build_input_processor(config, tokenizer, arch.vocab_size, max_model_len)
+    input_processor = build_input_processor(config, tokenizer, arch.vocab_size, max_model_len, build_backend_now=True)
     server = None
 
     def on_dead(_: BaseException) -> None:  # unattributable failure: exit non-zero, let a supervisor restart

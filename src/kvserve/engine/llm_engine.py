@@ -48,15 +48,17 @@ class EngineStep:
     kv_events: list = field(default_factory=list)
 
 
-def build_input_processor(config: EngineConfig, tokenizer, vocab_size: int, max_model_len: int) -> InputProcessor:
+def build_input_processor(config: EngineConfig, tokenizer, vocab_size: int, max_model_len: int,
+                          build_backend_now: bool = False) -> InputProcessor:
     """The input processor of a model, with its structured-output backend (built in the
-    background from now on)."""
+    background from now on with ``build_backend_now``, else at the first constrained request)."""
     eos = eos_token_ids(config.model.model, tokenizer)
     return InputProcessor(tokenizer, vocab_size, max_model_len, eos,
                           priority_scheduling=config.scheduler.policy == "priority",
                           lora_enabled=config.lora is not None,
                           structured_outputs=StructuredOutputManager(tokenizer, vocab_size, eos,
-                                                                     config.structured_outputs))
+                                                                     config.structured_outputs,
+                                                                     build_now=build_backend_now))
 
 
 def serving_facts(engine: LLMEngine) -> dict[str, Any] | None:

@@ -1,16 +1,23 @@
-"""One engine's structured outputs: its grammar backend, built once on a background thread at
-start (tokenizer info takes seconds, importing xgrammar's kernel a few more), and the compile
-service the input processor calls for each constrained request::
+"""One engine's structured outputs: its grammar backend, built once on a background thread
+(tokenizer info takes seconds, importing xgrammar's kernel a few more), and the compile service
+the input processor calls for each constrained request::
 
-    StructuredOutputManager(tokenizer, vocab, eos, config)   # returns at once; builds meanwhile
-        .compile(params) ─► waits for the backend (first request only) ─► cached / compiled
-                            grammar, or StructuredOutputError (a 400, before anything is queued)
+    StructuredOutputManager(tokenizer, vocab, eos, config, build_now)   # returns at once
+        .compile(params) ─► starts the build if not yet started, waits for the backend (first
+                            request only) ─► cached / compiled grammar, or StructuredOutputError
+                            (a 400, before anything is queued)
+
+A server builds at start, while its weights load (``build_now``), so that its first constrained
+request does not wait; an offline engine builds at its first constrained request, as vLLM's does:
+the build (~0.5 s of CPU for a 152k vocabulary) on a 2-core machine otherwise took a core from the
+first prefill step of a ``generate`` started right after the engine (1.7 s instead of 1.2 s).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -32,10 +39,21 @@ class StructuredOutputManager:
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
-                 config: StructuredOutputsConfig | None = None):
+                 config: StructuredOutputsConfig | None = None, build_now: bool = True):
         self.config = config or StructuredOutputsConfig()
+        self._build_args = (tokenizer, vocab_size, tuple(stop_token_ids))
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvserve-grammar-backend")
-        self._service: Future = self._builder.submit(self._build, tokenizer, vocab_size, tuple(stop_token_ids))
+        self._starting = threading.Lock()
+        self._service: Future | None = None
+        if build_now:
+            self.start_build()
+
+    def start_build(self) -> Future:
+        """The backend's build (started on the first call)."""
+        with self._starting:
+            if self._service is None:
+                self._service = self._builder.submit(self._build, *self._build_args)
+            return self._service
 
     def _build(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...]) -> GrammarCompileService:
         backend = create_backend(tokenizer, vocab_size, stop_token_ids, self.config)
@@ -52,7 +70,7 @@ class StructuredOutputManager:
         """
         check_request_backend(params, self.config.backend)
         try:
-            service = self._service.result()
+            service = self.start_build().result()
         except Exception as exc:  # noqa: BLE001 - reported to the client, logged once by the future
             raise StructuredOutputError(f"structured outputs are not available on this server: {exc}",
                                         param=params.source) from exc

@@ -38,6 +38,9 @@ using namespace kvserve_amx;
 
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")
+}  // namespace
+#include "vector_exp.h"  // inside the target region: silu16 is then built for these instructions
+namespace {
 
 // C tile (16 x 16 float32, row-major in `tile`) + bias -> out rows [0, rows) x columns [0, cols),
 // each rounded to bfloat16, 16 at a time.
@@ -54,9 +57,22 @@ void store_tile(const float* tile, const float* bias, uint16_t* out, int64_t N, 
 // Weight bytes prefetched ahead of the tile loads (four chunks), into L2.
 constexpr int64_t kAhead = 4096;
 
-// rt A tiles (16 rows each, `a` with row stride `lda` bytes) x pt panels of B (consecutive panels,
-// `panel_bytes` apart): C over all K chunks, then stored through `out` (row0's row, column col0).
-template <int rt, int pt>
+// The gate and up C tiles of the same 16 columns -> silu(gate) * up in bfloat16, rows [0, rows) of
+// `out` (row stride N): each value rounded to bfloat16 where the separate steps round it (the
+// projection's output, silu, the product), so the same bits as amx_linear then silu_and_mul.
+void store_swiglu(const float* gate, const float* up, uint16_t* out, int64_t N, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 g = widen_bf16(round_to_bf16(_mm512_load_ps(gate + r * kTileN)));
+    const __m512 u = widen_bf16(round_to_bf16(_mm512_load_ps(up + r * kTileN)));
+    const __m512 silu = widen_bf16(round_to_bf16(kvserve::silu16(g)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * N), round_to_bf16(_mm512_mul_ps(silu, u)));
+  }
+}
+
+// rt A tiles (16 rows each, `a` with row stride `lda` bytes) x pt panels of B (`panel_bytes`
+// apart): C over all K chunks, then stored through `out` (row0's row, column col0); with swiglu,
+// the two panels are a gate panel and its up panel, stored as silu(gate) * up (16 columns).
+template <int rt, int pt, bool swiglu = false>
 void micro_kernel(const uint8_t* a, int64_t lda, const uint8_t* b, int64_t panel_bytes, int64_t chunks,
                   const float* bias, uint16_t* out, int64_t N, int64_t rows, int64_t cols) {
   _tile_zero(0);
@@ -85,6 +101,23 @@ void micro_kernel(const uint8_t* a, int64_t lda, const uint8_t* b, int64_t panel
     }
   }
   alignas(64) float tile[kTileRows * kTileN];
+  if constexpr (swiglu) {
+    static_assert(pt == 2);
+    alignas(64) float up[kTileRows * kTileN];
+    for (int i = 0; i < rt; ++i) {
+      const int64_t r = std::min<int64_t>(kTileRows, rows - i * kTileRows);
+      if (r <= 0) break;
+      if (i == 0) {
+        _tile_stored(0, tile, 64);
+        _tile_stored(1, up, 64);
+      } else {
+        _tile_stored(2, tile, 64);
+        _tile_stored(3, up, 64);
+      }
+      store_swiglu(tile, up, out + i * kTileRows * N, N, r);
+    }
+    return;
+  }
   for (int i = 0; i < rt; ++i) {
     const int64_t r = std::min<int64_t>(kTileRows, rows - i * kTileRows);
     if (r <= 0) break;
@@ -101,12 +134,15 @@ void micro_kernel(const uint8_t* a, int64_t lda, const uint8_t* b, int64_t panel
   }
 }
 
+// swiglu: the weight is [gate; up] (N = 2d, d a multiple of 16) and out is [M, d] = silu(x gate^T)
+// * (x up^T); a work unit is then gate panel p with up panel p + d/16, no bias.
 void amx_kernel(const uint16_t* x, const uint16_t* packed, const float* bias, uint16_t* out, int64_t M, int64_t K,
-                int64_t N) {
+                int64_t N, bool swiglu = false) {
   const int64_t chunks = (K + kTileK - 1) / kTileK;
   const int64_t panels = (N + kTileN - 1) / kTileN;
   const int64_t panel_bytes = chunks * 1024;
   const int64_t pairs = (panels + 1) / 2;                     // work unit: two panels (32 columns)
+  const int64_t out_stride = swiglu ? N / 2 : N;
   const int64_t row_groups = (M + 2 * kTileRows - 1) / (2 * kTileRows);  // 32 rows each
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   // Row blocks only when there are many rows: columns first, so a panel pair's weights are read
@@ -120,7 +156,7 @@ void amx_kernel(const uint16_t* x, const uint16_t* packed, const float* bias, ui
     configure_tiles(M);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t pair = item % pairs, block = item / pairs;
-      const int64_t p = pair * 2, pt = std::min<int64_t>(2, panels - p);
+      const int64_t p = swiglu ? pair : pair * 2, pt = swiglu ? 2 : std::min<int64_t>(2, panels - p);
       const int64_t col0 = p * kTileN, cols = std::min<int64_t>(2 * kTileN, N - col0);
       const uint8_t* b = reinterpret_cast<const uint8_t*>(packed) + p * panel_bytes;
       const int64_t g1 = std::min(row_groups, (block + 1) * groups_per_block);
@@ -129,9 +165,11 @@ void amx_kernel(const uint16_t* x, const uint16_t* packed, const float* bias, ui
         const int rt = rows > kTileRows ? 2 : 1;
         int64_t lda = 0;
         const uint8_t* a = tiles.group(g, &lda);
-        uint16_t* o = out + row0 * N + col0;
+        uint16_t* o = out + row0 * out_stride + col0;
         const float* bs = bias == nullptr ? nullptr : bias + col0;
-        if (rt == 2 && pt == 2) micro_kernel<2, 2>(a, lda, b, panel_bytes, chunks, bs, o, N, rows, cols);
+        if (swiglu && rt == 2) micro_kernel<2, 2, true>(a, lda, b, pairs * panel_bytes, chunks, nullptr, o, out_stride, rows, cols);
+        else if (swiglu) micro_kernel<1, 2, true>(a, lda, b, pairs * panel_bytes, chunks, nullptr, o, out_stride, rows, cols);
+        else if (rt == 2 && pt == 2) micro_kernel<2, 2>(a, lda, b, panel_bytes, chunks, bs, o, N, rows, cols);
         else if (rt == 2) micro_kernel<2, 1>(a, lda, b, panel_bytes, chunks, bs, o, N, rows, cols);
         else if (pt == 2) micro_kernel<1, 2>(a, lda, b, panel_bytes, chunks, bs, o, N, rows, cols);
         else micro_kernel<1, 1>(a, lda, b, panel_bytes, chunks, bs, o, N, rows, cols);
@@ -162,23 +200,45 @@ bool amx_linear_available() {
 
 // x: contiguous [M, K] bfloat16; packed: the weight's B tiles (kvserve.model.invariant_linear.pack_amx_weight);
 // bias float32 [N] or None.
-torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t out_features) {
-  TORCH_CHECK(amx_linear_available(), "amx_linear: no AMX-BF16 tiles on this CPU / process");
+namespace {
+
+void check_amx_operands(const torch::Tensor& x, const torch::Tensor& packed, int64_t N, const char* name) {
+  TORCH_CHECK(amx_linear_available(), name, ": no AMX-BF16 tiles on this CPU / process");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu() && x.scalar_type() == torch::kBFloat16,
-              "amx_linear takes contiguous 2-D bfloat16 CPU activations");
-  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+              name, " takes contiguous 2-D bfloat16 CPU activations");
+  const int64_t K = x.size(1);
   TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.size(0) == (N + kTileN - 1) / kTileN &&
                   packed.size(1) == (K + kTileK - 1) / kTileK && packed.size(2) == kTileRows &&
                   packed.size(3) == 2 * kTileN,
               "packed must be the weight's B tiles [N/16, K/32, 16, 32] for these K and N");
-  const float* bias_ptr = optional_bias(bias, N);
-  auto out = torch::empty({M, N}, x.options());
+}
+
+torch::Tensor run_amx(const torch::Tensor& x, const torch::Tensor& packed, const float* bias, int64_t N, bool swiglu) {
+  const int64_t M = x.size(0);
+  auto out = torch::empty({M, swiglu ? N / 2 : N}, x.options());
 #if defined(KVSERVE_AMX_BUILD)
   if (M > 0 && N > 0) {
     amx_kernel(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()),
-               reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>()), bias_ptr,
-               reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()), M, K, N);
+               reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>()), bias,
+               reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()), M, x.size(1), N, swiglu);
   }
 #endif
   return out;
+}
+
+}  // namespace
+
+torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t out_features) {
+  check_amx_operands(x, packed, out_features, "amx_linear");
+  return run_amx(x, packed, optional_bias(bias, out_features), out_features, false);
+}
+
+// silu_and_mul(amx_linear(x, packed, None, out_features)) in one pass, the same bits: the
+// gate-up projection's two halves meet in the kernel's store, so the [M, 2d] projection output
+// is never written. out_features = 2d, d a multiple of 16.
+torch::Tensor amx_linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
+  check_amx_operands(x, packed, out_features, "amx_linear_silu_mul");
+  TORCH_CHECK(out_features % (2 * kTileN) == 0, "amx_linear_silu_mul: out_features must be 2d with d a multiple of ",
+              kTileN, ", got ", out_features);
+  return run_amx(x, packed, nullptr, out_features, true);
 }

@@ -19,6 +19,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_panel_width", &linear_panel_width, "output columns per packed weight panel");
   m.def("amx_linear_available", &amx_linear_available, "AMX-BF16 tiles usable here (KVSERVE_AMX=0: never)");
   m.def("amx_linear", &amx_linear, "batch-invariant bfloat16 x W^T + b on AMX tiles (see amx_linear.cpp)");
+  m.def("amx_linear_silu_mul", &amx_linear_silu_mul, "silu_and_mul(amx_linear(x, [gate; up])) in one pass, the same bits");
   m.def("lora_apply", &lora_apply, "y[t] += B_s A_s x[t], each token with its adapter slot (see lora.cpp)");
   m.def("quant_linear", &quant_linear, "batch-invariant x W^T + b over int8/int4 weights (see quant_linear.cpp)");
   m.def("amx_quant_linear", &amx_quant_linear,

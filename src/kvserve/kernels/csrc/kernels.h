@@ -20,6 +20,7 @@ torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor packed, c10::optio
 int64_t linear_panel_width();
 bool amx_linear_available();
 torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t out_features);
+torch::Tensor amx_linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t out_features);
 torch::Tensor quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
                            c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
                            int64_t out_features, int64_t group_size, int64_t bits, int64_t isa);
