@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvserve.sample.sampler import Sampler
+from kvserve.sample.top_k_top_p import apply_top_k_top_p
 
 V = 40
 CASES = [
@@ -109,7 +110,7 @@ def test_sort_free_top_p_equals_full_sort_and_falls_back_when_nucleus_is_wide():
     top_p = torch.tensor([0.5, 0.9, 0.99, 1.0])
     off = top_p >= 1.0
     fast, slow = peaked.clone(), peaked.clone()
-    assert top_k_top_p._apply_top_p_from_candidates(fast, top_p, off, 256)
+    assert not top_k_top_p._apply_top_p_from_candidates(fast, top_p, off, 256).any()
     top_k_top_p._apply_top_p_sorted(slow, top_p, off)
     assert torch.equal(fast.isinf(), slow.isinf())
     assert not fast[3].isinf().any()  # top_p = 1 keeps everything
@@ -118,5 +119,24 @@ def test_sort_free_top_p_equals_full_sort_and_falls_back_when_nucleus_is_wide():
         assert {t for t in range(vocab_size) if expected[t] > 0} == set((~fast[row].isinf()).nonzero().flatten().tolist())
     flat = torch.randn(2, vocab_size, generator=generator) * 0.1
     untouched = flat.clone()
-    assert not top_k_top_p._apply_top_p_from_candidates(flat, torch.tensor([0.9, 0.9]), torch.tensor([False, False]), 256)
+    assert top_k_top_p._apply_top_p_from_candidates(flat, torch.tensor([0.9, 0.9]), torch.tensor([False, False]), 256).all()
     assert torch.equal(flat, untouched)
+
+
+def test_a_wide_nucleus_beside_a_row_does_not_change_that_row():
+    """Only the rows whose nucleus reaches past the candidates take the full sort: a row's kept
+    set is the same alone as beside a flat row. The candidate path's mass (softmax of the row,
+    then a cumsum over the top tokens) and the full sort's (softmax of the sorted row) can differ
+    in the last place; with top_p at the candidate path's mass before the second token, the two
+    paths keep one and two tokens here."""
+    vocab_size = 5000
+    row = torch.randn(1, vocab_size, generator=torch.Generator().manual_seed(0)) * 6.0
+    top_probs = row.softmax(dim=1).topk(2, dim=1).values
+    boundary = float((top_probs.cumsum(dim=1) - top_probs)[0, 1])
+    flat = torch.randn(1, vocab_size, generator=torch.Generator().manual_seed(1)) * 0.1
+    alone = row.clone()
+    apply_top_k_top_p(alone, None, torch.tensor([boundary]))
+    beside = torch.cat([row, flat])
+    apply_top_k_top_p(beside, None, torch.tensor([boundary, 0.9]))
+    assert torch.equal(beside[0].isinf(), alone[0].isinf())
+    assert int((~beside[1].isinf()).sum()) > 256  # the flat row's own nucleus is wide

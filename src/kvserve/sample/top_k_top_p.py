@@ -34,8 +34,12 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     if top_p is None:
         return
     off = top_p >= 1.0
-    if not _apply_top_p_from_candidates(logits, top_p, off, _TOP_P_CANDIDATES):
-        _apply_top_p_sorted(logits, top_p, off)
+    wide = _apply_top_p_from_candidates(logits, top_p, off, _TOP_P_CANDIDATES)
+    if bool(wide.any()):  # only those rows sort: a row's path never depends on the rows beside it
+        rows = wide.nonzero().squeeze(1)
+        sub = logits[rows]
+        _apply_top_p_sorted(sub, top_p[rows], off[rows])
+        logits[rows] = sub
 
 
 def _top_p_drop(sorted_probs: torch.Tensor, top_p: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
@@ -45,19 +49,18 @@ def _top_p_drop(sorted_probs: torch.Tensor, top_p: torch.Tensor, off: torch.Tens
     return drop & ~off.unsqueeze(1)
 
 
-def _apply_top_p_from_candidates(logits: torch.Tensor, top_p: torch.Tensor, off: torch.Tensor, k: int) -> bool:
-    """Top-p over the ``k`` most likely tokens only, exact when every active row drops its
-    k-th candidate (all later tokens have even more mass before them). Returns False, changing
-    nothing, when some nucleus may reach past the candidates."""
+def _apply_top_p_from_candidates(logits: torch.Tensor, top_p: torch.Tensor, off: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-p over the ``k`` most likely tokens only, exact for a row that drops its k-th
+    candidate (all later tokens have even more mass before them). Returns bool ``[N]``: the
+    active rows whose nucleus may reach past the candidates, left unchanged."""
     k = min(k, logits.shape[1])
     probs = logits.softmax(dim=1)
     top_probs, top_ids = probs.topk(k, dim=1)
     drop = _top_p_drop(top_probs, top_p, off)
-    if k < logits.shape[1] and not bool((drop[:, -1] | off).all()):
-        return False
+    wide = ~(drop[:, -1] | off) if k < logits.shape[1] else torch.zeros_like(off)
     keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, top_ids, ~drop)
-    logits.masked_fill_(~(keep | off.unsqueeze(1)), _NEG_INF)
-    return True
+    logits.masked_fill_(~(keep | (off | wide).unsqueeze(1)), _NEG_INF)
+    return wide
 
 
 def _apply_top_p_sorted(logits: torch.Tensor, top_p: torch.Tensor, off: torch.Tensor) -> None:
