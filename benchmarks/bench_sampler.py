@@ -7,7 +7,8 @@ Compares, on the same logits:
 - draw: exponential race (``argmax(p / q)``, ``V`` exponentials per row) against the inverse-CDF
   draw the sampler uses (``cumsum`` + ``searchsorted``, one uniform per row);
 - top-p: full vocabulary sort against the sort-free candidates path (peaked logits, like a
-  trained model's; flat logits fall back to the sort);
+  trained model's), and against the C++ threshold search (``kernels/csrc/top_p.cpp``) that flat
+  logits take (a nucleus of tens of thousands of tokens);
 - whole ``Sampler`` steps: greedy, greedy + logprobs, temperature, top-p, seeded.
 
 Timings are medians of ``--repeats`` runs in milliseconds; they are for reading, never asserted.
@@ -22,6 +23,7 @@ from collections.abc import Callable
 import torch
 from timing import time_calls
 
+from kvserve.kernels import cpu_kernels
 from kvserve.request import Request
 from kvserve.sample.sampler import Sampler, _inverse_cdf_sample
 from kvserve.sample.top_k_top_p import _apply_top_p_from_candidates, _apply_top_p_sorted
@@ -77,11 +79,21 @@ def main() -> None:
             median_ms(lambda: _inverse_cdf_sample(probs, uniforms), args.repeats))
     top_p = torch.full((args.rows,), 0.9)
     off = torch.zeros(args.rows, dtype=torch.bool)
-    assert _apply_top_p_from_candidates(peaked.clone(), top_p, off, 256), "nucleus wider than 256"
+    assert not _apply_top_p_from_candidates(peaked.clone(), top_p, off, 256).any(), "nucleus wider than 256"
     compare("top-p 0.9: sort -> candidates",
             median_ms(lambda: _apply_top_p_sorted(peaked.clone(), top_p, off), args.repeats),
             median_ms(lambda: _apply_top_p_from_candidates(peaked.clone(), top_p, off, 256), args.repeats))
+    flat = torch.randn(args.rows, args.vocab, generator=generator)
+    rows = torch.arange(args.rows)
+    kernels = cpu_kernels()
+    if kernels is not None:
+        compare("top-p 0.9, flat rows: sort -> C++",
+                median_ms(lambda: _apply_top_p_sorted(flat.clone(), top_p, off), args.repeats),
+                median_ms(lambda: kernels.top_p_rows(flat.clone(), rows, top_p), args.repeats))
+    print("peaked logits:")
     sampler_steps(peaked, args.repeats)
+    print("flat logits:")
+    sampler_steps(flat, args.repeats)
 
 
 if __name__ == "__main__":

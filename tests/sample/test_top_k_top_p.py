@@ -140,3 +140,98 @@ def test_a_wide_nucleus_beside_a_row_does_not_change_that_row():
     apply_top_k_top_p(beside, None, torch.tensor([boundary, 0.9]))
     assert torch.equal(beside[0].isinf(), alone[0].isinf())
     assert int((~beside[1].isinf()).sum()) > 256  # the flat row's own nucleus is wide
+
+
+def _kernels_or_skip():
+    from kvserve.kernels import cpu_kernels
+
+    kernels = cpu_kernels()
+    if kernels is None:
+        pytest.skip("no C++ compiler for the kernels")
+    return kernels
+
+
+def _float64_nucleus(row: torch.Tensor, top_p: float) -> tuple[set[int], torch.Tensor, torch.Tensor]:
+    """The top-p rule in float64 with ties in index order: (kept ids, ids most-likely-first, the
+    mass before each of them)."""
+    values = row.double()
+    order = sorted(range(len(values)), key=lambda i: (-float(values[i]), i))
+    ids = torch.tensor(order)
+    probs = (values[ids] - values.max()).exp()
+    probs /= probs.sum()
+    before = probs.cumsum(0) - probs
+    return set(ids[before < top_p].tolist()), ids, before
+
+
+def test_top_p_kernel_keeps_the_float64_nucleus():
+    """kernels/csrc/top_p.cpp on wide nuclei: the float64 rule's kept set, except a token whose
+    mass-before lies within float32 summation error (1e-6) of top_p."""
+    kernels = _kernels_or_skip()
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.cat([torch.randn(2, 20000, generator=generator) * s for s in (0.1, 1.0, 2.5, 4.0)])
+    top_p = torch.tensor([0.3, 0.95, 0.5, 0.9, 0.7, 0.99, 0.2, 0.6])
+    out = logits.clone()
+    kernels.top_p_rows(out, torch.arange(8), top_p)
+    for row in range(8):
+        expected, ids, before = _float64_nucleus(logits[row], float(top_p[row]))
+        got = set((~out[row].isinf()).nonzero().flatten().tolist())
+        assert len(expected) > 1
+        for token in got ^ expected:
+            assert abs(float(before[(ids == token).nonzero()[0, 0]]) - float(top_p[row])) < 1e-6
+        assert len(got ^ expected) <= 1
+        kept = ~out[row].isinf()
+        assert torch.equal(out[row][kept], logits[row][kept])  # kept logits untouched
+
+
+def test_top_p_kernel_breaks_ties_by_index_and_keeps_rows_alone_as_in_a_batch():
+    kernels = _kernels_or_skip()
+    row = torch.full((40,), -2.0)
+    row[17] = 5.0
+    ties = [3, 9, 25, 31]  # four tokens at 3.0: the nucleus ends inside them
+    row[ties] = 3.0
+    _, _, before = _float64_nucleus(row, 0.5)
+    top_p = float((before[2] + before[3]) / 2)  # between the second and the third tie member
+    alone = row.unsqueeze(0).clone()
+    kernels.top_p_rows(alone, torch.tensor([0]), torch.tensor([top_p]))
+    assert set((~alone[0].isinf()).nonzero().flatten().tolist()) == {17, 3, 9}
+    generator = torch.Generator().manual_seed(6)
+    batch = torch.cat([torch.randn(3, 40, generator=generator), row.unsqueeze(0), torch.randn(2, 40, generator=generator)])
+    kernels.top_p_rows(batch, torch.tensor([5, 3, 0, 1]), torch.tensor([0.8, top_p, 0.4, 0.9]))
+    assert torch.equal(batch[3], alone[0])
+    assert not batch[2].isinf().any() and not batch[4].isinf().any()  # rows not listed are untouched
+
+
+def test_top_p_kernel_leaves_rows_without_a_distribution():
+    kernels = _kernels_or_skip()
+    rows = torch.randn(3, 50)
+    rows[0, 7] = float("nan")
+    rows[1, 8] = float("inf")
+    rows[2] = float("-inf")
+    out = rows.clone()
+    kernels.top_p_rows(out, torch.arange(3), torch.tensor([0.5, 0.5, 0.5]))
+    assert torch.equal(out.isnan(), rows.isnan()) and torch.equal(out[~rows.isnan()], rows[~rows.isnan()])
+    with pytest.raises(RuntimeError, match=r"top_p must be in \(0, 1\)"):
+        kernels.top_p_rows(out, torch.tensor([0]), torch.tensor([1.0]))
+
+
+def test_without_kernels_the_wide_rows_alone_take_the_full_sort(monkeypatch):
+    from kvserve.sample import top_k_top_p
+
+    monkeypatch.setattr(top_k_top_p, "cpu_kernels", lambda: None)
+    generator = torch.Generator().manual_seed(8)
+    peaked = torch.randn(1, 5000, generator=generator) * 6.0
+    flat = torch.randn(1, 5000, generator=generator) * 0.1
+    batch = torch.cat([peaked, flat])
+    apply_top_k_top_p(batch, None, torch.tensor([0.9, 0.9]))
+    alone = peaked.clone()
+    apply_top_k_top_p(alone, None, torch.tensor([0.9]))
+    sorted_flat = flat.clone()
+    top_k_top_p._apply_top_p_sorted(sorted_flat, torch.tensor([0.9]), torch.tensor([False]))
+    assert torch.equal(batch[0], alone[0]) and torch.equal(batch[1], sorted_flat[0])
+
+
+def test_a_top_p_below_float32_range_keeps_the_most_likely_token():
+    _kernels_or_skip()  # the kernel orders ties by index; torch's sort leaves their order open
+    logits = torch.tensor([[0.5, 2.0, 2.0, -1.0]])
+    apply_top_k_top_p(logits, None, torch.tensor([1e-300], dtype=torch.float64).to(torch.float32))
+    assert logits[0].isinf().tolist() == [True, False, True, True]

@@ -9,9 +9,12 @@ Sources (``csrc/``):
   (``kvserve.sample.greedy``);
 - ``sample.cpp``: a token per row drawn from softmax(logits / T) by inverse transform, reading the
   logits in place (``kvserve.sample.sampler``);
+- ``top_p.cpp``: top-p of wide-nucleus rows in place without sorting the vocabulary
+  (``kvserve.sample.top_k_top_p``);
 - ``linear.cpp``: the batch-invariant linear (GEMM) over prepacked float32/bfloat16 weights
   (``kvserve.model.invariant_linear``);
-- ``amx_linear.cpp``: the same for bfloat16 on AMX tiles, where the CPU has them;
+- ``amx_linear.cpp``: the same for bfloat16 on AMX tiles, where the CPU has them (and the gate-up
+  projection with SiLU-and-multiply in its store);
 - ``quant_linear.cpp`` (+ ``quant_linear_impl.h``): the same over weight-only int8/int4 weights
   (``kvserve.model.quant_linear``);
 - ``amx_quant_linear.cpp``: the same on AMX tiles for bfloat16 activations (``amx_tiles.h``: what
@@ -56,8 +59,8 @@ from kvserve.cpu_threads import openmp_threads_sleep
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("paged_attention.cpp", "argmax.cpp", "sample.cpp", "elementwise.cpp", "linear.cpp", "amx_linear.cpp",
-           "quant_linear.cpp", "amx_quant_linear.cpp", "bitmask.cpp", "lora.cpp", "thread_pool.cpp", "decoder.cpp",
+SOURCES = ("paged_attention.cpp", "argmax.cpp", "sample.cpp", "top_p.cpp", "elementwise.cpp", "linear.cpp",
+           "amx_linear.cpp", "quant_linear.cpp", "amx_quant_linear.cpp", "bitmask.cpp", "lora.cpp", "thread_pool.cpp", "decoder.cpp",
            "bindings.cpp")
 
 

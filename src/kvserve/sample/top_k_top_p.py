@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from kvserve.kernels import cpu_kernels
+
 _NEG_INF = float("-inf")
-# Candidates for the sort-free top-p path. A trained model's nucleus is usually far smaller; a
-# flat distribution (random weights) falls back to sorting the whole vocabulary.
+# Candidates of the torch top-p path (CUDA, or no C++ compiler; on CPU the C++ threshold search of
+# kernels/csrc/top_p.cpp takes every row). A trained model's nucleus is usually far smaller; a
+# wider one (a flat distribution, a high temperature) takes a sort of the whole vocabulary.
 _TOP_P_CANDIDATES = 256
 
 
@@ -20,7 +23,8 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     probability mass (after top-k) is at least ``top_p``.
 
     Top-p follows Holtzman et al. 2019 ("The Curious Case of Neural Text Degeneration"): a token
-    is kept when the mass of the tokens strictly more likely than it is below ``top_p``. Top-k
+    is kept when the mass of the tokens before it, most likely first, is below ``top_p`` (on CPU,
+    the C++ kernel orders equal logits by index and sums the mass in index order). Top-k
     keeps every token whose logit is >= the k-th largest, so ties at the boundary all survive (as
     in vLLM and Hugging Face).
 
@@ -34,12 +38,22 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     if top_p is None:
         return
     off = top_p >= 1.0
+    kernels = cpu_kernels() if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous() else None
+    if kernels is not None:  # every active row through the C++ threshold search (kernels/csrc/top_p.cpp)
+        rows = (~off).nonzero().squeeze(1)
+        if rows.numel():
+            # A top_p below float32's range (validation allows any p > 0) keeps the top token only.
+            p = top_p[rows].to(torch.float32).clamp_min(torch.finfo(torch.float32).tiny).contiguous()
+            kernels.top_p_rows(logits, rows, p)
+        return
     wide = _apply_top_p_from_candidates(logits, top_p, off, _TOP_P_CANDIDATES)
-    if bool(wide.any()):  # only those rows sort: a row's path never depends on the rows beside it
-        rows = wide.nonzero().squeeze(1)
-        sub = logits[rows]
-        _apply_top_p_sorted(sub, top_p[rows], off[rows])
-        logits[rows] = sub
+    if not bool(wide.any()):
+        return
+    # Only those rows sort: a row's path never depends on the rows beside it.
+    rows = wide.nonzero().squeeze(1)
+    sub = logits[rows]
+    _apply_top_p_sorted(sub, top_p[rows], off[rows])
+    logits[rows] = sub
 
 
 def _top_p_drop(sorted_probs: torch.Tensor, top_p: torch.Tensor, off: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("write_kv_cache", &write_kv_cache, "K/V rows into their cache slots (see paged_attention.cpp)");
   m.def("argmax_rows", &argmax_rows, "index of the largest value of each row (see argmax.cpp)");
   m.def("sample_rows", &sample_rows, "a token per row drawn from softmax(logits / T) by its uniform (see sample.cpp)");
+  m.def("top_p_rows", &top_p_rows, "top-p of the given float32 rows in place, without a sort (see top_p.cpp)");
   m.def("rms_norm", &rms_norm, "RMSNorm of rows, optionally after a residual add (see elementwise.cpp)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over [gate | up] rows (see elementwise.cpp)");
   m.def("rotary_embedding", &rotary_embedding, "rotate-half rotary embedding of bfloat16 q or k (see elementwise.cpp)");
