@@ -39,7 +39,8 @@ using namespace kvserve_amx;
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")
 }  // namespace
-#include "vector_exp.h"  // inside the target region: silu16 is then built for these instructions
+#define KVSERVE_AVX512_REGION 1  // vector_exp.h inside the target region: silu16 for these instructions
+#include "vector_exp.h"
 namespace {
 
 // C tile (16 x 16 float32, row-major in `tile`) + bias -> out rows [0, rows) x columns [0, cols),
@@ -198,8 +199,6 @@ bool amx_linear_available() {
 #endif
 }
 
-// x: contiguous [M, K] bfloat16; packed: the weight's B tiles (kvserve.model.invariant_linear.pack_amx_weight);
-// bias float32 [N] or None.
 namespace {
 
 void check_amx_operands(const torch::Tensor& x, const torch::Tensor& packed, int64_t N, const char* name) {
@@ -228,6 +227,8 @@ torch::Tensor run_amx(const torch::Tensor& x, const torch::Tensor& packed, const
 
 }  // namespace
 
+// x: contiguous [M, K] bfloat16; packed: the weight's B tiles (kvserve.model.invariant_linear.pack_amx_weight);
+// bias float32 [N] or None.
 torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t out_features) {
   check_amx_operands(x, packed, out_features, "amx_linear");
   return run_amx(x, packed, optional_bias(bias, out_features), out_features, false);

@@ -1,9 +1,12 @@
 // exp of 16 float32 lanes for the elementwise kernels (elementwise.cpp: SiLU; sample.cpp: the
-// softmax of a sampled row; amx_linear.cpp: SiLU in the gate-up projection's store): x = n ln2 + r, |r| <= ln2 / 2, 2^n * p(r) with p the degree-6 Taylor
-// polynomial (within a few float32 ulp); scalef gives 0 below about -104 and infinity above about
-// 88.7. AVX-512F builds only.
+// softmax of a sampled row; top_p.cpp; amx_linear.cpp: SiLU in the gate-up projection's store):
+// x = n ln2 + r, |r| <= ln2 / 2, 2^n * p(r) with p the degree-6 Taylor polynomial (within a few
+// float32 ulp); scalef gives 0 below about -104 and infinity above about 88.7. AVX-512F builds
+// (or regions) only.
 #pragma once
-#if defined(__AVX512F__)
+// KVSERVE_AVX512_REGION: the includer is inside a `#pragma GCC target("avx512f...")` region
+// (amx_linear.cpp), where the intrinsics are usable on a host whose default flags lack AVX-512.
+#if defined(__AVX512F__) || defined(KVSERVE_AVX512_REGION)
 #include <immintrin.h>
 
 namespace kvserve {
