@@ -124,11 +124,12 @@ def test_sort_free_top_p_equals_full_sort_and_falls_back_when_nucleus_is_wide():
 
 
 def test_a_wide_nucleus_beside_a_row_does_not_change_that_row():
-    """Only the rows whose nucleus reaches past the candidates take the full sort: a row's kept
-    set is the same alone as beside a flat row. The candidate path's mass (softmax of the row,
-    then a cumsum over the top tokens) and the full sort's (softmax of the sorted row) can differ
-    in the last place; with top_p at the candidate path's mass before the second token, the two
-    paths keep one and two tokens here."""
+    """A row's kept set is the same alone as beside a flat row (on CPU each row takes its own
+    threshold search; the torch path sorts only the wide rows). Before, one wide row sent the
+    whole batch to the full sort, whose mass (softmax of the sorted row) can differ in the last
+    place from the candidate path's (softmax of the row, then a cumsum over the top tokens): with
+    top_p at the candidate path's mass before the second token, the two kept one and two tokens
+    here."""
     vocab_size = 5000
     row = torch.randn(1, vocab_size, generator=torch.Generator().manual_seed(0)) * 6.0
     top_probs = row.softmax(dim=1).topk(2, dim=1).values

@@ -16,8 +16,8 @@ first prefill step of a ``generate`` started right after the engine (1.7 s inste
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 

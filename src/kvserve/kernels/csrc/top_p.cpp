@@ -1,6 +1,6 @@
 // Top-p (nucleus) truncation of a float32 logits row in place, without sorting the vocabulary
-// (kvserve.sample.top_k_top_p: the rows whose nucleus reaches past the 256 candidates of the
-// torch path, e.g. a flat distribution; torch's full sort of 151,936 logits took ~10 ms a row).
+// (kvserve.sample.top_k_top_p, every top-p row on CPU; the torch path takes a softmax and the top
+// 256 candidates, and sorts all 151,936 logits (~10 ms a row) for a wider nucleus).
 //
 // For one row of temperature-scaled logits l (some may be -inf after top-k) and top_p = p:
 //
