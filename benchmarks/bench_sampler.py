@@ -89,7 +89,7 @@ def main() -> None:
     if kernels is not None:
         compare("top-p 0.9, flat rows: sort -> C++",
                 median_ms(lambda: _apply_top_p_sorted(flat.clone(), top_p, off), args.repeats),
-                median_ms(lambda: kernels.top_p_rows(flat.clone(), rows, top_p), args.repeats))
+                median_ms(lambda: kernels.top_p_rows(flat.clone(), rows, top_p, None), args.repeats))
     print("peaked logits:")
     sampler_steps(peaked, args.repeats)
     print("flat logits:")

@@ -91,3 +91,26 @@ def test_a_row_draws_the_same_token_alone_and_beside_truncating_or_penalized_row
             assert token([dict(temperature=1.0, top_p=0.9), dict(temperature=0.5, top_k=5)], dtype, u) == alone
             assert token([dict(temperature=1.2, presence_penalty=1.5, min_p=0.1)], dtype, u) == alone
             assert token([dict(temperature=0.0)], dtype, u) == alone
+
+
+def test_top_p_alone_masks_the_raw_logits_and_draws_what_the_scaled_copy_path_draws(make_request, build):
+    """A batch whose only truncation is top-p takes the one-pass path (top_p.cpp on the raw logits
+    with each row's temperature); beside a min-p row the batch takes the scaled-copy path. Every
+    top-p row draws the same token both ways, for many uniforms, from bfloat16 and float32 logits."""
+    vocab = 3000
+    params = [dict(temperature=0.8, top_p=0.9), dict(temperature=1.3, top_p=0.5), dict(temperature=1.0, top_p=0.99),
+              dict(temperature=0.3, top_p=0.7), dict(temperature=1.0)]
+    scales = torch.tensor([[1.0], [3.0], [0.3], [6.0], [2.0]])
+    base = torch.randn(len(params), vocab, generator=torch.Generator().manual_seed(21)) * scales
+
+    def tokens(extra: list[dict], dtype, u: float) -> list[int]:
+        requests = [make_request(**p) for p in params + extra]
+        logits = torch.cat([base, torch.randn(len(extra), vocab, generator=torch.Generator().manual_seed(22))])
+        metadata = build(requests, vocab)
+        metadata = type(metadata)(**{**metadata.__dict__, "uniforms": torch.full((len(requests),), u, dtype=torch.float64)})
+        assert (metadata.min_p is None) == (not extra) and metadata.top_k is None
+        return Sampler()(logits.to(dtype), metadata).sampled_token_ids[: len(params)].tolist()
+
+    for dtype in (torch.float32, torch.bfloat16):
+        for u in np.linspace(0.0, 1.0, 41, endpoint=False):
+            assert tokens([], dtype, u) == tokens([dict(temperature=1.0, min_p=1e-30)], dtype, u)

@@ -172,7 +172,7 @@ def test_top_p_kernel_keeps_the_float64_nucleus():
     logits = torch.cat([torch.randn(2, 20000, generator=generator) * s for s in (0.1, 1.0, 2.5, 4.0)])
     top_p = torch.tensor([0.3, 0.95, 0.5, 0.9, 0.7, 0.99, 0.2, 0.6])
     out = logits.clone()
-    kernels.top_p_rows(out, torch.arange(8), top_p)
+    kernels.top_p_rows(out, torch.arange(8), top_p, None)
     for row in range(8):
         expected, ids, before = _float64_nucleus(logits[row], float(top_p[row]))
         got = set((~out[row].isinf()).nonzero().flatten().tolist())
@@ -193,11 +193,11 @@ def test_top_p_kernel_breaks_ties_by_index_and_keeps_rows_alone_as_in_a_batch():
     _, _, before = _float64_nucleus(row, 0.5)
     top_p = float((before[2] + before[3]) / 2)  # between the second and the third tie member
     alone = row.unsqueeze(0).clone()
-    kernels.top_p_rows(alone, torch.tensor([0]), torch.tensor([top_p]))
+    kernels.top_p_rows(alone, torch.tensor([0]), torch.tensor([top_p]), None)
     assert set((~alone[0].isinf()).nonzero().flatten().tolist()) == {17, 3, 9}
     generator = torch.Generator().manual_seed(6)
     batch = torch.cat([torch.randn(3, 40, generator=generator), row.unsqueeze(0), torch.randn(2, 40, generator=generator)])
-    kernels.top_p_rows(batch, torch.tensor([5, 3, 0, 1]), torch.tensor([0.8, top_p, 0.4, 0.9]))
+    kernels.top_p_rows(batch, torch.tensor([5, 3, 0, 1]), torch.tensor([0.8, top_p, 0.4, 0.9]), None)
     assert torch.equal(batch[3], alone[0])
     assert not batch[2].isinf().any() and not batch[4].isinf().any()  # rows not listed are untouched
 
@@ -209,10 +209,10 @@ def test_top_p_kernel_leaves_rows_without_a_distribution():
     rows[1, 8] = float("inf")
     rows[2] = float("-inf")
     out = rows.clone()
-    kernels.top_p_rows(out, torch.arange(3), torch.tensor([0.5, 0.5, 0.5]))
+    kernels.top_p_rows(out, torch.arange(3), torch.tensor([0.5, 0.5, 0.5]), None)
     assert torch.equal(out.isnan(), rows.isnan()) and torch.equal(out[~rows.isnan()], rows[~rows.isnan()])
     with pytest.raises(RuntimeError, match=r"top_p must be in \(0, 1\)"):
-        kernels.top_p_rows(out, torch.tensor([0]), torch.tensor([1.0]))
+        kernels.top_p_rows(out, torch.tensor([0]), torch.tensor([1.0]), None)
 
 
 def test_without_kernels_the_wide_rows_alone_take_the_full_sort(monkeypatch):
@@ -236,3 +236,25 @@ def test_a_top_p_below_float32_range_keeps_the_most_likely_token():
     logits = torch.tensor([[0.5, 2.0, 2.0, -1.0]])
     apply_top_k_top_p(logits, None, torch.tensor([1e-300], dtype=torch.float64).to(torch.float32))
     assert logits[0].isinf().tolist() == [True, False, True, True]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_p_kernel_on_raw_logits_with_temperature_keeps_the_scaled_rows_set(dtype):
+    """The sampler's top-p-only path: ``top_p_rows`` on the raw logits with the rows'
+    temperatures masks exactly the tokens it drops from ``logits.float() / T`` (torch's
+    division), leaving the kept raw values as they were."""
+    kernels = _kernels_or_skip()
+    generator = torch.Generator().manual_seed(12)
+    raw = (torch.randn(5, 3000, generator=generator) * torch.tensor([[0.3], [1.0], [3.0], [6.0], [1.5]])).to(dtype)
+    rows = torch.tensor([0, 1, 2, 4])
+    top_p = torch.tensor([0.5, 0.9, 0.7, 0.95])
+    temperature = torch.tensor([0.7, 1.0, 1.3, 0.05])
+    scaled = raw.to(torch.float32, copy=True)
+    scaled[rows] = scaled[rows] / temperature.unsqueeze(1)
+    kernels.top_p_rows(scaled, rows, top_p, None)
+    masked = raw.clone()
+    kernels.top_p_rows(masked, rows, top_p, temperature)
+    assert masked.dtype == dtype
+    assert torch.equal(masked.isinf(), scaled.isinf())
+    assert torch.equal(masked[~masked.isinf()], raw[~masked.isinf()])
+    assert torch.equal(masked[3], raw[3])  # a row not listed

@@ -42,7 +42,7 @@ from kvserve.sample.greedy import greedy_argmax
 from kvserve.sample.logprobs import gather_logprobs
 from kvserve.sample.metadata import SamplingMetadata
 from kvserve.sample.penalties import apply_penalties
-from kvserve.sample.top_k_top_p import apply_min_p, apply_top_k_top_p
+from kvserve.sample.top_k_top_p import apply_min_p, apply_top_k_top_p, apply_top_p_kernel
 
 
 class SamplerOutput(NamedTuple):
@@ -161,7 +161,14 @@ class Sampler:
         if kernels is None:
             work = logits if owned else logits.to(torch.float32, copy=True)
             return _inverse_cdf_sample(self.processed_probs(work, metadata), uniforms)
-        if metadata.top_k is not None or metadata.top_p is not None or metadata.min_p is not None:
+        if metadata.top_p is not None and metadata.top_k is None and metadata.min_p is None:
+            # top-p alone: top_p.cpp decides on logits / T itself and masks the raw logits in place
+            # (the same kept set as on a scaled float32 copy, without the two copies).
+            rows = ((metadata.top_p < 1.0) & ~metadata.greedy_mask).nonzero().squeeze(1)
+            if rows.numel():
+                logits = logits.contiguous() if owned else logits.clone(memory_format=torch.contiguous_format)
+                apply_top_p_kernel(kernels, logits, rows, metadata.top_p, metadata.temperature)
+        elif metadata.top_k is not None or metadata.top_p is not None or metadata.min_p is not None:
             # Truncation decides on the scaled logits (torch); the kernel divides the raw values of
             # the kept tokens itself, so a row samples the same bits with or without truncating
             # rows beside it.

@@ -40,11 +40,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     off = top_p >= 1.0
     kernels = cpu_kernels() if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous() else None
     if kernels is not None:  # every active row through the C++ threshold search (kernels/csrc/top_p.cpp)
-        rows = (~off).nonzero().squeeze(1)
-        if rows.numel():
-            # A top_p below float32's range (validation allows any p > 0) keeps the top token only.
-            p = top_p[rows].to(torch.float32).clamp_min(torch.finfo(torch.float32).tiny).contiguous()
-            kernels.top_p_rows(logits, rows, p)
+        apply_top_p_kernel(kernels, logits, (~off).nonzero().squeeze(1), top_p)
         return
     wide = _apply_top_p_from_candidates(logits, top_p, off, _TOP_P_CANDIDATES)
     if not bool(wide.any()):
@@ -54,6 +50,19 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     sub = logits[rows]
     _apply_top_p_sorted(sub, top_p[rows], off[rows])
     logits[rows] = sub
+
+
+def apply_top_p_kernel(kernels, logits: torch.Tensor, rows: torch.Tensor, top_p: torch.Tensor,
+                       temperature: torch.Tensor | None = None) -> None:
+    """Top-p of ``rows`` of contiguous CPU ``logits`` (float32, or also bfloat16 with
+    ``temperature``) in place through ``kernels.top_p_rows`` (kernels/csrc/top_p.cpp); with
+    ``temperature`` ([N]) the decisions are taken on ``logits / T`` and the raw logits masked."""
+    if not rows.numel():
+        return
+    # A top_p below float32's range (validation allows any p > 0) keeps the top token only.
+    p = top_p[rows].to(torch.float32).clamp_min(torch.finfo(torch.float32).tiny).contiguous()
+    t = None if temperature is None else temperature[rows].to(torch.float32).contiguous()
+    kernels.top_p_rows(logits, rows, p, t)
 
 
 def _top_p_drop(sorted_probs: torch.Tensor, top_p: torch.Tensor, off: torch.Tensor) -> torch.Tensor:

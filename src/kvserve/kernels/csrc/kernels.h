@@ -34,4 +34,4 @@ void lora_apply(torch::Tensor x, torch::Tensor y, torch::Tensor a, torch::Tensor
                 torch::Tensor seg_starts, torch::Tensor seg_slots, torch::Tensor shard_offsets, int64_t rank);
 void bind_decoder(pybind11::module& m);
 torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor temperature, torch::Tensor uniforms);
-void top_p_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor top_p);
+void top_p_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor top_p, c10::optional<torch::Tensor> temperature);

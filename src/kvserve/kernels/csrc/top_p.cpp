@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -129,12 +130,50 @@ void row_exps(const float* l, int64_t n, float m, float* e) {
   for (; i < n; ++i) e[i] = std::exp(l[i] - m);
 }
 
-// Working arrays of one thread: e of the row, and the positions still in the search.
+// Working arrays of one thread: the row's scaled logits y and e, and the positions still in the
+// search.
 struct Scratch {
-  std::vector<float> e, cand_l, cand_e;
+  std::vector<float> y, e, cand_l, cand_e;
 };
 
-void top_p_row(float* l, int64_t n, float p, Scratch& s) {
+// y = x / temperature in float32 (as torch's `x.float().div_(T)`: a correctly rounded division
+// per value), or x itself for temperature 0.
+template <typename scalar_t>
+void scaled_row(const scalar_t* x, int64_t n, float temperature, float* y) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 t = _mm512_set1_ps(temperature);
+  for (; i + 16 <= n; i += 16) {
+    __m512 v;
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      v = _mm512_loadu_ps(x + i);
+    } else {
+      v = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))), 16));
+    }
+    _mm512_storeu_ps(y + i, temperature > 0.f ? _mm512_div_ps(v, t) : v);
+  }
+#endif
+  for (; i < n; ++i) {
+    const float v = static_cast<float>(x[i]);
+    y[i] = temperature > 0.f ? v / temperature : v;
+  }
+}
+
+#if defined(__AVX512F__)
+inline void drop16(float* x, __mmask16 m) {
+  _mm512_mask_storeu_ps(x, m, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+}
+inline void drop16(c10::BFloat16* x, __mmask16 m) {
+  _mm256_mask_storeu_epi16(x, m, _mm256_set1_epi16(static_cast<int16_t>(0xFF80)));  // bfloat16 -inf
+}
+#endif
+
+template <typename scalar_t>
+void top_p_row(scalar_t* x, int64_t n, float p, float temperature, Scratch& s) {
+  s.y.resize(n);
+  scaled_row(x, n, temperature, s.y.data());
+  const float* l = s.y.data();
   float m, lowest;
   if (!row_range(l, n, &m, &lowest)) return;
   s.e.resize(n);
@@ -183,49 +222,65 @@ void top_p_row(float* l, int64_t n, float p, Scratch& s) {
   int64_t ties_seen = 0;
   auto tie = [&](int64_t i) {
     if (ties_seen == 0) tie_e = s.e[i];
-    if (!(before + static_cast<float>(ties_seen) * tie_e < target)) l[i] = kNegInf;
+    if (!(before + static_cast<float>(ties_seen) * tie_e < target)) x[i] = static_cast<scalar_t>(kNegInf);
     ++ties_seen;
   };
   int64_t i = 0;
 #if defined(__AVX512F__)
-  const __m512 b = _mm512_set1_ps(boundary), drop_value = _mm512_set1_ps(kNegInf);
+  const __m512 b = _mm512_set1_ps(boundary);
   for (; i + 16 <= n; i += 16) {
-    const __m512 x = _mm512_loadu_ps(l + i);
-    _mm512_mask_storeu_ps(l + i, _mm512_cmp_ps_mask(x, b, _CMP_LT_OQ), drop_value);
-    __mmask16 equal = _mm512_cmp_ps_mask(x, b, _CMP_EQ_OQ);
+    const __m512 v = _mm512_loadu_ps(l + i);
+    drop16(x + i, _mm512_cmp_ps_mask(v, b, _CMP_LT_OQ));
+    __mmask16 equal = _mm512_cmp_ps_mask(v, b, _CMP_EQ_OQ);
     for (; equal != 0; equal &= equal - 1) tie(i + __builtin_ctz(equal));
   }
 #endif
   for (; i < n; ++i) {
-    if (l[i] < boundary) l[i] = kNegInf;
+    if (l[i] < boundary) x[i] = static_cast<scalar_t>(kNegInf);
     else if (l[i] == boundary) tie(i);
   }
 }
 
+template <typename scalar_t>
+void run_rows(scalar_t* base, const int64_t* row_ids, const float* ps, const float* ts, int64_t count, int64_t vocab) {
+  kvserve::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    // Kept by each thread across calls: fresh 600 KB arrays each call were page faults (~0.5 ms a row).
+    thread_local Scratch scratch;
+    for (int64_t r = begin; r < end; ++r) top_p_row(base + row_ids[r] * vocab, vocab, ps[r], ts == nullptr ? 0.f : ts[r], scratch);
+  });
+}
+
 }  // namespace
 
-// logits: contiguous float32 [N, V], modified in place; rows: int64 [R] (the rows to truncate);
-// top_p: float32 [R], each in (0, 1).
-void top_p_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor top_p) {
+// logits: contiguous float32 or bfloat16 [N, V], modified in place (dropped tokens become -inf);
+// rows: int64 [R] (the rows to truncate); top_p: float32 [R], each in (0, 1); temperature: None
+// (the logits are already scaled) or float32 [R] > 0: the decisions are taken on logits / T (as
+// torch's float32 division), the raw logits masked, as the sampling kernel (sample.cpp) expects.
+void top_p_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor top_p, c10::optional<torch::Tensor> temperature) {
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.device().is_cpu() &&
-                  logits.scalar_type() == torch::kFloat32,
-              "top_p_rows takes contiguous 2-D float32 CPU logits");
+                  (logits.scalar_type() == torch::kFloat32 || logits.scalar_type() == torch::kBFloat16),
+              "top_p_rows takes contiguous 2-D float32 or bfloat16 CPU logits");
   TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kLong && top_p.dim() == 1 &&
                   top_p.scalar_type() == torch::kFloat32 && top_p.size(0) == rows.size(0),
               "top_p_rows takes int64 rows [R] and float32 top_p [R]");
   const int64_t n = logits.size(0), vocab = logits.size(1);
   const auto rows_c = rows.contiguous();
   const auto p_c = top_p.contiguous();
+  torch::Tensor t_c;
+  if (temperature) {
+    t_c = temperature->contiguous();
+    TORCH_CHECK(t_c.dim() == 1 && t_c.scalar_type() == torch::kFloat32 && t_c.size(0) == rows.size(0),
+                "top_p_rows takes float32 temperature [R]");
+  }
   const int64_t* row_ids = rows_c.data_ptr<int64_t>();
   const float* ps = p_c.data_ptr<float>();
+  const float* ts = temperature ? t_c.data_ptr<float>() : nullptr;
   for (int64_t r = 0; r < rows_c.size(0); ++r) {
     TORCH_CHECK(row_ids[r] >= 0 && row_ids[r] < n, "top_p_rows: row ", row_ids[r], " outside [0, ", n, ")");
     TORCH_CHECK(ps[r] > 0.f && ps[r] < 1.f, "top_p_rows: top_p must be in (0, 1), got ", ps[r]);
+    TORCH_CHECK(ts == nullptr || ts[r] > 0.f, "top_p_rows: temperature must be > 0, got ", ts == nullptr ? 0.f : ts[r]);
   }
-  float* base = logits.data_ptr<float>();
-  kvserve::parallel_for(0, rows_c.size(0), 1, [&](int64_t begin, int64_t end) {
-    // Kept by each thread across calls: fresh 600 KB arrays each call were page faults (~0.5 ms a row).
-    thread_local Scratch scratch;
-    for (int64_t r = begin; r < end; ++r) top_p_row(base + row_ids[r] * vocab, vocab, ps[r], scratch);
-  });
+  AT_DISPATCH_SWITCH(logits.scalar_type(), "top_p_rows",
+      AT_DISPATCH_CASE(at::kFloat, [&] { run_rows(logits.data_ptr<float>(), row_ids, ps, ts, rows_c.size(0), vocab); })
+      AT_DISPATCH_CASE(at::kBFloat16, [&] { run_rows(logits.data_ptr<c10::BFloat16>(), row_ids, ps, ts, rows_c.size(0), vocab); }));
 }
