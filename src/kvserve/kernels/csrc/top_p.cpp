@@ -185,6 +185,7 @@ void top_p_row(scalar_t* x, int64_t n, float p, float temperature, Scratch& s) {
   // are copied out (in index order) and f(v) becomes f(hi) + their mass above v: a fixed formula
   // of the row, like the full pass it replaces.
   float lo = std::nextafter(lowest, -std::numeric_limits<float>::infinity()), hi = m;
+  float before = 0.f;  // f(hi): no logit is above the largest
   const float* cl = l;
   const float* ce = s.e.data();
   int64_t cn = n;
@@ -193,7 +194,13 @@ void top_p_row(scalar_t* x, int64_t n, float p, float temperature, Scratch& s) {
   while (order_key(hi) - order_key(lo) > 1) {
     float mid = lo + (hi - lo) * 0.5f;
     if (!(mid > lo && mid < hi)) mid = from_order_key(order_key(lo) + (order_key(hi) - order_key(lo)) / 2);
-    if (base + mass_above(cl, ce, cn, mid, false) < target) hi = mid; else lo = mid;
+    const float f = base + mass_above(cl, ce, cn, mid, false);
+    if (f < target) {
+      hi = mid;
+      before = f;
+    } else {
+      lo = mid;
+    }
     if (!compacted && order_key(hi) - order_key(lo) > 1) {
       const int64_t inside = count_between(l, n, lo, hi);
       if (inside * 16 < n) {
@@ -205,7 +212,7 @@ void top_p_row(scalar_t* x, int64_t n, float p, float temperature, Scratch& s) {
             s.cand_e.push_back(s.e[i]);
           }
         }
-        base = mass_above(l, s.e.data(), n, hi, false);
+        base = before;  // f(hi) over every position, as computed when hi was set
         cl = s.cand_l.data();
         ce = s.cand_e.data();
         cn = inside;
@@ -214,9 +221,8 @@ void top_p_row(scalar_t* x, int64_t n, float p, float temperature, Scratch& s) {
     }
   }
   const float boundary = hi;
-  const float before = base + mass_above(cl, ce, cn, boundary, false);
   // Drop every l_i < boundary; of the ties at the boundary (index order), keep the t-th while
-  // before + t * e(boundary) < target.
+  // before = f(boundary), plus t * e(boundary), is < target.
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float tie_e = 0.f;
   int64_t ties_seen = 0;
