@@ -63,9 +63,9 @@ constexpr int64_t kAhead = 4096;
 // projection's output, silu, the product), so the same bits as amx_linear then silu_and_mul.
 void store_swiglu(const float* gate, const float* up, uint16_t* out, int64_t N, int64_t rows) {
   for (int64_t r = 0; r < rows; ++r) {
-    const __m512 g = widen_bf16(round_to_bf16(_mm512_load_ps(gate + r * kTileN)));
-    const __m512 u = widen_bf16(round_to_bf16(_mm512_load_ps(up + r * kTileN)));
-    const __m512 silu = widen_bf16(round_to_bf16(kvserve::silu16(g)));
+    const __m512 g = kvserve::widen_bf16(round_to_bf16(_mm512_load_ps(gate + r * kTileN)));
+    const __m512 u = kvserve::widen_bf16(round_to_bf16(_mm512_load_ps(up + r * kTileN)));
+    const __m512 silu = kvserve::widen_bf16(round_to_bf16(kvserve::silu16(g)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * N), round_to_bf16(_mm512_mul_ps(silu, u)));
   }
 }

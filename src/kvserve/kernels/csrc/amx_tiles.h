@@ -80,9 +80,6 @@ inline __m256i round_to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(rounded);
 }
 
-// 16 bfloat16 bits -> float32 (exact).
-inline __m512 widen_bf16(__m256i bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)); }
-
 #pragma GCC pop_options
 
 // The activations x [M][K] (bfloat16) as A tiles, in row groups of 32 rows (two A tiles). Rows are

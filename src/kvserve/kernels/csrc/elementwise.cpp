@@ -40,7 +40,7 @@ inline __m512 load16(const float* p, __mmask16 m) {
 }
 inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {
   const __m256i raw = m == 0xFFFF ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  return kvserve::widen_bf16(raw);
 }
 // float32 rounded to the nearest bfloat16 (ties to even) with c10's arithmetic, kept as float32
 // (low 16 bits zero); NaN -> 0x7fc0. No flushing of subnormals, unlike vcvtneps2bf16.

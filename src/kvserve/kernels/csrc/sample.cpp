@@ -44,7 +44,7 @@ inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+  return kvserve::widen_bf16(_mm256_maskz_loadu_epi16(m, p));
 }
 
 

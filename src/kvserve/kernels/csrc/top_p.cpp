@@ -148,8 +148,7 @@ void scaled_row(const scalar_t* x, int64_t n, float temperature, float* y) {
     if constexpr (std::is_same_v<scalar_t, float>) {
       v = _mm512_loadu_ps(x + i);
     } else {
-      v = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))), 16));
+      v = kvserve::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)));
     }
     _mm512_storeu_ps(y + i, temperature > 0.f ? _mm512_div_ps(v, t) : v);
   }

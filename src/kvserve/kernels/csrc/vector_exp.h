@@ -1,8 +1,7 @@
-// exp of 16 float32 lanes for the elementwise kernels (elementwise.cpp: SiLU; sample.cpp: the
-// softmax of a sampled row; top_p.cpp; amx_linear.cpp: SiLU in the gate-up projection's store):
-// x = n ln2 + r, |r| <= ln2 / 2, 2^n * p(r) with p the degree-6 Taylor polynomial (within a few
-// float32 ulp); scalef gives 0 below about -104 and infinity above about 88.7. AVX-512F builds
-// (or regions) only.
+// 16-lane float32 helpers of the elementwise kernels (elementwise.cpp, sample.cpp, top_p.cpp and
+// amx_linear.cpp's gate-up store): the bfloat16 widening; exp: x = n ln2 + r, |r| <= ln2 / 2,
+// 2^n * p(r) with p the degree-6 Taylor polynomial (within a few float32 ulp), scalef giving 0
+// below about -104 and infinity above about 88.7; and SiLU. AVX-512F builds (or regions) only.
 #pragma once
 // KVSERVE_AVX512_REGION: the includer is inside a `#pragma GCC target("avx512f...")` region
 // (amx_linear.cpp), where the intrinsics are usable on a host whose default flags lack AVX-512.
@@ -10,6 +9,10 @@
 #include <immintrin.h>
 
 namespace kvserve {
+
+// 16 bfloat16 bit patterns -> float32 (exact: a bfloat16 is a float32's upper half). The widening
+// of elementwise.cpp, sample.cpp, top_p.cpp and amx_linear.cpp.
+inline __m512 widen_bf16(__m256i bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)); }
 
 inline __m512 exp16(__m512 x) {
   x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(100.f)), _mm512_set1_ps(-110.f));
