@@ -46,6 +46,15 @@ inline bool amx_supported() {
   return bf16 && tile && avx512_bf16 && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
+// This core's L2 size in bytes (2 MB on Sapphire Rapids; 2 MB when the OS does not say).
+inline int64_t l2_cache_bytes() {
+  static const int64_t bytes = [] {
+    const long reported = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return reported > 0 ? static_cast<int64_t>(reported) : int64_t(2) << 20;
+  }();
+  return bytes;
+}
+
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")
 
