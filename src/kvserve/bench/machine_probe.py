@@ -5,7 +5,9 @@ FLOPs by a peak; both are measured here, in the same run as the benchmark, becau
 this project runs on are shared and vary from minute to minute (docs/benchmarks.md, section 6):
 
 - read bandwidth: a bfloat16 GEMV over ``size_bytes`` of weights (decode at batch 1: every weight
-  streamed once) and a float32 ``sum`` over ``size_bytes``; the larger is the bandwidth;
+  streamed once) and a float32 ``sum`` over ``size_bytes``; the larger is the bandwidth. On the CPU
+  both read huge pages (``kvserve.huge_pages``), as the engine's weights and KV cache do: from 4 KiB
+  pages the same reads run at about two thirds of the speed (docs/benchmarks.md section 23);
 - matmul peak: ``F.linear([m, k], [n, k])`` per dtype, on the model's MLP shape (``k`` = hidden,
   ``n`` = 2 x intermediate, ``m`` = 1,024 rows: large enough for the peak, small enough to be quick).
 
@@ -25,6 +27,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from kvserve import huge_pages
 
 PROBE_BYTES = 256 * 2**20  # 8x the largest L3 of these machines: the reads come from memory
 PROBE_ROWS = 1024
@@ -95,11 +99,17 @@ def measure_bandwidth(size_bytes: int = PROBE_BYTES, repeats: int = 8,
     """(bfloat16 GEMV GB/s, float32 ``sum`` GB/s) over ``size_bytes`` of data, best of ``repeats``."""
     device = torch.device(device)
     cols = 4096
-    weight = torch.full((size_bytes // 2 // cols, cols), 0.5, dtype=torch.bfloat16, device=device)
+
+    def filled(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if device.type == "cpu":
+            return huge_pages.empty(shape, dtype).fill_(0.5)
+        return torch.full(shape, 0.5, dtype=dtype, device=device)
+
+    weight = filled((size_bytes // 2 // cols, cols), torch.bfloat16)
     x = torch.full((1, cols), 0.25, dtype=torch.bfloat16, device=device)
     gemv = weight.numel() * 2 / _best_time(lambda: F.linear(x, weight), repeats, device) / 1e9
     del weight
-    data = torch.full((size_bytes // 4,), 0.5, dtype=torch.float32, device=device)
+    data = filled((size_bytes // 4,), torch.float32)
     read = data.numel() * 4 / _best_time(lambda: data.sum(), repeats, device) / 1e9
     return gemv, read
 

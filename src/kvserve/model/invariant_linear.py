@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvserve import huge_pages
 from kvserve.kernels import cpu_kernels
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -71,7 +72,7 @@ class InvariantLinear(nn.Module):
             raise ValueError("AMX tiles need a bfloat16 weight and a CPU (and OS) that provides AMX-BF16")
         self.amx = available if amx is None else amx
         weight = linear.weight.detach()
-        self.packed = pack_amx_weight(weight) if self.amx else kernels.pack_linear_weight(weight)
+        self.packed = huge_pages.place(pack_amx_weight(weight) if self.amx else kernels.pack_linear_weight(weight))
         self.bias = None if linear.bias is None else linear.bias.detach().to(torch.float32).contiguous()
         self._vector_packed: torch.Tensor | None = None  # an AMX layer's panels for float32 inputs
 
@@ -98,7 +99,7 @@ class InvariantLinear(nn.Module):
             panels, chunks, rows, cols = self.packed.shape  # [N/16, K/32, 16, 32]: pairs of k per column
             weight = self.packed.view(panels, chunks, rows, cols // 2, 2).permute(0, 3, 1, 2, 4)
             weight = weight.reshape(panels * cols // 2, chunks * rows * 2)[: self.out_features, : self.in_features]
-            self._vector_packed = self._kernels.pack_linear_weight(weight.contiguous())
+            self._vector_packed = huge_pages.place(self._kernels.pack_linear_weight(weight.contiguous()))
         return self._vector_packed
 
     def extra_repr(self) -> str:

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvserve import huge_pages
 from kvserve.kernels import cpu_kernels
 from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
 
@@ -151,7 +152,7 @@ class QuantizedLinear(nn.Module):
         self._vector: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         if self._kernels is not None:
             pack = pack_quantized_amx(weight) if self.amx else pack_quantized(weight, *self._kernels.quant_linear_layout(isa))
-            self.packed, self.scales, self.neg_offsets = pack
+            self.packed, self.scales, self.neg_offsets = huge_pages.place(pack[0]), pack[1], pack[2]
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -191,7 +192,8 @@ class QuantizedLinear(nn.Module):
         if not self.amx:
             return self.packed, self.scales, self.neg_offsets
         if self._vector is None:
-            self._vector = pack_quantized(unpack_quantized(self), *self._kernels.quant_linear_layout(self.isa))
+            packed, scales, neg_offsets = pack_quantized(unpack_quantized(self), *self._kernels.quant_linear_layout(self.isa))
+            self._vector = huge_pages.place(packed), scales, neg_offsets
         return self._vector
 
     def dequantized_weight(self) -> torch.Tensor:

@@ -27,6 +27,7 @@ import math
 import numpy as np
 import torch
 
+from kvserve import huge_pages
 from kvserve.config import LoRAConfig
 from kvserve.errors import EngineDeadError
 from kvserve.faults import FaultInjector
@@ -153,6 +154,8 @@ class ModelRunner:
         row = kv_row_size(self.arch.head_dim, self.kv_cache_dtype)
         shape = (2, self.num_blocks, self.block_size, self.num_kv_heads, row)
         dtype = kv_cache_torch_dtype(self.kv_cache_dtype, self.dtype)
+        if self.device.type == "cpu":  # attention reads scattered blocks: huge pages spare the TLB
+            return [huge_pages.zeros(shape, dtype) for _ in range(self.arch.num_hidden_layers)]
         return [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.arch.num_hidden_layers)]
 
     # -- the step ----------------------------------------------------------------------------------
