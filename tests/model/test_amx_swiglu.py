@@ -24,6 +24,9 @@ def test_same_bits_as_projection_then_silu_and_mul(in_features, d):
         want = kernels.silu_and_mul(kernels.amx_linear(x, packed, None, 2 * d))
         got = kernels.amx_linear_silu_mul(x, packed, 2 * d)
         assert got.shape == (rows, d) and torch.equal(got.view(torch.int16), want.view(torch.int16))
+        # A lone row (vector FMAs in the tiles' sequence) gives its bits in the batch (tiles).
+        for i in range(0, rows, 7):
+            assert torch.equal(kernels.amx_linear_silu_mul(x[i : i + 1], packed, 2 * d), got[i : i + 1])
 
 
 def test_refuses_a_width_that_does_not_pair_gate_and_up_panels():
