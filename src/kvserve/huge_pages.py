@@ -5,7 +5,7 @@ A decode step streams every weight once. With the default 4 KiB pages each 4 KiB
 is a TLB miss and a page walk, and the hardware prefetchers stop at every page boundary: measured
 on the 2-vCPU Sapphire Rapids host (docs/benchmarks.md section 23), a float32 ``sum`` reads 18-19
 GB/s from 4 KiB pages and 29 GB/s from 2 MiB pages, and the 24 layers' AMX linears plus the LM head
-of the Qwen2.5-0.5B shape take 0.62-0.85x the time at batch 1 and 0.74-0.89x at batch 64.
+of the Qwen2.5-0.5B shape take 0.45-0.90x the time at one row and 0.74-0.89x at 64 rows.
 
 Linux gives an anonymous private mapping transparent huge pages where
 ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always``, or ``madvise`` (the usual default)
