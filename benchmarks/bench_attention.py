@@ -4,7 +4,8 @@
 ``profile_decode.py`` builds them), the Qwen2.5-0.5B attention shape (14 query heads on 2 KV heads,
 head_dim 64), the engine's block size 16 with each request's blocks scattered over the cache, and
 one cache per layer (``--layers``, 24: 176 MB of bf16 K/V at batch 64, more than the caches hold,
-so each layer's K/V comes from memory as in a real step). Prints the median time of one pass over
+so each layer's K/V comes from memory as in a real step), in huge pages as the engine's cache
+(``KVSERVE_HUGE_PAGES=0``: 4 KiB pages). Prints the median time of one pass over
 every layer and the K/V bytes read per second::
 
     python benchmarks/bench_attention.py --batch 64 --context 192
@@ -20,6 +21,7 @@ import statistics
 import torch
 from timing import time_calls
 
+from kvserve import huge_pages
 from kvserve.kernels import cpu_kernels
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 14, 2, 64, 16
@@ -45,8 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     tables = torch.zeros(args.batch, max(counts), dtype=torch.int32)
     for r, start in enumerate(torch.tensor([0, *counts]).cumsum(0)[:-1].tolist()):
         tables[r, : counts[r]] = order[start : start + counts[r]]
-    caches = [torch.randn(2, sum(counts) + 1, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
-              for _ in range(args.layers)]
+    caches = [huge_pages.place(torch.randn(2, sum(counts) + 1, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype))
+              for _ in range(args.layers)]  # in huge pages, as the engine's KV cache
     query = torch.randn(args.batch, NUM_HEADS, HEAD_DIM, generator=gen).to(dtype)
     out = torch.empty_like(query)
     amx = {"auto": -1, "on": 1, "off": 0}[args.amx]
