@@ -20,6 +20,7 @@ Whether the kernel actually gave huge pages (``never``, fragmented memory) chang
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import sys
@@ -36,14 +37,16 @@ def enabled() -> bool:
             and os.environ.get("KVSERVE_HUGE_PAGES", "1") != "0")
 
 
+def _worth_it(nbytes: int) -> bool:
+    """Whether a CPU tensor of ``nbytes`` goes to huge pages: it spans one, and they are on."""
+    return nbytes >= HUGE_PAGE and enabled()
+
+
 def empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised contiguous CPU tensor, in huge pages where it spans at least one (module
     docstring); ``torch.empty`` otherwise. The mapping lives as long as the tensor or any view."""
-    count = 1
-    for size in shape:
-        count *= size
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
-    if nbytes < HUGE_PAGE or not enabled():
+    nbytes = math.prod(shape) * dtype.itemsize
+    if not _worth_it(nbytes):
         return torch.empty(shape, dtype=dtype)
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     # frombuffer holds the mapping (a buffer export) for as long as a view of it lives.
@@ -63,7 +66,7 @@ def place(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s values in huge pages (a contiguous copy made by :func:`empty`), or ``tensor``
     itself where :func:`empty` would not use them (under 2 MiB, not on the CPU, turned off). For
     tensors nothing else writes to: packed weights."""
-    if tensor.device.type != "cpu" or tensor.numel() * tensor.element_size() < HUGE_PAGE or not enabled():
+    if tensor.device.type != "cpu" or not _worth_it(tensor.numel() * tensor.element_size()):
         return tensor
     out = empty(tensor.shape, tensor.dtype)
     out.copy_(tensor)
