@@ -150,3 +150,31 @@ def test_the_probe_returns_positive_finite_figures():
     assert peaks.bandwidth_gbs == max(peaks.gemv_bf16_gbs, peaks.sum_fp32_gbs)
     assert set(peaks.matmul_tflops) == {"bfloat16", "float32"} and peaks.matmul_shape == (1024, 64, 256)
     assert peaks.threads >= 1 and peaks.device == "cpu"
+
+
+@pytest.mark.parametrize("own_faster", [True, False])
+def test_the_matmul_peak_is_the_faster_of_torch_and_kvserve(monkeypatch, own_faster):
+    """The probe times F.linear, then kvserve's InvariantLinear on the same operands, and keeps the
+    faster: a peak the engine's own kernel beats would make a bound the engine beats."""
+    import torch
+
+    from kvserve.bench import machine_probe
+
+    calls = []
+
+    def fake_best_time(fn, repeats, device):
+        result = fn()
+        calls.append(result)
+        return 1.0 if (len(calls) == 2) == own_faster else 2.0  # the second call is kvserve's
+
+    monkeypatch.setattr(machine_probe, "_best_time", fake_best_time)
+    m, k, n = 8, 64, 48
+    tflops = machine_probe.measure_matmul(torch.float32, m, k, n)
+    assert len(calls) == 2
+    torch.testing.assert_close(calls[1], calls[0], rtol=1e-5, atol=1e-5)  # the same product, by our kernel
+    assert tflops == 2 * m * k * n / 1.0 / 1e12
+    # Without kvserve's kernels only F.linear is timed.
+    calls.clear()
+    monkeypatch.setattr(machine_probe, "cpu_kernels", lambda: None)
+    assert machine_probe.measure_matmul(torch.float32, m, k, n) == 2 * m * k * n / (2.0 if own_faster else 1.0) / 1e12
+    assert len(calls) == 1
