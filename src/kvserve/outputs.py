@@ -45,6 +45,9 @@ class ModelRunnerOutput:
         prompt_logprobs: request id -> its prompt positions scored in this step.
         errors: request id -> why processing it failed in this step (the runner went on with the
             others; the scheduler finishes these with ``error``).
+        refused: request id -> why the request cannot go on by its own fault (its constraints
+            leave no token to sample): finished with ``error`` as the client's mistake (HTTP
+            400), never counted toward the limits on failing requests that stop the engine.
         spec_token_ids: request id -> draft tokens proposed after sampling (speculative
             decoding), for the scheduler to schedule in the next step.
     """
@@ -53,13 +56,15 @@ class ModelRunnerOutput:
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
 class EngineCoreOutput:
     """Per request, what changed in one step: new tokens and, when finished, why.
-    ``first_scheduled_time``: the request's ``Request.first_scheduled_time`` (seconds), for metrics."""
+    ``first_scheduled_time``: the request's ``Request.first_scheduled_time`` (seconds), for metrics.
+    ``error``: why it failed; ``client_error``: the request's own fault (``ModelRunnerOutput.refused``)."""
 
     request_id: str
     new_token_ids: list[int]
@@ -70,6 +75,7 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     first_scheduled_time: float | None = None
     error: str | None = None
+    client_error: bool = False
 
     @property
     def finished(self) -> bool:
@@ -93,7 +99,8 @@ class CompletionOutput:
 @dataclass
 class RequestOutput:
     """The result of one prompt, as in vLLM: ``outputs`` has one entry per choice (in a delta
-    output, only the choices that changed). ``prompt_logprobs[0]`` is None (no context)."""
+    output, only the choices that changed). ``prompt_logprobs[0]`` is None (no context).
+    ``error``: why a choice failed; ``client_error``: by the request's own fault (HTTP 400)."""
 
     request_id: str
     prompt: str | None
@@ -103,3 +110,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     error: str | None = None
+    client_error: bool = False

@@ -3,6 +3,8 @@ error shape, the engine keeps serving, and nothing leaks."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -89,4 +91,30 @@ def test_lone_surrogate_in_other_fields_is_4xx_not_500(live_server, http, path, 
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error"
     ok = http.post("/v1/completions", json={"model": live_server.model, "prompt": "Hi", "max_tokens": 2})
+    assert ok.status_code == 200 and http.get("/health").status_code == 200
+
+
+def test_constraints_that_leave_no_token_are_400_and_the_engine_survives(live_server, http):
+    """allowed_token_ids=[eos] with min_tokens: refused up front. With a choice grammar (which
+    never allows EOS first) the contradiction shows only while sampling: still a 400 for each of six
+    concurrent requests (in-band in a stream), and the server keeps serving."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    eos = live_server.tokenizer.eos_token_id
+    body = {"model": live_server.model, "prompt": "Hi", "max_tokens": 3, "allowed_token_ids": [eos]}
+    response = http.post("/v1/completions", json={**body, "min_tokens": 1})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "allowed_token_ids"
+    contradictory = {**body, "structured_outputs": {"choice": ["yes", "no"]}}
+    with ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(lambda _: http.post("/v1/completions", json=contradictory), range(6)))
+    for response in responses:
+        assert response.status_code == 400, response.text
+        assert "no token can be generated" in response.json()["error"]["message"]
+    streamed = http.post("/v1/completions", json={**contradictory, "stream": True})
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    assert events[-1]["error"]["type"] == "invalid_request_error"
+    assert "no token can be generated" in events[-1]["error"]["message"]
+    ok = http.post("/v1/completions", json={"model": live_server.model, "prompt": "Hi", "max_tokens": 2,
+                                            "ignore_eos": True})
     assert ok.status_code == 200 and http.get("/health").status_code == 200

@@ -121,15 +121,22 @@ def test_priority_needs_priority_scheduling(llm):
     assert_kv_clean(llm)
 
 
-def test_every_token_masked_neither_crashes_nor_leaks_an_id(model_dir):
-    """``allowed_token_ids=[eos]`` with ``min_tokens`` masks the whole vocabulary while EOS is
-    banned: a random request must still get in-vocabulary tokens (here the greedy fallback), and
-    the engine must keep serving (an id equal to the vocabulary size used to reach the embedding
-    on the next step and fail every later step)."""
-    llm = make_llm(model_dir)
+def test_allowed_token_ids_that_the_requests_own_bans_empty_are_refused(llm):
+    """``allowed_token_ids=[eos]`` with ``min_tokens`` (EOS banned until then), or only ids that
+    one-token bad words ban, leave no first token: a 400 naming allowed_token_ids, before any step
+    (the sampler used to fall back to token 0, outside the allowed ids)."""
     eos = min(llm.llm_engine.eos_token_ids)
-    params = SamplingParams(temperature=0.8, seed=3, allowed_token_ids=[eos], min_tokens=2, max_tokens=3)
-    out = llm.generate([[5, 6, 7]], params)[0].outputs[0]
-    assert all(0 <= t < llm.llm_engine.vocab_size for t in out.token_ids)
-    assert llm.generate([[5, 6, 7]], greedy(2))[0].outputs[0].token_ids
+    with pytest.raises(InvalidRequestError) as info:
+        llm.generate([[5, 6, 7]], SamplingParams(allowed_token_ids=[eos], min_tokens=2, max_tokens=3))
+    assert info.value.param == "allowed_token_ids" and "min_tokens=2" in info.value.message
+    tokenizer = llm.get_tokenizer()
+    _, word = single_token_word(tokenizer, tokenizer.encode(PROMPT, add_special_tokens=False))
+    (word_id,) = tokenizer.encode(word, add_special_tokens=False)
+    with pytest.raises(InvalidRequestError) as info:
+        llm.generate([[5, 6, 7]], greedy(3, allowed_token_ids=[word_id], bad_words=[word]))
+    assert info.value.param == "allowed_token_ids" and "bad_words" in info.value.message
+    # Without min_tokens EOS is a token it may generate; scoring (max_tokens=0) samples nothing.
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, allowed_token_ids=[eos], max_tokens=3))
+    assert out[0].outputs[0].token_ids == [eos]
+    llm.generate([[5, 6, 7]], SamplingParams(allowed_token_ids=[word_id], bad_words=[word], max_tokens=0))
     assert_kv_clean(llm)

@@ -125,3 +125,29 @@ def test_a_spec_the_backend_refuses_is_a_400_and_the_engine_goes_on(checkpoint_f
     out = llm.generate(["x"], SamplingParams(max_tokens=4, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 4
     assert_kv_clean(llm)
+
+
+def test_constraints_that_leave_no_token_end_those_requests_alone(checkpoint_factory):
+    """A grammar that allows none of ``allowed_token_ids`` empties the row while sampling: each
+    such request ends with the client's error (no token emitted; HTTP 400 over the API), a request
+    beside them gives its solo tokens and logprob bits, and the engine goes on, also when six of
+    them (more than the runner's limit on requests failing alone) fill a step by themselves
+    (four of them used to stop the engine)."""
+    llm = LLM(str(checkpoint_factory("LlamaForCausalLM", "bpe")), dtype="float32", max_model_len=256,
+              num_gpu_blocks_override=256)
+    eos = min(llm.llm_engine.eos_token_ids)
+    prompts = random_prompts(7, seed=8, min_len=4, max_len=12)
+    contradictory = [SamplingParams(temperature=t, seed=i, max_tokens=8, allowed_token_ids=[eos],
+                                    structured_outputs=StructuredOutputsParams(choice=list(CHOICES)))
+                     for i, t in enumerate([0.0, 1.0] * 3)]
+    fine = SamplingParams(temperature=1.0, seed=5, max_tokens=8, logprobs=0, ignore_eos=True)
+    solo = results(llm.generate([prompts[6]], fine))
+    outputs = llm.generate(prompts, contradictory + [fine])
+    for out in outputs[:6]:
+        assert out.client_error and "no token can be generated" in out.error
+        assert out.outputs[0].finish_reason == "error" and out.outputs[0].token_ids == []
+    assert results(outputs[6:]) == solo
+    alone = llm.generate(prompts[:6], contradictory)
+    assert all(out.client_error for out in alone)
+    assert results(llm.generate([prompts[6]], fine)) == solo
+    assert_kv_clean(llm)

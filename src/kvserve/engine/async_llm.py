@@ -34,7 +34,7 @@ from kvserve.engine.engine_messages import AbortAll, AbortRequest, AddRequests, 
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.input_processor import DEFAULT_FIELDS, FieldNames, InputProcessor, PromptInput
 from kvserve.engine.llm_engine import EngineStep, LLMEngine, serving_facts
-from kvserve.errors import RequestFailedError, RequestRejectedError
+from kvserve.errors import InvalidRequestError, RequestFailedError, RequestRejectedError
 from kvserve.generation_config import SamplingDefaults
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
@@ -280,6 +280,8 @@ class AsyncLLM(EngineClient):
                     raise item
                 if item.error is not None:  # a choice failed: the call fails (its other choices abort)
                     finished = item.finished
+                    if item.client_error:
+                        raise InvalidRequestError(item.error)
                     raise RequestFailedError(item.error, request_id)
                 finished = item.finished
                 yield item

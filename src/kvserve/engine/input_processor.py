@@ -5,7 +5,7 @@
         │  validate every sampling field (param_validation), n, priority, seed
         │  resolve max_tokens against the context (vLLM's get_max_tokens)
         │  the model's EOS ids other than the tokenizer's join stop_token_ids (vLLM)
-        │  tokenize bad_words
+        │  tokenize bad_words; allowed_token_ids that bad_words / min_tokens leave empty: refused
         ▼
     EngineRequest  ──►  engine thread: queue capacity and KV fit only (the scheduler)
 
@@ -112,13 +112,16 @@ class InputProcessor:
             raise InvalidRequestError("the prompt is empty; at least 1 token is required", param=fields.prompt)
         max_tokens = self._resolve_max_tokens(len(token_ids), params, fields)
         eos_token_ids, stop_token_ids = self._stop_token_ids(params)
+        bad_words_token_ids = tokenize_bad_words(self.tokenizer, params.bad_words, self.vocab_size)
+        if max_tokens > 0:
+            _check_allowed_tokens_left(params, eos_token_ids | set(stop_token_ids), bad_words_token_ids)
         return EngineRequest(
             request_id=request_id,
             prompt=text,
             prompt_token_ids=token_ids,
             sampling_params=replace(params, max_tokens=max_tokens, stop_token_ids=stop_token_ids),
             eos_token_ids=eos_token_ids,
-            bad_words_token_ids=tokenize_bad_words(self.tokenizer, params.bad_words, self.vocab_size),
+            bad_words_token_ids=bad_words_token_ids,
             priority=priority,
             cache_salt=cache_salt,
             arrival_time=time.time() if arrival_time is None else arrival_time,
@@ -221,3 +224,27 @@ class InputProcessor:
                 param=fields.prompt)
         left = limit - num_prompt_tokens
         return left if requested is None else min(requested, left)
+
+
+def _check_allowed_tokens_left(params: SamplingParams, stops: set[int] | frozenset[int],
+                               bad_words_token_ids: list[list[int]]) -> None:
+    """Refuse ``allowed_token_ids`` that the request's own bans empty before its first token: every
+    allowed id a one-token bad word, or, with ``min_tokens``, a stop token (EOS, ``stop_token_ids``)
+    or a one-token bad word. Other contradictions (a grammar that allows none of them) show only
+    while sampling and end the request there (``kvserve.sample.sampler.NoTokenAllowedError``).
+
+    Raises:
+        InvalidRequestError: ``param="allowed_token_ids"``.
+    """
+    if params.allowed_token_ids is None:
+        return
+    allowed = set(params.allowed_token_ids)
+    banned = {sequence[0] for sequence in bad_words_token_ids if len(sequence) == 1}
+    if allowed <= banned:
+        raise InvalidRequestError("every id of allowed_token_ids is also banned by bad_words: no token could be "
+                                  "generated", param="allowed_token_ids")
+    if params.min_tokens > 0 and allowed <= banned | stops:
+        raise InvalidRequestError(
+            f"allowed_token_ids holds only stop tokens (EOS or stop_token_ids: {sorted(allowed & stops)}) and bad "
+            f"words, which min_tokens={params.min_tokens} bans until that many tokens exist: no first token could be "
+            "generated", param="allowed_token_ids")

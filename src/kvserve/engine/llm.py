@@ -41,7 +41,8 @@ def merge_delta(final: RequestOutput | None, delta: RequestOutput) -> RequestOut
         choice.finish_reason, choice.stop_reason = piece.finish_reason, piece.stop_reason
     final.outputs.sort(key=lambda c: c.index)
     final.finished = delta.finished
-    final.error = final.error or delta.error
+    if final.error is None:
+        final.error, final.client_error = delta.error, delta.client_error
     return final
 
 

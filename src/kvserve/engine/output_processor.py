@@ -78,6 +78,7 @@ class RequestState:
     num_cached_tokens: int = 0
     sent_first: bool = False
     error: str | None = None
+    client_error: bool = False  # the error is the request's own fault (HTTP 400)
     lora_name: str | None = None  # the adapter it runs with (metrics and logs), None: the base model
 
     @property
@@ -164,15 +165,17 @@ class OutputProcessor:
         for parent_id, delta in deltas.items():
             state = self.requests[parent_id]
             delta.finished = state.finished
-            delta.error = state.error
+            delta.error, delta.client_error = state.error, state.client_error
             if delta.finished:
                 state.times.finished = now
         return ProcessedOutputs(list(deltas.values()), to_stop, to_fail, iteration)
 
     @staticmethod
-    def _fail_choice(state: RequestState, choice: ChoiceState, error: str) -> CompletionOutput:
+    def _fail_choice(state: RequestState, choice: ChoiceState, error: str,
+                     client_error: bool = False) -> CompletionOutput:
         choice.finish_reason, choice.stop_reason = "error", None
-        state.error = state.error or error
+        if state.error is None:
+            state.error, state.client_error = error, client_error
         return CompletionOutput(index=choice.index, text="", token_ids=[], finish_reason="error")
 
     def _new_delta(self, state: RequestState, out: EngineCoreOutput) -> RequestOutput:
@@ -192,7 +195,7 @@ class OutputProcessor:
         self, state: RequestState, choice: ChoiceState, out: EngineCoreOutput, to_stop: list[str]
     ) -> CompletionOutput | None:
         if out.error is not None:
-            return self._fail_choice(state, choice, out.error)
+            return self._fail_choice(state, choice, out.error, out.client_error)
         if not out.new_token_ids and not out.finished:
             return None
         if choice.stop_matcher is not None and len(out.new_token_ids) > 1:

@@ -15,7 +15,9 @@ group again (recursively) and finishes only a request that fails alone (``ModelR
 .errors``); the others' results are exact because every kernel is batch-invariant (a row's
 result does not depend on the other rows) and their random draws are taken once per step
 (``_uniforms``). A failure of every request alone is reported as such (the engine treats it as
-unattributable).
+unattributable). A request whose own constraints leave no token to sample (``NoTokenAllowedError``)
+is not a failure of the engine: it ends as the client's error (``ModelRunnerOutput.refused``)
+and the group runs again without it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from kvserve.model.model_inputs import make_flat_batch, to_model_inputs
 from kvserve.outputs import ModelRunnerOutput, PromptLogprobsChunk, TokenLogprobs
 from kvserve.sample.logits_processor import build_logits_processors
 from kvserve.sample.logprobs import prompt_logprobs_from_logits
-from kvserve.sample.sampler import Sampler, draw_uniforms
+from kvserve.sample.sampler import NoTokenAllowedError, Sampler, draw_uniforms
 from kvserve.scheduler.output import NewRequestData, SchedulerOutput
 from kvserve.spec_decode.proposer import Proposer, propose_drafts
 from kvserve.spec_decode.rejection_sampler import RejectionSampler
@@ -198,6 +200,13 @@ class ModelRunner:
             result = self._run_rows(rows, num_scheduled)
         except EngineDeadError:
             raise  # the engine's failure (e.g. a tensor-parallel peer died): bisecting cannot help
+        except NoTokenAllowedError as exc:  # those requests' own constraints: they end, the rest runs again
+            refused = np.isin(rows, exc.batch_rows)
+            for row in rows[refused].tolist():
+                output.refused[self.input_batch.req_ids[row]] = str(exc)
+            if not refused.all():
+                self._execute_rows(rows[~refused], num_scheduled[~refused], output)
+            return
         except Exception as exc:  # noqa: BLE001 - isolated below
             if len(rows) > 1:
                 mid = len(rows) // 2

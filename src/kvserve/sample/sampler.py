@@ -58,6 +58,23 @@ class SamplerOutput(NamedTuple):
     logprobs: list[TokenLogprobs | None]
 
 
+class NoTokenAllowedError(RuntimeError):
+    """The logits processors of some rows (``allowed_token_ids``, ``bad_words``, ``min_tokens``,
+    a structured-output grammar) left no token to generate: those requests' own constraints
+    exclude the whole vocabulary (e.g. a grammar that allows none of ``allowed_token_ids``). The
+    runner finishes each such request with this error, as the client's, and goes on with the
+    others (``kvserve.model.runner``).
+
+    Attributes:
+        batch_rows: the persistent batch's rows of those requests.
+    """
+
+    def __init__(self, batch_rows: list[int]):
+        super().__init__("no token can be generated: the request's allowed_token_ids, bad_words, min_tokens and "
+                         "structured-output constraint together exclude every token of the vocabulary here")
+        self.batch_rows = batch_rows
+
+
 def draw_uniforms(greedy: list[bool], generators: list[torch.Generator | None],
                   shared: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """float64 ``[N]``: one uniform in [0, 1) per random row (0.0 for greedy rows), from the
@@ -133,23 +150,44 @@ class Sampler:
         return logits
 
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata, owned: bool) -> torch.Tensor:
-        """int64 ``[N]``; ``owned``: ``logits`` is the sampler's own float32 copy (may be modified)."""
+        """int64 ``[N]``; ``owned``: ``logits`` is the sampler's own float32 copy (may be modified).
+
+        Raises:
+            NoTokenAllowedError: rows whose logits processors left every token at ``-inf``.
+        """
+        # Only a logits processor can set a whole row to -inf (truncation keeps the largest).
+        refuse = bool(metadata.logits_processors)
         if metadata.all_greedy:
-            return greedy_argmax(logits)
+            sampled = greedy_argmax(logits)
+            if refuse:
+                _raise_for_empty_rows(torch.isneginf(logits.gather(1, sampled.view(-1, 1)).view(-1)), metadata)
+            return sampled
         greedy_ids = None if metadata.all_random else greedy_argmax(logits)
+        empty = None
+        if refuse and greedy_ids is not None:
+            # Before the draw: the torch path truncates every row in place, greedy ones too, and
+            # among tied maxima may keep another than the argmax.
+            empty = torch.isneginf(logits.gather(1, greedy_ids.view(-1, 1)).view(-1)) & metadata.greedy_mask
         uniforms = metadata.uniforms
         if uniforms is None:
             uniforms = draw_uniforms(metadata.greedy_mask.tolist(), metadata.generators, self.generator, logits.device)
         sampled = self._draw(logits, metadata, uniforms, owned)
         vocab_size = logits.shape[1]
-        # A row without a distribution (a +inf or NaN logit, or every token at -inf, e.g.
-        # allowed_token_ids=[eos] with min_tokens) has NaN probabilities and its search returns
-        # V, past the vocabulary: it takes the argmax of its logits as a greedy row would (the
-        # +inf token, the first NaN, or token 0). Truncation only sets -inf and never drops the
-        # largest logit, so the argmax after it is the argmax before.
+        # A row without a distribution (a +inf or NaN logit, or every token at -inf, refused
+        # below) has NaN probabilities and its search returns V, past the vocabulary: it takes the
+        # argmax of its logits as a greedy row would (the +inf token, or the first NaN).
+        # Truncation only sets -inf and never drops the largest logit, so the argmax after it is
+        # the argmax before, and a row is all -inf after it exactly when it was before.
         undefined = sampled >= vocab_size
         if bool(undefined.any()):
+            if refuse:
+                random_undefined = undefined & ~metadata.greedy_mask
+                all_neginf = torch.zeros_like(undefined)
+                all_neginf[random_undefined] = torch.isneginf(logits[random_undefined]).all(dim=1)
+                empty = all_neginf if empty is None else empty | all_neginf
             sampled = torch.where(undefined, greedy_argmax(logits) if greedy_ids is None else greedy_ids, sampled)
+        if empty is not None:
+            _raise_for_empty_rows(empty, metadata)
         if greedy_ids is not None:
             sampled = torch.where(metadata.greedy_mask, greedy_ids, sampled)
         return sampled
@@ -203,6 +241,12 @@ class Sampler:
         logits.div_(metadata.temperature.unsqueeze(1))
         Sampler._truncate(logits, metadata)
         return logits.softmax(dim=1)
+
+
+def _raise_for_empty_rows(empty: torch.Tensor, metadata: SamplingMetadata) -> None:
+    """``NoTokenAllowedError`` for the rows where ``empty`` (bool ``[N]``) is set."""
+    if bool(empty.any()):
+        raise NoTokenAllowedError([metadata.batch_rows[i] for i in empty.nonzero().view(-1).tolist()])
 
 
 def _inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -370,8 +370,8 @@ class Scheduler:
         """Apply a step's results: advance ``num_computed_tokens`` (less the rejected draft
         positions), append sampled tokens, check stop conditions (``stop.check_stop``) after each,
         register newly full blocks in the prefix cache, keep new drafts and free finished
-        requests. A request the runner could not process (``runner_output.errors``) finishes with
-        ``error``. Requests aborted since ``schedule()`` are skipped.
+        requests. A request the runner could not process (``runner_output.errors``, or ``refused``:
+        by its own fault) finishes with ``error``. Requests aborted since ``schedule()`` are skipped.
 
         Returns:
             one output per request that got a token or prompt logprobs or finished, in batch
@@ -387,7 +387,8 @@ class Scheduler:
             request = requests.get(request_id)
             if request is None or request.status is not running:
                 continue
-            error = errors.get(request_id) if errors else None
+            refusal = runner_output.refused.get(request_id) if runner_output.refused else None
+            error = refusal or (errors.get(request_id) if errors else None)
             new_token_ids = sampled.get(request_id, ())
             if spec_tokens and error is None:
                 drafts = spec_tokens.get(request_id)
@@ -401,7 +402,7 @@ class Scheduler:
                     logger.exception("updating request %s failed; the others go on", request_id)
                     error = f"{type(exc).__name__}: {exc}"
             if error is not None:
-                output = self._fail(request, error)
+                output = self._fail(request, error, client_error=refusal is not None)
             if output is not None:
                 outputs.append(output)
         return outputs
@@ -449,8 +450,9 @@ class Scheduler:
             request.first_scheduled_time,
         )
 
-    def _fail(self, request: Request, error: str) -> EngineCoreOutput:
-        """Finish a request whose processing failed; the step goes on for the others."""
+    def _fail(self, request: Request, error: str, client_error: bool = False) -> EngineCoreOutput:
+        """Finish a request whose processing failed (``client_error``: by its own fault); the
+        step goes on for the others."""
         if request in self.running:
             self.running.remove(request)
         request.status = RequestStatus.FINISHED_ERROR
@@ -459,7 +461,8 @@ class Scheduler:
             self._release(request)
         return EngineCoreOutput(request.request_id, [], finish_reason=request.status.finish_reason,
                                 num_cached_tokens=max(request.num_cached_tokens, 0),
-                                first_scheduled_time=request.first_scheduled_time, error=error)
+                                first_scheduled_time=request.first_scheduled_time, error=error,
+                                client_error=client_error)
 
     def _release(self, request: Request) -> None:
         if self.spec is not None:
