@@ -244,7 +244,9 @@ def _check_allowed_tokens_left(params: SamplingParams, stops: set[int] | frozens
         raise InvalidRequestError("every id of allowed_token_ids is also banned by bad_words: no token could be "
                                   "generated", param="allowed_token_ids")
     if params.min_tokens > 0 and allowed <= banned | stops:
+        stop_ids, others = sorted(allowed & stops), sorted(allowed - stops)
+        bad_words = f" or banned by bad_words ({others})" if others else ""
         raise InvalidRequestError(
-            f"allowed_token_ids holds only stop tokens (EOS or stop_token_ids: {sorted(allowed & stops)}) and bad "
-            f"words, which min_tokens={params.min_tokens} bans until that many tokens exist: no first token could be "
-            "generated", param="allowed_token_ids")
+            f"every id of allowed_token_ids is a stop token (EOS or stop_token_ids: {stop_ids}){bad_words}, which "
+            f"min_tokens={params.min_tokens} bans until that many tokens exist: no first token could be generated",
+            param="allowed_token_ids")
