@@ -24,7 +24,7 @@ def test_same_bits_as_projection_then_silu_and_mul(in_features, d):
         want = kernels.silu_and_mul(kernels.amx_linear(x, packed, None, 2 * d))
         got = kernels.amx_linear_silu_mul(x, packed, 2 * d)
         assert got.shape == (rows, d) and torch.equal(got.view(torch.int16), want.view(torch.int16))
-        # A lone row (vector FMAs in the tiles' sequence) gives its bits in the batch (tiles).
+        # A lone row (tiles configured for one row) gives the bits it has in the batch.
         for i in range(0, rows, 7):
             assert torch.equal(kernels.amx_linear_silu_mul(x[i : i + 1], packed, 2 * d), got[i : i + 1])
 

@@ -157,17 +157,16 @@ class Sampler:
         """
         # Only a logits processor can set a whole row to -inf (truncation keeps the largest).
         refuse = bool(metadata.logits_processors)
-        if metadata.all_greedy:
-            sampled = greedy_argmax(logits)
-            if refuse:
-                _raise_for_empty_rows(torch.isneginf(logits.gather(1, sampled.view(-1, 1)).view(-1)), metadata)
-            return sampled
-        greedy_ids = None if metadata.all_random else greedy_argmax(logits)
+        greedy_ids = greedy_argmax(logits) if metadata.all_greedy or not metadata.all_random else None  # empty: both
         empty = None
         if refuse and greedy_ids is not None:
             # Before the draw: the torch path truncates every row in place, greedy ones too, and
             # among tied maxima may keep another than the argmax.
             empty = torch.isneginf(logits.gather(1, greedy_ids.view(-1, 1)).view(-1)) & metadata.greedy_mask
+        if metadata.all_greedy:
+            if empty is not None:
+                _raise_for_empty_rows(empty, metadata)
+            return greedy_ids
         uniforms = metadata.uniforms
         if uniforms is None:
             uniforms = draw_uniforms(metadata.greedy_mask.tolist(), metadata.generators, self.generator, logits.device)
