@@ -275,3 +275,16 @@ def test_the_model_argument_as_given_is_also_a_served_name():
     assert with_model_argument_name(ServerSettings(), None, "kvserve-builtin").served_model_aliases == ()
     named = ServerSettings(served_model_name="mine", served_model_aliases=("other",))
     assert with_model_argument_name(named, "/models/qwen", "qwen") == named
+
+
+def test_serve_help_imports_neither_torch_nor_the_server():
+    """``kvserve serve --help`` answers in well under a second because it imports no heavy module
+    (torch takes seconds to import on a 2-core machine)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom kvserve.cli import main\ntry:\n    main(['serve', '--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'fastapi', 'uvicorn') if m in sys.modules)\n"
+            "print('HEAVY', heavy)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "--max-model-len" in result.stdout and "HEAVY []" in result.stdout, result.stdout[-500:] + result.stderr

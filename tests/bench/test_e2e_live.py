@@ -58,6 +58,23 @@ def check_run(run: dict, num_prompts: int, input_len: int, output_len: int) -> N
     assert m["output_throughput"] == pytest.approx(expected_rate)
 
 
+def test_bench_serve_finds_the_tokenizer_of_a_served_name(live, tiny_llama, monkeypatch, tmp_path):
+    """``--model`` names the served model (not a folder) and no ``--tokenizer`` is given: the
+    tokenizer comes from the folder the server's /v1/models reports as the model's root."""
+    import httpx
+
+    cards = httpx.get(live.base_url + "/v1/models").json()["data"]
+    assert [(c["id"], c["root"]) for c in cards] == [("tiny-llama", str(tiny_llama.resolve()))]
+    result = tmp_path / "serve.json"
+    args = ["serve", "--base-url", live.base_url, "--model", "tiny-llama", "--dataset-name", "random",
+            "--input-len", "16", "--output-len", "4", "--num-prompts", "2", "--ignore-eos", "--disable-tqdm",
+            "--result-file", str(result)]
+    assert run_bench(monkeypatch, args) == 0
+    doc = json.loads(result.read_text())
+    assert (doc["model_id"], doc["tokenizer_id"]) == ("tiny-llama", str(tiny_llama.resolve()))
+    check_run(doc, 2, 16, 4)
+
+
 def check_provenance(doc: dict, argv: list[str], live) -> None:
     prov = doc["provenance"]
     assert prov["command"] == argv

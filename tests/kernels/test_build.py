@@ -1,81 +1,130 @@
-"""The C++ kernels build into a folder of this install's own, per CPU, and a build at run time is
-announced on stderr when it starts and when it ends (a load of an up-to-date build says nothing)."""
+"""The kernels' build (``kvserve.kernels.build``) and where the library comes from
+(``kvserve.kernels.library``): a folder of each install's own, per instruction-set variant; a build
+announced with a line per unit; a wheel's prebuilt library taken first; the variant chosen from the
+CPU's flags; every variant a real library with no PyTorch in it."""
 
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
+import torch
 
-import kvserve.kernels as kernels
+from kvserve.kernels import build, cpu_kernels, cpu_kernels_available, library
+
+pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="no C++ compiler for the kernels")
 
 
 @pytest.fixture
-def fake_load(monkeypatch, tmp_path):
-    """torch's ``load`` replaced by a recorder (no compiler run), a fresh cache folder, no memo."""
-    import torch.utils.cpp_extension as cpp_extension
-
+def fake_build(monkeypatch, tmp_path):
+    """``build_library`` replaced by a recorder that writes an empty library (no compiler run),
+    in a fresh cache folder."""
     calls = []
 
-    class Module(str):
-        def set_pool_enabled(self, enabled: bool) -> None:
-            self.pool_enabled = enabled
+    def build_library(variant, directory, *, log=None, jobs=None):
+        calls.append((variant.name, directory))
+        log(f"kvserve: [1/1] {variant.name} fake.cpp 0.0 s")
+        target = directory / build.library_name(variant.name)
+        target.write_bytes(b"")
+        return target
 
-    def load(**kwargs):
-        calls.append(kwargs)
-        return Module(f"module in {kwargs['build_directory']}")
-
-    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setattr(build, "build_library", build_library)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    kernels.cpu_kernels.cache_clear()
-    yield calls
-    kernels.cpu_kernels.cache_clear()
+    return calls
 
 
-def test_build_directory_is_keyed_by_install_path_and_cpu(monkeypatch, tmp_path):
+def test_build_directory_is_keyed_by_install_path_and_variant(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    package = str(Path(kernels.__file__).resolve().parent)
-    expected = tmp_path / "kvserve" / "kernels" / f"{hashlib.sha256(package.encode()).hexdigest()[:12]}-{kernels.cpu_tag()}"
-    assert kernels.build_directory() == expected
+    package = str(Path(library.__file__).resolve().parent)
+    expected = tmp_path / "kvserve" / "kernels" / hashlib.sha256(package.encode()).hexdigest()[:12]
+    assert build.cache_root() == expected
+    assert library.build_directory() == expected / build.host_variant().name
 
 
-def test_a_build_is_announced_once_then_loads_quietly(fake_load, capsys):
-    directory = kernels.build_directory()
-    assert kernels.cpu_kernels() == f"module in {directory}"
+def test_a_build_is_announced_with_its_units_then_loads_quietly(fake_build, capsys):
+    directory = library.build_directory()
+    assert build.cached_library() == directory / build.library_name(build.host_variant().name)
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == (f"kvserve: building the C++ CPU kernels in {directory} (once per install and CPU, "
-                      "about a minute) ...")
-    assert err[1].startswith("kvserve: CPU kernels built in ") and len(err) == 2
-    assert fake_load[0]["build_directory"] == str(directory)
-    assert fake_load[0]["sources"] == [str(kernels._CSRC / name) for name in kernels.SOURCES]
-    kernels.cpu_kernels.cache_clear()  # a second process start: up to date, nothing printed
-    assert kernels.cpu_kernels() == f"module in {directory}" and capsys.readouterr().err == ""
+    assert err[0].startswith(f"kvserve: building the C++ CPU kernels ({build.host_variant().name}) in {directory}")
+    assert err[1].startswith("kvserve: [1/1] ") and err[2].startswith("kvserve: CPU kernels built in ") and len(err) == 3
+    assert build.cached_library() and capsys.readouterr().err == ""  # a second start: up to date
     (directory / "kvserve_build_stamp").write_text("sources changed")  # e.g. an upgrade
-    kernels.cpu_kernels.cache_clear()
-    kernels.cpu_kernels()
-    assert "building the C++ CPU kernels" in capsys.readouterr().err
+    build.cached_library()
+    assert "building the C++ CPU kernels" in capsys.readouterr().err and len(fake_build) == 2
 
 
-def test_a_lock_left_by_a_killed_build_is_removed_and_the_build_goes_on(fake_load):
-    directory = kernels.build_directory()
-    directory.mkdir(parents=True)
-    (directory / "lock").touch()  # torch's marker of a build in progress, from a build that was killed
-    assert kernels.cpu_kernels() == f"module in {directory}"
-    assert not (directory / "lock").exists()
-
-
-def test_a_second_build_in_the_same_folder_waits_for_the_first(fake_load, tmp_path):
+def test_a_second_build_in_the_same_folder_waits_for_the_first(fake_build):
     import fcntl
-    import threading
 
-    directory = kernels.build_directory()
+    directory = library.build_directory()
     directory.mkdir(parents=True)
     guard = open(directory / "kvserve_build.flock", "w")  # another process is building here
     fcntl.flock(guard, fcntl.LOCK_EX)
     done = threading.Event()
-    threading.Thread(target=lambda: (kernels.cpu_kernels(), done.set()), daemon=True).start()
-    assert not done.wait(0.5) and fake_load == []
+    threading.Thread(target=lambda: (build.cached_library(), done.set()), daemon=True).start()
+    assert not done.wait(0.5) and fake_build == []
     fcntl.flock(guard, fcntl.LOCK_UN)
     guard.close()
-    assert done.wait(10) and len(fake_load) == 1
+    assert done.wait(10) and len(fake_build) == 1
+
+
+def test_a_wheels_prebuilt_library_is_opened_without_a_build(monkeypatch, tmp_path, fake_build):
+    prebuilt = tmp_path / "lib"
+    prebuilt.mkdir()
+    real = cpu_kernels().path
+    (prebuilt / build.library_name(build.host_variant().name)).write_bytes(real.read_bytes())
+    monkeypatch.setattr(library, "PACKAGED", prebuilt)
+    opened = library.open_library()
+    assert opened.path.parent == prebuilt and fake_build == []
+
+
+@pytest.mark.parametrize(("flags", "best"), [
+    (set(), "x86_64"),
+    ({"avx2", "fma", "f16c", "bmi2"}, "avx2"),
+    ({"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}, "avx512"),
+    ({"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd", "avx512_bf16",
+      "amx_tile", "amx_bf16"}, "avx512_bf16"),
+])
+def test_the_variant_is_the_best_the_cpu_runs(monkeypatch, flags, best):
+    monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.delenv("KVSERVE_KERNEL_VARIANT", raising=False)
+    assert build.host_variant().name == best
+    monkeypatch.setenv("KVSERVE_KERNEL_VARIANT", "x86_64")
+    assert build.host_variant().name == "x86_64"
+    if best == "avx2":
+        monkeypatch.setenv("KVSERVE_KERNEL_VARIANT", "avx512")
+        with pytest.raises(RuntimeError, match="this CPU runs avx2, x86_64"):
+            build.host_variant()
+
+
+def test_a_unit_that_does_not_compile_names_itself(monkeypatch, tmp_path):
+    monkeypatch.setattr(build, "SOURCES", ("broken.cpp",))
+    monkeypatch.setattr(build, "CSRC", tmp_path)
+    (tmp_path / "broken.cpp").write_text("int f( {\n")
+    with pytest.raises(RuntimeError, match="broken.cpp failed to compile"):
+        build.build_library(build.VARIANTS[0], tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_every_variant_this_cpu_runs_builds_without_torch_and_computes_the_same(tmp_path):
+    """Each variant (the wheel's libraries) compiled, linked against no PyTorch or Python library,
+    and run here: greedy argmax and the invariant linear give torch's results."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 1000, generator=generator)
+    weight = torch.randn(24, 40, generator=generator)
+    x = torch.randn(3, 40, generator=generator)
+    from kvserve.kernels import CpuKernels
+
+    for variant in build.host_variants():
+        path = build.build_library(variant, tmp_path / variant.name, jobs=2)
+        needed = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True).stdout
+        assert "torch" not in needed and "python" not in needed.lower(), needed
+        kernels = CpuKernels(library.Library(path))
+        assert kernels.variant == variant.name
+        assert torch.equal(kernels.argmax_rows(logits), logits.argmax(-1))
+        out = kernels.invariant_linear(x, kernels.pack_linear_weight(weight), None, 24)
+        torch.testing.assert_close(out, x @ weight.T, rtol=1e-5, atol=1e-5)

@@ -16,10 +16,12 @@ import dataclasses
 import errno
 import json
 import logging
+import os
 import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 from kvserve.api.run import make_server
 from kvserve.api.chat_parsers import ChatParsers
@@ -98,6 +100,18 @@ class _LoadFailure:
         return getattr(self.error, "message", None) or str(self.error or "unknown error")
 
 
+PROGRESS_INTERVAL_S = 2.0  # a loading server says so this often
+
+
+def resident_gib() -> float:
+    """This process's resident memory in GiB (0 where /proc is not there)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
 class _Announcer:
     """Prints the ready message once both the socket listens and the weights are loaded; when the
     load fails, prints one error line and stops the server."""
@@ -113,7 +127,10 @@ class _Announcer:
         threading.Thread(target=self._wait_and_print, name="kvserve-announce", daemon=True).start()
 
     def _wait_and_print(self) -> None:
-        if self.engine.wait_until_loaded():
+        while not self.engine.wait_until_loaded(timeout=PROGRESS_INTERVAL_S) and self.engine.loading:
+            print(f"kvserve: loading {self.served_name}: {time.perf_counter() - self.start:.0f} s, "
+                  f"{resident_gib():.1f} GiB in memory", file=sys.stderr, flush=True)
+        if self.engine.wait_until_loaded(timeout=0):
             seconds = time.perf_counter() - self.start
             print(ready_message(self.served_name, self.settings, seconds), flush=True)
             return
@@ -146,6 +163,7 @@ def run_server(args: argparse.Namespace) -> int:
         return _serve_worker_node(args, model)
     start = time.perf_counter()
     settings = with_model_argument_name(settings_from_args(args), given, default_name)
+    settings = dataclasses.replace(settings, model_path=str(Path(model).resolve()))
     sock = bind_socket(settings.host, settings.port)
     if settings.port == 0:  # an ephemeral port: name the one the OS chose
         settings = dataclasses.replace(settings, port=sock.getsockname()[1])

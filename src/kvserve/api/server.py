@@ -135,8 +135,8 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
     chat = ChatServing(state)
 
     def model_card(name: str) -> ModelCard:
-        return ModelCard(id=name, root=state.engine.model_name, max_model_len=state.engine.max_model_len,
-                         quantization=getattr(state.engine, "quantization", None))
+        return ModelCard(id=name, root=state.settings.model_path or state.engine.model_name,
+                         max_model_len=state.engine.max_model_len, quantization=getattr(state.engine, "quantization", None))
 
     def lora_card(lora) -> ModelCard:  # vLLM: root = the adapter's folder, parent = its base model
         return ModelCard(id=lora.lora_name, root=lora.lora_path, parent=lora.base_model_name or state.model_name,

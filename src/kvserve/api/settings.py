@@ -43,6 +43,8 @@ class ServerSettings:
             ``model_name``.
         served_model_aliases: further names clients may send as ``model`` (vLLM's
             ``--served-model-name a b``: ``a`` is reported, ``a`` and ``b`` accepted).
+        model_path: the served checkpoint's absolute path, reported as ``root`` by ``/v1/models``
+            (as vLLM reports its ``--model``), so that a benchmark client finds the tokenizer.
         chat_template: a Jinja chat template overriding the tokenizer's (the text, not a path).
         response_role: the assistant message's role in chat responses.
         requests_per_minute, tokens_per_minute, max_concurrent_requests: per-key limits (None =
@@ -86,6 +88,7 @@ class ServerSettings:
     api_key_env: str | None = None
     served_model_name: str | None = None
     served_model_aliases: tuple[str, ...] = ()
+    model_path: str | None = None
     chat_template: str | None = None
     response_role: str = "assistant"
     requests_per_minute: float | None = None

@@ -79,6 +79,30 @@ def first_served_model(url: str, headers: dict[str, str], verify: bool) -> tuple
     return card["id"], card.get("root") or card["id"]
 
 
+def served_model_root(url: str, model: str, headers: dict[str, str], verify: bool) -> str | None:
+    """The ``root`` that ``GET /v1/models`` reports for the model named ``model`` when it is a
+    folder on this machine (kvserve and vLLM report the checkpoint's path there), else None (no
+    such model, the server unreachable, or a path that is not here)."""
+    try:
+        response = httpx.get(url + "/v1/models", headers=headers, timeout=30, verify=verify)
+        response.raise_for_status()
+        cards = response.json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    for card in cards if isinstance(cards, list) else []:
+        if isinstance(card, dict) and card.get("id") == model and isinstance(card.get("root"), str):
+            return card["root"] if Path(card["root"]).is_dir() else None
+    return None
+
+
+def local_model_folder(args: argparse.Namespace, model_id: str, model_name: str, headers: dict[str, str]) -> str:
+    """The served model's local folder for its tokenizer and roofline: ``model_id`` when it is a
+    folder, else the server's ``root`` for ``model_name`` when that is one here, else ``model_id``."""
+    if args.tokenizer or Path(model_id).is_dir():
+        return model_id
+    return served_model_root(base_url(args), model_name, headers, not args.insecure) or model_id
+
+
 def resolve_model(args: argparse.Namespace, headers: dict[str, str]) -> tuple[str, str]:
     """vLLM's model resolution: ``(model_id, model name sent)``. With ``--model``: that, and
     ``--served-model-name`` or ``--model`` as the name; without: the server's first model (its
@@ -92,8 +116,9 @@ def resolve_model(args: argparse.Namespace, headers: dict[str, str]) -> tuple[st
 
 
 def online_tokenizer(args: argparse.Namespace, model_id: str) -> tuple[Any, str]:
-    """``(tokenizer, tokenizer_id)``: ``--tokenizer``, else the model id when it is a local folder,
-    else the built-in model's tokenizer when the server serves kvserve's built-in model.
+    """``(tokenizer, tokenizer_id)``: ``--tokenizer``, else the model id when it is a local folder
+    (:func:`local_model_folder` gives the server's ``root`` there), else the built-in model's
+    tokenizer when the server serves kvserve's built-in model.
 
     Raises:
         InvalidRequestError: no local tokenizer could be found (the message says which flag to give).
@@ -108,8 +133,9 @@ def online_tokenizer(args: argparse.Namespace, model_id: str) -> tuple[Any, str]
     if BUILTIN_MODEL_NAME in (model_id, Path(model_id).name):
         return load_tokenizer(str(builtin_model_path()), **options), model_id
     raise InvalidRequestError(
-        f"--tokenizer is required: the model {model_id!r} is not a local folder; give the local folder of the "
-        "served model's tokenizer", param="tokenizer",
+        f"--tokenizer is required: the model {model_id!r} is not a local folder, and the server's /v1/models "
+        "names no folder on this machine for it; give the local folder of the served model's tokenizer",
+        param="tokenizer",
     )
 
 
@@ -158,7 +184,8 @@ def serve_command(args: argparse.Namespace) -> int:
     backend, _ = backend_api(args)
     model_id, model_name = resolve_model(args, headers)
     config = serve_config(args, model_name, headers)
-    tokenizer, tokenizer_id = online_tokenizer(args, model_id)
+    folder = local_model_folder(args, model_id, model_name, headers)
+    tokenizer, tokenizer_id = online_tokenizer(args, folder)
     samples = load_samples(args, tokenizer)
     _print_plan(args)
     spec_before = read_counters(base_url(args), headers, not args.insecure)
@@ -169,7 +196,7 @@ def serve_command(args: argparse.Namespace) -> int:
     result = flat_result(run, header, selected, args.metric_percentiles, args.save_detailed)
     print_notes(run)  # failures first, as vLLM prints them before its summary
     print(format_summary(result, selected, args.metric_percentiles))
-    (roofline,), peaks = online_rooflines(args, model_id, [run])
+    (roofline,), peaks = online_rooflines(args, folder, [run])
     print(roofline.line())
     if spec is not None:  # the server speculated: its acceptance over the run (warm-ups included)
         result.update(spec)
@@ -193,10 +220,11 @@ def sweep_command(args: argparse.Namespace) -> int:
     headers = request_headers(args, os.environ.get(API_KEY_ENV))
     model_id, model_name = resolve_model(args, headers)
     base = serve_config(args, model_name, headers)
-    tokenizer, _ = online_tokenizer(args, model_id)
+    folder = local_model_folder(args, model_id, model_name, headers)
+    tokenizer, _ = online_tokenizer(args, folder)
     sample_sets = load_sweep_samples(args, tokenizer, len(points))
     runs = asyncio.run(run_sweep(base, points, sample_sets, tokenizer, load_warmup_samples(args, tokenizer)))
-    rooflines, peaks = online_rooflines(args, model_id, runs)
+    rooflines, peaks = online_rooflines(args, folder, runs)
     result_path = Path(args.result_file or default_result_path("sweep"))
     plot_path = Path(args.plot_file or result_path.with_suffix(".png"))
     payload = {

@@ -246,6 +246,11 @@ class AsyncLLM(EngineClient):
         return self.engine is not None and self._dead is None
 
     @property
+    def loading(self) -> bool:
+        """Whether the engine is still being built (neither loaded nor failed)."""
+        return not self._loaded.is_set()
+
+    @property
     def num_unfinished_requests(self) -> int:
         return len(self._streams)
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import uvicorn
@@ -36,9 +37,27 @@ from kvserve.router.registry import load_model_registry, load_worker_registry
 logger = logging.getLogger(__name__)
 
 
+def worker_model_folder(urls: Sequence[str], timeout_s: float = 2.0) -> str | None:
+    """The first model folder on this machine that a worker's ``GET /v1/models`` reports as a
+    card's ``root`` (kvserve and vLLM report the checkpoint's path), or None."""
+    import httpx
+
+    for url in urls:
+        try:
+            cards = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s).json()["data"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            continue
+        for card in cards if isinstance(cards, list) else []:
+            root = card.get("root") if isinstance(card, dict) else None
+            if isinstance(root, str) and Path(root).is_dir():
+                return root
+    return None
+
+
 def build_tokenizers(config: RouterConfig, registry) -> dict[str | None, PromptTokenizer]:
-    """One prompt tokenizer per registered model, and a default one (``--tokenizer`` or the
-    built-in model's) under None.
+    """One prompt tokenizer per registered model, and a default one under None: ``--tokenizer``,
+    else the model folder a worker reports (:func:`worker_model_folder`), else the built-in
+    model's.
 
     Raises:
         CheckpointError / ConfigError: a tokenizer folder cannot be loaded.
@@ -52,7 +71,8 @@ def build_tokenizers(config: RouterConfig, registry) -> dict[str | None, PromptT
             if entry.tokenizer_path:
                 template = Path(entry.chat_template).read_text() if entry.chat_template else None
                 tokenizers[entry.name] = PromptTokenizer(load_tokenizer(entry.tokenizer_path, template), template)
-    default = config.tokenizer or str(builtin_model_path())
+    default = config.tokenizer or worker_model_folder(config.worker_urls) or str(builtin_model_path())
+    logger.info("prompt tokenizer for prefix routing: %s", default)
     tokenizers[None] = PromptTokenizer(load_tokenizer(default))
     return tokenizers
 

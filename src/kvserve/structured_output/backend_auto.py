@@ -4,10 +4,15 @@ A spec goes to llguidance when its request asks for ``guidance`` (``guided_decod
 when its JSON schema uses keywords xgrammar would not enforce, or when xgrammar rejects it and
 llguidance accepts it; otherwise to xgrammar. The llguidance tokenizer is built on first need,
 on the compiling thread. Both libraries share the bitmask layout, so one batch mixes them.
+
+xgrammar is optional (its package requires ``triton``, about 1 GB that a CPU never uses:
+``scripts/install.sh`` installs it without its dependencies, ``pip install kvserve[xgrammar]``
+with them). Without it every spec goes to llguidance, a base dependency.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +33,10 @@ from kvserve.structured_output.errors import StructuredOutputError
 from kvserve.structured_output.params import StructuredOutputsParams
 
 
+def xgrammar_installed() -> bool:
+    return importlib.util.find_spec("xgrammar") is not None
+
+
 @register_backend("auto")
 class AutoBackend(StructuredOutputBackend):
     """xgrammar first, llguidance where xgrammar falls short (see the module docstring)."""
@@ -35,8 +44,8 @@ class AutoBackend(StructuredOutputBackend):
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
                  config: StructuredOutputsConfig):
         super().__init__(tokenizer, vocab_size, stop_token_ids, config)
-        self.xgrammar = backend_xgrammar.XgrammarBackend(tokenizer, vocab_size, stop_token_ids,
-                                                         config)
+        self.xgrammar = (backend_xgrammar.XgrammarBackend(tokenizer, vocab_size, stop_token_ids, config)
+                         if xgrammar_installed() else None)
         self._guidance: backend_guidance.GuidanceBackend | None = None
         self._lock = threading.Lock()
 
@@ -50,7 +59,9 @@ class AutoBackend(StructuredOutputBackend):
             return self._guidance
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
-        if params.backend == "guidance" or self.xgrammar.unsupported(params):
+        if params.backend == "xgrammar" and self.xgrammar is None:
+            raise StructuredOutputError("backend 'xgrammar' is not installed on this server; use 'guidance' or 'auto'")
+        if self.xgrammar is None or params.backend == "guidance" or self.xgrammar.unsupported(params):
             return self.guidance.compile(params)
         if params.backend == "xgrammar":
             return self.xgrammar.compile(params)
@@ -66,6 +77,7 @@ class AutoBackend(StructuredOutputBackend):
                       bitmask: torch.Tensor) -> None:
         xgr_rows = [r for r in rows if isinstance(r[0], backend_xgrammar.XgrammarGrammar)]
         other = [r for r in rows if not isinstance(r[0], backend_xgrammar.XgrammarGrammar)]
-        self.xgrammar.fill_bitmasks(xgr_rows, bitmask)
+        if xgr_rows:
+            self.xgrammar.fill_bitmasks(xgr_rows, bitmask)
         if other:
             self.guidance.fill_bitmasks(other, bitmask)

@@ -103,7 +103,11 @@ class XgrammarBackend(StructuredOutputBackend):
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
                  config: StructuredOutputsConfig):
         super().__init__(tokenizer, vocab_size, stop_token_ids, config)
-        import xgrammar
+        try:
+            import xgrammar
+        except ImportError:
+            raise ValueError("the xgrammar structured outputs backend needs the xgrammar package: "
+                             "pip install 'kvserve[xgrammar]' (or pip install --no-deps xgrammar apache-tvm-ffi)") from None
 
         self._xgr = xgrammar
         self.tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -88,7 +89,8 @@ def start_live_server(
     port = free_port()
     server_settings = ServerSettings(
         host="127.0.0.1", port=port, api_keys=(api_key,) if api_key else (),
-        served_model_name=served_model_name, log_level="warning", **(settings or {}),
+        served_model_name=served_model_name, log_level="warning",
+        **{"model_path": str(Path(model_dir).resolve()), **(settings or {})},  # as the launcher reports it
     )
     for module in server_settings.lora_modules:  # what the launcher does for --lora-modules
         async_llm.lora_registry.add(module.name, module.path, module.base_model_name)

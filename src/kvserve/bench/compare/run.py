@@ -89,19 +89,25 @@ def engine_headers(engine: EngineSpec, environ: Mapping[str, str]) -> dict[str, 
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def resolve_tokenizer(spec: CompareSpec, served_model: str | None, cache: dict[str, Any]) -> Any:
-    """The spec's tokenizer folder, else the built-in model's when the built-in model is served.
+def resolve_tokenizer(spec: CompareSpec, served_model: str | None, cache: dict[str, Any],
+                      served_root: str | None = None) -> Any:
+    """The spec's tokenizer folder, else the server's model folder (``served_root``: the ``root``
+    of its ``/v1/models`` card, when that folder is on this machine), else the built-in model's
+    when the built-in model is served.
 
     Raises:
         InvalidRequestError: no local tokenizer for this model.
     """
     path = spec.model.tokenizer
+    if path is None and served_root is not None and Path(served_root).is_dir():
+        path = served_root
     if path is None:
         from kvserve.builtin import BUILTIN_MODEL_NAME, builtin_model_path
 
         if BUILTIN_MODEL_NAME not in (served_model, spec.model.name):
-            raise InvalidRequestError(f"model.tokenizer is required: {served_model!r} is not the built-in model; "
-                                      "give the local folder of its tokenizer", "spec")
+            raise InvalidRequestError(f"model.tokenizer is required: {served_model!r} is not the built-in model and "
+                                      "the server names no folder on this machine for it; give the local folder "
+                                      "of its tokenizer", "spec")
         path = str(builtin_model_path())
     if path not in cache:
         tokenizer = load_tokenizer(path)
@@ -384,7 +390,8 @@ class Compare:
             raise RuntimeError("no model: the spec names none and /v1/models lists none")
         card = next((c for c in cards if c.get("id") == model), cards[0] if cards else {})
         max_len = card.get("max_model_len") if isinstance(card, dict) else None
-        tokenizer = await asyncio.to_thread(resolve_tokenizer, self.spec, model, self.tokenizers)
+        root = card.get("root") if isinstance(card, dict) and isinstance(card.get("root"), str) else None
+        tokenizer = await asyncio.to_thread(resolve_tokenizer, self.spec, model, self.tokenizers, root)
         run = EngineRun(self.spec, engine, self.store, client, headers, model, tokenizer,
                         max_len or self.spec.model.max_model_len, self.roofline)
         self.store.write(self.store.engine_path(engine.name), _jsonable(await engine_provenance(run, served)))

@@ -28,10 +28,9 @@
 // none, 2 threads: 64 rows 0.92-0.96x the time without, 2,048 rows 0.87-0.93x, 32 rows
 // 0.98-1.02x; docs/benchmarks.md section 24). The tile registers must be enabled per process
 // (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA) and configured per thread.
-#include <torch/extension.h>
-#include "linear_bias.h"
+#include "abi.h"
+#include "kernels.h"
 #include "amx_tiles.h"
-#include <ATen/Parallel.h>
 #include "thread_pool.h"
 
 namespace {
@@ -158,7 +157,7 @@ void amx_kernel(const uint16_t* x, const uint16_t* packed, const float* bias, ui
   const int64_t pairs = (panels + 1) / 2;                     // work unit: two panels (32 columns)
   const int64_t out_stride = swiglu ? N / 2 : N;
   const int64_t row_groups = (M + 2 * kTileRows - 1) / (2 * kTileRows);  // 32 rows each
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t threads = std::max<int64_t>(1, kvserve::num_threads());
   // Row blocks only when there are many rows: columns first, so a panel pair's weights are read
   // once per row block and stay in L2 across its row groups, and a block's activations stay in L2
   // across the pairs: up to 8 groups, within half of L2 (the down projection's K = 4,864 takes 3
@@ -205,7 +204,7 @@ void amx_kernel(const uint16_t* x, const uint16_t* packed, const float* bias, ui
 
 }  // namespace
 
-bool amx_linear_available() {
+bool kvserve::amx_linear_available() {
 #if defined(KVSERVE_AMX_BUILD)
   static const bool available = [] {
     const char* off = std::getenv("KVSERVE_AMX");
@@ -218,47 +217,36 @@ bool amx_linear_available() {
 #endif
 }
 
-namespace {
+namespace kvserve {
 
-void check_amx_operands(const torch::Tensor& x, const torch::Tensor& packed, int64_t N, const char* name) {
-  TORCH_CHECK(amx_linear_available(), name, ": no AMX-BF16 tiles on this CPU / process");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu() && x.scalar_type() == torch::kBFloat16,
-              name, " takes contiguous 2-D bfloat16 CPU activations");
-  const int64_t K = x.size(1);
-  TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.size(0) == (N + kTileN - 1) / kTileN &&
-                  packed.size(1) == (K + kTileK - 1) / kTileK && packed.size(2) == kTileRows &&
-                  packed.size(3) == 2 * kTileN,
-              "packed must be the weight's B tiles [N/16, K/32, 16, 32] for these K and N");
-}
-
-torch::Tensor run_amx(const torch::Tensor& x, const torch::Tensor& packed, const float* bias, int64_t N, bool swiglu) {
-  const int64_t M = x.size(0);
-  auto out = torch::empty({M, swiglu ? N / 2 : N}, x.options());
+// x: contiguous [M, K] bfloat16; packed: the weight's B tiles (kvserve.model.invariant_linear.
+// pack_amx_weight); bias float32 [N] or nullptr; out [M, N] (swiglu: [M, N / 2], N = 2d with d a
+// multiple of 16: silu_and_mul of the projection in one pass, the same bits, the gate-up
+// projection's two halves meeting in the store, so the [M, 2d] projection is never written).
+void amx_linear(const BFloat16* x, const BFloat16* packed, const float* bias, BFloat16* out, int64_t M, int64_t K,
+                int64_t N, bool swiglu) {
+  check(amx_linear_available(), "amx_linear: no AMX-BF16 tiles on this CPU / process");
 #if defined(KVSERVE_AMX_BUILD)
   if (M > 0 && N > 0) {
-    amx_kernel(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()),
-               reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>()), bias,
-               reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()), M, x.size(1), N, swiglu);
+    amx_kernel(reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(packed), bias,
+               reinterpret_cast<uint16_t*>(out), M, K, N, swiglu);
   }
 #endif
-  return out;
 }
 
-}  // namespace
+}  // namespace kvserve
 
-// x: contiguous [M, K] bfloat16; packed: the weight's B tiles (kvserve.model.invariant_linear.pack_amx_weight);
-// bias float32 [N] or None.
-torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t out_features) {
-  check_amx_operands(x, packed, out_features, "amx_linear");
-  return run_amx(x, packed, optional_bias(bias, out_features), out_features, false);
+extern "C" {
+
+KVSERVE_EXPORT int32_t kvserve_amx_linear_available() { return kvserve::amx_linear_available() ? 1 : 0; }
+
+KVSERVE_EXPORT int kvserve_amx_linear(const void* x, const void* packed, const float* bias, void* out, int64_t M,
+                                      int64_t K, int64_t N, int32_t swiglu) {
+  using kvserve::BFloat16;
+  return kvserve::guarded([&] {
+    kvserve::amx_linear(static_cast<const BFloat16*>(x), static_cast<const BFloat16*>(packed), bias,
+                        static_cast<BFloat16*>(out), M, K, N, swiglu != 0);
+  });
 }
 
-// silu_and_mul(amx_linear(x, packed, None, out_features)) in one pass, the same bits: the
-// gate-up projection's two halves meet in the kernel's store, so the [M, 2d] projection output
-// is never written. out_features = 2d, d a multiple of 16.
-torch::Tensor amx_linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t out_features) {
-  check_amx_operands(x, packed, out_features, "amx_linear_silu_mul");
-  TORCH_CHECK(out_features % (2 * kTileN) == 0, "amx_linear_silu_mul: out_features must be 2d with d a multiple of ",
-              kTileN, ", got ", out_features);
-  return run_amx(x, packed, nullptr, out_features, true);
-}
+}  // extern "C"

@@ -33,10 +33,9 @@
 // Work: items of up to 64 rows x a pair of 16-column panels, split between threads (never K). Each
 // chunk is widened just before its tile load into 1-2 KB of L1 and used by all the item's rows:
 // up to 32 rows take both panels at once (4 C tiles of 16 x 16), up to 64 one panel at a time.
-#include <torch/extension.h>
-#include "linear_bias.h"
+#include "abi.h"
+#include "kernels.h"
 #include "amx_tiles.h"
-#include <ATen/Parallel.h>
 #include "thread_pool.h"
 
 #pragma GCC push_options
@@ -349,7 +348,7 @@ void row_kernel(const Layer& L, const float* x, int64_t p0, uint16_t* out) {
 }
 
 template <int kBits>
-void run_row(const c10::BFloat16* x, uint16_t* out, const Layer& L) {
+void run_row(const kvserve::BFloat16* x, uint16_t* out, const Layer& L) {
   const int64_t panels = (L.N + kTileN - 1) / kTileN;
   std::vector<float> row(static_cast<size_t>(L.chunks * kTileK), 0.f);  // as float32, zero-padded to whole chunks
   for (int64_t k = 0; k < L.K; ++k) row[k] = to_float(x[k]);
@@ -374,7 +373,7 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
   const int64_t panels = (N + kTileN - 1) / kTileN;
   const int64_t pairs = (panels + 1) / 2;
   const int64_t row_groups = (M + kGroupRows - 1) / kGroupRows;
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t threads = std::max<int64_t>(1, kvserve::num_threads());
   const int64_t items = row_groups * pairs;
   const int64_t grain = std::max<int64_t>(1, items / (threads * 4));
   const ActivationTiles tiles(x, M, L.K);
@@ -400,59 +399,51 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
 
 }  // namespace
 
-// x: contiguous [M, K] bfloat16; packed: uint8 [N/16, K', 16] (int8) or [N/64, K'/2, 64] (int4), K'
-// = K rounded up to 32; scales (and neg_offsets, int4 only): float32 [blocks, K / group_size, block
-// columns]; bias float32 [N] or None; group_size: K, or a multiple of 32 that divides K; bits 8 or
-// 4 (int4 without offsets is symmetric: q - 8). Returns [M, N] bfloat16.
-torch::Tensor amx_quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
-                               c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
-                               int64_t out_features, int64_t group_size, int64_t bits) {
-  TORCH_CHECK(amx_linear_available(), "amx_quant_linear: no AMX-BF16 tiles on this CPU / process");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu() && x.scalar_type() == torch::kBFloat16,
-              "amx_quant_linear takes contiguous 2-D bfloat16 CPU activations");
-  TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4");
-  const int64_t M = x.size(0), K = x.size(1), N = out_features;
-  const int64_t bc = block_cols(bits), blocks = (N + bc - 1) / bc, chunks = (K + kTileK - 1) / kTileK;
-  TORCH_CHECK(group_size == K || (group_size % kTileK == 0 && K % group_size == 0),
-              "group_size must be K or a multiple of 32 that divides K");
-  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 3 &&
-                  packed.size(0) == blocks && packed.size(1) == chunks * chunk_rows(bits) &&
-                  packed.size(2) == bc,
-              "packed must be uint8 [N/16, K', 16] (int8) or [N/64, K'/2, 64] (int4) from "
-              "kvserve.model.quant_linear.pack_quantized_amx");
-  const int64_t groups = K / group_size;
-  const std::vector<int64_t> param_shape{blocks, groups, bc};
-  TORCH_CHECK(scales.is_contiguous() && scales.sizes() == param_shape && scales.scalar_type() == torch::kFloat,
-              "scales must be float32 [blocks, K / group_size, block columns] like packed");
-  const float* offsets_ptr = optional_offsets(neg_offsets, bits, param_shape);
-  const bool has_offsets = offsets_ptr != nullptr;
-  const float* bias_ptr = optional_bias(bias, N);
-  auto out = torch::empty({M, N}, x.options());
+namespace kvserve {
+
+// x: contiguous [M, K] bfloat16; w.packed: uint8 [N/16, K', 16] (int8) or [N/64, K'/2, 64] (int4),
+// K' = K rounded up to 32; w.scales (and neg_offsets, int4 only): float32 [blocks, K / group_size,
+// block columns]; bias float32 [N] or nullptr; group_size: K, or a multiple of 32 that divides K;
+// bits 8 or 4 (int4 without offsets is symmetric: q - 8) -> out [M, N] bfloat16.
+void amx_quant_linear(const BFloat16* x, BFloat16* out, int64_t M, int64_t K, const QuantWeight& w) {
+  check(amx_linear_available(), "amx_quant_linear: no AMX-BF16 tiles on this CPU / process");
 #if defined(KVSERVE_AMX_BUILD)
-  if (M == 0 || N == 0) return out;
-  const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>();
+  const int64_t N = w.N, group_size = w.group_size;
+  if (M == 0 || N == 0) return;
+  const int64_t chunks = (K + kTileK - 1) / kTileK, groups = K / group_size;
+  const bool has_offsets = w.neg_offsets != nullptr;
   // Each row's input sum per group, a plain float32 sum in increasing k (offsets only).
   const FlushDenormals flush;
   std::vector<float> xsum(has_offsets ? M * groups : 0);
   for (int64_t r = 0; r < M && has_offsets; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
       float s = 0.f;
-      for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) s += to_float(xb[r * K + k]);
+      for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) s += to_float(x[r * K + k]);
       xsum[r * groups + g] = s;
     }
   }
-  const uint16_t* xs = reinterpret_cast<const uint16_t*>(xb);
-  const Layer layer{packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
-                    offsets_ptr, bias_ptr,
-                    has_offsets ? xsum.data() : nullptr, M, K, N, chunks, groups,
-                    group_size == K ? chunks : group_size / kTileK, !has_offsets};
-  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
-  if (M == 1 && bits == 8) run_row<8>(xb, o, layer);
-  else if (M == 1) run_row<4>(xb, o, layer);
-  else if (bits == 8) run<8>(xs, o, layer);
+  const uint16_t* xs = reinterpret_cast<const uint16_t*>(x);
+  const Layer layer{w.packed, w.scales, w.neg_offsets, w.bias, has_offsets ? xsum.data() : nullptr, M, K, N, chunks,
+                    groups, group_size == K ? chunks : group_size / kTileK, !has_offsets};
+  uint16_t* o = reinterpret_cast<uint16_t*>(out);
+  if (M == 1 && w.bits == 8) run_row<8>(x, o, layer);
+  else if (M == 1) run_row<4>(x, o, layer);
+  else if (w.bits == 8) run<8>(xs, o, layer);
   else run<4>(xs, o, layer);
 #endif
-  return out;
+}
+
+}  // namespace kvserve
+
+extern "C" KVSERVE_EXPORT int kvserve_amx_quant_linear(const void* x, void* out, int64_t M, int64_t K,
+                                                       const uint8_t* packed, const float* scales,
+                                                       const float* neg_offsets, const float* bias, int64_t N,
+                                                       int64_t group_size, int64_t bits) {
+  using kvserve::BFloat16;
+  return kvserve::guarded([&] {
+    kvserve::amx_quant_linear(static_cast<const BFloat16*>(x), static_cast<BFloat16*>(out), M, K,
+                              kvserve::QuantWeight{packed, scales, neg_offsets, bias, N, group_size, bits});
+  });
 }
 
 #pragma GCC pop_options

@@ -6,7 +6,7 @@
 // output columns x a pair of inputs each, AMX's "VNNI" form). The tile registers must be enabled per
 // process (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA) and configured per thread.
 #pragma once
-#include <torch/extension.h>
+#include "abi.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -77,7 +77,10 @@ inline void configure_tiles(int64_t rows) {
     config.rows[t] = t < 6 ? static_cast<uint8_t>(std::min<int64_t>(rows, kTileRows)) : kTileRows;
     config.colsb[t] = 64;
   }
-  _tile_loadconfig(&config);
+  // ldtilecfg through asm with the configuration as a memory operand: GCC 12's
+  // _tile_loadconfig does not tell the optimiser that it reads the bytes, and it dropped the
+  // stores of the rows and column widths (-march=x86-64-v4 builds: the tiles kept 0 rows).
+  asm volatile("ldtilecfg %0" : : "m"(config));
 }
 
 // 16 float32 -> 16 bfloat16 bits, rounded to nearest even as c10 does (a NaN becomes 0x7fc0).

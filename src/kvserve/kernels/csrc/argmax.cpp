@@ -8,8 +8,8 @@
 // Semantics are torch.argmax's: the first index of the maximum; a NaN counts as larger than any
 // number (a row holding a NaN returns its first NaN). bfloat16 -> float32 is exact, so the result
 // equals torch.argmax of the upcast row.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "abi.h"
+#include "kernels.h"
 #include "thread_pool.h"
 
 #include <cmath>
@@ -21,7 +21,7 @@
 namespace {
 
 inline float load_one(const float* p) { return *p; }
-inline float load_one(const c10::BFloat16* p) { return static_cast<float>(*p); }
+inline float load_one(const kvserve::BFloat16* p) { return static_cast<float>(*p); }
 
 // First index of the largest value, scalar (also the NaN path).
 template <typename scalar_t>
@@ -39,7 +39,7 @@ int64_t argmax_scalar(const scalar_t* row, int64_t n) {
 
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
+inline __m512 load16(const kvserve::BFloat16* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
@@ -94,24 +94,26 @@ int64_t argmax_row(const scalar_t* row, int64_t n) {
 
 }  // namespace
 
-// logits: contiguous [N, V] float32 or bfloat16 on the CPU, V >= 1. Returns int64 [N].
-torch::Tensor argmax_rows(torch::Tensor logits) {
-  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0, "logits must be contiguous [N, V]");
-  TORCH_CHECK(logits.scalar_type() == torch::kFloat || logits.scalar_type() == torch::kBFloat16,
-              "argmax_rows supports float32 and bfloat16");
-  const int64_t rows = logits.size(0), vocab = logits.size(1);
-  auto result = torch::empty({rows}, torch::kInt64);
-  int64_t* out = result.data_ptr<int64_t>();
-  if (logits.scalar_type() == torch::kFloat) {
-    const float* data = logits.data_ptr<float>();
-    kvserve::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+namespace kvserve {
+
+// logits: contiguous [rows, vocab] float32 or bfloat16, vocab >= 1 -> out: int64 [rows].
+void argmax_rows(DType dtype, const void* logits, int64_t rows, int64_t vocab, int64_t* out) {
+  if (dtype == kFloat32) {
+    const float* data = static_cast<const float*>(logits);
+    parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) out[r] = argmax_row(data + r * vocab, vocab);
     });
   } else {
-    const c10::BFloat16* data = logits.data_ptr<c10::BFloat16>();
-    kvserve::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    const BFloat16* data = static_cast<const BFloat16*>(logits);
+    parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) out[r] = argmax_row(data + r * vocab, vocab);
     });
   }
-  return result;
+}
+
+}  // namespace kvserve
+
+extern "C" KVSERVE_EXPORT int kvserve_argmax_rows(int32_t dtype, const void* logits, int64_t rows, int64_t vocab,
+                                                  int64_t* out) {
+  return kvserve::guarded([&] { kvserve::argmax_rows(static_cast<kvserve::DType>(dtype), logits, rows, vocab, out); });
 }

@@ -3,9 +3,9 @@
 // headers compiled under other optimisation options are not inlined into the kernels (a call per
 // element). No include guard and no includes,
 // on purpose: each kernel includes this inside its own namespace and optimisation pragmas (the
-// quantized kernel once per instruction set), after <torch/extension.h> and <cstring>.
+// quantized kernel once per instruction set), after abi.h and <cstring>.
 inline float to_float(float v) { return v; }
-inline float to_float(c10::BFloat16 v) {  // exact: the bfloat16 bits are the float's upper half
+inline float to_float(kvserve::BFloat16 v) {  // exact: the bfloat16 bits are the float's upper half
   const uint32_t word = static_cast<uint32_t>(v.x) << 16;
   float f;
   std::memcpy(&f, &word, sizeof(f));
@@ -17,9 +17,11 @@ inline out_t from_float(float v);
 template <>
 inline float from_float<float>(float v) { return v; }
 template <>
-inline c10::BFloat16 from_float<c10::BFloat16>(float v) {  // round to nearest even, as c10 does
+inline kvserve::BFloat16 from_float<kvserve::BFloat16>(float v) {  // round to nearest even, as c10 does
   uint32_t word;
   std::memcpy(&word, &v, sizeof(word));
   const uint16_t bits = v != v ? uint16_t{0x7fc0} : static_cast<uint16_t>((word + 0x7fffu + ((word >> 16) & 1u)) >> 16);
-  return c10::BFloat16(bits, c10::BFloat16::from_bits());
+  kvserve::BFloat16 out;
+  out.x = bits;
+  return out;
 }

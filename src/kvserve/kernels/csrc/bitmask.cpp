@@ -6,8 +6,8 @@
 // 32-float runs) or nearly everything inside a string (most words are -1: nothing to write), so
 // the kernel branches per word: whole runs for 0, skip for -1, a per-bit select otherwise. Rows
 // are independent (OpenMP over rows); one pass over the words and at most one over the logits.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "abi.h"
+#include "kernels.h"
 #include "thread_pool.h"
 
 #include <cstdint>
@@ -37,27 +37,27 @@ void apply_row(float* row, const int32_t* words, int64_t vocab, int64_t width) {
 
 }  // namespace
 
-// logits: float32 [N, V] (contiguous rows); bitmask: int32 [N, W]; rows: int64 [M], the rows
-// to mask (each row r is masked by bitmask[r]).
-void apply_token_bitmask(torch::Tensor logits, torch::Tensor bitmask, torch::Tensor rows) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat32 && logits.stride(1) == 1,
-              "logits must be float32 [N, V] with contiguous rows");
-  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == torch::kInt32 && bitmask.is_contiguous(),
-              "bitmask must be contiguous int32 [N, W]");
-  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kInt64, "rows must be int64 [M]");
-  const int64_t vocab = logits.size(1), width = bitmask.size(1), stride = logits.stride(0);
-  float* base = logits.data_ptr<float>();
-  const int32_t* masks = bitmask.data_ptr<int32_t>();
-  const int64_t* row_ids = rows.data_ptr<int64_t>();
-  const int64_t count = rows.size(0);
-  for (int64_t i = 0; i < count; ++i) {
-    TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < logits.size(0) && row_ids[i] < bitmask.size(0),
-                "row index out of range");
-  }
-  kvserve::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+namespace kvserve {
+
+// logits: float32 [N, V] (contiguous rows, row stride `stride`); bitmask: int32 [mask_rows, W];
+// rows: int64 [count], the rows to mask (each row r is masked by bitmask[r]).
+void apply_token_bitmask(float* logits, int64_t num_rows, int64_t vocab, int64_t stride, const int32_t* bitmask,
+                         int64_t mask_rows, int64_t width, const int64_t* rows, int64_t count) {
+  for (int64_t i = 0; i < count; ++i)
+    check(rows[i] >= 0 && rows[i] < num_rows && rows[i] < mask_rows, "row index out of range");
+  parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t r = row_ids[i];
-      apply_row(base + r * stride, masks + r * width, vocab, width);
+      const int64_t r = rows[i];
+      apply_row(logits + r * stride, bitmask + r * width, vocab, width);
     }
   });
+}
+
+}  // namespace kvserve
+
+extern "C" KVSERVE_EXPORT int kvserve_apply_token_bitmask(float* logits, int64_t num_rows, int64_t vocab,
+                                                          int64_t stride, const int32_t* bitmask, int64_t mask_rows,
+                                                          int64_t width, const int64_t* rows, int64_t count) {
+  return kvserve::guarded(
+      [&] { kvserve::apply_token_bitmask(logits, num_rows, vocab, stride, bitmask, mask_rows, width, rows, count); });
 }

@@ -11,15 +11,22 @@
 //                                              q, k      = rotary(q), rotary(k)
 //                                              write_kv_cache(k, v); a = paged_attention(q)
 //                                              normed, res = rms_norm(o(a), w_post, res)
-//                                              h = down(silu_and_mul(gate_up(normed)))  (512-row tiles)
+//                                              h = down(silu_and_mul(gate_up(normed)))  (tiles of rows)
 //   out = rms_norm(h, w_final, res)
 //
-// so its output has the modules' bits exactly (tests/model/test_fused_decoder.py). It runs
-// without the GIL: it touches no Python object.
-#include <torch/extension.h>
-
+// so its output has the modules' bits exactly (tests/model/test_fused_decoder.py). The weights
+// stay where Python put them (the Python DecoderStack keeps them alive); the activations live in
+// buffers of the stack's own that grow to the largest step and are reused, so a step allocates
+// nothing. It runs without the GIL: it touches no Python object.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
+#include "abi.h"
 #include "kernels.h"
 
 namespace kvserve {
@@ -27,210 +34,368 @@ namespace {
 
 enum LinearKind : int64_t { kVector = 0, kAmx = 1, kQuantVector = 2, kQuantAmx = 3 };
 
-// One linear layer's packed weight and the kernel that reads it (InvariantLinear or
-// QuantizedLinear's forward, kvserve/model/invariant_linear.py and quant_linear.py).
+}  // namespace
+
+// One linear layer's packed weight and the kernel that reads it (InvariantLinear's or
+// QuantizedLinear's forward, kvserve/model/invariant_linear.py and quant_linear.py). The layout of
+// kvserve/kernels/ops_decoder.py's LinearPart (a ctypes Structure).
 struct LinearPart {
   int64_t kind;
-  torch::Tensor packed;
-  c10::optional<torch::Tensor> scales, neg_offsets, bias, input_perm;
+  const void* packed;
+  int64_t weight_dtype;       // kVector: float32 or bfloat16 panels
+  const float* scales;        // quantized kinds
+  const float* neg_offsets;   // int4 with zero points, else nullptr
+  const float* bias;          // or nullptr
+  const int64_t* input_perm;  // GPTQ act-order input order [in_features], or nullptr
   int64_t in_features, out_features, group_size, bits, isa;
+};
 
-  torch::Tensor operator()(torch::Tensor x) const;
+namespace {
+
+// A grow-only, 64-byte aligned scratch buffer.
+class Buffer {
+ public:
+  template <typename T>
+  T* get(int64_t count) {
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
+    if (bytes > capacity_) {
+      capacity_ = (bytes + 63) / 64 * 64;
+      data_.reset(static_cast<char*>(std::aligned_alloc(64, capacity_)));
+      check(data_ != nullptr, "DecoderStack: out of memory for " + std::to_string(capacity_) + " bytes");
+    }
+    return reinterpret_cast<T*>(data_.get());
+  }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> data_;
+  size_t capacity_ = 0;
 };
 
 // A projection: one part, or several whose outputs are concatenated (StackedLinear).
 struct Projection {
   std::vector<LinearPart> parts;
-  torch::Tensor operator()(const torch::Tensor& x) const;
+  int64_t out_features = 0;
 };
 
 struct DecoderLayer {
   int64_t index;
-  torch::Tensor input_norm, post_norm;
-  c10::optional<torch::Tensor> q_norm, k_norm;
+  const void *input_norm, *post_norm, *q_norm, *k_norm;  // q/k norms: Qwen3, else nullptr
   Projection qkv, o, gate_up, down;
   int64_t window;  // sliding window, 0 = none
   // gate_up is one bfloat16 AMX weight without bias, of 2d outputs with d a multiple of 16:
-  // silu_and_mul(gate_up(x)) is then amx_linear_silu_mul, one pass with the same bits that never
-  // writes the [rows, 2d] projection (in a 2,048-token prefill step the separate SiLU pass was 9%).
+  // silu_and_mul(gate_up(x)) is then amx_linear with swiglu, one pass with the same bits that
+  // never writes the [rows, 2d] projection (in a 2,048-token prefill step the separate SiLU pass was 9%).
   bool swiglu_in_store;
-};
-
-// What every layer of one forward reads.
-struct Batch {
-  torch::Tensor cos, sin;
-  const std::vector<torch::Tensor>& kv_caches;
-  torch::Tensor block_tables, seq_lens, query_start_loc, slot_mapping;
-};
-
-class DecoderStack {
- public:
-  DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
-               int64_t mlp_tile_rows, int64_t max_kernel_query_len, torch::Tensor final_norm, int64_t attention_amx);
-  void add_layer(int64_t window, torch::Tensor input_norm, torch::Tensor post_norm,
-                 c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm,
-                 std::vector<LinearPart> qkv, std::vector<LinearPart> o, std::vector<LinearPart> gate_up,
-                 std::vector<LinearPart> down);
-  torch::Tensor forward(torch::Tensor hidden, torch::Tensor cos, torch::Tensor sin,
-                        std::vector<torch::Tensor> kv_caches, torch::Tensor block_tables, torch::Tensor seq_lens,
-                        torch::Tensor query_start_loc, torch::Tensor slot_mapping) const;
-
- private:
-  torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
-  torch::Tensor head_norm(const torch::Tensor& x, const torch::Tensor& weight) const;
-  torch::Tensor attention(const DecoderLayer& layer, const torch::Tensor& normed, const Batch& batch) const;
-  torch::Tensor mlp(const DecoderLayer& layer, const torch::Tensor& x) const;
-
-  int64_t num_heads_, num_kv_heads_, head_dim_;
-  double eps_, scale_;
-  int64_t mlp_tile_rows_, max_kernel_query_len_, attention_amx_;  // attention_amx_: paged_attention's amx
-  torch::Tensor final_norm_;
-  std::vector<DecoderLayer> layers_;
 };
 
 }  // namespace
 
-torch::Tensor LinearPart::operator()(torch::Tensor x) const {
-  if (input_perm) x = x.index_select(-1, *input_perm);
-  torch::Tensor rows = x.reshape({-1, in_features}).contiguous();
-  switch (kind) {
-    case kVector:
-      return invariant_linear(rows, packed, bias, out_features);
-    case kAmx:
-      return amx_linear(rows, packed, bias, out_features);
-    case kQuantVector:
-      return quant_linear(rows, packed, *scales, neg_offsets, bias, out_features, group_size, bits, isa);
-    case kQuantAmx:
-      return amx_quant_linear(rows, packed, *scales, neg_offsets, bias, out_features, group_size, bits);
+// What every layer of one forward reads.
+struct DecoderBatch {
+  const void *cos, *sin;
+  const void* const* kv_caches;
+  const int32_t *block_tables, *seq_lens, *query_start_loc;
+  const int64_t* slot_mapping;
+  AttentionShape attention;
+};
+
+class DecoderStack {
+ public:
+  DecoderStack(DType dtype, int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
+               double scale, int64_t mlp_tile_rows, int64_t max_kernel_query_len, const void* final_norm,
+               int64_t attention_amx)
+      : dtype_(dtype), hidden_(hidden_size), num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim),
+        eps_(static_cast<float>(eps)), scale_(scale), mlp_tile_rows_(mlp_tile_rows),
+        max_kernel_query_len_(max_kernel_query_len), attention_amx_(attention_amx), final_norm_(final_norm) {}
+
+  void add_layer(int64_t window, const void* input_norm, const void* post_norm, const void* q_norm, const void* k_norm,
+                 const LinearPart* parts, const int64_t* counts);
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  void forward(const void* hidden, void* out, int64_t tokens, const DecoderBatch& batch);
+
+ private:
+  int64_t element_size() const { return dtype_ == kFloat32 ? 4 : 2; }
+  void linear(const LinearPart& part, const void* x, void* out, int64_t rows);
+  void project(const Projection& projection, const void* x, void* out, int64_t rows);
+  void rotary(const void* x, int64_t row_stride, int64_t head_stride, int64_t heads, void* out, int64_t tokens,
+              const DecoderBatch& batch);
+  const void* head_norm(const void* x, int64_t row_stride, int64_t heads, const void* weight, Buffer& copy,
+                        Buffer& normed, int64_t tokens);
+  void attention(const DecoderLayer& layer, const void* normed, void* out, int64_t tokens, const DecoderBatch& batch);
+  void mlp(const DecoderLayer& layer, const void* x, void* out, int64_t tokens);
+
+  DType dtype_;
+  int64_t hidden_, num_heads_, num_kv_heads_, head_dim_;
+  float eps_;
+  double scale_;
+  int64_t mlp_tile_rows_, max_kernel_query_len_, attention_amx_;
+  const void* final_norm_;
+  std::vector<DecoderLayer> layers_;
+  std::mutex forward_mutex_;  // one forward at a time: the buffers are the stack's
+  Buffer residual_[2], normed_, attn_, qkv_, q_copy_, q_normed_, k_copy_, k_normed_, q_rot_, k_rot_, attn_heads_,
+      gate_up_, act_, part_out_, gathered_, hidden_next_;
+};
+
+void DecoderStack::add_layer(int64_t window, const void* input_norm, const void* post_norm, const void* q_norm,
+                             const void* k_norm, const LinearPart* parts, const int64_t* counts) {
+  check(counts[0] > 0 && counts[1] > 0 && counts[2] > 0 && counts[3] > 0 && (q_norm == nullptr) == (k_norm == nullptr),
+        "DecoderStack.add_layer: every projection needs a part; q and k norms go together");
+  Projection projections[4];
+  for (int i = 0; i < 4; ++i) {
+    projections[i].parts.assign(parts, parts + counts[i]);
+    for (const LinearPart& part : projections[i].parts) {
+      check(part.kind >= kVector && part.kind <= kQuantAmx, "LinearPart: unknown kind " + std::to_string(part.kind));
+      check(part.kind < kQuantVector || part.scales != nullptr, "LinearPart: a quantized kind needs scales");
+      projections[i].out_features += part.out_features;
+    }
+    parts += counts[i];
   }
-  TORCH_CHECK(false, "DecoderStack: unknown linear kind ", kind);
-}
-
-torch::Tensor Projection::operator()(const torch::Tensor& x) const {
-  if (parts.size() == 1) return parts[0](x);
-  std::vector<torch::Tensor> outs;
-  for (const auto& part : parts) outs.push_back(part(x));
-  return torch::cat(outs, -1);
-}
-
-DecoderStack::DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
-                           int64_t mlp_tile_rows, int64_t max_kernel_query_len, torch::Tensor final_norm,
-                           int64_t attention_amx)
-    : num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(eps), scale_(scale),
-      mlp_tile_rows_(mlp_tile_rows), max_kernel_query_len_(max_kernel_query_len), attention_amx_(attention_amx),
-      final_norm_(final_norm) {}
-
-void DecoderStack::add_layer(int64_t window, torch::Tensor input_norm, torch::Tensor post_norm,
-                             c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm,
-                             std::vector<LinearPart> qkv, std::vector<LinearPart> o, std::vector<LinearPart> gate_up,
-                             std::vector<LinearPart> down) {
-  TORCH_CHECK(!qkv.empty() && !o.empty() && !gate_up.empty() && !down.empty() && q_norm.has_value() == k_norm.has_value());
-  const LinearPart& first = gate_up[0];
-  const bool swiglu_in_store = gate_up.size() == 1 && first.kind == kAmx && !first.bias && !first.input_perm &&
-                               first.out_features % 32 == 0;
+  const LinearPart& first = projections[2].parts[0];
+  const bool swiglu_in_store = projections[2].parts.size() == 1 && first.kind == kAmx && first.bias == nullptr &&
+                               first.input_perm == nullptr && first.out_features % 32 == 0;
   layers_.push_back(DecoderLayer{static_cast<int64_t>(layers_.size()), input_norm, post_norm, q_norm, k_norm,
-                                 Projection{std::move(qkv)}, Projection{std::move(o)}, Projection{std::move(gate_up)},
-                                 Projection{std::move(down)}, window, swiglu_in_store});
+                                 std::move(projections[0]), std::move(projections[1]), std::move(projections[2]),
+                                 std::move(projections[3]), window, swiglu_in_store});
 }
 
-// RotaryEmbedding.apply (kvserve/model/layers.py): the C++ kernel for bfloat16 heads of a multiple
-// of 32, else the rotate-half formula in the same ATen operators as the module.
-torch::Tensor DecoderStack::rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const {
-  if (x.scalar_type() == at::kBFloat16 && x.size(-1) % 32 == 0 && x.stride(-1) == 1 &&
-      cos.scalar_type() == at::kBFloat16) {
-    return rotary_embedding(x, cos, sin);
+// LinearPart::operator() of the modules: x [rows, in_features] (its inputs gathered by input_perm
+// first) -> out [rows, out_features].
+void DecoderStack::linear(const LinearPart& part, const void* x, void* out, int64_t rows) {
+  const int64_t K = part.in_features, es = element_size();
+  if (part.input_perm != nullptr) {  // x.index_select(-1, input_perm)
+    char* gathered = gathered_.get<char>(rows * K * es);
+    const char* src = static_cast<const char*>(x);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < K; ++k) std::memcpy(gathered + (r * K + k) * es, src + (r * K + part.input_perm[k]) * es, es);
+    x = gathered;
   }
-  const int64_t half = x.size(-1) / 2;
-  torch::Tensor rotated = torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
-  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
-}
-
-// RMSNorm.forward of [T, heads, head_dim] (the q/k norms of Qwen3).
-torch::Tensor DecoderStack::head_norm(const torch::Tensor& x, const torch::Tensor& weight) const {
-  return rms_norm(x.reshape({-1, x.size(-1)}), weight, c10::nullopt, eps_)[0].view(x.sizes());
-}
-
-torch::Tensor DecoderStack::attention(const DecoderLayer& layer, const torch::Tensor& normed, const Batch& batch) const {
-  const int64_t tokens = normed.size(0), q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
-  torch::Tensor qkv = layer.qkv(normed);
-  torch::Tensor q = qkv.slice(-1, 0, q_size).reshape({tokens, num_heads_, head_dim_});
-  torch::Tensor k = qkv.slice(-1, q_size, q_size + kv_size).reshape({tokens, num_kv_heads_, head_dim_});
-  torch::Tensor v = qkv.slice(-1, q_size + kv_size).reshape({tokens, num_kv_heads_, head_dim_});
-  if (layer.q_norm) {
-    q = head_norm(q, *layer.q_norm);
-    k = head_norm(k, *layer.k_norm);
+  const QuantWeight quant{static_cast<const uint8_t*>(part.packed), part.scales, part.neg_offsets, part.bias,
+                          part.out_features, part.group_size, part.bits};
+  switch (part.kind) {
+    case kVector:
+      invariant_linear(dtype_, x, static_cast<DType>(part.weight_dtype), part.packed, part.bias, out, rows, K,
+                       part.out_features);
+      return;
+    case kAmx:
+      amx_linear(static_cast<const BFloat16*>(x), static_cast<const BFloat16*>(part.packed), part.bias,
+                 static_cast<BFloat16*>(out), rows, K, part.out_features, false);
+      return;
+    case kQuantVector:
+      quant_linear(dtype_, x, out, rows, K, quant, part.isa);
+      return;
+    default:
+      amx_quant_linear(static_cast<const BFloat16*>(x), static_cast<BFloat16*>(out), rows, K, quant);
   }
-  q = rotary(q, batch.cos, batch.sin);
-  k = rotary(k, batch.cos, batch.sin);
-  write_kv_cache(k, v, batch.kv_caches[layer.index], batch.slot_mapping);
-  q = q.contiguous();
-  torch::Tensor out = torch::empty_like(q);
-  paged_attention(out, q, batch.kv_caches[layer.index], batch.block_tables, batch.seq_lens, batch.query_start_loc,
-                  scale_, layer.window, max_kernel_query_len_, attention_amx_);
-  return layer.o(out.reshape({tokens, q_size}));
 }
 
-torch::Tensor DecoderStack::mlp(const DecoderLayer& layer, const torch::Tensor& x) const {
-  auto swiglu = [&](const torch::Tensor& rows) {
-    if (!layer.swiglu_in_store) return layer.down(silu_and_mul(layer.gate_up(rows)));
-    const LinearPart& gate_up = layer.gate_up.parts[0];
-    return layer.down(amx_linear_silu_mul(rows.reshape({-1, gate_up.in_features}).contiguous(), gate_up.packed,
-                                          gate_up.out_features));
-  };
-  if (x.size(0) <= mlp_tile_rows_) return swiglu(x);
-  std::vector<torch::Tensor> tiles;
-  for (const auto& tile : x.split(mlp_tile_rows_)) tiles.push_back(swiglu(tile));
-  return torch::cat(tiles);
-}
-
-torch::Tensor DecoderStack::forward(torch::Tensor hidden, torch::Tensor cos, torch::Tensor sin,
-                                    std::vector<torch::Tensor> kv_caches, torch::Tensor block_tables,
-                                    torch::Tensor seq_lens, torch::Tensor query_start_loc,
-                                    torch::Tensor slot_mapping) const {
-  TORCH_CHECK(!layers_.empty() && kv_caches.size() == layers_.size(), "DecoderStack: ", layers_.size(),
-              " layers, ", kv_caches.size(), " KV caches");
-  TORCH_CHECK(hidden.dim() == 2 && slot_mapping.scalar_type() == at::kLong);
-  const Batch batch{cos, sin, kv_caches, block_tables, seq_lens, query_start_loc, slot_mapping};
-  torch::Tensor residual;
-  for (const auto& layer : layers_) {
-    std::vector<torch::Tensor> normed = layer.index == 0
-        ? std::vector<torch::Tensor>{rms_norm(hidden, layer.input_norm, c10::nullopt, eps_)[0], hidden}
-        : rms_norm(hidden, layer.input_norm, residual, eps_);
-    residual = normed[1];
-    torch::Tensor attn = attention(layer, normed[0], batch);
-    normed = rms_norm(attn, layer.post_norm, residual.contiguous(), eps_);
-    residual = normed[1];
-    hidden = mlp(layer, normed[0]);
+// Projection::operator(): one part, or the parts' outputs side by side (torch.cat(outs, -1)).
+void DecoderStack::project(const Projection& projection, const void* x, void* out, int64_t rows) {
+  if (projection.parts.size() == 1) {
+    linear(projection.parts[0], x, out, rows);
+    return;
   }
-  return rms_norm(hidden, final_norm_, residual.contiguous(), eps_)[0];
+  const int64_t es = element_size(), width = projection.out_features;
+  int64_t column = 0;
+  for (const LinearPart& part : projection.parts) {
+    char* part_out = part_out_.get<char>(rows * part.out_features * es);
+    linear(part, x, part_out, rows);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(out) + (r * width + column) * es, part_out + r * part.out_features * es,
+                  part.out_features * es);
+    column += part.out_features;
+  }
 }
 
 }  // namespace kvserve
 
-void bind_decoder(pybind11::module& m) {
-  namespace py = pybind11;
-  using kvserve::DecoderStack;
-  using kvserve::LinearPart;
-  py::class_<LinearPart>(m, "LinearPart", "one linear layer's packed weight and its kernel (see decoder.cpp)")
-      .def(py::init([](int64_t kind, torch::Tensor packed, c10::optional<torch::Tensor> scales,
-                       c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
-                       c10::optional<torch::Tensor> input_perm, int64_t in_features, int64_t out_features,
-                       int64_t group_size, int64_t bits, int64_t isa) {
-             TORCH_CHECK(kind >= kvserve::kVector && kind <= kvserve::kQuantAmx, "LinearPart: unknown kind ", kind);
-             TORCH_CHECK(kind < kvserve::kQuantVector || scales.has_value(), "LinearPart: a quantized kind needs scales");
-             return LinearPart{kind, packed, scales, neg_offsets, bias, input_perm, in_features, out_features,
-                               group_size, bits, isa};
-           }),
-           py::arg("kind"), py::arg("packed"), py::arg("scales"), py::arg("neg_offsets"), py::arg("bias"),
-           py::arg("input_perm"), py::arg("in_features"), py::arg("out_features"), py::arg("group_size"),
-           py::arg("bits"), py::arg("isa"));
-  py::class_<DecoderStack>(m, "DecoderStack", "a Llama-family model's decoder layers in one call (see decoder.cpp)")
-      .def(py::init<int64_t, int64_t, int64_t, double, double, int64_t, int64_t, torch::Tensor, int64_t>(),
-           py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("scale"),
-           py::arg("mlp_tile_rows"), py::arg("max_kernel_query_len"), py::arg("final_norm"),
-           py::arg("attention_amx") = -1)
-      .def("add_layer", &DecoderStack::add_layer, py::arg("window"), py::arg("input_norm"), py::arg("post_norm"),
-           py::arg("q_norm"), py::arg("k_norm"), py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"))
-      .def("forward", &DecoderStack::forward, py::call_guard<py::gil_scoped_release>(),
-           "hidden [T, H] of the embedding -> the final norm's output [T, H]");
+// RotaryEmbedding.apply's torch operators where its kernel does not apply (float32, or a head_dim
+// that is not a multiple of 32): x * cos + cat(-x2, x1) * sin, each product and the sum rounded
+// to the dtype as torch rounds them, without contraction into FMAs.
+#pragma GCC push_options
+#pragma GCC optimize("no-fast-math", "fp-contract=off")
+namespace {
+template <typename T>
+void rotary_torch_ops(const T* x, int64_t row_stride, int64_t head_stride, int64_t heads, const T* cos, const T* sin,
+                      T* out, int64_t tokens, int64_t dim) {
+  const int64_t half = dim / 2;
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* src = x + t * row_stride + h * head_stride;
+      T* dst = out + (t * heads + h) * dim;
+      for (int64_t i = 0; i < dim; ++i) {
+        const float rot = i < half ? -static_cast<float>(src[i + half]) : static_cast<float>(src[i - half]);
+        const float a = static_cast<float>(T(static_cast<float>(src[i]) * static_cast<float>(cos[t * dim + i])));
+        const float b = static_cast<float>(T(rot * static_cast<float>(sin[t * dim + i])));
+        dst[i] = T(a + b);
+      }
+    }
+  }
 }
+}  // namespace
+#pragma GCC pop_options
+
+namespace kvserve {
+
+// RotaryEmbedding.apply (kvserve/model/layers.py) of x [tokens, heads, head_dim] (strides per row
+// and head) into out, contiguous: the C++ kernel for bfloat16 heads of a multiple of 32, else the
+// torch operators' arithmetic.
+void DecoderStack::rotary(const void* x, int64_t row_stride, int64_t head_stride, int64_t heads, void* out,
+                          int64_t tokens, const DecoderBatch& batch) {
+  if (dtype_ == kBFloat16 && head_dim_ % 32 == 0) {
+    rotary_embedding(static_cast<const BFloat16*>(x), row_stride, head_stride, static_cast<const BFloat16*>(batch.cos),
+                     static_cast<const BFloat16*>(batch.sin), static_cast<BFloat16*>(out), tokens, heads, head_dim_);
+  } else if (dtype_ == kBFloat16) {
+    rotary_torch_ops(static_cast<const BFloat16*>(x), row_stride, head_stride, heads,
+                     static_cast<const BFloat16*>(batch.cos), static_cast<const BFloat16*>(batch.sin),
+                     static_cast<BFloat16*>(out), tokens, head_dim_);
+  } else {
+    rotary_torch_ops(static_cast<const float*>(x), row_stride, head_stride, heads, static_cast<const float*>(batch.cos),
+                     static_cast<const float*>(batch.sin), static_cast<float*>(out), tokens, head_dim_);
+  }
+}
+
+// RMSNorm.forward of [tokens, heads, head_dim] heads (Qwen3's q/k norms): the heads copied to
+// contiguous rows first, as torch's reshape of the strided view copies them.
+const void* DecoderStack::head_norm(const void* x, int64_t row_stride, int64_t heads, const void* weight, Buffer& copy,
+                                    Buffer& normed, int64_t tokens) {
+  const int64_t es = element_size(), row = heads * head_dim_;
+  char* rows = copy.get<char>(tokens * row * es);
+  for (int64_t t = 0; t < tokens; ++t)
+    std::memcpy(rows + t * row * es, static_cast<const char*>(x) + t * row_stride * es, row * es);
+  void* out = normed.get<char>(tokens * row * es);
+  rms_norm(dtype_, rows, head_dim_, weight, nullptr, out, nullptr, tokens * heads, head_dim_, eps_);
+  return out;
+}
+
+void DecoderStack::attention(const DecoderLayer& layer, const void* normed, void* out, int64_t tokens,
+                             const DecoderBatch& batch) {
+  const int64_t es = element_size(), q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
+  const int64_t width = q_size + 2 * kv_size;
+  char* qkv = qkv_.get<char>(tokens * width * es);
+  project(layer.qkv, normed, qkv, tokens);
+  const void* q = qkv;
+  const void* k = qkv + q_size * es;
+  const void* v = qkv + (q_size + kv_size) * es;
+  int64_t q_stride = width, k_stride = width;
+  if (layer.q_norm != nullptr) {
+    q = head_norm(q, width, num_heads_, layer.q_norm, q_copy_, q_normed_, tokens);
+    k = head_norm(k, width, num_kv_heads_, layer.k_norm, k_copy_, k_normed_, tokens);
+    q_stride = q_size;
+    k_stride = kv_size;
+  }
+  void* q_rot = q_rot_.get<char>(tokens * q_size * es);
+  void* k_rot = k_rot_.get<char>(tokens * kv_size * es);
+  rotary(q, q_stride, head_dim_, num_heads_, q_rot, tokens, batch);
+  rotary(k, k_stride, head_dim_, num_kv_heads_, k_rot, tokens, batch);
+  void* cache = const_cast<void*>(batch.kv_caches[layer.index]);
+  AttentionShape shape = batch.attention;
+  shape.num_heads = num_heads_;
+  shape.head_dim = head_dim_;
+  shape.num_kv_heads = num_kv_heads_;
+  write_kv_cache(k_rot, kv_size, head_dim_, v, width, head_dim_, tokens, num_kv_heads_, head_dim_, es, cache,
+                 shape.num_blocks * shape.block_size, batch.slot_mapping);
+  void* heads = attn_heads_.get<char>(tokens * q_size * es);
+  paged_attention(heads, q_rot, dtype_, cache, dtype_, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+                  shape, scale_, layer.window, max_kernel_query_len_, attention_amx_);
+  project(layer.o, heads, out, tokens);
+}
+
+// down(silu_and_mul(gate_up(x))) of x [tokens, hidden] into out, mlp_tile_rows rows at a time.
+void DecoderStack::mlp(const DecoderLayer& layer, const void* x, void* out, int64_t tokens) {
+  const int64_t es = element_size(), inter = layer.gate_up.out_features / 2;
+  for (int64_t row0 = 0; row0 < tokens; row0 += mlp_tile_rows_) {
+    const int64_t rows = std::min(mlp_tile_rows_, tokens - row0);
+    const char* in = static_cast<const char*>(x) + row0 * hidden_ * es;
+    void* act = act_.get<char>(rows * inter * es);
+    if (layer.swiglu_in_store) {
+      const LinearPart& part = layer.gate_up.parts[0];
+      amx_linear(reinterpret_cast<const BFloat16*>(in), static_cast<const BFloat16*>(part.packed), nullptr,
+                 static_cast<BFloat16*>(act), rows, part.in_features, part.out_features, true);
+    } else {
+      void* gate_up = gate_up_.get<char>(rows * 2 * inter * es);
+      project(layer.gate_up, in, gate_up, rows);
+      silu_and_mul(dtype_, gate_up, act, rows, inter);
+    }
+    project(layer.down, act, static_cast<char*>(out) + row0 * hidden_ * es, rows);
+  }
+}
+
+void DecoderStack::forward(const void* hidden, void* out, int64_t tokens, const DecoderBatch& batch) {
+  std::lock_guard<std::mutex> lock(forward_mutex_);
+  const int64_t es = element_size(), size = tokens * hidden_ * es;
+  char* residual[2] = {residual_[0].get<char>(size), residual_[1].get<char>(size)};
+  char* normed = normed_.get<char>(size);
+  char* attn = attn_.get<char>(size);
+  char* next = hidden_next_.get<char>(size);
+  const void* h = hidden;
+  const void* res = nullptr;
+  int turn = 0;
+  for (const DecoderLayer& layer : layers_) {
+    if (layer.index == 0) {  // the embedding is the first residual
+      rms_norm(dtype_, h, hidden_, layer.input_norm, nullptr, normed, nullptr, tokens, hidden_, eps_);
+      res = h;
+    } else {
+      rms_norm(dtype_, h, hidden_, layer.input_norm, res, normed, residual[turn], tokens, hidden_, eps_);
+      res = residual[turn];
+      turn ^= 1;
+    }
+    attention(layer, normed, attn, tokens, batch);
+    rms_norm(dtype_, attn, hidden_, layer.post_norm, res, normed, residual[turn], tokens, hidden_, eps_);
+    res = residual[turn];
+    turn ^= 1;
+    mlp(layer, normed, next, tokens);
+    h = next;
+  }
+  rms_norm(dtype_, h, hidden_, final_norm_, res, out, residual[turn], tokens, hidden_, eps_);
+}
+
+}  // namespace kvserve
+
+extern "C" {
+
+KVSERVE_EXPORT int kvserve_decoder_create(int32_t dtype, int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads,
+                                          int64_t head_dim, double eps, double scale, int64_t mlp_tile_rows,
+                                          int64_t max_kernel_query_len, const void* final_norm, int64_t attention_amx,
+                                          void** stack) {
+  return kvserve::guarded([&] {
+    *stack = new kvserve::DecoderStack(static_cast<kvserve::DType>(dtype), hidden_size, num_heads, num_kv_heads,
+                                       head_dim, eps, scale, mlp_tile_rows, max_kernel_query_len, final_norm,
+                                       attention_amx);
+  });
+}
+
+KVSERVE_EXPORT void kvserve_decoder_destroy(void* stack) { delete static_cast<kvserve::DecoderStack*>(stack); }
+
+// parts: the layer's LinearParts, qkv's then o's, gate_up's and down's; counts: int64 [4], how many each.
+KVSERVE_EXPORT int kvserve_decoder_add_layer(void* stack, int64_t window, const void* input_norm,
+                                             const void* post_norm, const void* q_norm, const void* k_norm,
+                                             const kvserve::LinearPart* parts, const int64_t* counts) {
+  return kvserve::guarded([&] {
+    static_cast<kvserve::DecoderStack*>(stack)->add_layer(window, input_norm, post_norm, q_norm, k_norm, parts, counts);
+  });
+}
+
+// hidden, out: [tokens, hidden_size] in the stack's dtype; cos, sin [tokens, head_dim]; kv_caches:
+// one per layer, [2, num_blocks, block_size, H_kv, head_dim] in the stack's dtype; the attention
+// metadata as paged_attention takes it.
+KVSERVE_EXPORT int kvserve_decoder_forward(void* stack, const void* hidden, void* out, int64_t tokens, const void* cos,
+                                           const void* sin, const void* const* kv_caches, int64_t num_caches,
+                                           const int32_t* block_tables, const int32_t* seq_lens,
+                                           const int32_t* query_start_loc, const int64_t* slot_mapping,
+                                           int64_t num_blocks, int64_t block_size, int64_t num_seqs,
+                                           int64_t table_width) {
+  return kvserve::guarded([&] {
+    auto* decoder = static_cast<kvserve::DecoderStack*>(stack);
+    kvserve::check(decoder->num_layers() > 0 && num_caches == decoder->num_layers(),
+                   "DecoderStack: " + std::to_string(decoder->num_layers()) + " layers, " +
+                       std::to_string(num_caches) + " KV caches");
+    const kvserve::AttentionShape attention{0, 0, 0, block_size, num_blocks, num_seqs, table_width};
+    kvserve::DecoderBatch batch{cos, sin, kv_caches, block_tables, seq_lens, query_start_loc, slot_mapping, attention};
+    decoder->forward(hidden, out, tokens, batch);
+  });
+}
+
+}  // extern "C"

@@ -17,8 +17,8 @@
 //   from torch's in the last place.
 //
 // Every element depends only on its own row, so a row's result never depends on the batch.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "abi.h"
+#include "kernels.h"
 #include "thread_pool.h"
 #include "vector_exp.h"
 
@@ -38,7 +38,7 @@ namespace {
 inline __m512 load16(const float* p, __mmask16 m) {
   return m == 0xFFFF ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
 }
-inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {
+inline __m512 load16(const kvserve::BFloat16* p, __mmask16 m) {
   const __m256i raw = m == 0xFFFF ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(m, p);
   return kvserve::widen_bf16(raw);
 }
@@ -52,11 +52,11 @@ inline __m512i round_bf16_word(__m512 v) {
   return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc00000));
 }
 inline __m512 round_to(float, __m512 v) { return v; }
-inline __m512 round_to(c10::BFloat16, __m512 v) { return _mm512_castsi512_ps(round_bf16_word(v)); }
+inline __m512 round_to(kvserve::BFloat16, __m512 v) { return _mm512_castsi512_ps(round_bf16_word(v)); }
 inline void store16(float* p, __m512 v, __mmask16 m) {
   if (m == 0xFFFF) _mm512_storeu_ps(p, v); else _mm512_mask_storeu_ps(p, m, v);
 }
-inline void store16(c10::BFloat16* p, __m512 v, __mmask16 m) {
+inline void store16(kvserve::BFloat16* p, __m512 v, __mmask16 m) {
   const __m256i bits = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_word(v), 16));
   if (m == 0xFFFF) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits); else _mm256_mask_storeu_epi16(p, m, bits);
 }
@@ -86,12 +86,12 @@ void silu_and_mul_rows(const scalar_t* x, scalar_t* out, int64_t rows, int64_t d
 }
 
 // One bfloat16 row of `heads` heads (row stride `head_stride` elements) rotated into dst.
-void rotary_row(const c10::BFloat16* x, int64_t heads, int64_t head_stride, const c10::BFloat16* cos,
-                const c10::BFloat16* sin, c10::BFloat16* dst, int64_t dim) {
+void rotary_row(const kvserve::BFloat16* x, int64_t heads, int64_t head_stride, const kvserve::BFloat16* cos,
+                const kvserve::BFloat16* sin, kvserve::BFloat16* dst, int64_t dim) {
   const int64_t half = dim / 2;
   for (int64_t h = 0; h < heads; ++h) {
-    const c10::BFloat16* src = x + h * head_stride;
-    c10::BFloat16* o = dst + h * dim;
+    const kvserve::BFloat16* src = x + h * head_stride;
+    kvserve::BFloat16* o = dst + h * dim;
 #if defined(__AVX512F__)
     for (int64_t i = 0; i < dim; i += 16) {
       const __mmask16 m = dim - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (dim - i)) - 1);
@@ -99,16 +99,16 @@ void rotary_row(const c10::BFloat16* x, int64_t heads, int64_t head_stride, cons
       const bool first = i < half;
       __m512 rot = load16(src + (first ? i + half : i - half), m);
       if (first) rot = _mm512_sub_ps(_mm512_setzero_ps(), rot);
-      const __m512 a = round_to(c10::BFloat16{}, _mm512_mul_ps(load16(src + i, m), load16(cos + i, m)));
-      const __m512 b = round_to(c10::BFloat16{}, _mm512_mul_ps(rot, load16(sin + i, m)));
+      const __m512 a = round_to(kvserve::BFloat16{}, _mm512_mul_ps(load16(src + i, m), load16(cos + i, m)));
+      const __m512 b = round_to(kvserve::BFloat16{}, _mm512_mul_ps(rot, load16(sin + i, m)));
       store16(o + i, _mm512_add_ps(a, b), m);
     }
 #else
     for (int64_t i = 0; i < dim; ++i) {
       const float rot = i < half ? -to_float(src[i + half]) : to_float(src[i - half]);
-      const float a = to_float(from_float<c10::BFloat16>(to_float(src[i]) * to_float(cos[i])));
-      const float b = to_float(from_float<c10::BFloat16>(rot * to_float(sin[i])));
-      o[i] = from_float<c10::BFloat16>(a + b);
+      const float a = to_float(from_float<kvserve::BFloat16>(to_float(src[i]) * to_float(cos[i])));
+      const float b = to_float(from_float<kvserve::BFloat16>(rot * to_float(sin[i])));
+      o[i] = from_float<kvserve::BFloat16>(a + b);
     }
 #endif
   }
@@ -160,80 +160,80 @@ void rms_norm_rows(const scalar_t* x, int64_t x_stride, const scalar_t* res, sca
 
 }  // namespace
 
-// x: [T, 2 * d] contiguous, float32 or bfloat16 -> [T, d] = silu(x[:, :d]) * x[:, d:].
-torch::Tensor silu_and_mul(torch::Tensor x) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0);
-  const int64_t rows = x.size(0), d = x.size(1) / 2;
-  auto out = torch::empty({rows, d}, x.options());
+namespace kvserve {
+
+// x: [T, 2 * d] contiguous, float32 or bfloat16 -> out [T, d] = silu(x[:, :d]) * x[:, d:].
+void silu_and_mul(DType dtype, const void* x, void* out, int64_t rows, int64_t d) {
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1));
-  AT_DISPATCH_SWITCH(x.scalar_type(), "silu_and_mul",
-    AT_DISPATCH_CASE(at::kFloat, [&] {
-      kvserve::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
-        silu_and_mul_rows(x.data_ptr<float>() + a * 2 * d, out.data_ptr<float>() + a * d, b - a, d);
-      });
-    })
-    AT_DISPATCH_CASE(at::kBFloat16, [&] {
-      kvserve::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
-        silu_and_mul_rows(x.data_ptr<c10::BFloat16>() + a * 2 * d, out.data_ptr<c10::BFloat16>() + a * d, b - a, d);
-      });
-    }));
-  return out;
+  auto run = [&](const auto* src, auto* dst) {
+    parallel_for(0, rows, grain, [&](int64_t a, int64_t b) { silu_and_mul_rows(src + a * 2 * d, dst + a * d, b - a, d); });
+  };
+  if (dtype == kFloat32) {
+    run(static_cast<const float*>(x), static_cast<float*>(out));
+  } else {
+    run(static_cast<const BFloat16*>(x), static_cast<BFloat16*>(out));
+  }
 }
 
 // x: bfloat16 [T, H, D] with unit stride in D (a view into the fused qkv output is fine); cos,
-// sin: bfloat16 [T, D] contiguous -> contiguous [T, H, D], bit-identical to
-// x * cos[:, None] + cat(-x[..., D/2:], x[..., :D/2]) * sin[:, None] in torch.
-torch::Tensor rotary_embedding(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
-  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kBFloat16 && x.stride(2) == 1);
-  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
-              sin.is_contiguous() && cos.size(0) == x.size(0) && cos.size(1) == x.size(2) && sin.sizes() == cos.sizes());
-  const int64_t rows = x.size(0), heads = x.size(1), dim = x.size(2);
-  TORCH_CHECK(dim % 32 == 0, "rotary_embedding: head_dim must be a multiple of 32");
-  auto out = torch::empty({rows, heads, dim}, x.options().memory_format(at::MemoryFormat::Contiguous));
-  const auto* src = x.data_ptr<c10::BFloat16>();
-  auto* dst = out.data_ptr<c10::BFloat16>();
-  const auto* c = cos.data_ptr<c10::BFloat16>();
-  const auto* s = sin.data_ptr<c10::BFloat16>();
-  const int64_t row_stride = x.stride(0), head_stride = x.stride(1);
-  kvserve::parallel_for(0, rows, std::max<int64_t>(1, 8192 / (heads * dim)), [&](int64_t a, int64_t b) {
+// sin: bfloat16 [T, D] contiguous -> out, contiguous [T, H, D], bit-identical to
+// x * cos[:, None] + cat(-x[..., D/2:], x[..., :D/2]) * sin[:, None] in torch. D % 32 == 0.
+void rotary_embedding(const BFloat16* x, int64_t row_stride, int64_t head_stride, const BFloat16* cos,
+                      const BFloat16* sin, BFloat16* out, int64_t rows, int64_t heads, int64_t dim) {
+  parallel_for(0, rows, std::max<int64_t>(1, 8192 / (heads * dim)), [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t)
-      rotary_row(src + t * row_stride, heads, head_stride, c + t * dim, s + t * dim, dst + t * heads * dim, dim);
+      rotary_row(x + t * row_stride, heads, head_stride, cos + t * dim, sin + t * dim, out + t * heads * dim, dim);
   });
-  return out;
 }
 
-// x: [T, n] (unit stride in n), weight: [n], residual: [T, n] contiguous or None, all one dtype
-// (float32 or bfloat16) -> (RMSNorm(h) * weight, h) with h = x + residual (or x itself).
-std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> residual,
-                                    double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && weight.is_contiguous() && weight.numel() == x.size(1) &&
-              weight.scalar_type() == x.scalar_type());
-  const int64_t rows = x.size(0), n = x.size(1);
-  auto out = torch::empty({rows, n}, x.options());
-  torch::Tensor sum = x;
-  if (residual.has_value()) {
-    TORCH_CHECK(residual->is_contiguous() && residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type());
-    sum = torch::empty({rows, n}, x.options());
-  }
+// x: [T, n] (row stride x_stride, unit stride in n), weight: [n], residual: [T, n] contiguous or
+// nullptr, all one dtype (float32 or bfloat16) -> out = RMSNorm(h) * weight and sum = h, with h =
+// x + residual (with no residual h is x itself and sum is not written).
+void rms_norm(DType dtype, const void* x, int64_t x_stride, const void* weight, const void* residual, void* out,
+              void* sum, int64_t rows, int64_t n, float eps) {
   const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1));
-  AT_DISPATCH_SWITCH(x.scalar_type(), "rms_norm",
-    AT_DISPATCH_CASE(at::kFloat, [&] {
-      using T = float;
-      kvserve::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
-        rms_norm_rows<T>(x.data_ptr<T>() + a * x.stride(0), x.stride(0),
-                         residual.has_value() ? residual->data_ptr<T>() + a * n : nullptr,
-                         residual.has_value() ? sum.data_ptr<T>() + a * n : nullptr, weight.data_ptr<T>(),
-                         out.data_ptr<T>() + a * n, b - a, n, static_cast<float>(eps));
-      });
-    })
-    AT_DISPATCH_CASE(at::kBFloat16, [&] {
-      using T = c10::BFloat16;
-      kvserve::parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
-        rms_norm_rows<T>(x.data_ptr<T>() + a * x.stride(0), x.stride(0),
-                         residual.has_value() ? residual->data_ptr<T>() + a * n : nullptr,
-                         residual.has_value() ? sum.data_ptr<T>() + a * n : nullptr, weight.data_ptr<T>(),
-                         out.data_ptr<T>() + a * n, b - a, n, static_cast<float>(eps));
-      });
-    }));
-  return {out, sum};
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* src = static_cast<const T*>(x);
+    const T* res = static_cast<const T*>(residual);
+    T* total = static_cast<T*>(sum);
+    parallel_for(0, rows, grain, [&](int64_t a, int64_t b) {
+      rms_norm_rows<T>(src + a * x_stride, x_stride, res != nullptr ? res + a * n : nullptr,
+                       res != nullptr ? total + a * n : nullptr, static_cast<const T*>(weight),
+                       static_cast<T*>(out) + a * n, b - a, n, eps);
+    });
+  };
+  if (dtype == kFloat32) {
+    run(float{});
+  } else {
+    run(BFloat16{});
+  }
 }
+
+}  // namespace kvserve
+
+extern "C" {
+
+KVSERVE_EXPORT int kvserve_silu_and_mul(int32_t dtype, const void* x, void* out, int64_t rows, int64_t d) {
+  return kvserve::guarded([&] { kvserve::silu_and_mul(static_cast<kvserve::DType>(dtype), x, out, rows, d); });
+}
+
+KVSERVE_EXPORT int kvserve_rotary_embedding(const void* x, int64_t row_stride, int64_t head_stride, const void* cos,
+                                            const void* sin, void* out, int64_t rows, int64_t heads, int64_t dim) {
+  using kvserve::BFloat16;
+  return kvserve::guarded([&] {
+    kvserve::rotary_embedding(static_cast<const BFloat16*>(x), row_stride, head_stride,
+                              static_cast<const BFloat16*>(cos), static_cast<const BFloat16*>(sin),
+                              static_cast<BFloat16*>(out), rows, heads, dim);
+  });
+}
+
+KVSERVE_EXPORT int kvserve_rms_norm(int32_t dtype, const void* x, int64_t x_stride, const void* weight,
+                                    const void* residual, void* out, void* sum, int64_t rows, int64_t n, double eps) {
+  return kvserve::guarded([&] {
+    kvserve::rms_norm(static_cast<kvserve::DType>(dtype), x, x_stride, weight, residual, out, sum, rows, n,
+                      static_cast<float>(eps));
+  });
+}
+
+}  // extern "C"

@@ -1,37 +1,92 @@
-// The kernels' entry points, defined in their own files (paged_attention.cpp, argmax.cpp, ...):
-// declared once for bindings.cpp, which exposes them to Python, and decoder.cpp, which calls them.
+// The kernels' C++ entry points, defined in their own files (paged_attention.cpp, argmax.cpp,
+// ...): declared once for decoder.cpp, which calls them, and for each file's extern "C" wrapper.
+// Raw pointers and sizes; every array is contiguous unless a stride is given (in elements).
+// Shapes and dtypes are the caller's to check (kvserve/kernels/ops_*.py, decoder.cpp).
 #pragma once
-#include <torch/extension.h>
 
-#include <vector>
+#include <cstdint>
 
-void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
-                     torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t window,
-                     int64_t max_q_len, int64_t amx);
-void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor kv_cache, torch::Tensor slot_mapping);
-torch::Tensor argmax_rows(torch::Tensor logits);
-torch::Tensor silu_and_mul(torch::Tensor x);
-std::vector<torch::Tensor> rms_norm(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> residual,
-                                    double eps);
-torch::Tensor rotary_embedding(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
-torch::Tensor pack_linear_weight(torch::Tensor weight);
-torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
-                               int64_t out_features);
+#include "abi.h"
+
+namespace kvserve {
+
+// paged_attention.cpp. out/query [T, H, D] (dtype), kv_cache [2, num_blocks, block_size, H_kv,
+// row] (cache_dtype; row = D, or D + 4 for one-byte caches), block_tables int32 [B, W], seq_lens
+// int32 [B], query_start_loc int32 [B + 1]. amx: -1 where this host has tiles, 0 never, 1 required.
+struct AttentionShape {
+  int64_t num_heads, head_dim, num_kv_heads, block_size, num_blocks, num_seqs, table_width;
+};
+void paged_attention(void* out, const void* query, DType dtype, const void* kv_cache, DType cache_dtype,
+                     const int32_t* block_tables, const int32_t* seq_lens, const int32_t* query_start_loc,
+                     const AttentionShape& shape, double scale, int64_t window, int64_t max_q_len, int64_t amx);
+// key/value [T, H_kv, D] with strides (token, head) and unit stride in D, stored at slot_mapping
+// int64 [T] of kv_cache [2, num_slots, H_kv, D] (element_size bytes per value).
+void write_kv_cache(const void* key, int64_t key_token_stride, int64_t key_head_stride, const void* value,
+                    int64_t value_token_stride, int64_t value_head_stride, int64_t tokens, int64_t heads, int64_t dim,
+                    int64_t element_size, void* kv_cache, int64_t num_slots, const int64_t* slot_mapping);
+
+// argmax.cpp: logits [rows, vocab] float32 or bfloat16 -> out int64 [rows].
+void argmax_rows(DType dtype, const void* logits, int64_t rows, int64_t vocab, int64_t* out);
+
+// sample.cpp: logits [N, V]; rows int64 [R]; temperature float32 [R]; uniforms float64 [R] ->
+// tokens int64 [R].
+void sample_rows(DType dtype, const void* logits, int64_t num_rows, int64_t vocab, const int64_t* rows, int64_t count,
+                 const float* temperature, const double* uniforms, int64_t* tokens);
+
+// top_p.cpp: logits [N, V] in place; rows int64 [R]; top_p float32 [R]; temperature float32 [R]
+// or nullptr.
+void top_p_rows(DType dtype, void* logits, int64_t num_rows, int64_t vocab, const int64_t* rows, int64_t count,
+                const float* top_p, const float* temperature);
+
+// elementwise.cpp.
+void silu_and_mul(DType dtype, const void* x, void* out, int64_t rows, int64_t d);  // x [rows, 2d] -> [rows, d]
+// x bfloat16 [T, H, D] with strides (row, head) and unit stride in D; cos, sin [T, D] -> out [T, H, D].
+void rotary_embedding(const BFloat16* x, int64_t row_stride, int64_t head_stride, const BFloat16* cos,
+                      const BFloat16* sin, BFloat16* out, int64_t rows, int64_t heads, int64_t dim);
+// x [rows, n] with row stride x_stride; residual [rows, n] or nullptr; out [rows, n]; sum [rows, n]
+// (x + residual; unused without a residual).
+void rms_norm(DType dtype, const void* x, int64_t x_stride, const void* weight, const void* residual, void* out,
+              void* sum, int64_t rows, int64_t n, float eps);
+
+// linear.cpp: the batch-invariant GEMM over packed float32/bfloat16 panels [P, K, panel width].
 int64_t linear_panel_width();
+void pack_linear_weight(DType dtype, const void* weight, void* packed, int64_t N, int64_t K);
+void invariant_linear(DType dtype, const void* x, DType weight_dtype, const void* packed, const float* bias, void* out,
+                      int64_t M, int64_t K, int64_t N);
+
+// amx_linear.cpp: bfloat16 x [M, K] on AMX tiles over B tiles [N/16, K/32, 16, 32]; with swiglu
+// out is [M, N/2] = silu_and_mul of the projection.
 bool amx_linear_available();
-torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t out_features);
-torch::Tensor amx_linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t out_features);
-torch::Tensor quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
-                           c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
-                           int64_t out_features, int64_t group_size, int64_t bits, int64_t isa);
-torch::Tensor amx_quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
-                               c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
-                               int64_t out_features, int64_t group_size, int64_t bits);
-std::vector<int64_t> quant_linear_layout(int64_t isa);
-int64_t quant_linear_isa();
-void apply_token_bitmask(torch::Tensor logits, torch::Tensor bitmask, torch::Tensor rows);
-void lora_apply(torch::Tensor x, torch::Tensor y, torch::Tensor a, torch::Tensor b, torch::Tensor order,
-                torch::Tensor seg_starts, torch::Tensor seg_slots, torch::Tensor shard_offsets, int64_t rank);
-void bind_decoder(pybind11::module& m);
-torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor temperature, torch::Tensor uniforms);
-void top_p_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor top_p, c10::optional<torch::Tensor> temperature);
+void amx_linear(const BFloat16* x, const BFloat16* packed, const float* bias, BFloat16* out, int64_t M, int64_t K,
+                int64_t N, bool swiglu);
+
+// quant_linear.cpp / amx_quant_linear.cpp: weight-only int8/int4 linears.
+struct QuantWeight {
+  const uint8_t* packed;
+  const float* scales;
+  const float* neg_offsets;  // int4 with zero points, else nullptr
+  const float* bias;         // or nullptr
+  int64_t N, group_size, bits;
+};
+int64_t quant_linear_isa();                       // 1 portable, 2 AVX2 + FMA, 3 AVX-512F
+int64_t resolve_quant_isa(int64_t isa);           // 0 -> the best here; an unavailable one fails
+void quant_linear_layout(int64_t isa, int64_t* width, int64_t* vectors);
+void quant_linear(DType dtype, const void* x, void* out, int64_t M, int64_t K, const QuantWeight& w, int64_t isa);
+void amx_quant_linear(const BFloat16* x, BFloat16* out, int64_t M, int64_t K, const QuantWeight& w);
+
+// bitmask.cpp: logits float32 [N, V] with row stride; bitmask int32 [N, W]; rows int64 [count].
+void apply_token_bitmask(float* logits, int64_t num_rows, int64_t vocab, int64_t stride, const int32_t* bitmask,
+                         int64_t mask_rows, int64_t width, const int64_t* rows, int64_t count);
+
+// lora.cpp (see its file comment).
+struct LoraArgs {
+  const void* x;
+  void* y;
+  const void* a;
+  const void* b;
+  const int64_t *order, *seg_starts, *seg_slots, *shard_offsets;
+  int64_t num_segments, num_shards, K, N, R, rank;
+};
+void lora_apply(DType act_dtype, DType weight_dtype, const LoraArgs& args);
+
+}  // namespace kvserve

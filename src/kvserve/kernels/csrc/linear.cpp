@@ -43,9 +43,8 @@
 // tiles) changes the sequence and therefore the bits; it stays batch-invariant as long as it is
 // the only kernel used on that host for every M. amx_linear.cpp is such a kernel for bfloat16 on
 // AMX hosts (kvserve.model.invariant_linear picks it).
-#include <torch/extension.h>
-#include "linear_bias.h"
-#include <ATen/Parallel.h>
+#include "abi.h"
+#include "kernels.h"
 #include "thread_pool.h"
 
 #include <algorithm>
@@ -136,7 +135,7 @@ inline void load_weights(const float* b, vfloat (&out)[kNV]) {
   for (int v = 0; v < kNV; ++v) out[v] = load_vector<vfloat>(b + v * kW);
 }
 
-inline void load_weights(const c10::BFloat16* b, vfloat (&out)[kNV]) {
+inline void load_weights(const kvserve::BFloat16* b, vfloat (&out)[kNV]) {
   for (int g = 0; g < kNV / 2; ++g) {
     const vuint words = load_vector<vuint>(b + g * 2 * kW);
     out[2 * g] = (vfloat)(words << 16);
@@ -245,7 +244,7 @@ template <typename act_t, typename weight_t>
 void linear_kernel(const act_t* x, const weight_t* packed, const float* bias, act_t* out, int64_t M, int64_t K,
                    int64_t N) {
   const int64_t panels = (N + kNR - 1) / kNR;
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t threads = std::max<int64_t>(1, kvserve::num_threads());
   const Blocking blk = choose_blocking(M, K, panels, threads, sizeof(weight_t));
   const int64_t row_blocks = (M + blk.row_block - 1) / blk.row_block;
   const int64_t panel_blocks = (panels + blk.panel_block - 1) / blk.panel_block;
@@ -294,7 +293,7 @@ void pack_panels(const weight_t* w, weight_t* out, int64_t N, int64_t K) {
       for (int64_t j = 0; j < kNR; ++j) {
         // Position of column j of the panel within a packed row.
         int64_t slot = j;
-        if constexpr (std::is_same_v<weight_t, c10::BFloat16>) {
+        if constexpr (std::is_same_v<weight_t, kvserve::BFloat16>) {
           const int64_t group = j / (2 * kW), in_group = j % (2 * kW);
           slot = group * 2 * kW + (in_group % kW) * 2 + in_group / kW;
         }
@@ -310,54 +309,54 @@ void pack_panels(const weight_t* w, weight_t* out, int64_t N, int64_t K) {
 
 #pragma GCC pop_options
 
+namespace kvserve {
+
 int64_t linear_panel_width() { return kNR; }
 
-// weight: contiguous [N, K] float32 or bfloat16. Returns the packed weight [P, K, kNR] (same dtype).
-torch::Tensor pack_linear_weight(torch::Tensor weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.device().is_cpu(), "weight must be a 2-D CPU tensor");
-  TORCH_CHECK(weight.scalar_type() == torch::kFloat || weight.scalar_type() == torch::kBFloat16,
-              "pack_linear_weight supports float32 and bfloat16");
-  weight = weight.contiguous();
-  const int64_t N = weight.size(0), K = weight.size(1);
-  auto packed = torch::empty({(N + kNR - 1) / kNR, K, kNR}, weight.options());
-  if (weight.scalar_type() == torch::kFloat) {
-    pack_panels(weight.data_ptr<float>(), packed.data_ptr<float>(), N, K);
+// weight: contiguous [N, K] float32 or bfloat16 -> packed [ceil(N / kNR), K, kNR] (same dtype).
+void pack_linear_weight(DType dtype, const void* weight, void* packed, int64_t N, int64_t K) {
+  if (dtype == kFloat32) {
+    pack_panels(static_cast<const float*>(weight), static_cast<float*>(packed), N, K);
   } else {
-    pack_panels(weight.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), N, K);
-  }
-  return packed;
-}
-
-template <typename act_t>
-void linear_dispatch_weight(const torch::Tensor& x, const torch::Tensor& packed, const float* bias, torch::Tensor& out,
-                            int64_t M, int64_t K, int64_t N) {
-  if (packed.scalar_type() == torch::kFloat) {
-    linear_kernel(x.data_ptr<act_t>(), packed.data_ptr<float>(), bias, out.data_ptr<act_t>(), M, K, N);
-  } else {
-    linear_kernel(x.data_ptr<act_t>(), packed.data_ptr<c10::BFloat16>(), bias, out.data_ptr<act_t>(), M, K, N);
+    pack_panels(static_cast<const BFloat16*>(weight), static_cast<BFloat16*>(packed), N, K);
   }
 }
 
-// x: contiguous [M, K] float32 or bfloat16; packed: from pack_linear_weight; bias: float32 [N] or
-// None; out_features: N. Returns [M, N] in x's dtype.
-torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
-                               int64_t out_features) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous 2-D CPU tensor");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16,
-              "invariant_linear supports float32 and bfloat16 activations");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kNR && packed.is_contiguous(),
-              "packed must come from pack_linear_weight");
-  TORCH_CHECK(packed.scalar_type() == torch::kFloat || packed.scalar_type() == torch::kBFloat16,
-              "packed weight must be float32 or bfloat16");
-  const int64_t M = x.size(0), K = x.size(1), N = out_features;
-  TORCH_CHECK(packed.size(1) == K && packed.size(0) == (N + kNR - 1) / kNR, "packed weight does not match x / N");
-  const float* bias_ptr = optional_bias(bias, N);
-  auto out = torch::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return out;
-  if (x.scalar_type() == torch::kFloat) {
-    linear_dispatch_weight<float>(x, packed, bias_ptr, out, M, K, N);
+// x: contiguous [M, K] float32 or bfloat16; packed: from pack_linear_weight (float32 or bfloat16);
+// bias: float32 [N] or nullptr -> out [M, N] in x's dtype.
+void invariant_linear(DType dtype, const void* x, DType weight_dtype, const void* packed, const float* bias, void* out,
+                      int64_t M, int64_t K, int64_t N) {
+  if (M == 0 || N == 0) return;
+  auto run = [&](const auto* act, auto* dst) {
+    if (weight_dtype == kFloat32) {
+      linear_kernel(act, static_cast<const float*>(packed), bias, dst, M, K, N);
+    } else {
+      linear_kernel(act, static_cast<const BFloat16*>(packed), bias, dst, M, K, N);
+    }
+  };
+  if (dtype == kFloat32) {
+    run(static_cast<const float*>(x), static_cast<float*>(out));
   } else {
-    linear_dispatch_weight<c10::BFloat16>(x, packed, bias_ptr, out, M, K, N);
+    run(static_cast<const BFloat16*>(x), static_cast<BFloat16*>(out));
   }
-  return out;
 }
+
+}  // namespace kvserve
+
+extern "C" {
+
+KVSERVE_EXPORT int64_t kvserve_linear_panel_width() { return kvserve::linear_panel_width(); }
+
+KVSERVE_EXPORT int kvserve_pack_linear_weight(int32_t dtype, const void* weight, void* packed, int64_t N, int64_t K) {
+  return kvserve::guarded([&] { kvserve::pack_linear_weight(static_cast<kvserve::DType>(dtype), weight, packed, N, K); });
+}
+
+KVSERVE_EXPORT int kvserve_invariant_linear(int32_t dtype, const void* x, int32_t weight_dtype, const void* packed,
+                                            const float* bias, void* out, int64_t M, int64_t K, int64_t N) {
+  return kvserve::guarded([&] {
+    kvserve::invariant_linear(static_cast<kvserve::DType>(dtype), x, static_cast<kvserve::DType>(weight_dtype), packed,
+                              bias, out, M, K, N);
+  });
+}
+
+}  // extern "C"

@@ -21,8 +21,8 @@
 // so a request gets the same bits alone and in any mixed batch (the batch-invariance argument of
 // linear.cpp). The loops vectorize across outputs (q, n), never across k; work is split by
 // (segment, token block) for the shrink and (segment, column block) for the expand only.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "abi.h"
+#include "kernels.h"
 #include "thread_pool.h"
 
 #include <algorithm>
@@ -55,7 +55,7 @@ inline vf load_v(const float* p) {
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-inline vf load_v(const c10::BFloat16* p) {  // exact: a bfloat16 is the upper half of a float
+inline vf load_v(const kvserve::BFloat16* p) {  // exact: a bfloat16 is the upper half of a float
   vh raw;
   std::memcpy(&raw, p, sizeof(raw));
   const vu word = __builtin_convertvector(raw, vu) << 16;
@@ -64,7 +64,7 @@ inline vf load_v(const c10::BFloat16* p) {  // exact: a bfloat16 is the upper ha
   return v;
 }
 inline void store_v(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
-inline void store_v(c10::BFloat16* p, vf v) {  // round to nearest even (NaN -> 0x7fc0), as from_float
+inline void store_v(kvserve::BFloat16* p, vf v) {  // round to nearest even (NaN -> 0x7fc0), as from_float
   vu word;
   std::memcpy(&word, &v, sizeof(word));
   vu rounded = (word + 0x7fffu + ((word >> 16) & 1u)) >> 16;
@@ -79,7 +79,7 @@ inline vf round_v(vf v) {
   if constexpr (std::is_same_v<act_t, float>) {
     return v;
   } else {
-    c10::BFloat16 tmp[kV];
+    kvserve::BFloat16 tmp[kV];
     store_v(tmp, v);
     return load_v(tmp);
   }
@@ -192,40 +192,37 @@ void lora_kernel(const act_t* x, act_t* y, const weight_t* a, const weight_t* b,
 
 #pragma GCC pop_options
 
-// See the file comment. x, y: float32 or bfloat16 (same dtype); a, b: float32 or bfloat16 (same
-// dtype); order, seg_starts, seg_slots, shard_offsets: int64 CPU tensors.
-void lora_apply(torch::Tensor x, torch::Tensor y, torch::Tensor a, torch::Tensor b, torch::Tensor order,
-                torch::Tensor seg_starts, torch::Tensor seg_slots, torch::Tensor shard_offsets, int64_t rank) {
-  TORCH_CHECK(x.dim() == 2 && y.dim() == 2 && x.is_contiguous() && y.is_contiguous() && x.size(0) == y.size(0),
-              "x [T, K] and y [T, N] must be contiguous with the same rows");
-  TORCH_CHECK(x.scalar_type() == y.scalar_type() &&
-                  (x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16),
-              "x and y must both be float32 or both bfloat16");
-  TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.is_contiguous() && b.is_contiguous() &&
-                  a.scalar_type() == b.scalar_type() &&
-                  (a.scalar_type() == torch::kFloat || a.scalar_type() == torch::kBFloat16),
-              "a [slots, K, R] and b [slots, rank, N] must be contiguous float32 or bfloat16");
-  const int64_t K = x.size(1), N = y.size(1), R = a.size(2), num_shards = shard_offsets.numel() - 1;
-  TORCH_CHECK(a.size(1) == K && b.size(2) == N && b.size(1) == rank && R == num_shards * rank &&
-                  a.size(0) == b.size(0),
-              "a, b and the shards do not match x and y");
-  for (auto* t : {&order, &seg_starts, &seg_slots, &shard_offsets})
-    TORCH_CHECK(t->scalar_type() == torch::kLong && t->is_contiguous() && t->device().is_cpu(),
-                "index tensors must be contiguous int64");
-  const int64_t num_segments = seg_slots.numel();
-  TORCH_CHECK(seg_starts.numel() == num_segments + 1, "seg_starts needs one more entry than seg_slots");
-  if (num_segments == 0) return;
+namespace kvserve {
+
+// See the file comment. x, y: float32 or bfloat16 (act_dtype); a, b: float32 or bfloat16
+// (weight_dtype); order, seg_starts, seg_slots, shard_offsets: int64.
+void lora_apply(DType act_dtype, DType weight_dtype, const LoraArgs& p) {
+  if (p.num_segments == 0) return;
   auto run = [&](auto act_tag, auto weight_tag) {
     using act_t = decltype(act_tag);
     using weight_t = decltype(weight_tag);
-    lora_kernel<act_t, weight_t>(x.data_ptr<act_t>(), y.data_ptr<act_t>(), a.data_ptr<weight_t>(),
-                                 b.data_ptr<weight_t>(), order.data_ptr<int64_t>(), seg_starts.data_ptr<int64_t>(),
-                                 seg_slots.data_ptr<int64_t>(), num_segments, shard_offsets.data_ptr<int64_t>(),
-                                 num_shards, K, N, R, rank);
+    lora_kernel<act_t, weight_t>(static_cast<const act_t*>(p.x), static_cast<act_t*>(p.y),
+                                 static_cast<const weight_t*>(p.a), static_cast<const weight_t*>(p.b), p.order,
+                                 p.seg_starts, p.seg_slots, p.num_segments, p.shard_offsets, p.num_shards, p.K, p.N,
+                                 p.R, p.rank);
   };
-  const bool act_bf16 = x.scalar_type() == torch::kBFloat16, weight_bf16 = a.scalar_type() == torch::kBFloat16;
-  if (act_bf16 && weight_bf16) run(c10::BFloat16{}, c10::BFloat16{});
-  else if (act_bf16) run(c10::BFloat16{}, float{});
-  else if (weight_bf16) run(float{}, c10::BFloat16{});
+  const bool act_bf16 = act_dtype == kBFloat16, weight_bf16 = weight_dtype == kBFloat16;
+  if (act_bf16 && weight_bf16) run(BFloat16{}, BFloat16{});
+  else if (act_bf16) run(BFloat16{}, float{});
+  else if (weight_bf16) run(float{}, BFloat16{});
   else run(float{}, float{});
+}
+
+}  // namespace kvserve
+
+extern "C" KVSERVE_EXPORT int kvserve_lora_apply(int32_t act_dtype, int32_t weight_dtype, const void* x, void* y,
+                                                 const void* a, const void* b, const int64_t* order,
+                                                 const int64_t* seg_starts, const int64_t* seg_slots,
+                                                 const int64_t* shard_offsets, int64_t num_segments,
+                                                 int64_t num_shards, int64_t K, int64_t N, int64_t R, int64_t rank) {
+  return kvserve::guarded([&] {
+    kvserve::lora_apply(static_cast<kvserve::DType>(act_dtype), static_cast<kvserve::DType>(weight_dtype),
+                        kvserve::LoraArgs{x, y, a, b, order, seg_starts, seg_slots, shard_offsets, num_segments,
+                                          num_shards, K, N, R, rank});
+  });
 }

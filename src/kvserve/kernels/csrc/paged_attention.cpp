@@ -36,8 +36,8 @@
 // prefetches the next chunk's K/V rows (and, in a task's last chunk, the first rows of the
 // thread's next task) a few lines at a time while it computes: blocks are scattered pages, where
 // the hardware prefetchers stop, and the loads otherwise stalled on memory each chunk.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "abi.h"
+#include "kernels.h"
 #include "thread_pool.h"
 #include "amx_tiles.h"
 #include "vector_exp.h"
@@ -68,7 +68,7 @@ inline void to_float(const scalar_t* src, float* dst, int64_t n) {
 
 // bfloat16 -> float is a 16-bit shift; written on the raw bits so the loop vectorizes.
 template <>
-inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
+inline void to_float<kvserve::BFloat16>(const kvserve::BFloat16* src, float* dst, int64_t n) {
   // memcpy, not a pointer cast: writing floats through a uint32_t* breaks strict aliasing and
   // -O3 then reads stale values.
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);  // char-like read of the raw bits
@@ -178,11 +178,11 @@ inline float exp_nonpositive(float x) {
 // AVX-512 inner loops for head_dim % 16 == 0 (every model here): one K/V row is head_dim / 16
 // registers, converted once and used by every query head of the group.
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
+inline __m512 load16(const kvserve::BFloat16* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
-inline __m512 load16(const c10::Half* p) {
+inline __m512 load16(const kvserve::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 // 16 int8 values times the row's scale (float32(q) * s, one rounding).
@@ -585,8 +585,8 @@ inline void score_heads(int64_t nh, const __m512i* kg, const uint32_t* q, int64_
 // prefetch_heads: KV heads [kv_head, kv_head + prefetch_heads) whose rows of the next chunk are
 // prefetched while a chunk is computed (0: none, the task's first head asked for them already);
 // after: rows prefetched during the last chunk (the thread's next task), or nullptr.
-void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* query, c10::BFloat16* out,
-                      const c10::BFloat16* key_cache, const c10::BFloat16* value_cache, const int32_t* block_table,
+void attend_tile_bf16(const Tile& tile, int64_t kv_head, const kvserve::BFloat16* query, kvserve::BFloat16* out,
+                      const kvserve::BFloat16* key_cache, const kvserve::BFloat16* value_cache, const int32_t* block_table,
                       const Shape& sh, int64_t prefetch_heads, const Upcoming* after) {
   constexpr int64_t C = kChunkBf16;
   const int64_t G = sh.group, D = sh.head_dim, nq = D / 32, nv = D / 16, R = tile.rows;
@@ -649,7 +649,7 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
     for (int64_t g = (first - cs) / 16; g * 16 < last - cs; ++g) {
       for (int64_t z = 0; z < nq; ++z) {  // dims 32z .. 32z + 31 = dword pairs 16z .. 16z + 15
         __m512i rows[16], cols[16];
-        for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(static_cast<const c10::BFloat16*>(kptr[16 * g + j]) + 32 * z);
+        for (int j = 0; j < 16; ++j) rows[j] = _mm512_loadu_si512(static_cast<const kvserve::BFloat16*>(kptr[16 * g + j]) + 32 * z);
         transpose16x16(rows, cols);
         for (int j = 0; j < 16; ++j) kt[g][16 * z + j] = cols[j];
         pf.issue(8);
@@ -717,12 +717,12 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const c10::BFloat16* qu
   for (int64_t i = 0; i < R; ++i) {
     for (int64_t h = 0; h < G; ++h) {
       const int64_t r = i * G + h;
-      c10::BFloat16* dst = out + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D;
+      kvserve::BFloat16* dst = out + ((tile.row0 + i) * sh.num_heads + kv_head * G + h) * D;
       const float inv = 1.f / l[r];
       for (int64_t d = 0; d < D; ++d) {
         const int64_t block = d / 32, lane = (d % 32) / 8, e = d % 8;
         const int64_t src = 32 * block + (e < 4 ? 0 : 16) + 4 * lane + e % 4;
-        dst[d] = static_cast<c10::BFloat16>(acc[r][src] * inv);
+        dst[d] = static_cast<kvserve::BFloat16>(acc[r][src] * inv);
       }
     }
   }
@@ -923,8 +923,8 @@ inline bool amx_heads_fit(int64_t heads, int64_t rows, const Shape& sh) {
 // rows of KV head j are the query rows [j * M16, j * M16 + R * G). prefetch: the next chunk's rows
 // of these heads are prefetched while a chunk is computed; after: rows prefetched during the last
 // chunk, or nullptr. The caller configured this thread's tiles (amx_configure).
-void attend_tile_amx(const Tile& tile, int64_t kv_head, int64_t heads, const c10::BFloat16* query, c10::BFloat16* out,
-                     const c10::BFloat16* key_cache, const c10::BFloat16* value_cache, const int32_t* block_table,
+void attend_tile_amx(const Tile& tile, int64_t kv_head, int64_t heads, const kvserve::BFloat16* query, kvserve::BFloat16* out,
+                     const kvserve::BFloat16* key_cache, const kvserve::BFloat16* value_cache, const int32_t* block_table,
                      const Shape& sh, bool prefetch, const Upcoming* after) {
   constexpr int64_t C = kChunkBf16;
   const int64_t G = sh.group, D = sh.head_dim, nq = D / 32, R = tile.rows, M = R * G;
@@ -1020,9 +1020,9 @@ void attend_tile_amx(const Tile& tile, int64_t kv_head, int64_t heads, const c10
     const int64_t j = r / M16, local = r % M16;
     if (local >= M) continue;
     const int64_t i = local / G, h = local % G;
-    c10::BFloat16* dst = out + ((tile.row0 + i) * sh.num_heads + (kv_head + j) * G + h) * D;
+    kvserve::BFloat16* dst = out + ((tile.row0 + i) * sh.num_heads + (kv_head + j) * G + h) * D;
     const float inv = 1.f / l[r];
-    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<c10::BFloat16>(acc[r][32 * (d / 32) + 16 * (d % 2) + (d % 32) / 2] * inv);
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<kvserve::BFloat16>(acc[r][32 * (d / 32) + 16 * (d % 2) + (d % 32) / 2] * inv);
   }
 }
 
@@ -1032,11 +1032,9 @@ void attend_tile_amx(const Tile& tile, int64_t kv_head, int64_t heads, const c10
 
 // Tiles of up to kTileRows consecutive rows per request with 1 <= q_len <= max_q_len, costliest
 // (most positions to attend) first so the work queue ends with small tasks.
-std::vector<Tile> make_tiles(const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens, int64_t max_q_len) {
-  auto qsl = query_start_loc.accessor<int32_t, 1>();
-  auto lens = seq_lens.accessor<int32_t, 1>();
+std::vector<Tile> make_tiles(const int32_t* qsl, const int32_t* lens, int64_t num_seqs, int64_t max_q_len) {
   std::vector<Tile> tiles;
-  for (int64_t r = 0; r + 1 < qsl.size(0); ++r) {
+  for (int64_t r = 0; r < num_seqs; ++r) {
     const int64_t q_len = qsl[r + 1] - qsl[r];
     if (q_len == 0 || q_len > max_q_len) continue;
     for (int64_t i = 0; i < q_len; i += kTileRows)
@@ -1051,24 +1049,22 @@ std::vector<Tile> make_tiles(const torch::Tensor& query_start_loc, const torch::
 // A bad block table (a scheduler or runner bug) raises here instead of reading outside the cache:
 // every request with a tile must have seq_len <= W * block_size and block ids in [0, num_blocks)
 // over its first ceil(seq_len / block_size) entries.
-void check_block_tables(const std::vector<Tile>& tiles, const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+void check_block_tables(const std::vector<Tile>& tiles, const int32_t* tables, const int32_t* lens, int64_t width,
                         int64_t block_size, int64_t num_blocks) {
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) >= seq_lens.size(0), "paged_attention: block_tables [",
-              block_tables.sizes(), "] for ", seq_lens.size(0), " requests");
-  const int64_t width = block_tables.size(1);
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
-  auto lens = seq_lens.accessor<int32_t, 1>();
+  using std::to_string;
   int64_t checked = -1;
   for (const Tile& tile : tiles) {
     if (tile.request == checked) continue;
     checked = tile.request;
     const int64_t used = (static_cast<int64_t>(lens[tile.request]) + block_size - 1) / block_size;
-    TORCH_CHECK(lens[tile.request] >= 0 && used <= width, "paged_attention: request ", tile.request, " has ",
-                lens[tile.request], " tokens, its block table holds ", width * block_size);
+    kvserve::check(lens[tile.request] >= 0 && used <= width,
+                   "paged_attention: request " + to_string(tile.request) + " has " + to_string(lens[tile.request]) +
+                       " tokens, its block table holds " + to_string(width * block_size));
     const int32_t* table = tables + tile.request * width;
     for (int64_t j = 0; j < used; ++j)
-      TORCH_CHECK(table[j] >= 0 && table[j] < num_blocks, "paged_attention: request ", tile.request, " block ", j,
-                  " is ", table[j], ", not in [0, ", num_blocks, ")");
+      kvserve::check(table[j] >= 0 && table[j] < num_blocks,
+                     "paged_attention: request " + to_string(tile.request) + " block " + to_string(j) + " is " +
+                         to_string(table[j]) + ", not in [0, " + to_string(num_blocks) + ")");
   }
 }
 
@@ -1078,7 +1074,7 @@ void run_tile(const Tile& tile, int64_t kv_head, const scalar_t* query, scalar_t
               const cache_t* value_cache, const int32_t* block_table, const Shape& sh, int64_t prefetch_heads,
               const Upcoming* after) {
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<cache_t, c10::BFloat16>) {
+  if constexpr (std::is_same_v<scalar_t, kvserve::BFloat16> && std::is_same_v<cache_t, kvserve::BFloat16>) {
     if (sh.head_dim % 32 == 0) {
       attend_tile_bf16(tile, kv_head, query, out, key_cache, value_cache, block_table, sh, prefetch_heads, after);
       return;
@@ -1102,7 +1098,7 @@ void run_tile_amx(const Tile& tile, int64_t first, int64_t heads, const scalar_t
                   const cache_t* key_cache, const cache_t* value_cache, const int32_t* block_table, const Shape& sh,
                   const Upcoming* upcoming) {
 #if defined(KVSERVE_AMX_BUILD) && defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<cache_t, c10::BFloat16>) {
+  if constexpr (std::is_same_v<scalar_t, kvserve::BFloat16> && std::is_same_v<cache_t, kvserve::BFloat16>) {
     const int64_t per_pass = amx_heads_fit(heads, tile.rows, sh) ? heads : 1;
     const int64_t lo = sh.window > 0 ? std::max<int64_t>(0, tile.position0 - sh.window + 1) : 0;
     for (int64_t h = first; h < first + heads; h += per_pass) {
@@ -1122,10 +1118,10 @@ void run_tile_amx(const Tile& tile, int64_t first, int64_t heads, const scalar_t
 // token rows, once; else one KV head (a lone request still uses every thread). A row's result
 // does not depend on which task computed it.
 template <typename scalar_t, typename cache_t>
-void run_tasks(const torch::Tensor& query, torch::Tensor& out, const torch::Tensor& kv_cache,
-               const torch::Tensor& block_tables, const std::vector<Tile>& tiles, const Shape& shape) {
-  const int64_t width = block_tables.size(1), num_kv_heads = shape.num_kv_heads;
-  const int64_t max_threads = at::get_num_threads();
+void run_tasks(const void* query, void* out, const void* kv_cache, int64_t cache_half, const int32_t* tables,
+               int64_t width, const std::vector<Tile>& tiles, const Shape& shape) {
+  const int64_t num_kv_heads = shape.num_kv_heads;
+  const int64_t max_threads = kvserve::num_threads();
   const int64_t num_tiles = static_cast<int64_t>(tiles.size());
   const int64_t heads_per_task = num_tiles >= 4 * max_threads ? num_kv_heads : 1;
   const int64_t tasks_per_tile = num_kv_heads / heads_per_task;
@@ -1135,11 +1131,10 @@ void run_tasks(const torch::Tensor& query, torch::Tensor& out, const torch::Tens
   // claims its next task before running the current one and prefetches that task's first chunk.
   std::atomic<int64_t> next{0};
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(max_threads, num_tasks));
-  const scalar_t* q = query.data_ptr<scalar_t>();
-  scalar_t* o = out.data_ptr<scalar_t>();
-  const cache_t* keys = static_cast<const cache_t*>(kv_cache.data_ptr());
-  const cache_t* values = keys + kv_cache.stride(0);
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const scalar_t* q = static_cast<const scalar_t*>(query);
+  scalar_t* o = static_cast<scalar_t*>(out);
+  const cache_t* keys = static_cast<const cache_t*>(kv_cache);
+  const cache_t* values = keys + cache_half;
   // The first rows of task i (up to the end of its first 64-position chunk).
   auto first_rows = [&](int64_t i) -> Upcoming {
     const Tile& tile = tiles[i / tasks_per_tile];
@@ -1180,71 +1175,101 @@ void run_tasks(const torch::Tensor& query, torch::Tensor& out, const torch::Tens
 
 }  // namespace
 
-// out/query: [T, H, D]; kv_cache: [2, num_blocks, block_size, H_kv, D] in query's dtype, or int8
-// [..., D + 4] (each row's float32 scale after its values); block_tables: int32 [B, W]; seq_lens:
-// int32 [B] and query_start_loc: int32 [B + 1], both on the CPU. Writes the rows of requests with
+namespace kvserve {
+
+// out/query: [T, H, D]; kv_cache: [2, num_blocks, block_size, H_kv, D] in query's dtype, or int8 /
+// fp8 [..., D + 4] (each row's float32 scale after its values); block_tables: int32 [B, W];
+// seq_lens: int32 [B] and query_start_loc: int32 [B + 1]. Writes the rows of requests with
 // 1 <= q_len <= max_q_len; other rows are left untouched.
-void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
-                     torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t window,
-                     int64_t max_q_len, int64_t amx) {
-  TORCH_CHECK(query.is_contiguous() && out.is_contiguous() && kv_cache.is_contiguous() && block_tables.is_contiguous());
-  const auto cache_type = kv_cache.scalar_type();
-  const bool one_byte = cache_type == torch::kChar || cache_type == at::kFloat8_e4m3fn || cache_type == at::kFloat8_e5m2;
-  TORCH_CHECK((one_byte || query.scalar_type() == cache_type) && out.scalar_type() == query.scalar_type());
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
-              query_start_loc.scalar_type() == torch::kInt32);
-  const int64_t num_heads = query.size(1), head_dim = query.size(2);
-  const int64_t block_size = kv_cache.size(2), num_kv_heads = kv_cache.size(3);
-  const int64_t group = num_heads / num_kv_heads;
-  const int64_t row = one_byte ? head_dim + 4 : head_dim;
-  TORCH_CHECK(group * num_kv_heads == num_heads && group <= kMaxGroup && head_dim <= kMaxHeadDim &&
-              kv_cache.size(4) == row);
+void paged_attention(void* out, const void* query, DType dtype, const void* kv_cache, DType cache_dtype,
+                     const int32_t* block_tables, const int32_t* seq_lens, const int32_t* query_start_loc,
+                     const AttentionShape& s, double scale, int64_t window, int64_t max_q_len, int64_t amx) {
+  const bool one_byte = cache_dtype == kInt8 || cache_dtype == kFp8E4M3 || cache_dtype == kFp8E5M2;
+  check(one_byte || cache_dtype == dtype, "paged_attention: the cache holds another dtype than the query");
+  const int64_t group = s.num_heads / s.num_kv_heads;
+  const int64_t row = one_byte ? s.head_dim + 4 : s.head_dim;
+  check(group * s.num_kv_heads == s.num_heads && group <= kMaxGroup && s.head_dim <= kMaxHeadDim,
+        "paged_attention: unsupported heads / head_dim");
   // AMX tiles for bfloat16 (amx: -1 where this host has them, 0 never, 1 required).
-  const bool amx_shape = query.scalar_type() == at::kBFloat16 && cache_type == at::kBFloat16 && head_dim % 32 == 0;
-  TORCH_CHECK(amx != 1 || amx_linear_available(), "paged_attention: amx=1 but this CPU / process has no AMX-BF16 tiles");
+  const bool amx_shape = dtype == kBFloat16 && cache_dtype == kBFloat16 && s.head_dim % 32 == 0;
+  check(amx != 1 || amx_linear_available(), "paged_attention: amx=1 but this CPU / process has no AMX-BF16 tiles");
   bool use_amx = amx != 0 && amx_shape && amx_linear_available();
 #if !defined(__AVX512BF16__)
   use_amx = false;  // built without AVX512-BF16: the AMX path is not compiled
 #endif
-  const Shape shape{num_heads, group, head_dim, block_size, num_kv_heads, window, static_cast<float>(scale), row,
-                    use_amx};
-  const std::vector<Tile> tiles = make_tiles(query_start_loc, seq_lens, max_q_len);
-  check_block_tables(tiles, block_tables, seq_lens, block_size, kv_cache.size(1));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
-    if (cache_type == torch::kChar) {
-      run_tasks<scalar_t, int8_t>(query, out, kv_cache, block_tables, tiles, shape);
-    } else if (cache_type == at::kFloat8_e4m3fn) {
-      run_tasks<scalar_t, Fp8E4M3>(query, out, kv_cache, block_tables, tiles, shape);
-    } else if (cache_type == at::kFloat8_e5m2) {
-      run_tasks<scalar_t, Fp8E5M2>(query, out, kv_cache, block_tables, tiles, shape);
+  const Shape shape{s.num_heads, group, s.head_dim, s.block_size, s.num_kv_heads, window, static_cast<float>(scale),
+                    row, use_amx};
+  const std::vector<Tile> tiles = make_tiles(query_start_loc, seq_lens, s.num_seqs, max_q_len);
+  check_block_tables(tiles, block_tables, seq_lens, s.table_width, s.block_size, s.num_blocks);
+  const int64_t half = s.num_blocks * s.block_size * s.num_kv_heads * row;  // K to V, in cache elements
+  auto run = [&](auto tag) {
+    using scalar_t = decltype(tag);
+    if (cache_dtype == kInt8) {
+      run_tasks<scalar_t, int8_t>(query, out, kv_cache, half, block_tables, s.table_width, tiles, shape);
+    } else if (cache_dtype == kFp8E4M3) {
+      run_tasks<scalar_t, Fp8E4M3>(query, out, kv_cache, half, block_tables, s.table_width, tiles, shape);
+    } else if (cache_dtype == kFp8E5M2) {
+      run_tasks<scalar_t, Fp8E5M2>(query, out, kv_cache, half, block_tables, s.table_width, tiles, shape);
     } else {
-      run_tasks<scalar_t, scalar_t>(query, out, kv_cache, block_tables, tiles, shape);
+      run_tasks<scalar_t, scalar_t>(query, out, kv_cache, half, block_tables, s.table_width, tiles, shape);
     }
-  });
+  };
+  if (dtype == kFloat32) {
+    run(float{});
+  } else if (dtype == kBFloat16) {
+    run(BFloat16{});
+  } else {
+    run(Half{});
+  }
 }
 
-// key/value: [T, H_kv, D] (unit stride in D; a view into the fused qkv output is fine) stored at
-// slot_mapping (int64 [T]) of kv_cache [2, num_blocks, block_size, H_kv, D] of the same dtype:
-// the rows copied as they are (torch's index_copy_ did the same in two calls of ~30 us each at
-// 64 rows, mostly fixed cost).
-void write_kv_cache(torch::Tensor key, torch::Tensor value, torch::Tensor kv_cache, torch::Tensor slot_mapping) {
-  TORCH_CHECK(kv_cache.is_contiguous() && slot_mapping.is_contiguous() && key.scalar_type() == kv_cache.scalar_type() &&
-              value.scalar_type() == kv_cache.scalar_type() && slot_mapping.scalar_type() == torch::kInt64);
-  TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes() && key.stride(2) == 1 && value.stride(2) == 1 &&
-              key.size(1) == kv_cache.size(3) && key.size(2) == kv_cache.size(4) && slot_mapping.numel() == key.size(0));
-  const int64_t tokens = key.size(0), heads = key.size(1), dim = key.size(2);
-  const int64_t slots = kv_cache.size(1) * kv_cache.size(2), bytes = dim * key.element_size();
-  const int64_t* slot = slot_mapping.data_ptr<int64_t>();
-  for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(slot[t] >= 0 && slot[t] < slots, "slot out of range");
-  char* keys = static_cast<char*>(kv_cache.data_ptr());
-  char* values = keys + kv_cache.stride(0) * kv_cache.element_size();
-  const char* k = static_cast<const char*>(key.data_ptr());
-  const char* v = static_cast<const char*>(value.data_ptr());
-  const int64_t es = key.element_size(), row = heads * bytes;
+// key/value: [T, H_kv, D] (strides per token and head, unit stride in D; a view into the fused qkv
+// output is fine) stored at slot_mapping (int64 [T]) of kv_cache [2, num_slots, H_kv, D] of the
+// same dtype: the rows copied as they are (torch's index_copy_ did the same in two calls of ~30 us
+// each at 64 rows, mostly fixed cost).
+void write_kv_cache(const void* key, int64_t key_token_stride, int64_t key_head_stride, const void* value,
+                    int64_t value_token_stride, int64_t value_head_stride, int64_t tokens, int64_t heads, int64_t dim,
+                    int64_t element_size, void* kv_cache, int64_t num_slots, const int64_t* slot) {
+  for (int64_t t = 0; t < tokens; ++t) check(slot[t] >= 0 && slot[t] < num_slots, "slot out of range");
+  const int64_t es = element_size, bytes = dim * es, row = heads * bytes;
+  char* keys = static_cast<char*>(kv_cache);
+  char* values = keys + num_slots * row;
+  const char* k = static_cast<const char*>(key);
+  const char* v = static_cast<const char*>(value);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
-      std::memcpy(keys + slot[t] * row + h * bytes, k + (t * key.stride(0) + h * key.stride(1)) * es, bytes);
-      std::memcpy(values + slot[t] * row + h * bytes, v + (t * value.stride(0) + h * value.stride(1)) * es, bytes);
+      std::memcpy(keys + slot[t] * row + h * bytes, k + (t * key_token_stride + h * key_head_stride) * es, bytes);
+      std::memcpy(values + slot[t] * row + h * bytes, v + (t * value_token_stride + h * value_head_stride) * es, bytes);
     }
   }
 }
+
+}  // namespace kvserve
+
+extern "C" {
+
+KVSERVE_EXPORT int kvserve_paged_attention(void* out, const void* query, int32_t dtype, const void* kv_cache,
+                                           int32_t cache_dtype, const int32_t* block_tables, const int32_t* seq_lens,
+                                           const int32_t* query_start_loc, int64_t num_heads, int64_t head_dim,
+                                           int64_t num_kv_heads, int64_t block_size, int64_t num_blocks,
+                                           int64_t num_seqs, int64_t table_width, double scale, int64_t window,
+                                           int64_t max_q_len, int64_t amx) {
+  return kvserve::guarded([&] {
+    const kvserve::AttentionShape shape{num_heads, head_dim, num_kv_heads, block_size, num_blocks, num_seqs, table_width};
+    kvserve::paged_attention(out, query, static_cast<kvserve::DType>(dtype), kv_cache,
+                             static_cast<kvserve::DType>(cache_dtype), block_tables, seq_lens, query_start_loc, shape,
+                             scale, window, max_q_len, amx);
+  });
+}
+
+KVSERVE_EXPORT int kvserve_write_kv_cache(const void* key, int64_t key_token_stride, int64_t key_head_stride,
+                                          const void* value, int64_t value_token_stride, int64_t value_head_stride,
+                                          int64_t tokens, int64_t heads, int64_t dim, int64_t element_size,
+                                          void* kv_cache, int64_t num_slots, const int64_t* slot_mapping) {
+  return kvserve::guarded([&] {
+    kvserve::write_kv_cache(key, key_token_stride, key_head_stride, value, value_token_stride, value_head_stride,
+                            tokens, heads, dim, element_size, kv_cache, num_slots, slot_mapping);
+  });
+}
+
+}  // extern "C"

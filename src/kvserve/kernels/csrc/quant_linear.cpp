@@ -46,9 +46,8 @@
 // the widening. Both compute each element with the sequence above, so which one runs never changes
 // a bit. A group's partial sums and the running acc live in a float32 scratch tile between groups
 // and K blocks. Threads split rows and columns only, never K.
-#include <torch/extension.h>
-#include "linear_bias.h"
-#include <ATen/Parallel.h>
+#include "abi.h"
+#include "kernels.h"
 #include "thread_pool.h"
 
 #include <algorithm>
@@ -121,68 +120,70 @@ int64_t best_isa() {
   return 1;
 }
 
-int64_t resolve_isa(int64_t isa) {
-  static const int64_t best = best_isa();
-  if (isa == 0) return best;
-  TORCH_CHECK(isa >= 1 && isa <= best, "instruction set ", isa, " is not available here (best: ", best, ")");
-  return isa;
-}
-
-std::vector<int64_t> layout_of(int64_t isa) {
+void layout_of(int64_t isa, int64_t* width, int64_t* vectors) {
   switch (isa) {
 #if defined(KVSERVE_QUANT_X86)
-    case 3: return {kvserve_quant_avx512::kW, kvserve_quant_avx512::kNV};
-    case 2: return {kvserve_quant_avx2::kW, kvserve_quant_avx2::kNV};
+    case 3: *width = kvserve_quant_avx512::kW; *vectors = kvserve_quant_avx512::kNV; return;
+    case 2: *width = kvserve_quant_avx2::kW; *vectors = kvserve_quant_avx2::kNV; return;
 #endif
-    default: return {kvserve_quant_portable::kW, kvserve_quant_portable::kNV};
+    default: *width = kvserve_quant_portable::kW; *vectors = kvserve_quant_portable::kNV;
   }
 }
 
 }  // namespace
 
+namespace kvserve {
+
+int64_t resolve_quant_isa(int64_t isa) {
+  static const int64_t best = best_isa();
+  if (isa == 0) return best;
+  check(isa >= 1 && isa <= best, "instruction set " + std::to_string(isa) + " is not available here (best: " +
+                                     std::to_string(best) + ")");
+  return isa;
+}
+
 // The instruction set used when none is asked for: 1 portable, 2 AVX2 + FMA, 3 AVX-512F.
-int64_t quant_linear_isa() { return resolve_isa(0); }
+int64_t quant_linear_isa() { return resolve_quant_isa(0); }
 
 // (vector width in floats, vectors per panel) of instruction set `isa` (0: the best here).
-std::vector<int64_t> quant_linear_layout(int64_t isa) { return layout_of(resolve_isa(isa)); }
+void quant_linear_layout(int64_t isa, int64_t* width, int64_t* vectors) { layout_of(resolve_quant_isa(isa), width, vectors); }
 
-// x: contiguous [M, K] float32 or bfloat16; packed: uint8 [P, K, row bytes]; scales (and
-// neg_offsets, int4 only): float32 [P, K / group_size, kNR]; bias: float32 [N] or None; bits 8 or
-// 4 (int4 without offsets is symmetric: q - 8); isa: 0 (the best here) or the instruction set the
-// weights were packed for. Returns [M, N] in x's dtype.
-torch::Tensor quant_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
-                           c10::optional<torch::Tensor> neg_offsets, c10::optional<torch::Tensor> bias,
-                           int64_t out_features, int64_t group_size, int64_t bits, int64_t isa) {
-  isa = resolve_isa(isa);
-  const std::vector<int64_t> layout = layout_of(isa);
-  const int64_t nr = layout[0] * layout[1];
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous 2-D CPU tensor");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16,
-              "quant_linear supports float32 and bfloat16 activations");
-  TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4");
-  const int64_t M = x.size(0), K = x.size(1), N = out_features, P = (N + nr - 1) / nr;
-  TORCH_CHECK(group_size > 0 && K % group_size == 0, "group_size must divide in_features");
-  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 3 &&
-                  packed.size(0) == P && packed.size(1) == K && packed.size(2) == (bits == 8 ? nr : nr / 2),
-              "packed must be uint8 [P, K, row bytes] from kvserve.model.quant_linear");
-  const std::vector<int64_t> param_shape{P, K / group_size, nr};
-  TORCH_CHECK(scales.is_contiguous() && scales.sizes() == param_shape && scales.scalar_type() == torch::kFloat,
-              "scales must be float32 [P, K / group_size, kNR]");
-  const float* offsets_ptr = optional_offsets(neg_offsets, bits, param_shape);
-  const bool has_offsets = offsets_ptr != nullptr;
-  const float* bias_ptr = optional_bias(bias, N);
-  auto out = torch::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return out;
-  const kvserve_quant::QuantArgs q{packed.data_ptr<uint8_t>(), scales.data_ptr<float>(),
-                                   offsets_ptr, bias_ptr, M, K, N,
-                                   group_size, bits};
-  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+// x: contiguous [M, K] float32 or bfloat16; w.packed: uint8 [P, K, row bytes]; w.scales (and
+// neg_offsets, int4 only): float32 [P, K / group_size, kNR]; bias: float32 [N] or nullptr; bits 8
+// or 4 (int4 without offsets is symmetric: q - 8); isa: 0 (the best here) or the instruction set
+// the weights were packed for -> out [M, N] in x's dtype.
+void quant_linear(DType dtype, const void* x, void* out, int64_t M, int64_t K, const QuantWeight& w, int64_t isa) {
+  isa = resolve_quant_isa(isa);
+  if (M == 0 || w.N == 0) return;
+  const kvserve_quant::QuantArgs q{w.packed, w.scales, w.neg_offsets, w.bias, M, K, w.N, w.group_size, w.bits};
+  const bool bf16 = dtype == kBFloat16;
   switch (isa) {
 #if defined(KVSERVE_QUANT_X86)
-    case 3: kvserve_quant_avx512::quant_linear(x.data_ptr(), out.data_ptr(), bf16, q); break;
-    case 2: kvserve_quant_avx2::quant_linear(x.data_ptr(), out.data_ptr(), bf16, q); break;
+    case 3: kvserve_quant_avx512::quant_linear(x, out, bf16, q); break;
+    case 2: kvserve_quant_avx2::quant_linear(x, out, bf16, q); break;
 #endif
-    default: kvserve_quant_portable::quant_linear(x.data_ptr(), out.data_ptr(), bf16, q);
+    default: kvserve_quant_portable::quant_linear(x, out, bf16, q);
   }
-  return out;
 }
+
+}  // namespace kvserve
+
+extern "C" {
+
+KVSERVE_EXPORT int64_t kvserve_quant_linear_isa() { return kvserve::quant_linear_isa(); }
+
+// layout: int64 [2] <- (vector width in floats, vectors per panel).
+KVSERVE_EXPORT int kvserve_quant_linear_layout(int64_t isa, int64_t* layout) {
+  return kvserve::guarded([&] { kvserve::quant_linear_layout(isa, layout, layout + 1); });
+}
+
+KVSERVE_EXPORT int kvserve_quant_linear(int32_t dtype, const void* x, void* out, int64_t M, int64_t K,
+                                        const uint8_t* packed, const float* scales, const float* neg_offsets,
+                                        const float* bias, int64_t N, int64_t group_size, int64_t bits, int64_t isa) {
+  return kvserve::guarded([&] {
+    kvserve::quant_linear(static_cast<kvserve::DType>(dtype), x, out, M, K,
+                          kvserve::QuantWeight{packed, scales, neg_offsets, bias, N, group_size, bits}, isa);
+  });
+}
+
+}  // extern "C"

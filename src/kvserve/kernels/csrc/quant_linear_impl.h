@@ -306,7 +306,7 @@ void kernel(const act_t* x, act_t* out, const QuantArgs& q) {
   constexpr int64_t rb = row_bytes(kBits);
   const int64_t panel_bytes = K * rb;
   const bool sums = q.neg_offsets != nullptr;
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t threads = std::max<int64_t>(1, kvserve::num_threads());
   // More than one row group: each K block of a panel is widened to float32 once and shared.
   const Blocking blk = choose_blocking(M, K, G, panels, threads, M <= kMR ? rb : row_bytes(32), sums);
   const int64_t row_blocks = (M + blk.row_block - 1) / blk.row_block;
@@ -389,6 +389,6 @@ void run(const act_t* x, act_t* out, const QuantArgs& q) {
 }
 
 void quant_linear(const void* x, void* out, bool bf16, const QuantArgs& q) {
-  if (bf16) run(static_cast<const c10::BFloat16*>(x), static_cast<c10::BFloat16*>(out), q);
+  if (bf16) run(static_cast<const kvserve::BFloat16*>(x), static_cast<kvserve::BFloat16*>(out), q);
   else run(static_cast<const float*>(x), static_cast<float*>(out), q);
 }

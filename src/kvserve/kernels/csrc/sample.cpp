@@ -22,7 +22,8 @@
 // logit, or only -inf logits, has no distribution: its result is V, and the caller takes the
 // argmax as the torch path does. Each row's token depends only on its logits, T and u: the same
 // alone or in any batch, with any thread count.
-#include <torch/extension.h>
+#include "abi.h"
+#include "kernels.h"
 #include "thread_pool.h"
 #include "vector_exp.h"
 
@@ -39,11 +40,11 @@ namespace {
 constexpr int64_t kBlock = 256;
 
 inline float widen(float v) { return v; }
-inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float widen(kvserve::BFloat16 v) { return static_cast<float>(v); }
 
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {
+inline __m512 load16(const kvserve::BFloat16* p, __mmask16 m) {
   return kvserve::widen_bf16(_mm256_maskz_loadu_epi16(m, p));
 }
 
@@ -153,39 +154,35 @@ int64_t sample_row(const scalar_t* x, int64_t n, float temperature, double u, st
 
 }  // namespace
 
+namespace kvserve {
+
 // logits: contiguous [N, V] float32 or bfloat16; rows: int64 [R] (rows to draw); temperature:
-// float32 [R] (> 0); uniforms: float64 [R] in [0, 1) -> int64 [R] tokens (V: the row has no
+// float32 [R] (> 0); uniforms: float64 [R] in [0, 1) -> tokens int64 [R] (V: the row has no
 // distribution).
-torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor temperature, torch::Tensor uniforms) {
-  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.device().is_cpu() &&
-                  (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16),
-              "sample_rows takes contiguous 2-D float32 or bfloat16 CPU logits");
-  const int64_t count = rows.numel(), n = logits.size(1);
-  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.dim() == 1 && rows.is_contiguous() &&
-                  temperature.scalar_type() == at::kFloat && temperature.numel() == count && temperature.is_contiguous() &&
-                  uniforms.scalar_type() == at::kDouble && uniforms.numel() == count && uniforms.is_contiguous(),
-              "sample_rows: rows int64 [R], temperature float32 [R], uniforms float64 [R]");
-  const int64_t* row = rows.data_ptr<int64_t>();
+void sample_rows(DType dtype, const void* logits, int64_t num_rows, int64_t vocab, const int64_t* rows, int64_t count,
+                 const float* temperature, const double* uniforms, int64_t* tokens) {
   for (int64_t i = 0; i < count; ++i)
-    TORCH_CHECK(row[i] >= 0 && row[i] < logits.size(0), "sample_rows: row ", row[i], " out of range");
-  auto out = torch::empty({count}, rows.options());
-  int64_t* tokens = out.data_ptr<int64_t>();
-  const float* temps = temperature.data_ptr<float>();
-  const double* us = uniforms.data_ptr<double>();
-  AT_DISPATCH_SWITCH(logits.scalar_type(), "sample_rows",
-    AT_DISPATCH_CASE(at::kFloat, [&] {
-      const float* x = logits.data_ptr<float>();
-      kvserve::parallel_for(0, count, 1, [&](int64_t a, int64_t b) {
-        std::vector<float> sums;
-        for (int64_t i = a; i < b; ++i) tokens[i] = sample_row(x + row[i] * n, n, temps[i], us[i], sums);
-      });
-    })
-    AT_DISPATCH_CASE(at::kBFloat16, [&] {
-      const c10::BFloat16* x = logits.data_ptr<c10::BFloat16>();
-      kvserve::parallel_for(0, count, 1, [&](int64_t a, int64_t b) {
-        std::vector<float> sums;
-        for (int64_t i = a; i < b; ++i) tokens[i] = sample_row(x + row[i] * n, n, temps[i], us[i], sums);
-      });
-    }));
-  return out;
+    check(rows[i] >= 0 && rows[i] < num_rows, "sample_rows: row " + std::to_string(rows[i]) + " out of range");
+  auto run = [&](const auto* x) {
+    parallel_for(0, count, 1, [&](int64_t a, int64_t b) {
+      std::vector<float> sums;
+      for (int64_t i = a; i < b; ++i) tokens[i] = sample_row(x + rows[i] * vocab, vocab, temperature[i], uniforms[i], sums);
+    });
+  };
+  if (dtype == kFloat32) {
+    run(static_cast<const float*>(logits));
+  } else {
+    run(static_cast<const BFloat16*>(logits));
+  }
+}
+
+}  // namespace kvserve
+
+extern "C" KVSERVE_EXPORT int kvserve_sample_rows(int32_t dtype, const void* logits, int64_t num_rows, int64_t vocab,
+                                                  const int64_t* rows, int64_t count, const float* temperature,
+                                                  const double* uniforms, int64_t* tokens) {
+  return kvserve::guarded([&] {
+    kvserve::sample_rows(static_cast<kvserve::DType>(dtype), logits, num_rows, vocab, rows, count, temperature,
+                         uniforms, tokens);
+  });
 }

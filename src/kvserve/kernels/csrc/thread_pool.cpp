@@ -10,7 +10,6 @@
 // loads, so a worker that saw a new parameter also sees the closed ticket.
 #include "thread_pool.h"
 
-#include <ATen/Parallel.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -193,6 +192,40 @@ void Pool::run(int64_t begin, int64_t end, int64_t grain, RangeFunction function
 }
 
 std::atomic<bool> enabled{false};
+std::atomic<int64_t> configured_threads{1};  // set_num_threads: PyTorch's intra-op thread count
+thread_local int64_t thread_threads = 0;     // set_thread_num_threads: this thread's own, 0 = none
+
+// OpenMP's threads over [begin, end): one contiguous share per thread, as at::parallel_for's
+// OpenMP backend splits a range; the first exception is rethrown after every share ends.
+void openmp_run(int64_t begin, int64_t end, int64_t grain, RangeFunction function, const void* context,
+                int64_t threads) {
+#ifdef _OPENMP
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel num_threads(static_cast<int>(threads))
+  {
+    const int64_t team = std::min<int64_t>(omp_get_num_threads(), (end - begin + grain - 1) / grain);
+    const int64_t chunk = (end - begin + team - 1) / team;
+    const int64_t first = begin + omp_get_thread_num() * chunk;
+    if (omp_get_thread_num() < team && first < end) {
+      try {
+        const bool outer = inside_region;
+        inside_region = true;
+        function(context, first, std::min(end, first + chunk));
+        inside_region = outer;
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+#else
+  (void)grain;
+  (void)threads;
+  function(context, begin, end);
+#endif
+}
 std::mutex pool_mutex;
 Pool* pool = nullptr;  // never deleted: detached workers use it until the process exits
 
@@ -208,13 +241,13 @@ void parallel_run(int64_t begin, int64_t end, int64_t grain, RangeFunction funct
   if (end <= begin) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t size = end - begin;
-  const int64_t threads = std::min<int64_t>(std::max(1, at::get_num_threads()), (size + grain - 1) / grain);
+  const int64_t threads = std::min<int64_t>(std::max<int64_t>(1, num_threads()), (size + grain - 1) / grain);
   if (threads <= 1 || inside_region) {
     function(context, begin, end);
     return;
   }
   if (!enabled.load(std::memory_order_relaxed)) {
-    at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { function(context, b, e); });
+    openmp_run(begin, end, grain, function, context, threads);
     return;
   }
   Pool* p = current_pool();
@@ -227,6 +260,10 @@ void parallel_run(int64_t begin, int64_t end, int64_t grain, RangeFunction funct
 }
 
 void set_pool_enabled(bool on) { enabled.store(on); }
+
+void set_num_threads(int64_t threads) { configured_threads.store(std::max<int64_t>(1, threads)); }
+
+int64_t num_threads() { return thread_threads > 0 ? thread_threads : configured_threads.load(std::memory_order_relaxed); }
 
 bool pool_enabled() { return enabled.load(); }
 
@@ -281,10 +318,7 @@ std::vector<int64_t> pool_self_check(int64_t regions, int64_t seed, int64_t max_
   std::atomic<int64_t> active{-1};
   std::atomic<int64_t> faults[4] = {};
   std::vector<CheckRegion> records(static_cast<size_t>(std::max<int64_t>(0, regions)));
-  at::get_num_threads();  // torch sets this thread's count on its first call: before the one below
-#ifdef _OPENMP
-  const int saved_threads = omp_get_max_threads();  // this thread's own setting (torch's thread count)
-#endif
+  const int64_t saved_threads = thread_threads;  // this thread's own setting (0: none)
   for (int64_t id = 0; id < regions; ++id) {
     CheckRegion& r = records[static_cast<size_t>(id)];
     r.id = id;
@@ -298,9 +332,7 @@ std::vector<int64_t> pool_self_check(int64_t regions, int64_t seed, int64_t max_
     r.faults = faults;
     r.hits.reset(new std::atomic<uint8_t>[static_cast<size_t>(r.end - r.begin)]);
     for (int64_t i = 0; i < r.end - r.begin; ++i) r.hits[i].store(0, std::memory_order_relaxed);
-#ifdef _OPENMP
-    if (max_threads > 0) omp_set_num_threads(static_cast<int>(uniform(1, max_threads)));  // up and down
-#endif
+    if (max_threads > 0) thread_threads = uniform(1, max_threads);  // up and down
     if (uniform(0, 63) == 0) std::this_thread::sleep_for(std::chrono::microseconds(uniform(100, 1500)));  // workers asleep
     active.store(id, std::memory_order_release);
     bool thrown = false;
@@ -317,9 +349,7 @@ std::vector<int64_t> pool_self_check(int64_t regions, int64_t seed, int64_t max_
       if (hits > 1 || (hits == 0 && !(throws && !pool_enabled()))) faults[0].fetch_add(1);
     }
   }
-#ifdef _OPENMP
-  omp_set_num_threads(saved_threads);
-#endif
+  thread_threads = saved_threads;
   std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a late body would show by now
   std::vector<int64_t> counts;
   for (const auto& count : faults) counts.push_back(count.load());

@@ -21,7 +21,7 @@
 // the kvserve commands set): PyTorch's own operators still run on OpenMP, and where its threads
 // spin after each of them (libgomp's default) they would take the cores from this pool's workers
 // (measured: a decode step 1.7x slower). There set_pool_enabled(false) sends every region to
-// at::parallel_for instead (kvserve.kernels decides at load, from kvserve.cpu_threads).
+// OpenMP's threads instead (kvserve.kernels decides at load, from kvserve.cpu_threads).
 #pragma once
 
 #include <cstdint>
@@ -32,10 +32,16 @@ namespace kvserve {
 using RangeFunction = void (*)(const void* context, int64_t begin, int64_t end);
 
 // Runs function(context, b, e) over disjoint runs [b, e) covering [begin, end), on up to
-// at::get_num_threads() threads; rethrows the first exception a run threw, after all runs end.
+// num_threads() threads; rethrows the first exception a run threw, after all runs end.
 void parallel_run(int64_t begin, int64_t end, int64_t grain, RangeFunction function, const void* context);
 
-// Whether parallel_run uses this pool (true) or at::parallel_for (false, the default).
+// The threads of a region: PyTorch's intra-op thread count, which the Python caller passes on
+// (kvserve/kernels/library.py: before a call, when torch.get_num_threads() changed), or the
+// calling thread's own count while pool_self_check varies it.
+void set_num_threads(int64_t threads);
+int64_t num_threads();
+
+// Whether parallel_run uses this pool (true) or OpenMP's threads (false, the default).
 void set_pool_enabled(bool enabled);
 bool pool_enabled();
 

@@ -19,7 +19,8 @@
 // boundary). The most likely token always stays (f(m) = 0 < target). A row with a NaN or +inf
 // logit, or only -inf logits, is left unchanged (the sampler takes its argmax). Each row depends
 // only on its own logits and p: the same alone or in any batch, with any thread count.
-#include <torch/extension.h>
+#include "abi.h"
+#include "kernels.h"
 #include "thread_pool.h"
 #include "vector_exp.h"
 
@@ -163,7 +164,7 @@ void scaled_row(const scalar_t* x, int64_t n, float temperature, float* y) {
 inline void drop16(float* x, __mmask16 m) {
   _mm512_mask_storeu_ps(x, m, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
 }
-inline void drop16(c10::BFloat16* x, __mmask16 m) {
+inline void drop16(kvserve::BFloat16* x, __mmask16 m) {
   _mm256_mask_storeu_epi16(x, m, _mm256_set1_epi16(static_cast<int16_t>(0xFF80)));  // bfloat16 -inf
 }
 #endif
@@ -257,35 +258,34 @@ void run_rows(scalar_t* base, const int64_t* row_ids, const float* ps, const flo
 
 }  // namespace
 
+namespace kvserve {
+
 // logits: contiguous float32 or bfloat16 [N, V], modified in place (dropped tokens become -inf);
-// rows: int64 [R] (the rows to truncate); top_p: float32 [R], each in (0, 1); temperature: None
+// rows: int64 [R] (the rows to truncate); top_p: float32 [R], each in (0, 1); temperature: nullptr
 // (the logits are already scaled) or float32 [R] > 0: the decisions are taken on logits / T (as
 // torch's float32 division), the raw logits masked, as the sampling kernel (sample.cpp) expects.
-void top_p_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor top_p, c10::optional<torch::Tensor> temperature) {
-  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.device().is_cpu() &&
-                  (logits.scalar_type() == torch::kFloat32 || logits.scalar_type() == torch::kBFloat16),
-              "top_p_rows takes contiguous 2-D float32 or bfloat16 CPU logits");
-  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kLong && top_p.dim() == 1 &&
-                  top_p.scalar_type() == torch::kFloat32 && top_p.size(0) == rows.size(0),
-              "top_p_rows takes int64 rows [R] and float32 top_p [R]");
-  const int64_t n = logits.size(0), vocab = logits.size(1);
-  const auto rows_c = rows.contiguous();
-  const auto p_c = top_p.contiguous();
-  torch::Tensor t_c;
-  if (temperature) {
-    t_c = temperature->contiguous();
-    TORCH_CHECK(t_c.dim() == 1 && t_c.scalar_type() == torch::kFloat32 && t_c.size(0) == rows.size(0),
-                "top_p_rows takes float32 temperature [R]");
+void top_p_rows(DType dtype, void* logits, int64_t num_rows, int64_t vocab, const int64_t* rows, int64_t count,
+                const float* top_p, const float* temperature) {
+  for (int64_t r = 0; r < count; ++r) {
+    check(rows[r] >= 0 && rows[r] < num_rows, "top_p_rows: row " + std::to_string(rows[r]) + " outside [0, " +
+                                                  std::to_string(num_rows) + ")");
+    check(top_p[r] > 0.f && top_p[r] < 1.f, "top_p_rows: top_p must be in (0, 1), got " + std::to_string(top_p[r]));
+    check(temperature == nullptr || temperature[r] > 0.f,
+          "top_p_rows: temperature must be > 0, got " + std::to_string(temperature == nullptr ? 0.f : temperature[r]));
   }
-  const int64_t* row_ids = rows_c.data_ptr<int64_t>();
-  const float* ps = p_c.data_ptr<float>();
-  const float* ts = temperature ? t_c.data_ptr<float>() : nullptr;
-  for (int64_t r = 0; r < rows_c.size(0); ++r) {
-    TORCH_CHECK(row_ids[r] >= 0 && row_ids[r] < n, "top_p_rows: row ", row_ids[r], " outside [0, ", n, ")");
-    TORCH_CHECK(ps[r] > 0.f && ps[r] < 1.f, "top_p_rows: top_p must be in (0, 1), got ", ps[r]);
-    TORCH_CHECK(ts == nullptr || ts[r] > 0.f, "top_p_rows: temperature must be > 0, got ", ts == nullptr ? 0.f : ts[r]);
+  if (dtype == kFloat32) {
+    run_rows(static_cast<float*>(logits), rows, top_p, temperature, count, vocab);
+  } else {
+    run_rows(static_cast<BFloat16*>(logits), rows, top_p, temperature, count, vocab);
   }
-  AT_DISPATCH_SWITCH(logits.scalar_type(), "top_p_rows",
-      AT_DISPATCH_CASE(at::kFloat, [&] { run_rows(logits.data_ptr<float>(), row_ids, ps, ts, rows_c.size(0), vocab); })
-      AT_DISPATCH_CASE(at::kBFloat16, [&] { run_rows(logits.data_ptr<c10::BFloat16>(), row_ids, ps, ts, rows_c.size(0), vocab); }));
+}
+
+}  // namespace kvserve
+
+extern "C" KVSERVE_EXPORT int kvserve_top_p_rows(int32_t dtype, void* logits, int64_t num_rows, int64_t vocab,
+                                                 const int64_t* rows, int64_t count, const float* top_p,
+                                                 const float* temperature) {
+  return kvserve::guarded([&] {
+    kvserve::top_p_rows(static_cast<kvserve::DType>(dtype), logits, num_rows, vocab, rows, count, top_p, temperature);
+  });
 }

@@ -1,0 +1,268 @@
+"""The build of kvserve's C++ CPU kernels: one shared library per instruction-set variant.
+
+The kernels (``csrc/*.cpp``) are plain C++ on raw pointers: no PyTorch or Python header, so a unit
+compiles in about a second (with ``torch/extension.h`` each took ~20 s) and the library works with
+any torch (Python calls it through ctypes, :mod:`kvserve.kernels.library`). Each unit is compiled
+by its own ``g++`` process, as many at once as the process may use CPUs, and a line is printed as
+each one ends. Objects are named by a digest of their source, the headers and the flags, so a
+change rebuilds only what it touches.
+
+Run-time ISA dispatch, as ggml's CPU backend does it (one library per variant, the best one the
+CPU runs is loaded): a wheel carries every variant of :data:`VARIANTS` (``setup.py`` builds them);
+a source install builds the variant of its own CPU on first use (:func:`host_variant`). Within a
+variant, AMX tiles and the quantized kernels' AVX2 / AVX-512 paths are chosen at run time too.
+
+    python -m kvserve.kernels.build [--variant NAME ...] [--out DIR]   # build into DIR (default: the cache)
+
+Only the standard library is imported here, so ``scripts/install.sh`` runs this file as a script
+(``python src/kvserve/kernels/build.py``) while pip installs the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = ("abi.cpp", "thread_pool.cpp", "paged_attention.cpp", "argmax.cpp", "sample.cpp", "top_p.cpp",
+           "elementwise.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp", "amx_quant_linear.cpp",
+           "bitmask.cpp", "lora.cpp", "decoder.cpp")
+COMMON_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
+                "-fno-strict-aliasing", "-fvisibility=hidden")
+LINK_FLAGS = ("-shared", "-fopenmp", "-static-libstdc++", "-static-libgcc")
+PROGRESS_INTERVAL_S = 2.0  # a line at least this often while a build runs
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An instruction-set variant: its name, the compiler flags, and the CPU flags
+    (``/proc/cpuinfo``) a host needs to run it."""
+
+    name: str
+    flags: tuple[str, ...]
+    needs: frozenset[str]
+
+
+# Best last. AMX code is compiled into avx512_bf16 under `#pragma GCC target` and used where the
+# CPU and the OS grant the tiles (every AMX CPU has AVX512-BF16).
+VARIANTS: tuple[Variant, ...] = (
+    Variant("x86_64", ("-march=x86-64", "-mtune=generic"), frozenset()),
+    Variant("avx2", ("-march=x86-64-v3", "-mtune=generic"), frozenset({"avx2", "fma", "f16c", "bmi2"})),
+    Variant("avx512", ("-march=x86-64-v4", "-mtune=generic"),
+            frozenset({"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"})),
+    Variant("avx512_bf16", ("-march=x86-64-v4", "-mavx512bf16", "-mtune=generic"),
+            frozenset({"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd",
+                       "avx512_bf16"})),
+)
+NATIVE = Variant("native", ("-march=native",), frozenset())  # other architectures: this machine's own
+
+
+def library_name(variant: str) -> str:
+    return f"libkvserve_kernels_{variant}.so"
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as ``/proc/cpuinfo`` names them (empty where it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def host_variants() -> list[Variant]:
+    """The variants this CPU runs, best first (x86-64), or [NATIVE] on other architectures."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return [NATIVE]
+    flags = cpu_flags()
+    return [v for v in reversed(VARIANTS) if v.needs <= flags]
+
+
+def host_variant() -> Variant:
+    """The best variant for this CPU; ``KVSERVE_KERNEL_VARIANT`` names another it can run (tests
+    of the AVX2 or AVX-512 builds on a newer host)."""
+    runnable = host_variants()
+    wanted = os.environ.get("KVSERVE_KERNEL_VARIANT", "").strip()
+    if not wanted:
+        return runnable[0]
+    for variant in runnable:
+        if variant.name == wanted:
+            return variant
+    raise RuntimeError(f"KVSERVE_KERNEL_VARIANT={wanted}: this CPU runs {', '.join(v.name for v in runnable)}")
+
+
+def _sources_digest(variant: Variant, compiler: str) -> hashlib._Hash:
+    digest = hashlib.sha256(" ".join((compiler, *COMMON_FLAGS, *variant.flags, *LINK_FLAGS)).encode())
+    for path in sorted(CSRC.glob("*.h")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest
+
+
+def build_stamp(variant: Variant) -> str:
+    """A digest of everything the variant's library is built from (sources, headers, flags)."""
+    digest = _sources_digest(variant, "")
+    for name in SOURCES:
+        digest.update(name.encode() + (CSRC / name).read_bytes())
+    return digest.hexdigest()
+
+
+def compiler() -> str:
+    """The C++ compiler: ``$CXX``, else ``g++`` or ``c++`` on PATH."""
+    for candidate in (os.environ.get("CXX"), "g++", "c++"):
+        if candidate and shutil.which(candidate):
+            return candidate
+    raise RuntimeError("no C++ compiler (g++) on PATH")
+
+
+def _compile(cxx: str, variant: Variant, source: str, directory: Path, headers: hashlib._Hash) -> tuple[Path, float]:
+    digest = headers.copy()
+    digest.update((CSRC / source).read_bytes())
+    obj = directory / f"{Path(source).stem}-{digest.hexdigest()[:12]}.o"
+    start = time.perf_counter()
+    if not obj.exists():
+        partial = obj.with_suffix(f".{os.getpid()}.tmp")
+        command = [cxx, *COMMON_FLAGS, *variant.flags, f'-DKVSERVE_VARIANT="{variant.name}"', "-c",
+                   str(CSRC / source), "-o", str(partial)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{source} failed to compile ({' '.join(command)}):\n{result.stderr[-4000:]}")
+        partial.replace(obj)
+    return obj, time.perf_counter() - start
+
+
+def usable_cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def build_library(variant: Variant, directory: Path, *, log=None, jobs: int | None = None) -> Path:
+    """Compile ``SOURCES`` for ``variant`` in parallel into ``directory`` and link the library
+    there (written under a temporary name and renamed, so a killed build never leaves a broken
+    one). ``log(line)`` gets one line per unit and one for the link. Returns the library's path.
+
+    Raises:
+        RuntimeError: no compiler, or a unit that does not compile (with the compiler's message).
+    """
+    log = log or (lambda line: None)
+    cxx = compiler()
+    directory.mkdir(parents=True, exist_ok=True)
+    headers = _sources_digest(variant, cxx)
+    start = time.perf_counter()
+    objects: dict[str, Path] = {}
+    total = len(SOURCES) + 1
+    with ThreadPoolExecutor(max_workers=jobs or usable_cpus()) as pool:
+        futures = {pool.submit(_compile, cxx, variant, name, directory, headers): name for name in SOURCES}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, timeout=PROGRESS_INTERVAL_S, return_when=FIRST_COMPLETED)
+            if not finished:  # a long unit: say the build is alive
+                log(f"kvserve: [{len(objects)}/{total}] {variant.name} compiling ... "
+                    f"{time.perf_counter() - start:.0f} s")
+            for future in finished:
+                obj, seconds = future.result()
+                objects[futures[future]] = obj
+                log(f"kvserve: [{len(objects)}/{total}] {variant.name} {futures[future]} {seconds:.1f} s")
+    target = directory / library_name(variant.name)
+    with tempfile.NamedTemporaryFile(dir=directory, suffix=".so", delete=False) as tmp:
+        partial = Path(tmp.name)
+    result = subprocess.run([cxx, *LINK_FLAGS, "-o", str(partial), *(str(objects[name]) for name in SOURCES)], capture_output=True, text=True)
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"linking {target.name} failed:\n{result.stderr[-4000:]}")
+    partial.replace(target)
+    log(f"kvserve: [{total}/{total}] {variant.name} linked in {time.perf_counter() - start:.1f} s")
+    return target
+
+
+def cache_root() -> Path:
+    """This install's kernel cache: ``$XDG_CACHE_HOME/kvserve/kernels/<hash of the package path>``
+    (default ``~/.cache``), a folder of each install's own, so two installs never rebuild each
+    other's."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    install = hashlib.sha256(str(Path(__file__).resolve().parent).encode()).hexdigest()[:12]
+    return cache / "kvserve" / "kernels" / install
+
+
+@contextlib.contextmanager
+def _build_guard(directory: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on the build folder while a build or a load runs there: two processes
+    starting at once build once (the second waits, then loads); the kernel releases the lock of a
+    process that dies."""
+    with open(directory / "kvserve_build.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def cached_library(variant: Variant | None = None) -> Path:
+    """This install's library for ``variant`` (default: this CPU's), built first when it is missing
+    or out of date (its stamp differs from :func:`build_stamp`): announced on stderr, a line per
+    unit, and the time it took."""
+    variant = variant or host_variant()
+    directory = cache_root() / variant.name
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp_file, stamp = directory / "kvserve_build_stamp", build_stamp(variant)
+    with _build_guard(directory):
+        target = directory / library_name(variant.name)
+        if target.exists() and stamp_file.is_file() and stamp_file.read_text() == stamp:
+            return target
+        _say(f"kvserve: building the C++ CPU kernels ({variant.name}) in {directory}, once per install and CPU ...")
+        start = time.perf_counter()
+        build_library(variant, directory, log=_say)
+        stamp_file.write_text(stamp)
+        _say(f"kvserve: CPU kernels built in {time.perf_counter() - start:.0f} s")
+        return target
+
+
+def variants_named(names: Sequence[str]) -> list[Variant]:
+    known = {v.name: v for v in (*VARIANTS, NATIVE)}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvserve.kernels.build", description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", nargs="*", help="variants to build (default: this CPU's; 'all': every x86-64 one)")
+    parser.add_argument("--out", type=Path, help="folder for the libraries (default: this install's kernel cache)")
+    args = parser.parse_args(argv)
+    if args.variant == ["all"]:
+        variants = list(VARIANTS)
+    else:
+        variants = variants_named(args.variant) if args.variant else [host_variant()]
+    for variant in variants:
+        if args.out is None:
+            cached_library(variant)
+            continue
+        with tempfile.TemporaryDirectory() as objects:
+            args.out.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(build_library(variant, Path(objects), log=_say), args.out / library_name(variant.name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

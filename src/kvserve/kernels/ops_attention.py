@@ -1,0 +1,55 @@
+"""Paged attention and the KV-cache write (``csrc/paged_attention.cpp``)."""
+
+from __future__ import annotations
+
+import torch
+
+from kvserve.kernels.tensors import code, ptr, require
+
+_QUERY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_ONE_BYTE = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+class AttentionOps:
+    """``paged_attention`` and ``write_kv_cache`` (the shapes are ``paged_attention.cpp``'s)."""
+
+    def paged_attention(self, out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                        scale: float, window: int, max_q_len: int, amx: int = -1) -> None:
+        """out/query [T, H, D] (float32, bfloat16 or float16); kv_cache [2, num_blocks, block_size,
+        H_kv, D] in query's dtype, or int8/fp8 [..., D + 4]; block_tables int32 [B, W]; seq_lens
+        int32 [B]; query_start_loc int32 [B + 1]. Writes the rows of requests with 1 <= q_len <=
+        max_q_len. amx: -1 where this host has tiles, 0 never, 1 required."""
+        require(query.is_contiguous() and out.is_contiguous() and kv_cache.is_contiguous()
+                and block_tables.is_contiguous(), "paged_attention: query, out, kv_cache and block_tables must be contiguous")
+        one_byte = kv_cache.dtype in _ONE_BYTE
+        require(query.dtype in _QUERY_DTYPES and (one_byte or query.dtype == kv_cache.dtype)
+                and out.dtype == query.dtype, "paged_attention: query/out float32, bfloat16 or float16, the cache alike or one byte")
+        require(block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32 and query_start_loc.dtype == torch.int32,
+                "paged_attention: block_tables, seq_lens and query_start_loc must be int32")
+        heads, dim = query.shape[1], query.shape[2]
+        _, blocks, block_size, kv_heads, row = kv_cache.shape
+        require(row == (dim + 4 if one_byte else dim) and out.shape == query.shape, "paged_attention: cache rows do not match the query")
+        require(block_tables.dim() == 2 and block_tables.shape[0] >= seq_lens.shape[0],
+                f"paged_attention: block_tables [{', '.join(map(str, block_tables.shape))}] for {seq_lens.shape[0]} requests")
+        seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
+        require(query_start_loc.numel() == seq_lens.numel() + 1, "paged_attention: query_start_loc needs B + 1 entries")
+        self._lib.call("kvserve_paged_attention", ptr(out), ptr(query), code(query.dtype), ptr(kv_cache),
+                       code(kv_cache.dtype), ptr(block_tables), ptr(seq_lens), ptr(query_start_loc), heads, dim,
+                       kv_heads, block_size, blocks, seq_lens.numel(), block_tables.shape[1], scale, window,
+                       max_q_len, amx)
+
+    def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor) -> None:
+        """key/value [T, H_kv, D] (unit stride in D) into slots ``slot_mapping`` (int64 [T]) of
+        kv_cache [2, num_blocks, block_size, H_kv, D] of the same dtype."""
+        require(kv_cache.is_contiguous() and slot_mapping.is_contiguous() and key.dtype == kv_cache.dtype
+                and value.dtype == kv_cache.dtype and slot_mapping.dtype == torch.int64,
+                "write_kv_cache: a contiguous cache of the keys' dtype and int64 slots")
+        require(key.dim() == 3 and value.shape == key.shape and key.stride(2) == 1 and value.stride(2) == 1
+                and key.shape[1] == kv_cache.shape[3] and key.shape[2] == kv_cache.shape[4]
+                and slot_mapping.numel() == key.shape[0], "write_kv_cache: keys/values [T, H_kv, D] for the cache's heads")
+        tokens, heads, dim = key.shape
+        self._lib.call("kvserve_write_kv_cache", ptr(key), key.stride(0), key.stride(1), ptr(value), value.stride(0),
+                       value.stride(1), tokens, heads, dim, key.element_size(), ptr(kv_cache),
+                       kv_cache.shape[1] * kv_cache.shape[2], ptr(slot_mapping))

@@ -1,0 +1,161 @@
+"""The linear kernels: batch-invariant float32/bfloat16 GEMM (``csrc/linear.cpp``), its AMX form
+(``amx_linear.cpp``), the int8/int4 weight-only ones (``quant_linear.cpp``,
+``amx_quant_linear.cpp``) and LoRA's (``lora.cpp``)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kvserve.kernels.tensors import (FLOAT_DTYPES, code, cpu_contiguous, optional_bias, optional_offsets, ptr,
+                                     require)
+
+_TILE_N, _TILE_K, _TILE_ROWS = 16, 32, 16  # amx_tiles.h
+
+
+class LinearOps:
+    """The linear kernels' wrappers (shapes and layouts in their C++ files)."""
+
+    def linear_panel_width(self) -> int:
+        """Output columns per packed weight panel of ``invariant_linear``."""
+        return self._lib.linear_panel_width()
+
+    def pack_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """weight [N, K] float32 or bfloat16 -> its panels [ceil(N / width), K, width] (same dtype)."""
+        require(weight.dim() == 2 and weight.device.type == "cpu", "weight must be a 2-D CPU tensor")
+        require(weight.dtype in FLOAT_DTYPES, "pack_linear_weight supports float32 and bfloat16")
+        weight = weight.contiguous()
+        n, k = weight.shape
+        width = self.linear_panel_width()
+        packed = torch.empty((-(-n // width), k, width), dtype=weight.dtype)
+        self._lib.call("kvserve_pack_linear_weight", code(weight.dtype), ptr(weight), ptr(packed), n, k)
+        return packed
+
+    def invariant_linear(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                         out_features: int) -> torch.Tensor:
+        """x [M, K] float32 or bfloat16 (contiguous) -> x W^T + b [M, N] in x's dtype."""
+        cpu_contiguous(x, 2, FLOAT_DTYPES, "x must be a contiguous 2-D float32 or bfloat16 CPU tensor")
+        width = self.linear_panel_width()
+        require(packed.dim() == 3 and packed.shape[2] == width and packed.is_contiguous()
+                and packed.dtype in FLOAT_DTYPES, "packed must come from pack_linear_weight")
+        m, k = x.shape
+        require(packed.shape[1] == k and packed.shape[0] == -(-out_features // width), "packed weight does not match x / N")
+        bias_ptr = optional_bias(bias, out_features)
+        out = torch.empty((m, out_features), dtype=x.dtype)
+        self._lib.call("kvserve_invariant_linear", code(x.dtype), ptr(x), code(packed.dtype), ptr(packed), bias_ptr,
+                       ptr(out), m, k, out_features)
+        return out
+
+    def amx_linear_available(self) -> bool:
+        """AMX-BF16 tiles usable here (``KVSERVE_AMX=0``: never)."""
+        return bool(self._lib.amx_linear_available())
+
+    def _amx_operands(self, x: torch.Tensor, packed: torch.Tensor, n: int, name: str) -> None:
+        require(self.amx_linear_available(), f"{name}: no AMX-BF16 tiles on this CPU / process")
+        cpu_contiguous(x, 2, (torch.bfloat16,), f"{name} takes contiguous 2-D bfloat16 CPU activations")
+        k = x.shape[1]
+        require(packed.dim() == 4 and packed.is_contiguous() and packed.dtype == torch.bfloat16
+                and tuple(packed.shape) == (-(-n // _TILE_N), -(-k // _TILE_K), _TILE_ROWS, 2 * _TILE_N),
+                "packed must be the weight's B tiles [N/16, K/32, 16, 32] for these K and N")
+
+    def amx_linear(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                   out_features: int) -> torch.Tensor:
+        """bfloat16 x [M, K] -> x W^T + b [M, N] on AMX tiles (``packed``: ``pack_amx_weight``)."""
+        self._amx_operands(x, packed, out_features, "amx_linear")
+        bias_ptr = optional_bias(bias, out_features)
+        out = torch.empty((x.shape[0], out_features), dtype=torch.bfloat16)
+        self._lib.call("kvserve_amx_linear", ptr(x), ptr(packed), bias_ptr, ptr(out), x.shape[0], x.shape[1],
+                       out_features, 0)
+        return out
+
+    def amx_linear_silu_mul(self, x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+        """silu_and_mul(amx_linear(x, packed, None, out_features)) in one pass, the same bits;
+        out_features = 2d with d a multiple of 16."""
+        self._amx_operands(x, packed, out_features, "amx_linear_silu_mul")
+        require(out_features % (2 * _TILE_N) == 0,
+                f"amx_linear_silu_mul: out_features must be 2d with d a multiple of {_TILE_N}, got {out_features}")
+        out = torch.empty((x.shape[0], out_features // 2), dtype=torch.bfloat16)
+        self._lib.call("kvserve_amx_linear", ptr(x), ptr(packed), None, ptr(out), x.shape[0], x.shape[1],
+                       out_features, 1)
+        return out
+
+    def quant_linear_isa(self) -> int:
+        """Instruction set of ``quant_linear`` here: 1 portable, 2 AVX2, 3 AVX-512."""
+        return self._lib.quant_linear_isa()
+
+    def quant_linear_layout(self, isa: int) -> list[int]:
+        """(vector width, vectors per panel) of the quantized panels of ``isa`` (0: the best here)."""
+        layout = (ctypes.c_int64 * 2)()
+        self._lib.call("kvserve_quant_linear_layout", isa, ctypes.addressof(layout))
+        return [layout[0], layout[1]]
+
+    def quant_linear(self, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                     neg_offsets: torch.Tensor | None, bias: torch.Tensor | None, out_features: int,
+                     group_size: int, bits: int, isa: int) -> torch.Tensor:
+        """x [M, K] float32 or bfloat16 over int8/int4 panels -> [M, N] in x's dtype (the layouts:
+        ``quant_linear.cpp``; isa 0: the best here)."""
+        width, vectors = self.quant_linear_layout(isa)
+        nr = width * vectors
+        cpu_contiguous(x, 2, FLOAT_DTYPES, "x must be a contiguous 2-D float32 or bfloat16 CPU tensor")
+        require(bits in (8, 4), "bits must be 8 or 4")
+        m, k = x.shape
+        panels = -(-out_features // nr)
+        require(group_size > 0 and k % group_size == 0, "group_size must divide in_features")
+        require(packed.dtype == torch.uint8 and packed.is_contiguous() and packed.dim() == 3
+                and tuple(packed.shape) == (panels, k, nr if bits == 8 else nr // 2),
+                "packed must be uint8 [P, K, row bytes] from kvserve.model.quant_linear")
+        shape = (panels, k // group_size, nr)
+        require(scales.is_contiguous() and tuple(scales.shape) == shape and scales.dtype == torch.float32,
+                "scales must be float32 [P, K / group_size, kNR]")
+        offsets = optional_offsets(neg_offsets, bits, shape)
+        bias_ptr = optional_bias(bias, out_features)
+        out = torch.empty((m, out_features), dtype=x.dtype)
+        self._lib.call("kvserve_quant_linear", code(x.dtype), ptr(x), ptr(out), m, k, ptr(packed), ptr(scales), offsets,
+                       bias_ptr, out_features, group_size, bits, isa)
+        return out
+
+    def amx_quant_linear(self, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                         neg_offsets: torch.Tensor | None, bias: torch.Tensor | None, out_features: int,
+                         group_size: int, bits: int) -> torch.Tensor:
+        """bfloat16 x [M, K] over int8/int4 blocks on AMX tiles -> [M, N] bfloat16 (the layout:
+        ``amx_quant_linear.cpp``)."""
+        require(self.amx_linear_available(), "amx_quant_linear: no AMX-BF16 tiles on this CPU / process")
+        cpu_contiguous(x, 2, (torch.bfloat16,), "amx_quant_linear takes contiguous 2-D bfloat16 CPU activations")
+        require(bits in (8, 4), "bits must be 8 or 4")
+        m, k = x.shape
+        block_cols = _TILE_N if bits == 8 else 4 * _TILE_N
+        blocks, chunks = -(-out_features // block_cols), -(-k // _TILE_K)
+        require(group_size == k or (group_size % _TILE_K == 0 and k % group_size == 0),
+                "group_size must be K or a multiple of 32 that divides K")
+        require(packed.dtype == torch.uint8 and packed.is_contiguous() and packed.dim() == 3
+                and tuple(packed.shape) == (blocks, chunks * (_TILE_K if bits == 8 else _TILE_K // 2), block_cols),
+                "packed must be uint8 [N/16, K', 16] (int8) or [N/64, K'/2, 64] (int4) from "
+                "kvserve.model.quant_linear.pack_quantized_amx")
+        shape = (blocks, k // group_size, block_cols)
+        require(scales.is_contiguous() and tuple(scales.shape) == shape and scales.dtype == torch.float32,
+                "scales must be float32 [blocks, K / group_size, block columns] like packed")
+        offsets = optional_offsets(neg_offsets, bits, shape)
+        bias_ptr = optional_bias(bias, out_features)
+        out = torch.empty((m, out_features), dtype=torch.bfloat16)
+        self._lib.call("kvserve_amx_quant_linear", ptr(x), ptr(out), m, k, ptr(packed), ptr(scales), offsets, bias_ptr,
+                       out_features, group_size, bits)
+        return out
+
+    def lora_apply(self, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, order: torch.Tensor,
+                   seg_starts: torch.Tensor, seg_slots: torch.Tensor, shard_offsets: torch.Tensor, rank: int) -> None:
+        """y[t] += B_s A_s x[t], each token with its adapter slot (``lora.cpp``)."""
+        require(x.dim() == 2 and y.dim() == 2 and x.is_contiguous() and y.is_contiguous() and x.shape[0] == y.shape[0],
+                "x [T, K] and y [T, N] must be contiguous with the same rows")
+        require(x.dtype == y.dtype and x.dtype in FLOAT_DTYPES, "x and y must both be float32 or both bfloat16")
+        require(a.dim() == 3 and b.dim() == 3 and a.is_contiguous() and b.is_contiguous() and a.dtype == b.dtype
+                and a.dtype in FLOAT_DTYPES, "a [slots, K, R] and b [slots, rank, N] must be contiguous float32 or bfloat16")
+        k, n, r, shards = x.shape[1], y.shape[1], a.shape[2], shard_offsets.numel() - 1
+        require(a.shape[1] == k and b.shape[2] == n and b.shape[1] == rank and r == shards * rank
+                and a.shape[0] == b.shape[0], "a, b and the shards do not match x and y")
+        for t in (order, seg_starts, seg_slots, shard_offsets):
+            require(t.dtype == torch.int64 and t.is_contiguous() and t.device.type == "cpu",
+                    "index tensors must be contiguous int64")
+        require(seg_starts.numel() == seg_slots.numel() + 1, "seg_starts needs one more entry than seg_slots")
+        self._lib.call("kvserve_lora_apply", code(x.dtype), code(a.dtype), ptr(x), ptr(y), ptr(a), ptr(b), ptr(order),
+                       ptr(seg_starts), ptr(seg_slots), ptr(shard_offsets), seg_slots.numel(), shards, k, n, r, rank)
