@@ -9,9 +9,11 @@ own CPU's variant, on first use. The project's metadata lives in pyproject.toml.
 import importlib.util
 import os
 import platform
+import shutil
+import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
@@ -21,6 +23,7 @@ def _kernel_build():
     path = Path(__file__).parent / "src" / "kvserve" / "kernels" / "build.py"
     spec = importlib.util.spec_from_file_location("kvserve_kernel_build", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -39,18 +42,22 @@ class BuildPyWithKernels(build_py):
             return
         variants = kernels.variants_named(names.split(",")) if names else list(kernels.VARIANTS)
         out = Path(self.build_lib) / "kvserve" / "kernels" / "lib"
+        shutil.rmtree(out, ignore_errors=True)  # no library of an earlier build's variants
         kernels.main(["--variant", *(v.name for v in variants), "--out", str(out)])
 
 
-class PlatformWheel(bdist_wheel):
-    """A platform wheel (it holds shared libraries) for any Python 3."""
+class BinaryDistribution(Distribution):
+    """A distribution with binaries (the kernels' libraries): platform-specific, installed as such."""
 
-    def finalize_options(self):
-        super().finalize_options()
-        self.root_is_pure = False
+    def has_ext_modules(self):
+        return True
+
+
+class PlatformWheel(bdist_wheel):
+    """A platform wheel for any Python 3 (the libraries use no Python API)."""
 
     def get_tag(self):
         return "py3", "none", super().get_tag()[2]
 
 
-setup(cmdclass={"build_py": BuildPyWithKernels, "bdist_wheel": PlatformWheel})
+setup(distclass=BinaryDistribution, cmdclass={"build_py": BuildPyWithKernels, "bdist_wheel": PlatformWheel})

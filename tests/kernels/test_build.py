@@ -128,3 +128,22 @@ def test_every_variant_this_cpu_runs_builds_without_torch_and_computes_the_same(
         assert torch.equal(kernels.argmax_rows(logits), logits.argmax(-1))
         out = kernels.invariant_linear(x, kernels.pack_linear_weight(weight), None, 24)
         torch.testing.assert_close(out, x @ weight.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_avx2_host_passes_the_fused_decoder_and_attention_suites():
+    """The avx2 variant (what a host without AVX-512 runs: no AMX, the AVX2 and portable vector
+    paths) through the fused-decoder, attention and sampling-kernel suites, in a process of its
+    own (the variant is chosen when the library opens)."""
+    if "avx2" not in [v.name for v in build.host_variants()]:
+        pytest.skip("this CPU does not run AVX2")
+    import os
+    import sys
+
+    tests = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "KVSERVE_KERNEL_VARIANT": "avx2"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             str(tests / "model" / "test_fused_decoder.py"), str(tests / "attention" / "test_cpu_paged.py"),
+                             str(tests / "sample" / "test_sample_kernel.py")],
+                            env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:]

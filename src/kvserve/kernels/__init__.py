@@ -102,6 +102,7 @@ def cpu_kernels() -> CpuKernels | None:
         logger.warning("CPU kernels unavailable (%s); using portable torch code", error)
         return None
     kernels.set_pool_enabled(openmp_threads_sleep())
+    logger.info("CPU kernels: %s (%s)", kernels.variant, kernels.path)
     return kernels
 
 

@@ -14,7 +14,10 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__) && defined(__linux__)
+// The AMX code is compiled into the avx512_bf16 variant only (kvserve/kernels/build.py): every AMX
+// CPU runs that variant, and the vector kernels the tiles' results must match bit for bit (SiLU,
+// the attention's softmax) are then the AVX-512 ones.
+#if defined(__x86_64__) && defined(__linux__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
