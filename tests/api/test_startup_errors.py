@@ -122,6 +122,32 @@ def test_try_hint_expands_the_key_in_a_shell():
     assert '-H "Authorization: Bearer $VLLM_API_KEY"' in vllm_env
 
 
+def test_a_loading_server_prints_progress_until_it_is_ready(capsys):
+    """While the engine loads, a line every PROGRESS_INTERVAL_S (here: every wait that times out),
+    then the ready message once."""
+    from kvserve.api.launcher import PROGRESS_INTERVAL_S, _Announcer, _LoadFailure
+
+    class Loading:  # loaded after three waits that time out
+        waits: list[float] = []
+
+        def wait_until_loaded(self, timeout=None):
+            self.waits.append(timeout)
+            return len(self.waits) > 3
+
+        @property
+        def loading(self):
+            return len(self.waits) <= 3
+
+    engine = Loading()
+    _Announcer("tiny", ServerSettings(), time.perf_counter(), engine, _LoadFailure())._wait_and_print()
+    out = capsys.readouterr()
+    progress = out.err.splitlines()
+    assert len(progress) == 3 and all(line.startswith("kvserve: loading tiny: ") and "GiB in memory" in line
+                                      for line in progress)
+    assert engine.waits[:3] == [PROGRESS_INTERVAL_S] * 3 and PROGRESS_INTERVAL_S <= 2.0
+    assert out.out.startswith("kvserve: serving 'tiny'")
+
+
 @pytest.mark.slow
 def test_serving_is_printed_once_loaded_and_listening(tiny_llama):
     port = free_port()

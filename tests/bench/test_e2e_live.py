@@ -71,8 +71,26 @@ def test_bench_serve_finds_the_tokenizer_of_a_served_name(live, tiny_llama, monk
             "--result-file", str(result)]
     assert run_bench(monkeypatch, args) == 0
     doc = json.loads(result.read_text())
-    assert (doc["model_id"], doc["tokenizer_id"]) == ("tiny-llama", str(tiny_llama.resolve()))
+    assert (doc["model_id"], doc["tokenizer_id"]) == ("tiny-llama", "tiny-llama")  # vLLM's keys: the --model given
     check_run(doc, 2, 16, 4)
+
+
+def test_compare_and_route_find_the_tokenizer_from_the_servers_root(live, tiny_llama, tmp_path):
+    """``bench compare`` without ``model.tokenizer`` and ``route`` without ``--tokenizer`` take the
+    folder a worker reports as its model's root."""
+    from types import SimpleNamespace
+
+    from kvserve.bench.compare.run import resolve_tokenizer
+    from kvserve.errors import InvalidRequestError
+    from kvserve.router.launcher import worker_model_folder
+
+    assert worker_model_folder(["http://127.0.0.1:9", live.base_url]) == str(tiny_llama.resolve())
+    spec = SimpleNamespace(model=SimpleNamespace(name="tiny-llama", tokenizer=None))  # what it reads of a spec
+    cache: dict = {}
+    tokenizer = resolve_tokenizer(spec, "tiny-llama", cache, str(tiny_llama.resolve()))
+    assert list(cache) == [str(tiny_llama.resolve())] and tokenizer("hello")["input_ids"]
+    with pytest.raises(InvalidRequestError, match="model.tokenizer is required"):
+        resolve_tokenizer(spec, "tiny-llama", {}, str(tmp_path / "not-here"))
 
 
 def check_provenance(doc: dict, argv: list[str], live) -> None:

@@ -261,3 +261,26 @@ def test_a_spec_over_the_size_limit_is_refused(backend_for, name):
         backend.compile(StructuredOutputsParams(json=schema, source="response_format"))
     assert info.value.param == "response_format"
     assert "the limit is 200" in info.value.message
+
+
+def test_auto_without_xgrammar_sends_every_spec_to_llguidance(monkeypatch):
+    """A base install (``pip install kvserve``: no xgrammar, whose package requires triton) still
+    constrains: ``auto`` compiles with llguidance; asking for xgrammar by name is a 400."""
+    import kvserve.structured_output.backend_auto as backend_auto
+    from kvserve.structured_output import StructuredOutputsConfig, create_backend
+    from kvserve.structured_output.backend_guidance import GuidanceGrammar
+    from kvserve.testing import build_tokenizer
+    from kvserve.testing.tokenizer_kinds import tokenizer_spec
+
+    monkeypatch.setattr(backend_auto, "xgrammar_installed", lambda: False)
+    spec = tokenizer_spec("bpe")
+    auto = create_backend(build_tokenizer("bpe"), spec.vocab_size, spec.generation_eos_token_ids,
+                          StructuredOutputsConfig(backend="auto"))
+    assert auto.xgrammar is None
+    params = StructuredOutputsParams(json=TOOL_SCHEMA, disable_any_whitespace=True)
+    assert isinstance(auto.compile(params).new_grammar(), GuidanceGrammar)
+    for tokens, done in _walks(auto, params):
+        if done:
+            jsonschema.validate(json.loads(_decode(auto, tokens)), TOOL_SCHEMA)
+    with pytest.raises(StructuredOutputError, match="'xgrammar' is not installed"):
+        auto.compile(StructuredOutputsParams(json=TOOL_SCHEMA, backend="xgrammar"))

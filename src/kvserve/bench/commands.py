@@ -115,10 +115,11 @@ def resolve_model(args: argparse.Namespace, headers: dict[str, str]) -> tuple[st
     return model_id, name
 
 
-def online_tokenizer(args: argparse.Namespace, model_id: str) -> tuple[Any, str]:
-    """``(tokenizer, tokenizer_id)``: ``--tokenizer``, else the model id when it is a local folder
-    (:func:`local_model_folder` gives the server's ``root`` there), else the built-in model's
-    tokenizer when the server serves kvserve's built-in model.
+def online_tokenizer(args: argparse.Namespace, model_id: str, folder: str | None = None) -> tuple[Any, str]:
+    """``(tokenizer, tokenizer_id)``: ``--tokenizer``, else ``folder`` (:func:`local_model_folder`:
+    the model id or the server's ``root`` for it) when it is a local folder, else the built-in
+    model's tokenizer when the server serves kvserve's built-in model. The id is vLLM's: the
+    ``--tokenizer`` given, else the model id.
 
     Raises:
         InvalidRequestError: no local tokenizer could be found (the message says which flag to give).
@@ -126,8 +127,9 @@ def online_tokenizer(args: argparse.Namespace, model_id: str) -> tuple[Any, str]
     options = {"trust_remote_code": args.trust_remote_code, "use_fast": args.tokenizer_mode != "slow"}
     if args.tokenizer:
         return load_tokenizer(args.tokenizer, **options), args.tokenizer
-    if Path(model_id).is_dir():
-        return load_tokenizer(model_id, **options), model_id
+    folder = folder or model_id
+    if Path(folder).is_dir():
+        return load_tokenizer(folder, **options), model_id
     from kvserve.builtin import BUILTIN_MODEL_NAME, builtin_model_path
 
     if BUILTIN_MODEL_NAME in (model_id, Path(model_id).name):
@@ -185,7 +187,7 @@ def serve_command(args: argparse.Namespace) -> int:
     model_id, model_name = resolve_model(args, headers)
     config = serve_config(args, model_name, headers)
     folder = local_model_folder(args, model_id, model_name, headers)
-    tokenizer, tokenizer_id = online_tokenizer(args, folder)
+    tokenizer, tokenizer_id = online_tokenizer(args, model_id, folder)
     samples = load_samples(args, tokenizer)
     _print_plan(args)
     spec_before = read_counters(base_url(args), headers, not args.insecure)
@@ -221,7 +223,7 @@ def sweep_command(args: argparse.Namespace) -> int:
     model_id, model_name = resolve_model(args, headers)
     base = serve_config(args, model_name, headers)
     folder = local_model_folder(args, model_id, model_name, headers)
-    tokenizer, _ = online_tokenizer(args, folder)
+    tokenizer, _ = online_tokenizer(args, model_id, folder)
     sample_sets = load_sweep_samples(args, tokenizer, len(points))
     runs = asyncio.run(run_sweep(base, points, sample_sets, tokenizer, load_warmup_samples(args, tokenizer)))
     rooflines, peaks = online_rooflines(args, folder, runs)
