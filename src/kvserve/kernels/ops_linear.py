@@ -14,6 +14,18 @@ from kvserve.kernels.tensors import (FLOAT_DTYPES, code, cpu_contiguous, optiona
 _TILE_N, _TILE_K, _TILE_ROWS = 16, 32, 16  # amx_tiles.h
 
 
+def _quant_weight(packed: torch.Tensor, packed_shape: tuple[int, ...], packed_message: str, scales: torch.Tensor,
+                  scales_shape: tuple[int, ...], scales_message: str, neg_offsets: torch.Tensor | None, bits: int,
+                  bias: torch.Tensor | None, n: int) -> tuple[int | None, int | None]:
+    """A quantized layer's packed integers and scales checked against their layout's shapes; the
+    offsets' and the bias's pointers (None where absent)."""
+    require(packed.dtype == torch.uint8 and packed.is_contiguous() and tuple(packed.shape) == packed_shape,
+            packed_message)
+    require(scales.is_contiguous() and tuple(scales.shape) == scales_shape and scales.dtype == torch.float32,
+            scales_message)
+    return optional_offsets(neg_offsets, bits, scales_shape), optional_bias(bias, n)
+
+
 class LinearOps:
     """The linear kernels' wrappers (shapes and layouts in their C++ files)."""
 
@@ -102,14 +114,10 @@ class LinearOps:
         m, k = x.shape
         panels = -(-out_features // nr)
         require(group_size > 0 and k % group_size == 0, "group_size must divide in_features")
-        require(packed.dtype == torch.uint8 and packed.is_contiguous() and packed.dim() == 3
-                and tuple(packed.shape) == (panels, k, nr if bits == 8 else nr // 2),
-                "packed must be uint8 [P, K, row bytes] from kvserve.model.quant_linear")
-        shape = (panels, k // group_size, nr)
-        require(scales.is_contiguous() and tuple(scales.shape) == shape and scales.dtype == torch.float32,
-                "scales must be float32 [P, K / group_size, kNR]")
-        offsets = optional_offsets(neg_offsets, bits, shape)
-        bias_ptr = optional_bias(bias, out_features)
+        offsets, bias_ptr = _quant_weight(
+            packed, (panels, k, nr if bits == 8 else nr // 2), "packed must be uint8 [P, K, row bytes] from "
+            "kvserve.model.quant_linear", scales, (panels, k // group_size, nr),
+            "scales must be float32 [P, K / group_size, kNR]", neg_offsets, bits, bias, out_features)
         out = torch.empty((m, out_features), dtype=x.dtype)
         self._lib.call("kvserve_quant_linear", code(x.dtype), ptr(x), ptr(out), m, k, ptr(packed), ptr(scales), offsets,
                        bias_ptr, out_features, group_size, bits, isa)
@@ -128,15 +136,12 @@ class LinearOps:
         blocks, chunks = -(-out_features // block_cols), -(-k // _TILE_K)
         require(group_size == k or (group_size % _TILE_K == 0 and k % group_size == 0),
                 "group_size must be K or a multiple of 32 that divides K")
-        require(packed.dtype == torch.uint8 and packed.is_contiguous() and packed.dim() == 3
-                and tuple(packed.shape) == (blocks, chunks * (_TILE_K if bits == 8 else _TILE_K // 2), block_cols),
-                "packed must be uint8 [N/16, K', 16] (int8) or [N/64, K'/2, 64] (int4) from "
-                "kvserve.model.quant_linear.pack_quantized_amx")
-        shape = (blocks, k // group_size, block_cols)
-        require(scales.is_contiguous() and tuple(scales.shape) == shape and scales.dtype == torch.float32,
-                "scales must be float32 [blocks, K / group_size, block columns] like packed")
-        offsets = optional_offsets(neg_offsets, bits, shape)
-        bias_ptr = optional_bias(bias, out_features)
+        offsets, bias_ptr = _quant_weight(
+            packed, (blocks, chunks * (_TILE_K if bits == 8 else _TILE_K // 2), block_cols),
+            "packed must be uint8 [N/16, K', 16] (int8) or [N/64, K'/2, 64] (int4) from "
+            "kvserve.model.quant_linear.pack_quantized_amx", scales, (blocks, k // group_size, block_cols),
+            "scales must be float32 [blocks, K / group_size, block columns] like packed", neg_offsets, bits, bias,
+            out_features)
         out = torch.empty((m, out_features), dtype=torch.bfloat16)
         self._lib.call("kvserve_amx_quant_linear", ptr(x), ptr(out), m, k, ptr(packed), ptr(scales), offsets, bias_ptr,
                        out_features, group_size, bits)
