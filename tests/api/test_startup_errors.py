@@ -21,7 +21,8 @@ from kvserve.api.settings import ServerSettings
 from kvserve.cli import main
 from loopback import free_port
 
-SUPPORTED = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+SUPPORTED = ("LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, "
+             "Qwen3ForCausalLM, Qwen3MoeForCausalLM")
 
 
 @pytest.fixture(autouse=True)

@@ -55,6 +55,21 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         dict(use_sliding_window=True, sliding_window=5, max_window_layers=1, tie_word_embeddings=False),
     ),
     "qwen3": ("Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
+    # Mixtures of experts (kvserve.model.moe): top 2 of 4 with a sliding window; top 1 of 3.
+    "mixtral": ("MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48,
+                                           sliding_window=6, tie_word_embeddings=False)),
+    "mixtral_top1": ("MixtralForCausalLM", dict(num_local_experts=3, num_experts_per_tok=1, intermediate_size=40,
+                                                tie_word_embeddings=True)),
+    # A shared expert behind a sigmoid gate; layer 1 dense (mlp_only_layers); top-k not renormalised.
+    "qwen2_moe": ("Qwen2MoeForCausalLM", dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+                                              shared_expert_intermediate_size=48, norm_topk_prob=False,
+                                              num_hidden_layers=3, mlp_only_layers=[1], tie_word_embeddings=False)),
+    # Top 3 of 8 renormalised; and every second layer sparse (decoder_sparse_step=2), not renormalised.
+    "qwen3_moe": ("Qwen3MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+                                              norm_topk_prob=True, head_dim=32, tie_word_embeddings=False)),
+    "qwen3_moe_step2": ("Qwen3MoeForCausalLM", dict(num_experts=5, num_experts_per_tok=2, moe_intermediate_size=24,
+                                                    norm_topk_prob=False, decoder_sparse_step=2, num_hidden_layers=3,
+                                                    tie_word_embeddings=False)),
 }
 
 
@@ -64,8 +79,11 @@ def hf_config(architecture: str, overrides: dict):
     config_cls = {
         "LlamaForCausalLM": transformers.LlamaConfig,
         "MistralForCausalLM": transformers.MistralConfig,
+        "MixtralForCausalLM": transformers.MixtralConfig,
         "Qwen2ForCausalLM": transformers.Qwen2Config,
+        "Qwen2MoeForCausalLM": transformers.Qwen2MoeConfig,
         "Qwen3ForCausalLM": transformers.Qwen3Config,
+        "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
     }[architecture]
     return config_cls(**{**_BASE, **overrides})
 

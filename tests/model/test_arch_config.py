@@ -82,7 +82,9 @@ def test_matches_transformers_config(variant, tmp_path):
     assert arch.architecture == architecture
     assert arch.head_dim == (getattr(config, "head_dim", None) or 16)
     assert arch.tie_word_embeddings == config.tie_word_embeddings
-    assert arch.sliding_window == getattr(config, "sliding_window", None)
+    # A window transformers does not use (Qwen2-MoE: use_sliding_window false, sliding_window 0) is None.
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    assert arch.sliding_window == (window or None)
     layer_types = getattr(config, "layer_types", None) or ["sliding_attention"] * config.num_hidden_layers
     assert arch.layer_sliding_windows == tuple(
         arch.sliding_window if t == "sliding_attention" else None for t in layer_types

@@ -94,7 +94,8 @@ def test_unknown_architecture_lists_supported(tiny_checkpoint, tmp_path):
     config["architectures"] = ["GPT2LMHeadModel"]
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"architecture GPT2LMHeadModel .*is not supported; kvserve runs "
-                                              r"LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
+                                              r"LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, "
+                                              r"Qwen3ForCausalLM, Qwen3MoeForCausalLM"):
         load_model(folder)
 
 

@@ -131,6 +131,12 @@ def check_parallel_options(config) -> None:
     size = config.parallel.tensor_parallel_size
     if size == 1:
         return
+    from kvserve.model.loader import load_arch_config
+
+    model_arch = load_arch_config(config.model.model)
+    if model_arch.moe is not None:
+        raise ConfigError(f"--tensor-parallel-size {size}: mixture-of-experts models ({model_arch.architecture}) run on "
+                          "one rank so far; serve it without -tp")
     quant = config.model.quantization
     if quant.checkpoint is not None:
         from pathlib import Path

@@ -64,6 +64,12 @@ class CpuKernels(AttentionOps, ElementwiseOps, LinearOps, SampleOps):
         self.variant = lib.variant
         self.path = lib.path
 
+    def __copy__(self) -> CpuKernels:  # one library per process: a copied model shares it
+        return self
+
+    def __deepcopy__(self, memo) -> CpuKernels:
+        return self
+
     def DecoderStack(self, **kwargs) -> DecoderStack:  # noqa: N802 - named as the class it builds
         return DecoderStack(self._lib, **kwargs)
 

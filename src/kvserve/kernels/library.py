@@ -53,6 +53,7 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "kvserve_sample_rows": (_INT, [_I32, _P, _I64, _I64, _P, _I64, _P, _P, _P]),
     "kvserve_top_p_rows": (_INT, [_I32, _P, _I64, _I64, _P, _I64, _P, _P]),
     "kvserve_silu_and_mul": (_INT, [_I32, _P, _P, _I64, _I64]),
+    "kvserve_sigmoid": (_INT, [_I32, _P, _P, _I64]),
     "kvserve_rotary_embedding": (_INT, [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _I64]),
     "kvserve_rms_norm": (_INT, [_I32, _P, _I64, _P, _P, _P, _P, _I64, _I64, _F64]),
     "kvserve_linear_panel_width": (_I64, []),

@@ -38,6 +38,15 @@ class ElementwiseOps:
         self._lib.call("kvserve_silu_and_mul", code(x.dtype), ptr(x), ptr(out), rows, d)
         return out
 
+    def sigmoid(self, x: torch.Tensor) -> torch.Tensor:
+        """Elementwise sigmoid of a contiguous float32/bfloat16 tensor, in float32 and rounded to
+        its dtype; a value's bits do not depend on how many values there are (torch's do)."""
+        require(x.is_contiguous() and x.dtype in FLOAT_DTYPES and x.device.type == "cpu",
+                "sigmoid: a contiguous float32 or bfloat16 CPU tensor")
+        out = torch.empty_like(x)
+        self._lib.call("kvserve_sigmoid", code(x.dtype), ptr(x), ptr(out), x.numel())
+        return out
+
     def rotary_embedding(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x bfloat16 [T, H, D] (unit stride in D), cos/sin bfloat16 [T, D] contiguous -> contiguous
         [T, H, D], bit-identical to RotaryEmbedding.apply's torch operators; D % 32 == 0."""

@@ -36,7 +36,7 @@ from torch import nn
 
 from kvserve.config import LoRAConfig
 from kvserve.lora.layers import LoRABatch, LoRALinear
-from kvserve.lora.peft_adapter import LoRAWeights, load_adapter, module_shapes
+from kvserve.lora.peft_adapter import LoRAWeights, check_base_model, load_adapter, module_shapes
 from kvserve.lora.request import LoRARequest
 from kvserve.model.arch_config import ModelArchConfig
 
@@ -82,6 +82,7 @@ class LoRAManager:
 
     def __init__(self, model: nn.Module, arch: ModelArchConfig, config: LoRAConfig, device: torch.device,
                  model_dtype: torch.dtype, shard: TensorParallelShard | None = None):
+        check_base_model(arch)
         self.arch, self.config, self.device, self.shard = arch, config, device, shard
         self.dtype = lora_dtype(config, model_dtype)
         kernels = _kernels_for(device, model_dtype, self.dtype)

@@ -49,6 +49,20 @@ MODULE_MAP: dict[str, tuple[str, int]] = {
     "down_proj": ("down_proj", 0),
 }
 SUPPORTED_TARGETS = tuple(MODULE_MAP)
+
+
+def check_base_model(arch: ModelArchConfig) -> None:
+    """Refuses, by name, a base model whose layers LoRA adapters are not applied to here.
+
+    Raises:
+        ConfigError: a mixture-of-experts model (its experts' linears and the dense layers'
+            would need adapters of their own shapes).
+    """
+    if arch.moe is not None:
+        from kvserve.errors import ConfigError
+
+        raise ConfigError(f"--enable-lora: LoRA adapters on mixture-of-experts models ({arch.architecture}) are not "
+                          "supported; serve the model without --enable-lora")
 # Fields that must be absent or empty/false: each names a PEFT feature kvserve does not apply.
 _UNSUPPORTED_FIELDS: dict[str, str] = {
     "use_dora": "DoRA adapters are not supported",

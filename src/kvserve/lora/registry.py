@@ -12,7 +12,7 @@ import itertools
 import threading
 
 from kvserve.config import LoRAConfig
-from kvserve.lora.peft_adapter import LoRAAdapterError, load_adapter
+from kvserve.lora.peft_adapter import LoRAAdapterError, check_base_model, load_adapter
 from kvserve.lora.request import LoRARequest
 from kvserve.model.arch_config import ModelArchConfig
 
@@ -25,6 +25,7 @@ class LoRARegistry:
     """
 
     def __init__(self, config: LoRAConfig, arch: ModelArchConfig, reserved_names: tuple[str, ...] = ()):
+        check_base_model(arch)
         self.config = config
         self.arch = arch
         self.reserved_names = frozenset(reserved_names)

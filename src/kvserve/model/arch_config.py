@@ -14,6 +14,7 @@ from typing import Any
 from kvserve.errors import CheckpointError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ACTIVATIONS = ("silu",)
 _DEFAULT_ROPE_THETA = 10000.0
 
 
@@ -34,6 +35,33 @@ class RopeScaling:
     low_freq_factor: float | None = None
     high_freq_factor: float | None = None
     original_max_position_embeddings: int | None = None
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """A mixture-of-experts feed-forward (``kvserve.model.moe``), as config.json describes it.
+
+    Attributes:
+        num_experts: routed experts per sparse layer (``num_experts``, or ``num_local_experts``:
+            Mixtral's, and what transformers 5 writes for Qwen3-MoE).
+        top_k: experts per token (``num_experts_per_tok``).
+        intermediate_size: one expert's width (``moe_intermediate_size``; Mixtral's
+            ``intermediate_size``).
+        norm_topk_prob: the top-k probabilities renormalised to sum to 1 (Mixtral always).
+        shared_expert_intermediate_size: Qwen2-MoE's shared expert (gated by a sigmoid), 0 = none.
+        sparse_layers: the layers whose feed-forward is the MoE block; the others are dense
+            (``decoder_sparse_step`` and ``mlp_only_layers``, as transformers builds them).
+        routing_weights_float32: the routing weights multiply the experts' outputs in float32
+            (Mixtral) rather than rounded to the model dtype first (Qwen2/Qwen3-MoE).
+    """
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    shared_expert_intermediate_size: int
+    sparse_layers: tuple[int, ...]
+    routing_weights_float32: bool
 
 
 @dataclass(frozen=True)
@@ -66,6 +94,7 @@ class ModelArchConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     torch_dtype: str | None
+    moe: MoeConfig | None = None
 
     @property
     def architecture(self) -> str:
@@ -117,6 +146,10 @@ class ModelArchConfig:
                 "give head_dim explicitly"
             )
         rope_theta, rope_scaling = _parse_rope(raw, source)
+        activation = raw.get("hidden_act", raw.get("hidden_activation", "silu"))
+        if activation not in SUPPORTED_ACTIVATIONS:
+            raise CheckpointError(f"{source}: hidden_act {activation!r} is not supported for {architectures[0]}; "
+                                  f"supported: {', '.join(SUPPORTED_ACTIVATIONS)}")
         sliding_window = _parse_sliding_window(raw)
         eos = raw.get("eos_token_id")
         return cls(
@@ -142,6 +175,7 @@ class ModelArchConfig:
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(eos if isinstance(eos, list) else ([] if eos is None else [eos])),
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
+            moe=_parse_moe(raw, architectures[0], num_layers, source),
         )
 
 
@@ -177,6 +211,42 @@ def _parse_rope(raw: dict[str, Any], source: str) -> tuple[float, RopeScaling | 
         float(params["high_freq_factor"]),
         int(params["original_max_position_embeddings"]),
     )
+
+
+# Routers kvserve runs: softmax over the experts, then the top k (``scoring_func`` where a config
+# names it). A config field that changes routing and is not read here is refused by name.
+_MOE_FIELDS_REFUSED = ("n_group", "topk_group", "routed_scaling_factor", "n_shared_experts", "topk_method")
+
+
+def _parse_moe(raw: dict[str, Any], architecture: str, num_layers: int, source: str) -> MoeConfig | None:
+    """The MoE block of Mixtral / Qwen2-MoE / Qwen3-MoE configs, or None for a dense model.
+
+    Raises:
+        CheckpointError: top_k outside [1, num_experts], an expert width missing, or a routing
+            switch kvserve does not implement (named).
+    """
+    mixtral = architecture == "MixtralForCausalLM"
+    experts = raw.get("num_experts") or raw.get("num_local_experts")  # transformers 5 writes the latter
+    if not experts:
+        return None
+    for key in _MOE_FIELDS_REFUSED:
+        if raw.get(key) not in (None, 0, 1, 1.0, False):
+            raise CheckpointError(f"{source}: MoE routing field {key}={raw[key]!r} is not supported for {architecture}")
+    if raw.get("scoring_func", "softmax") != "softmax":
+        raise CheckpointError(f"{source}: scoring_func {raw['scoring_func']!r} is not supported; supported: softmax")
+    top_k = int(raw.get("num_experts_per_tok") or 0)
+    if not 1 <= top_k <= int(experts):
+        raise CheckpointError(f"{source}: num_experts_per_tok ({top_k}) must be in [1, {experts}]")
+    width = raw.get("intermediate_size" if mixtral else "moe_intermediate_size")
+    if not width:
+        raise CheckpointError(f"{source} lacks the expert width {'intermediate_size' if mixtral else 'moe_intermediate_size'!r}")
+    step = int(raw.get("decoder_sparse_step") or 1)
+    dense = set(raw.get("mlp_only_layers") or ())
+    sparse = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+    return MoeConfig(num_experts=int(experts), top_k=top_k, intermediate_size=int(width),
+                     norm_topk_prob=mixtral or bool(raw.get("norm_topk_prob", False)),
+                     shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
+                     sparse_layers=sparse, routing_weights_float32=mixtral)
 
 
 def _parse_sliding_window(raw: dict[str, Any]) -> int | None:

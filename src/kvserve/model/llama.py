@@ -11,6 +11,7 @@ Parameter names mirror Hugging Face's, except the fused projections::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ from torch import nn
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.layers import MergedLinear, RMSNorm, RotaryEmbedding, SiluAndMul
+from kvserve.model.moe import SparseMoeBlock
 
 
 @dataclass(frozen=True)
@@ -129,10 +131,11 @@ class LlamaDecoderLayer(nn.Module):
     residual`` (``residual`` None: ``hidden`` alone) and its output ``mlp_out + residual``; each
     sum is formed inside the following norm (``RMSNorm.add_and_norm``, one pass on the CPU)."""
 
-    def __init__(self, arch: ModelArchConfig, layer_idx: int, backend: AttentionBackend, options: AttentionOptions):
+    def __init__(self, arch: ModelArchConfig, layer_idx: int, backend: AttentionBackend, options: AttentionOptions,
+                 mlp: nn.Module):
         super().__init__()
         self.self_attn = LlamaAttention(arch, layer_idx, backend, options)
-        self.mlp = LlamaMLP(arch)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
@@ -149,11 +152,12 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm: token ids [T] -> hidden [T, hidden_size]."""
 
-    def __init__(self, arch: ModelArchConfig, backend: AttentionBackend, options: AttentionOptions):
+    def __init__(self, arch: ModelArchConfig, backend: AttentionBackend, options: AttentionOptions,
+                 build_mlp: Callable[[ModelArchConfig, int], nn.Module]):
         super().__init__()
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(arch, i, backend, options) for i in range(arch.num_hidden_layers)
+            LlamaDecoderLayer(arch, i, backend, options, build_mlp(arch, i)) for i in range(arch.num_hidden_layers)
         )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling)
@@ -175,12 +179,18 @@ class LlamaForCausalLM(nn.Module):
     -> hidden states [T, hidden_size] in the model dtype. ``compute_logits(hidden [N, hidden])``
     -> [N, vocab_size] in the model dtype (transformers upcasts this product to float32; the
     sampler upcasts where it needs to, and greedy argmax reads it as is, the same choice).
+
+    The per-family hooks: ``attention_options`` (q/k/v and o biases, q/k norms), ``build_mlp``
+    (a layer's feed-forward: SwiGLU, or a mixture of experts) and ``checkpoint_renames`` (substrings
+    of the checkpoint's tensor names replaced by this module's before loading).
     """
+
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, arch: ModelArchConfig, attn_backend: AttentionBackend):
         super().__init__()
         self.arch = arch
-        self.model = LlamaModel(arch, attn_backend, self.attention_options(arch))
+        self.model = LlamaModel(arch, attn_backend, self.attention_options(arch), self.build_mlp)
         self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -188,6 +198,14 @@ class LlamaForCausalLM(nn.Module):
     @classmethod
     def attention_options(cls, arch: ModelArchConfig) -> AttentionOptions:
         return AttentionOptions(qkv_bias=arch.attention_bias, o_bias=arch.attention_bias, qk_norm=False)
+
+    @classmethod
+    def build_mlp(cls, arch: ModelArchConfig, layer_idx: int) -> nn.Module:
+        """Layer ``layer_idx``'s feed-forward: the MoE block on a config's sparse layers, else
+        SwiGLU."""
+        if arch.moe is not None and layer_idx in arch.moe.sparse_layers:
+            return SparseMoeBlock(arch, arch.moe)
+        return LlamaMLP(arch)
 
     def forward(
         self,
@@ -205,3 +223,12 @@ class LlamaForCausalLM(nn.Module):
 class MistralForCausalLM(LlamaForCausalLM):
     """Mistral 7B (Jiang et al. 2023): Llama with sliding-window attention (``sliding_window``
     in config.json, applied to every layer)."""
+
+
+class MixtralForCausalLM(LlamaForCausalLM):
+    """Mixtral 8x7B / 8x22B (Jiang et al. 2024, "Mixtral of Experts"): Mistral's attention with a
+    mixture of experts in every layer (top 2 of 8, softmax then renormalised; ``kvserve.model.moe``).
+    The checkpoint's ``block_sparse_moe.experts.{e}.w1/w3/w2`` are gate/up/down."""
+
+    checkpoint_renames = ((".block_sparse_moe.", ".mlp."), (".w1.", ".gate_proj."), (".w3.", ".up_proj."),
+                          (".w2.", ".down_proj."))

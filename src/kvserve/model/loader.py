@@ -214,14 +214,16 @@ def load_model(
     backend = attn_backend if attn_backend is not None else get_attention_backend("torch")
     with torch.device("meta"):
         model = model_cls(arch, backend)
-    plan = {} if spec is None else plan_quantized_linears(model, _tensor_names(files), spec)
+    renames = model_cls.checkpoint_renames
+    plan = {} if spec is None else plan_quantized_linears(model, [_renamed(n, renames) for n in _tensor_names(files)],
+                                                          spec)
     drop_float_weights(model, plan)
     model = model.to(dtype=torch_dtype).to_empty(device=device)
     if arch.tie_word_embeddings and "lm_head" not in plan:
         # to_empty gives each parameter its own storage; tie again.
         model.lm_head.weight = model.model.embed_tokens.weight
     packed = {shard: {} for shards in plan.values() for shard in shards}
-    _load_weights(model, files, tied=arch.tie_word_embeddings, packed=packed)
+    _load_weights(model, files, tied=arch.tie_word_embeddings, packed=packed, renames=renames)
     if spec is not None:
         install_quantized_linears(model, plan, packed, spec, cpu_kernels(), device)
     elif quantization.method is not None:
@@ -293,38 +295,48 @@ def _weight_targets(model: nn.Module) -> dict[str, _Target]:
     return targets
 
 
+def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
+    """A checkpoint tensor's name as this model's modules spell it (``checkpoint_renames`` of the
+    model class: substrings replaced in order, e.g. Mixtral's ``.block_sparse_moe.`` -> ``.mlp.``)."""
+    for old, new in renames:
+        name = name.replace(old, new)
+    return name
+
+
 def _is_ignorable(name: str, tied: bool) -> bool:
     return name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight")
 
 
 @torch.no_grad()
 def _load_weights(model: nn.Module, files: list[Path], tied: bool,
-                  packed: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
-    """Copy each checkpoint tensor into its parameter; the packed tensors of the quantized
-    checkpoint modules named in ``packed`` are collected there instead (and an all-zero bias of
-    such a module without one is skipped)."""
+                  packed: dict[str, dict[str, torch.Tensor]] | None = None,
+                  renames: tuple[tuple[str, str], ...] = ()) -> None:
+    """Copy each checkpoint tensor into its parameter (its name ``_renamed`` first); the packed
+    tensors of the quantized checkpoint modules named in ``packed`` are collected there instead
+    (and an all-zero bias of such a module without one is skipped)."""
     targets = _weight_targets(model)
     packed = {} if packed is None else packed
     loaded: set[str] = set()
     for path in files:
         with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
+            for stored in f.keys():
+                name = _renamed(stored, renames)
                 target = targets.get(name)
                 if target is None:
                     module, _, kind = name.rpartition(".")
                     if module in packed and kind in PACKED_TENSORS:
-                        packed[module][kind] = f.get_tensor(name)
+                        packed[module][kind] = f.get_tensor(stored)
                         continue
-                    if module in packed and kind == "bias" and not f.get_tensor(name).any():
+                    if module in packed and kind == "bias" and not f.get_tensor(stored).any():
                         continue  # a zero bias some GPTQ writers store for bias-free layers (vLLM skips it too)
                     if _is_ignorable(name, tied):
                         continue
-                    raise CheckpointError(f"unexpected tensor {name!r} in {path.name}; this model has no such weight")
-                tensor = f.get_tensor(name)
+                    raise CheckpointError(f"unexpected tensor {stored!r} in {path.name}; this model has no such weight")
+                tensor = f.get_tensor(stored)
                 dest = target.param.data[target.row_start : target.row_end]
                 if tuple(tensor.shape) != tuple(dest.shape):
                     raise CheckpointError(
-                        f"tensor {name!r} in {path.name} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
+                        f"tensor {stored!r} in {path.name} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
                     )
                 dest.copy_(tensor)
                 loaded.add(name)

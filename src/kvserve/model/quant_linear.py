@@ -37,6 +37,7 @@ from torch import nn
 
 from kvserve import huge_pages
 from kvserve.kernels import cpu_kernels
+from kvserve.model.moe import RouterLinear
 from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -270,7 +271,7 @@ def quantize_linears(model: nn.Module, method: str, group_size: int = 32, lm_hea
     kernels = cpu_kernels()
     head = getattr(model, "lm_head", None)
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-               if isinstance(child, nn.Linear) and (lm_head or child is not head)]
+               if isinstance(child, nn.Linear) and not isinstance(child, RouterLinear) and (lm_head or child is not head)]
     for parent, name, child in targets:
         try:
             weight = quantize_weight(child.weight, method, group_size)

@@ -33,8 +33,19 @@ from kvserve.testing.tokenizer_kinds import (
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "LlamaConfig",
     "MistralForCausalLM": "MistralConfig",
+    "MixtralForCausalLM": "MixtralConfig",
     "Qwen2ForCausalLM": "Qwen2Config",
+    "Qwen2MoeForCausalLM": "Qwen2MoeConfig",
     "Qwen3ForCausalLM": "Qwen3Config",
+    "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
+}
+# Tiny mixtures of experts (the defaults of transformers' configs are the full models').
+MOE_DIMS: dict[str, dict[str, Any]] = {
+    "MixtralForCausalLM": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "Qwen2MoeForCausalLM": {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                            "shared_expert_intermediate_size": 48, "norm_topk_prob": False},
+    "Qwen3MoeForCausalLM": {"num_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 32,
+                            "norm_topk_prob": True},
 }
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -73,8 +84,8 @@ def build_checkpoint(
 
     Args:
         path: output folder; existing files of the same names are overwritten.
-        architecture: one of ``LlamaForCausalLM``, ``MistralForCausalLM``,
-            ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``.
+        architecture: a key of :data:`ARCHITECTURES` (the mixtures of experts with the tiny
+            experts of :data:`MOE_DIMS`).
         tokenizer_kind: ``bpe``, ``sentencepiece`` or ``tekken`` (see
             :mod:`kvserve.testing.tokenizer_kinds`).
         dtype: stored weight dtype: ``float32``, ``bfloat16`` or ``float16``; recorded in
@@ -115,6 +126,7 @@ def _make_config(architecture: str, tokenizer_kind: str, overrides: dict[str, An
 
     spec = tokenizer_spec(tokenizer_kind)
     fields: dict[str, Any] = dict(TINY_DIMS)
+    fields.update(MOE_DIMS.get(architecture, {}))
     if tokenizer_kind == "tekken":
         fields.update(TEKKEN_DIMS)
     fields.update(

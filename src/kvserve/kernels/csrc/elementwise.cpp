@@ -10,6 +10,8 @@
 // - rotary_embedding: the "rotate half" rotary embedding of bfloat16 q or k,
 //   x * cos + rotate_half(x) * sin with every product and the sum rounded to bfloat16 as torch
 //   rounds them: the same bits as RotaryEmbedding.apply's torch ops.
+// - sigmoid: elementwise, float32 or bfloat16 (Qwen2-MoE's shared-expert gate): torch's vector
+//   and scalar tails compute exp differently, so a value's bits depended on how many there were.
 // - rms_norm: RMSNorm of float32 or bfloat16 rows, optionally after a residual add (h = x + r
 //   rounded to the dtype, as torch's add rounds): statistics in float32, x * rsqrt(mean(x^2) +
 //   eps) rounded to the dtype, then times the weight and rounded, transformers' steps; the sum of
@@ -83,6 +85,21 @@ void silu_and_mul_rows(const scalar_t* x, scalar_t* out, int64_t rows, int64_t d
     }
 #endif
   }
+}
+
+// sigmoid(x) = 1 / (1 + exp(-x)) of n values, in float32, rounded to the dtype: the same vector
+// code (a masked last vector) for every element, so a value's bits never depend on n.
+template <typename scalar_t>
+void sigmoid_values(const scalar_t* x, scalar_t* out, int64_t n) {
+#if defined(__AVX512F__)
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 e = kvserve::exp16(_mm512_sub_ps(_mm512_setzero_ps(), load16(x + i, m)));
+    store16(out + i, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), e)), m);
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) out[i] = from_float<scalar_t>(1.f / (1.f + std::exp(-to_float(x[i]))));
+#endif
 }
 
 // One bfloat16 row of `heads` heads (row stride `head_stride` elements) rotated into dst.
@@ -210,9 +227,22 @@ void rms_norm(DType dtype, const void* x, int64_t x_stride, const void* weight, 
   }
 }
 
+// x: n contiguous float32 or bfloat16 values -> out = sigmoid(x) (Qwen2-MoE's shared-expert gate).
+void sigmoid(DType dtype, const void* x, void* out, int64_t n) {
+  if (dtype == kFloat32) {
+    sigmoid_values(static_cast<const float*>(x), static_cast<float*>(out), n);
+  } else {
+    sigmoid_values(static_cast<const BFloat16*>(x), static_cast<BFloat16*>(out), n);
+  }
+}
+
 }  // namespace kvserve
 
 extern "C" {
+
+KVSERVE_EXPORT int kvserve_sigmoid(int32_t dtype, const void* x, void* out, int64_t n) {
+  return kvserve::guarded([&] { kvserve::sigmoid(static_cast<kvserve::DType>(dtype), x, out, n); });
+}
 
 KVSERVE_EXPORT int kvserve_silu_and_mul(int32_t dtype, const void* x, void* out, int64_t rows, int64_t d) {
   return kvserve::guarded([&] { kvserve::silu_and_mul(static_cast<kvserve::DType>(dtype), x, out, rows, d); });

@@ -40,6 +40,7 @@ void top_p_rows(DType dtype, void* logits, int64_t num_rows, int64_t vocab, cons
 
 // elementwise.cpp.
 void silu_and_mul(DType dtype, const void* x, void* out, int64_t rows, int64_t d);  // x [rows, 2d] -> [rows, d]
+void sigmoid(DType dtype, const void* x, void* out, int64_t n);                     // n values, elementwise
 // x bfloat16 [T, H, D] with strides (row, head) and unit stride in D; cos, sin [T, D] -> out [T, H, D].
 void rotary_embedding(const BFloat16* x, int64_t row_stride, int64_t head_stride, const BFloat16* cos,
                       const BFloat16* sin, BFloat16* out, int64_t rows, int64_t heads, int64_t dim);

@@ -1,0 +1,112 @@
+"""The mixture-of-experts feed-forward of Mixtral, Qwen2-MoE and Qwen3-MoE (Shazeer et al. 2017,
+"Outrageously Large Neural Networks"; Jiang et al. 2024, "Mixtral of Experts").
+
+For tokens x [T, hidden]::
+
+    logits  = router(x)                                   [T, E], the model dtype
+    probs   = softmax(float32(logits))                    [T, E]
+    w, ids  = the top_k probs of each row                 ties: the lowest expert first
+    w      /= sum(w)                                      norm_topk_prob (Mixtral: always)
+    out[t]  = sum over the experts e of t, in increasing e, of w[t, e] * expert_e(x[t])
+    out    += sigmoid(shared_gate(x)) * shared_expert(x)  Qwen2-MoE only
+
+with expert_e(x) = down_e(silu(gate_e(x)) * up_e(x)), each expert an ``nn.Linear`` pair like a
+dense MLP's (so the CPU kernels, int8/int4 quantization and the loader's name mapping apply to
+experts as they do to any linear). Rows are routed independently and each token's experts are
+summed in expert order, the order transformers' loop adds them in, so a token's output never
+depends on the other tokens of the batch. The routing weight multiplies an expert's output in the
+model dtype (Qwen) or in float32 (Mixtral), as each family's reference code does.
+
+Checkpoint names (the per-expert tensors Hub checkpoints store)::
+
+    ...mlp.gate.weight                               the router  [E, hidden]
+    ...mlp.experts.{e}.{gate,up,down}_proj.weight     Qwen2/Qwen3-MoE
+    ...block_sparse_moe.experts.{e}.{w1,w3,w2}.weight Mixtral (renamed at load, kvserve.model.mixtral)
+    ...mlp.shared_expert.{gate,up,down}_proj.weight, ...mlp.shared_expert_gate.weight   Qwen2-MoE
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvserve.kernels import cpu_kernels
+from kvserve.model.arch_config import ModelArchConfig, MoeConfig
+from kvserve.model.layers import MergedLinear, SiluAndMul
+
+
+class RouterLinear(nn.Linear):
+    """A gate's linear: the router (hidden -> experts) and Qwen2-MoE's shared-expert gate. Runs on
+    the batch-invariant kernels like any linear but is never quantized (vLLM leaves them in the
+    model dtype too): a quantized router would choose other experts."""
+
+
+class ExpertMLP(nn.Module):
+    """One SwiGLU expert: ``down_proj(silu(gate(x)) * up(x))``, [N, hidden] -> [N, hidden]."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, ["gate_proj", "up_proj"], bias=False)
+        self.act_fn = SiluAndMul()
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights float32 [T, k], expert ids int64 [T, k]) of router logits [T, E]: softmax in
+    float32, the k largest probabilities (a stable sort: of equal ones the lowest expert id),
+    renormalised to sum to 1 when ``normalize``."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+    weights, ids = weights[:, :top_k], ids[:, :top_k]
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+class SparseMoeBlock(nn.Module):
+    """The MoE feed-forward of one layer (module docstring): [T, hidden] -> [T, hidden] in the
+    input's dtype."""
+
+    def __init__(self, arch: ModelArchConfig, moe: MoeConfig):
+        super().__init__()
+        self.moe = moe
+        self.gate = RouterLinear(arch.hidden_size, moe.num_experts, bias=False)
+        self.experts = nn.ModuleList(ExpertMLP(arch.hidden_size, moe.intermediate_size)
+                                     for _ in range(moe.num_experts))
+        if moe.shared_expert_intermediate_size:
+            self.shared_expert = ExpertMLP(arch.hidden_size, moe.shared_expert_intermediate_size)
+            self.shared_expert_gate = RouterLinear(arch.hidden_size, 1, bias=False)
+        else:
+            self.shared_expert = self.shared_expert_gate = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob)
+        if not self.moe.routing_weights_float32:
+            weights = weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert, increasing
+        start = 0
+        for expert, count in enumerate(torch.bincount(flat, minlength=self.moe.num_experts).tolist()):
+            if count == 0:
+                continue
+            pairs = order[start : start + count]
+            start += count
+            rows = pairs // self.moe.top_k
+            y = self.experts[expert](x.index_select(0, rows))
+            out.index_add_(0, rows, (y * weights.flatten()[pairs, None]).to(x.dtype))
+        if self.shared_expert is not None:
+            out = out + sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """``F.sigmoid``, on the CPU through kvserve's kernel: torch computes a vector's worth of values
+    and a tail with two different exp implementations, so a token's gate would change with the
+    number of tokens in the step."""
+    kernels = cpu_kernels() if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) else None
+    return F.sigmoid(x) if kernels is None else kernels.sigmoid(x.contiguous())
