@@ -49,7 +49,8 @@ def assert_same_steps(fused, modules, prompts, extra):
             assert a.dtype == b.dtype and torch.equal(a, b)
 
 
-@pytest.mark.parametrize("variant", ["llama", "llama_mha_tied", "mistral_window", "qwen2", "qwen2_window", "qwen3"])
+@pytest.mark.parametrize("variant", ["llama", "llama_mha_tied", "mistral_window", "qwen2", "qwen2_window", "qwen3",
+                                     "mixtral", "mixtral_top1", "qwen2_moe", "qwen3_moe", "qwen3_moe_step2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_equals_modules(tiny_checkpoint, variant, dtype):
     path, _ = tiny_checkpoint(variant)
@@ -58,10 +59,11 @@ def test_fused_equals_modules(tiny_checkpoint, variant, dtype):
     assert_same_steps(fused, modules, [[5, 9, 14, 2, 77, 31, 8], [3] * 11, [100, 4]], extra=3)
 
 
+@pytest.mark.parametrize("variant", ["qwen2", "qwen3_moe"])
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_equals_modules_quantized(tiny_checkpoint, method, dtype):
-    path, _ = tiny_checkpoint("qwen2")
+def test_fused_equals_modules_quantized(tiny_checkpoint, variant, method, dtype):
+    path, _ = tiny_checkpoint(variant)
     fused, modules = runners(path, dtype, QuantizationConfig(method=method, group_size=32, lm_head=True))
     assert fused.fused_decoder is not None
     assert_same_steps(fused, modules, [[5, 9, 14, 2, 77, 31, 8], [100, 4, 6]], extra=2)

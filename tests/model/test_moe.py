@@ -38,6 +38,12 @@ def test_ties_go_to_the_lowest_expert_and_weights_renormalise():
     assert torch.equal(weights, torch.stack([probs[0, [1, 2]], probs[1, [0, 1]]]))
     normalised, _ = route(logits, 2, normalize=True)
     assert torch.equal(normalised, weights / weights.sum(-1, keepdim=True))
+    if cpu_kernels_available():  # the C++ router: the same choice, its own exp
+        k_weights, k_ids = cpu_kernels().moe_route(logits, 2, False)
+        assert k_ids.tolist() == [[1, 2], [0, 1]]
+        torch.testing.assert_close(k_weights, weights, rtol=1e-6, atol=0)
+        k_normalised, _ = cpu_kernels().moe_route(logits.to(torch.bfloat16), 2, True)
+        torch.testing.assert_close(k_normalised, normalised, rtol=1e-6, atol=0)
 
 
 def test_sparse_layers_follow_decoder_sparse_step_and_mlp_only_layers():
@@ -79,10 +85,14 @@ def test_the_block_sums_each_tokens_experts_in_expert_order():
         torch.nn.init.normal_(p, std=0.2)
     use_invariant_linears(block)
     x = torch.randn(5, 64)
+    kernels = cpu_kernels()
     with torch.no_grad():
-        out = block(x)
+        out = block(x)  # the C++ layer (moe.cpp)
+        assert block.kernel_layer(torch.float32) is not None
+        torch.testing.assert_close(out, block.torch_forward(x), rtol=1e-5, atol=1e-6)  # torch's own softmax exp
         for t in range(5):
-            weights, ids = route(block.gate(x[t : t + 1]), 2, True)
+            weights, ids = kernels.moe_route(block.gate(x[t : t + 1]).contiguous(), 2, True)
+            assert ids[0].tolist() == route(block.gate(x[t : t + 1]), 2, True)[1][0].tolist()
             want = torch.zeros(64)
             for w, e in sorted(zip(weights[0].tolist(), ids[0].tolist()), key=lambda pair: pair[1]):
                 want = want + block.experts[e](x[t : t + 1])[0] * torch.tensor(w)

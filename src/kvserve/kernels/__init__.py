@@ -48,12 +48,13 @@ from kvserve.kernels.ops_attention import AttentionOps
 from kvserve.kernels.ops_decoder import DecoderStack, LinearPart
 from kvserve.kernels.ops_elementwise import ElementwiseOps
 from kvserve.kernels.ops_linear import LinearOps
+from kvserve.kernels.ops_moe import MoeOps
 from kvserve.kernels.ops_sample import SampleOps
 
 logger = logging.getLogger(__name__)
 
 
-class CpuKernels(AttentionOps, ElementwiseOps, LinearOps, SampleOps):
+class CpuKernels(AttentionOps, ElementwiseOps, LinearOps, MoeOps, SampleOps):
     """Every kernel of the opened library (:class:`kvserve.kernels.library.Library`), with torch
     tensors in and out; ``DecoderStack`` and ``LinearPart`` build the fused decoder."""
 

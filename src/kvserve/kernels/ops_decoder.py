@@ -61,16 +61,20 @@ class DecoderStack:
 
     def add_layer(self, window: int, input_norm: torch.Tensor, post_norm: torch.Tensor, q_norm: torch.Tensor | None,
                   k_norm: torch.Tensor | None, qkv: Sequence[LinearPart], o: Sequence[LinearPart],
-                  gate_up: Sequence[LinearPart], down: Sequence[LinearPart]) -> None:
+                  gate_up: Sequence[LinearPart] = (), down: Sequence[LinearPart] = (),
+                  moe=None) -> None:
+        """One layer; its MLP is ``gate_up``/``down`` (SwiGLU) or the mixture of experts ``moe``
+        (a ``kvserve.kernels.ops_moe.MoeLayer``)."""
         norms = [n for n in (input_norm, post_norm, q_norm, k_norm) if n is not None]
         require(all(n.dtype == self.dtype and n.is_contiguous() for n in norms),
                 "DecoderStack.add_layer: contiguous norms in the stack's dtype")
+        require((moe is None) == bool(gate_up and down), "DecoderStack.add_layer: an MLP (gate_up and down) or an MoE layer")
         parts = [*qkv, *o, *gate_up, *down]
         array = (LinearPart * len(parts))(*parts)
         counts = (ctypes.c_int64 * 4)(len(qkv), len(o), len(gate_up), len(down))
         self._lib.call("kvserve_decoder_add_layer", self._handle, window, ptr(input_norm), ptr(post_norm),
-                       optional_ptr(q_norm), optional_ptr(k_norm), array, counts)
-        self._tensors += [norms, parts]
+                       optional_ptr(q_norm), optional_ptr(k_norm), array, counts, None if moe is None else moe.handle)
+        self._tensors += [norms, parts, moe]
         self._num_layers += 1
 
     def _cache_array(self, kv_caches: Sequence[torch.Tensor]) -> ctypes.Array:
@@ -103,3 +107,4 @@ class DecoderStack:
                        ptr(query_start_loc), ptr(slot_mapping), blocks, block_size, seq_lens.numel(),
                        block_tables.shape[1])
         return out
+

@@ -26,15 +26,12 @@ from torch import nn
 from kvserve.attention.backend import AttentionMetadata
 from kvserve.attention.cpu_paged import CpuPagedAttentionBackend
 from kvserve.kernels import cpu_kernels
-from kvserve.model.invariant_linear import InvariantLinear
 from kvserve.model.layers import RMSNorm, SiluAndMul
 from kvserve.model.llama import MLP_TILE_ROWS, LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 from kvserve.model.model_inputs import ModelInputs
-from kvserve.model.quant_linear import QuantizedLinear
-from kvserve.model.stacked_linear import StackedLinear
+from kvserve.model.moe import SparseMoeBlock
+from kvserve.model.kernel_parts import linear_parts
 
-# LinearPart kinds (decoder.cpp)
-VECTOR, AMX, QUANT_VECTOR, QUANT_AMX = range(4)
 
 
 class FusedDecoder:
@@ -108,8 +105,10 @@ def _layer_spec(layer: nn.Module, first: LlamaAttention, eps: float, dtype: torc
     """``DecoderStack.add_layer``'s arguments for one decoder layer, or None when a part of it is
     not what the C++ loop runs (another module type, another shape or epsilon than layer 0's)."""
     attn, mlp = layer.self_attn, layer.mlp
-    if (type(layer) is not LlamaDecoderLayer or type(attn) is not LlamaAttention or type(mlp) is not LlamaMLP
-            or type(mlp.act_fn) is not SiluAndMul or attn.backend is not first.backend
+    moe = mlp.kernel_layer(dtype) if type(mlp) is SparseMoeBlock else None
+    if (type(layer) is not LlamaDecoderLayer or type(attn) is not LlamaAttention
+            or not (moe is not None or (type(mlp) is LlamaMLP and type(mlp.act_fn) is SiluAndMul))
+            or attn.backend is not first.backend
             or (attn.num_heads, attn.num_kv_heads, attn.head_dim) != (first.num_heads, first.num_kv_heads, first.head_dim)):
         return None
     norms = [layer.input_layernorm, layer.post_attention_layernorm]
@@ -117,31 +116,13 @@ def _layer_spec(layer: nn.Module, first: LlamaAttention, eps: float, dtype: torc
         norms += [attn.q_norm, attn.k_norm]
     if any(type(n) is not RMSNorm or n.eps != eps or n.weight.dtype != dtype for n in norms):
         return None
-    projections = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
-    parts = {name: _linear_parts(module, dtype, kernels) for name, module in projections.items()}
+    projections = {"qkv": attn.qkv_proj, "o": attn.o_proj}
+    if moe is None:
+        projections.update(gate_up=mlp.gate_up_proj, down=mlp.down_proj)
+    parts = {name: linear_parts(module, dtype, kernels) for name, module in projections.items()}
     if any(p is None for p in parts.values()):
         return None
     weight = lambda norm: None if norm is None else norm.weight.detach()  # noqa: E731
     return dict(window=attn.sliding_window or 0, input_norm=weight(layer.input_layernorm),
                 post_norm=weight(layer.post_attention_layernorm), q_norm=weight(attn.q_norm),
-                k_norm=weight(attn.k_norm), **parts)
-
-
-def _linear_parts(module: nn.Module, dtype: torch.dtype, kernels: ModuleType) -> list | None:
-    """The ``LinearPart`` list that computes ``module`` on ``dtype`` activations exactly as its
-    forward does, or None."""
-    if type(module) is StackedLinear:
-        parts = [_linear_parts(part, dtype, kernels) for part in module.parts]
-        return None if any(p is None for p in parts) else [p for sub in parts for p in sub]
-    if type(module) is InvariantLinear:
-        amx, packed = module.kernel_weights(dtype)
-        return [kernels.LinearPart(kind=AMX if amx else VECTOR, packed=packed, scales=None, neg_offsets=None,
-                                   bias=module.bias, input_perm=None, in_features=module.in_features,
-                                   out_features=module.out_features, group_size=0, bits=0, isa=0)]
-    if type(module) is QuantizedLinear and module.on_kernels:
-        amx, packed, scales, neg_offsets = module.kernel_weights(dtype)
-        return [kernels.LinearPart(kind=QUANT_AMX if amx else QUANT_VECTOR, packed=packed, scales=scales,
-                                   neg_offsets=neg_offsets, bias=module.bias, input_perm=module.input_perm,
-                                   in_features=module.in_features, out_features=module.out_features,
-                                   group_size=module.group_size, bits=module.bits, isa=module.isa)]
-    return None
+                k_norm=weight(attn.k_norm), moe=moe, **parts)

@@ -77,6 +77,13 @@ class SiluAndMul(nn.Module):
         return F.silu(gate) * up
 
 
+class RouterLinear(nn.Linear):
+    """A gate's linear: a mixture of experts' router (hidden -> experts) and Qwen2-MoE's
+    shared-expert gate (``kvserve.model.moe``). Runs on the batch-invariant kernels like any
+    linear but is never quantized (vLLM leaves them in the model dtype too): a quantized router
+    would choose other experts."""
+
+
 class MergedLinear(nn.Linear):
     """One ``nn.Linear`` holding several checkpoint projections stacked along the output rows.
 

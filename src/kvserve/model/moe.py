@@ -12,7 +12,9 @@ For tokens x [T, hidden]::
 
 with expert_e(x) = down_e(silu(gate_e(x)) * up_e(x)), each expert an ``nn.Linear`` pair like a
 dense MLP's (so the CPU kernels, int8/int4 quantization and the loader's name mapping apply to
-experts as they do to any linear). Rows are routed independently and each token's experts are
+experts as they do to any linear). On the CPU the block runs in one C++ call over the linears'
+packed weights (``kernels/csrc/moe.cpp``: the same steps, its own softmax exp; the torch code
+below is the reference and the path of other devices). Rows are routed independently and each token's experts are
 summed in expert order, the order transformers' loop adds them in, so a token's output never
 depends on the other tokens of the batch. The routing weight multiplies an expert's output in the
 model dtype (Qwen) or in float32 (Mixtral), as each family's reference code does.
@@ -33,13 +35,8 @@ from torch import nn
 
 from kvserve.kernels import cpu_kernels
 from kvserve.model.arch_config import ModelArchConfig, MoeConfig
-from kvserve.model.layers import MergedLinear, SiluAndMul
-
-
-class RouterLinear(nn.Linear):
-    """A gate's linear: the router (hidden -> experts) and Qwen2-MoE's shared-expert gate. Runs on
-    the batch-invariant kernels like any linear but is never quantized (vLLM leaves them in the
-    model dtype too): a quantized router would choose other experts."""
+from kvserve.model.kernel_parts import linear_parts
+from kvserve.model.layers import MergedLinear, RouterLinear, SiluAndMul
 
 
 class ExpertMLP(nn.Module):
@@ -82,8 +79,48 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = RouterLinear(arch.hidden_size, 1, bias=False)
         else:
             self.shared_expert = self.shared_expert_gate = None
+        self._kernel_layers: dict[tuple, object] = {}
+
+    def kernel_layer(self, dtype: torch.dtype):
+        """This block in one C++ call (``kvserve.kernels.ops_moe.MoeLayer``) for ``dtype``
+        activations on the CPU: made once the linears are on the kernels (after
+        ``use_invariant_linears`` or quantization), or None (no kernels, other layers)."""
+        kernels = cpu_kernels()
+        if kernels is None or dtype not in (torch.float32, torch.bfloat16):
+            return None
+        key = (dtype, id(self.gate), id(self.experts[0].gate_up_proj))  # new modules (quantized): a new layer
+        if key not in self._kernel_layers:
+            self._kernel_layers = {key: self._build_kernel_layer(kernels, dtype)}
+        return self._kernel_layers[key]
+
+    def _build_kernel_layer(self, kernels, dtype: torch.dtype):
+        def one(module: nn.Module):
+            parts = linear_parts(module, dtype, kernels)
+            return parts[0] if parts is not None and len(parts) == 1 else None
+
+        experts = [e for e in (*self.experts, *([self.shared_expert] if self.shared_expert is not None else []))]
+        if any(type(e.act_fn) is not SiluAndMul for e in experts):
+            return None
+        router = one(self.gate)
+        gate_up, down = [one(e.gate_up_proj) for e in self.experts], [one(e.down_proj) for e in self.experts]
+        shared = None
+        if self.shared_expert is not None:
+            shared = [one(self.shared_expert.gate_up_proj), one(self.shared_expert.down_proj), one(self.shared_expert_gate)]
+        if router is None or any(p is None for p in (*gate_up, *down, *(shared or ()))):
+            return None
+        return kernels.MoeLayer(dtype=dtype, top_k=self.moe.top_k, normalize=self.moe.norm_topk_prob,
+                                weights_float32=self.moe.routing_weights_float32, router=router, gate_up=gate_up,
+                                down=down, shared=shared)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layer = self.kernel_layer(x.dtype) if x.device.type == "cpu" and x.dim() == 2 else None
+        if layer is not None:
+            return layer.forward(x.contiguous())
+        return self.torch_forward(x)
+
+    def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The block in torch operators (the module docstring's steps): the reference, and the
+        path where the C++ layer does not apply."""
         weights, ids = route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob)
         if not self.moe.routing_weights_float32:
             weights = weights.to(x.dtype)

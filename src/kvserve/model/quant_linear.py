@@ -37,7 +37,7 @@ from torch import nn
 
 from kvserve import huge_pages
 from kvserve.kernels import cpu_kernels
-from kvserve.model.moe import RouterLinear
+from kvserve.model.layers import RouterLinear
 from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)

@@ -28,63 +28,18 @@
 
 #include "abi.h"
 #include "kernels.h"
+#include "moe.h"
+#include "projection.h"
 
 namespace kvserve {
 namespace {
-
-enum LinearKind : int64_t { kVector = 0, kAmx = 1, kQuantVector = 2, kQuantAmx = 3 };
-
-}  // namespace
-
-// One linear layer's packed weight and the kernel that reads it (InvariantLinear's or
-// QuantizedLinear's forward, kvserve/model/invariant_linear.py and quant_linear.py). The layout of
-// kvserve/kernels/ops_decoder.py's LinearPart (a ctypes Structure).
-struct LinearPart {
-  int64_t kind;
-  const void* packed;
-  int64_t weight_dtype;       // kVector: float32 or bfloat16 panels
-  const float* scales;        // quantized kinds
-  const float* neg_offsets;   // int4 with zero points, else nullptr
-  const float* bias;          // or nullptr
-  const int64_t* input_perm;  // GPTQ act-order input order [in_features], or nullptr
-  int64_t in_features, out_features, group_size, bits, isa;
-};
-
-namespace {
-
-// A grow-only, 64-byte aligned scratch buffer.
-class Buffer {
- public:
-  template <typename T>
-  T* get(int64_t count) {
-    const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
-    if (bytes > capacity_) {
-      capacity_ = (bytes + 63) / 64 * 64;
-      data_.reset(static_cast<char*>(std::aligned_alloc(64, capacity_)));
-      check(data_ != nullptr, "DecoderStack: out of memory for " + std::to_string(capacity_) + " bytes");
-    }
-    return reinterpret_cast<T*>(data_.get());
-  }
-
- private:
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
-  std::unique_ptr<char, Free> data_;
-  size_t capacity_ = 0;
-};
-
-// A projection: one part, or several whose outputs are concatenated (StackedLinear).
-struct Projection {
-  std::vector<LinearPart> parts;
-  int64_t out_features = 0;
-};
 
 struct DecoderLayer {
   int64_t index;
   const void *input_norm, *post_norm, *q_norm, *k_norm;  // q/k norms: Qwen3, else nullptr
   Projection qkv, o, gate_up, down;
-  int64_t window;  // sliding window, 0 = none
+  const MoeLayer* moe;  // a mixture of experts instead of gate_up / down, or nullptr
+  int64_t window;       // sliding window, 0 = none
   // gate_up is one bfloat16 AMX weight without bias, of 2d outputs with d a multiple of 16:
   // silu_and_mul(gate_up(x)) is then amx_linear with swiglu, one pass with the same bits that
   // never writes the [rows, 2d] projection (in a 2,048-token prefill step the separate SiLU pass was 9%).
@@ -112,14 +67,15 @@ class DecoderStack {
         max_kernel_query_len_(max_kernel_query_len), attention_amx_(attention_amx), final_norm_(final_norm) {}
 
   void add_layer(int64_t window, const void* input_norm, const void* post_norm, const void* q_norm, const void* k_norm,
-                 const LinearPart* parts, const int64_t* counts);
+                 const LinearPart* parts, const int64_t* counts, const MoeLayer* moe);
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   void forward(const void* hidden, void* out, int64_t tokens, const DecoderBatch& batch);
 
  private:
   int64_t element_size() const { return dtype_ == kFloat32 ? 4 : 2; }
-  void linear(const LinearPart& part, const void* x, void* out, int64_t rows);
-  void project(const Projection& projection, const void* x, void* out, int64_t rows);
+  void project(const Projection& projection, const void* x, void* out, int64_t rows) {
+    run_projection(projection, dtype_, x, out, rows, projection_scratch_);
+  }
   void rotary(const void* x, int64_t row_stride, int64_t head_stride, int64_t heads, void* out, int64_t tokens,
               const DecoderBatch& batch);
   const void* head_norm(const void* x, int64_t row_stride, int64_t heads, const void* weight, Buffer& copy,
@@ -136,77 +92,30 @@ class DecoderStack {
   std::vector<DecoderLayer> layers_;
   std::mutex forward_mutex_;  // one forward at a time: the buffers are the stack's
   Buffer residual_[2], normed_, attn_, qkv_, q_copy_, q_normed_, k_copy_, k_normed_, q_rot_, k_rot_, attn_heads_,
-      gate_up_, act_, part_out_, gathered_, hidden_next_;
+      gate_up_, act_, hidden_next_;
+  ProjectionScratch projection_scratch_;
+  MoeScratch moe_scratch_;
 };
 
 void DecoderStack::add_layer(int64_t window, const void* input_norm, const void* post_norm, const void* q_norm,
-                             const void* k_norm, const LinearPart* parts, const int64_t* counts) {
-  check(counts[0] > 0 && counts[1] > 0 && counts[2] > 0 && counts[3] > 0 && (q_norm == nullptr) == (k_norm == nullptr),
-        "DecoderStack.add_layer: every projection needs a part; q and k norms go together");
+                             const void* k_norm, const LinearPart* parts, const int64_t* counts, const MoeLayer* moe) {
+  check(counts[0] > 0 && counts[1] > 0 && (moe != nullptr || (counts[2] > 0 && counts[3] > 0)) &&
+            (q_norm == nullptr) == (k_norm == nullptr),
+        "DecoderStack.add_layer: every projection needs a part (or an MoE layer for the MLP); q and k norms go together");
   Projection projections[4];
   for (int i = 0; i < 4; ++i) {
-    projections[i].parts.assign(parts, parts + counts[i]);
-    for (const LinearPart& part : projections[i].parts) {
-      check(part.kind >= kVector && part.kind <= kQuantAmx, "LinearPart: unknown kind " + std::to_string(part.kind));
-      check(part.kind < kQuantVector || part.scales != nullptr, "LinearPart: a quantized kind needs scales");
-      projections[i].out_features += part.out_features;
-    }
+    projections[i] = make_projection(parts, counts[i]);
     parts += counts[i];
   }
-  const LinearPart& first = projections[2].parts[0];
-  const bool swiglu_in_store = projections[2].parts.size() == 1 && first.kind == kAmx && first.bias == nullptr &&
-                               first.input_perm == nullptr && first.out_features % 32 == 0;
+  bool swiglu_in_store = false;
+  if (moe == nullptr) {
+    const LinearPart& first = projections[2].parts[0];
+    swiglu_in_store = projections[2].parts.size() == 1 && first.kind == kAmx && first.bias == nullptr &&
+                      first.input_perm == nullptr && first.out_features % 32 == 0;
+  }
   layers_.push_back(DecoderLayer{static_cast<int64_t>(layers_.size()), input_norm, post_norm, q_norm, k_norm,
                                  std::move(projections[0]), std::move(projections[1]), std::move(projections[2]),
-                                 std::move(projections[3]), window, swiglu_in_store});
-}
-
-// LinearPart::operator() of the modules: x [rows, in_features] (its inputs gathered by input_perm
-// first) -> out [rows, out_features].
-void DecoderStack::linear(const LinearPart& part, const void* x, void* out, int64_t rows) {
-  const int64_t K = part.in_features, es = element_size();
-  if (part.input_perm != nullptr) {  // x.index_select(-1, input_perm)
-    char* gathered = gathered_.get<char>(rows * K * es);
-    const char* src = static_cast<const char*>(x);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t k = 0; k < K; ++k) std::memcpy(gathered + (r * K + k) * es, src + (r * K + part.input_perm[k]) * es, es);
-    x = gathered;
-  }
-  const QuantWeight quant{static_cast<const uint8_t*>(part.packed), part.scales, part.neg_offsets, part.bias,
-                          part.out_features, part.group_size, part.bits};
-  switch (part.kind) {
-    case kVector:
-      invariant_linear(dtype_, x, static_cast<DType>(part.weight_dtype), part.packed, part.bias, out, rows, K,
-                       part.out_features);
-      return;
-    case kAmx:
-      amx_linear(static_cast<const BFloat16*>(x), static_cast<const BFloat16*>(part.packed), part.bias,
-                 static_cast<BFloat16*>(out), rows, K, part.out_features, false);
-      return;
-    case kQuantVector:
-      quant_linear(dtype_, x, out, rows, K, quant, part.isa);
-      return;
-    default:
-      amx_quant_linear(static_cast<const BFloat16*>(x), static_cast<BFloat16*>(out), rows, K, quant);
-  }
-}
-
-// Projection::operator(): one part, or the parts' outputs side by side (torch.cat(outs, -1)).
-void DecoderStack::project(const Projection& projection, const void* x, void* out, int64_t rows) {
-  if (projection.parts.size() == 1) {
-    linear(projection.parts[0], x, out, rows);
-    return;
-  }
-  const int64_t es = element_size(), width = projection.out_features;
-  int64_t column = 0;
-  for (const LinearPart& part : projection.parts) {
-    char* part_out = part_out_.get<char>(rows * part.out_features * es);
-    linear(part, x, part_out, rows);
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(static_cast<char*>(out) + (r * width + column) * es, part_out + r * part.out_features * es,
-                  part.out_features * es);
-    column += part.out_features;
-  }
+                                 std::move(projections[3]), moe, window, swiglu_in_store});
 }
 
 }  // namespace kvserve
@@ -303,8 +212,13 @@ void DecoderStack::attention(const DecoderLayer& layer, const void* normed, void
   project(layer.o, heads, out, tokens);
 }
 
-// down(silu_and_mul(gate_up(x))) of x [tokens, hidden] into out, mlp_tile_rows rows at a time.
+// down(silu_and_mul(gate_up(x))) of x [tokens, hidden] into out, mlp_tile_rows rows at a time; or
+// the layer's mixture of experts (moe.cpp), all rows at once.
 void DecoderStack::mlp(const DecoderLayer& layer, const void* x, void* out, int64_t tokens) {
+  if (layer.moe != nullptr) {
+    moe_forward(*layer.moe, dtype_, x, out, tokens, moe_scratch_);
+    return;
+  }
   const int64_t es = element_size(), inter = layer.gate_up.out_features / 2;
   for (int64_t row0 = 0; row0 < tokens; row0 += mlp_tile_rows_) {
     const int64_t rows = std::min(mlp_tile_rows_, tokens - row0);
@@ -369,12 +283,14 @@ KVSERVE_EXPORT int kvserve_decoder_create(int32_t dtype, int64_t hidden_size, in
 
 KVSERVE_EXPORT void kvserve_decoder_destroy(void* stack) { delete static_cast<kvserve::DecoderStack*>(stack); }
 
-// parts: the layer's LinearParts, qkv's then o's, gate_up's and down's; counts: int64 [4], how many each.
+// parts: the layer's LinearParts, qkv's then o's, gate_up's and down's; counts: int64 [4], how many each;
+// moe: a handle of kvserve_moe_create for a mixture-of-experts layer (gate_up, down: 0 parts), or nullptr.
 KVSERVE_EXPORT int kvserve_decoder_add_layer(void* stack, int64_t window, const void* input_norm,
                                              const void* post_norm, const void* q_norm, const void* k_norm,
-                                             const kvserve::LinearPart* parts, const int64_t* counts) {
+                                             const kvserve::LinearPart* parts, const int64_t* counts, const void* moe) {
   return kvserve::guarded([&] {
-    static_cast<kvserve::DecoderStack*>(stack)->add_layer(window, input_norm, post_norm, q_norm, k_norm, parts, counts);
+    static_cast<kvserve::DecoderStack*>(stack)->add_layer(window, input_norm, post_norm, q_norm, k_norm, parts, counts,
+                                                          moe == nullptr ? nullptr : kvserve::moe_layer_of(moe));
   });
 }
 

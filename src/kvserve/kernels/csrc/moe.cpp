@@ -1,0 +1,257 @@
+// A mixture-of-experts feed-forward in one call: the router, every hit expert and the shared
+// expert, for all tokens of a step (kvserve/model/moe.py's SparseMoeBlock on the CPU, and a
+// layer's MLP in decoder.cpp).
+//
+//   logits  = router(x)                                  [T, E], the dtype
+//   w, ids  = moe_route(logits)                          softmax in float32, top k, renormalised
+//   tokens grouped by expert (counting sort, each expert's tokens in increasing order)
+//   for each hit expert e, increasing:  y = down_e(silu_and_mul(gate_up_e(x[tokens of e])))
+//                                       acc[t] = round(acc[t] + round(y[t] * w[t, e]))
+//   acc = round(acc + round(sigmoid(shared_gate(x)) * shared_expert(x)))   (Qwen2-MoE)
+//
+// with round() to the dtype after each operation, as torch's operators round them, and w rounded
+// to the dtype first unless the family multiplies in float32 (Mixtral). A token's sum runs over its
+// experts in increasing id whatever the other tokens, and every linear is batch-invariant, so a
+// token's output never depends on the batch. The experts' GEMMs are the linears' own (vector,
+// AMX, int8/int4), each parallel over its output columns.
+#include "moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "kernels.h"
+#include "thread_pool.h"
+#include "vector_exp.h"
+
+#pragma GCC push_options
+#pragma GCC optimize("no-fast-math", "fp-contract=off")
+
+namespace kvserve {
+namespace {
+
+#include "bf16_convert.h"
+
+inline float load(const void* p, DType dtype, int64_t i) {
+  return dtype == kFloat32 ? static_cast<const float*>(p)[i] : to_float(static_cast<const BFloat16*>(p)[i]);
+}
+
+inline float rounded(float v, DType dtype) { return dtype == kFloat32 ? v : to_float(from_float<BFloat16>(v)); }
+
+// exp(v[i] - m) for i < n into out, in 16 lanes where the build has AVX-512 (a masked tail), so
+// every value takes the same instructions.
+void exp_shifted(const float* v, float m, float* out, int64_t n) {
+#if defined(__AVX512F__)
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, v + i), _mm512_set1_ps(m));
+    _mm512_mask_storeu_ps(out + i, mask, exp16(x));
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) out[i] = std::exp(v[i] - m);
+#endif
+}
+
+}  // namespace
+
+void moe_route(DType dtype, const void* logits, int64_t tokens, int64_t experts, int64_t top_k, bool normalize,
+               float* weights, int32_t* ids) {
+  parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(experts)), probs(static_cast<size_t>(experts));
+    std::vector<char> taken(static_cast<size_t>(experts));
+    for (int64_t t = begin; t < end; ++t) {
+      float m = -INFINITY;
+      for (int64_t e = 0; e < experts; ++e) {
+        row[e] = load(logits, dtype, t * experts + e);
+        m = std::max(m, row[e]);
+      }
+      exp_shifted(row.data(), m, probs.data(), experts);
+      float sum = 0.f;
+      for (int64_t e = 0; e < experts; ++e) sum += probs[e];
+      for (int64_t e = 0; e < experts; ++e) probs[e] /= sum;
+      std::fill(taken.begin(), taken.end(), 0);
+      float chosen = 0.f;
+      for (int64_t j = 0; j < top_k; ++j) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < experts; ++e)
+          if (!taken[e] && (best < 0 || probs[e] > probs[best])) best = e;  // strict: the lowest of equals
+        taken[best] = 1;
+        weights[t * top_k + j] = probs[best];
+        ids[t * top_k + j] = static_cast<int32_t>(best);
+        chosen += probs[best];
+      }
+      if (normalize)
+        for (int64_t j = 0; j < top_k; ++j) weights[t * top_k + j] /= chosen;
+    }
+  });
+}
+
+namespace {
+
+// acc[row] = round(acc[row] + round(y[i] * w)) for each of `count` rows (y in dtype, acc float32
+// holding values of the dtype).
+void accumulate(float* acc, const void* y, DType dtype, const int64_t* rows, const float* w, int64_t count,
+                int64_t hidden) {
+  parallel_for(0, count, std::max<int64_t>(1, 4096 / hidden), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float* dst = acc + rows[i] * hidden;
+      for (int64_t h = 0; h < hidden; ++h)
+        dst[h] = rounded(dst[h] + rounded(load(y, dtype, i * hidden + h) * w[i], dtype), dtype);
+    }
+  });
+}
+
+// silu_and_mul(gate_up(x)) of `rows` rows into act [rows, I]: in the AMX store where the
+// projection is one AMX weight without bias (the same bits), else in two steps.
+void expert_activation(const Projection& gate_up, DType dtype, const void* x, void* act, int64_t rows,
+                       int64_t intermediate, Buffer& projected, ProjectionScratch& scratch) {
+  const LinearPart& first = gate_up.parts[0];
+  if (gate_up.parts.size() == 1 && first.kind == kAmx && first.bias == nullptr && first.input_perm == nullptr &&
+      first.out_features % 32 == 0) {
+    amx_linear(static_cast<const BFloat16*>(x), static_cast<const BFloat16*>(first.packed), nullptr,
+               static_cast<BFloat16*>(act), rows, first.in_features, first.out_features, true);
+    return;
+  }
+  void* both = projected.get<char>(rows * 2 * intermediate * (dtype == kFloat32 ? 4 : 2));
+  run_projection(gate_up, dtype, x, both, rows, scratch);
+  silu_and_mul(dtype, both, act, rows, intermediate);
+}
+
+void shared_expert(const MoeLayer& layer, DType dtype, const void* x, float* acc, int64_t tokens, MoeScratch& s) {
+  const int64_t es = dtype == kFloat32 ? 4 : 2, hidden = layer.hidden;
+  const int64_t width = layer.shared_down.parts[0].in_features;
+  void* act = s.shared_act.get<char>(tokens * width * es);
+  expert_activation(layer.shared_gate_up, dtype, x, act, tokens, width, s.shared_gate_up, s.projection);
+  void* y = s.shared_y.get<char>(tokens * hidden * es);
+  run_projection(layer.shared_down, dtype, act, y, tokens, s.projection);
+  void* gate = s.shared_gate.get<char>(tokens * es);
+  run_projection(layer.shared_gate, dtype, x, gate, tokens, s.projection);
+  sigmoid(dtype, gate, gate, tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float g = load(gate, dtype, t);
+    for (int64_t h = 0; h < hidden; ++h)
+      acc[t * hidden + h] = rounded(acc[t * hidden + h] + rounded(g * load(y, dtype, t * hidden + h), dtype), dtype);
+  }
+}
+
+}  // namespace
+
+void moe_forward(const MoeLayer& layer, DType dtype, const void* x, void* out, int64_t tokens, MoeScratch& s) {
+  const int64_t E = layer.num_experts, k = layer.top_k, hidden = layer.hidden, es = dtype == kFloat32 ? 4 : 2;
+  void* logits = s.logits.get<char>(tokens * E * es);
+  run_projection(layer.router, dtype, x, logits, tokens, s.projection);
+  float* weights = s.weights.get<float>(tokens * k);
+  int32_t* ids = s.ids.get<int32_t>(tokens * k);
+  moe_route(dtype, logits, tokens, E, k, layer.normalize, weights, ids);
+  if (!layer.weights_float32)
+    for (int64_t i = 0; i < tokens * k; ++i) weights[i] = rounded(weights[i], dtype);
+  // (token, slot) pairs grouped by expert, each expert's in increasing token order.
+  std::vector<int64_t> start(static_cast<size_t>(E) + 1, 0);
+  for (int64_t i = 0; i < tokens * k; ++i) ++start[ids[i] + 1];
+  for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
+  int64_t* order = s.order.get<int64_t>(tokens * k);
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < tokens * k; ++i) order[fill[ids[i]]++] = i;
+  float* acc = s.acc.get<float>(tokens * hidden);
+  std::fill(acc, acc + tokens * hidden, 0.f);
+  int64_t* rows = s.rows.get<int64_t>(tokens * k);
+  std::vector<float> w(static_cast<size_t>(tokens * k));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t count = start[e + 1] - start[e];
+    if (count == 0) continue;
+    char* gathered = s.gathered.get<char>(count * hidden * es);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t pair = order[start[e] + i];
+      rows[i] = pair / k;
+      w[i] = weights[pair];
+      std::memcpy(gathered + i * hidden * es, static_cast<const char*>(x) + rows[i] * hidden * es, hidden * es);
+    }
+    void* act = s.act.get<char>(count * layer.intermediate * es);
+    expert_activation(layer.gate_up[e], dtype, gathered, act, count, layer.intermediate, s.gate_up, s.projection);
+    void* y = s.y.get<char>(count * hidden * es);
+    run_projection(layer.down[e], dtype, act, y, count, s.projection);
+    accumulate(acc, y, dtype, rows, w.data(), count, hidden);
+  }
+  if (layer.shared) shared_expert(layer, dtype, x, acc, tokens, s);
+  if (dtype == kFloat32) {
+    std::memcpy(out, acc, tokens * hidden * sizeof(float));
+  } else {
+    BFloat16* o = static_cast<BFloat16*>(out);
+    for (int64_t i = 0; i < tokens * hidden; ++i) o[i] = from_float<BFloat16>(acc[i]);
+  }
+}
+
+}  // namespace kvserve
+
+#pragma GCC pop_options
+
+namespace {
+
+struct MoeHandle {
+  kvserve::MoeLayer layer;
+  kvserve::MoeScratch scratch;
+  std::mutex mutex;  // one forward at a time: the scratch is the handle's
+};
+
+}  // namespace
+
+extern "C" {
+
+// router: 1 part; gate_up, down: one part per expert; shared: nullptr, or [gate_up, down, gate].
+KVSERVE_EXPORT int kvserve_moe_create(int64_t num_experts, int64_t top_k, int64_t hidden, int64_t intermediate,
+                                      int32_t normalize, int32_t weights_float32, const kvserve::LinearPart* router,
+                                      const kvserve::LinearPart* gate_up, const kvserve::LinearPart* down,
+                                      const kvserve::LinearPart* shared, void** handle) {
+  return kvserve::guarded([&] {
+    auto moe = std::make_unique<MoeHandle>();
+    kvserve::MoeLayer& layer = moe->layer;
+    layer.num_experts = num_experts;
+    layer.top_k = top_k;
+    layer.hidden = hidden;
+    layer.intermediate = intermediate;
+    layer.normalize = normalize != 0;
+    layer.weights_float32 = weights_float32 != 0;
+    layer.router = kvserve::make_projection(router, 1);
+    for (int64_t e = 0; e < num_experts; ++e) {
+      layer.gate_up.push_back(kvserve::make_projection(gate_up + e, 1));
+      layer.down.push_back(kvserve::make_projection(down + e, 1));
+    }
+    layer.shared = shared != nullptr;
+    if (layer.shared) {
+      layer.shared_gate_up = kvserve::make_projection(shared, 1);
+      layer.shared_down = kvserve::make_projection(shared + 1, 1);
+      layer.shared_gate = kvserve::make_projection(shared + 2, 1);
+    }
+    *handle = moe.release();
+  });
+}
+
+KVSERVE_EXPORT void kvserve_moe_destroy(void* handle) { delete static_cast<MoeHandle*>(handle); }
+
+KVSERVE_EXPORT int kvserve_moe_forward(void* handle, int32_t dtype, const void* x, void* out, int64_t tokens) {
+  return kvserve::guarded([&] {
+    auto* moe = static_cast<MoeHandle*>(handle);
+    std::lock_guard<std::mutex> lock(moe->mutex);
+    kvserve::moe_forward(moe->layer, static_cast<kvserve::DType>(dtype), x, out, tokens, moe->scratch);
+  });
+}
+
+KVSERVE_EXPORT int kvserve_moe_route(int32_t dtype, const void* logits, int64_t tokens, int64_t experts, int64_t top_k,
+                                     int32_t normalize, float* weights, int32_t* ids) {
+  return kvserve::guarded([&] {
+    kvserve::moe_route(static_cast<kvserve::DType>(dtype), logits, tokens, experts, top_k, normalize != 0, weights,
+                       ids);
+  });
+}
+
+}  // extern "C"
+
+// The layer of a handle, for decoder.cpp (a decoder layer shares the handle's weights, not its scratch).
+const kvserve::MoeLayer* kvserve::moe_layer_of(const void* handle) {
+  return &static_cast<const MoeHandle*>(handle)->layer;
+}

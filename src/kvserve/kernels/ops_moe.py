@@ -1,0 +1,66 @@
+"""A mixture-of-experts feed-forward in one call (``csrc/moe.cpp``): ``MoeLayer`` as
+``kvserve.model.moe`` builds it (and ``kvserve.model.fused_decoder`` gives to a decoder layer), and
+the router's top-k on its own (``moe_route``, for tests)."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import torch
+
+from kvserve.kernels.ops_decoder import LinearPart
+from kvserve.kernels.tensors import code, ptr, require
+
+
+class MoeLayer:
+    """A mixture-of-experts feed-forward in C++ (``moe.cpp``) over its linears' packed weights:
+    ``forward(x [T, hidden]) -> [T, hidden]`` in the dtype it was built for. Holds the parts (and
+    so their tensors) it was given."""
+
+    def __init__(self, lib, dtype: torch.dtype, top_k: int, normalize: bool, weights_float32: bool,
+                 router: LinearPart, gate_up: Sequence[LinearPart], down: Sequence[LinearPart],
+                 shared: Sequence[LinearPart] | None = None):
+        require(len(gate_up) == len(down) > 0 and 1 <= top_k <= len(gate_up), "MoeLayer: one gate_up and one down per expert")
+        require(shared is None or len(shared) == 3, "MoeLayer: the shared expert is [gate_up, down, gate]")
+        self._lib, self.dtype = lib, dtype
+        self.hidden_size = router.in_features
+        self._parts = [router, *gate_up, *down, *(shared or ())]
+        experts = len(gate_up)
+        handle = ctypes.c_void_p()
+        lib.call("kvserve_moe_create", experts, top_k, router.in_features, down[0].in_features, int(normalize),
+                 int(weights_float32), ctypes.byref(router), (LinearPart * experts)(*gate_up),
+                 (LinearPart * experts)(*down), None if shared is None else (LinearPart * 3)(*shared),
+                 ctypes.byref(handle))
+        self.handle = handle
+
+    def __del__(self):
+        handle = getattr(self, "handle", None)
+        if handle is not None and handle.value:
+            self._lib.moe_destroy(handle)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        require(x.dim() == 2 and x.is_contiguous() and x.dtype == self.dtype and x.shape[1] == self.hidden_size,
+                "MoeLayer: x [T, hidden] contiguous in the layer's dtype")
+        out = torch.empty_like(x)
+        self._lib.call("kvserve_moe_forward", self.handle, code(x.dtype), ptr(x), ptr(out), x.shape[0])
+        return out
+
+
+
+class MoeOps:
+    """The MoE kernels' wrappers."""
+
+    def MoeLayer(self, **kwargs) -> MoeLayer:  # noqa: N802 - named as the class it builds
+        return MoeLayer(self._lib, **kwargs)
+
+    def moe_route(self, logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights float32 [T, k], ids int32 [T, k]) of router logits [T, E] as ``moe.cpp`` routes
+        them (softmax in float32, the top k, of equal probabilities the lowest expert first)."""
+        require(logits.dim() == 2 and logits.is_contiguous() and logits.dtype in (torch.float32, torch.bfloat16)
+                and 1 <= top_k <= logits.shape[1], "moe_route: contiguous float32/bfloat16 logits [T, E], 1 <= k <= E")
+        weights = torch.empty((logits.shape[0], top_k), dtype=torch.float32)
+        ids = torch.empty((logits.shape[0], top_k), dtype=torch.int32)
+        self._lib.call("kvserve_moe_route", code(logits.dtype), ptr(logits), logits.shape[0], logits.shape[1], top_k,
+                       int(normalize), ptr(weights), ptr(ids))
+        return weights, ids
