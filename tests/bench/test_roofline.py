@@ -58,6 +58,31 @@ def test_biases_and_qk_norms_of_qwen():
     assert (tied.lm_head_params, tied.weight_bytes) == (HEAD, (BODY + HEAD + NORMS) * 2)
 
 
+def test_a_mixture_of_experts_counts_the_experts_a_step_touches():
+    """Qwen3-MoE on SMALL's attention: 8 experts of width 32, top 2, every layer sparse. Per layer
+    the router [8, 64] = 512 weights is dense; one expert is gate_up [64, 64] + down [64, 32] =
+    6,144 weights."""
+    moe = arch(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+               moe_intermediate_size=32, norm_topk_prob=True)
+    cost = model_cost(moe, ServingFormat("bfloat16"))
+    attention = 8_192 + 4_096
+    dense = 2 * (attention + 512)
+    assert (cost.body_params, cost.expert_params, cost.moe_layers, cost.num_experts, cost.top_k) == \
+        (dense, 6_144, 2, 8, 2)
+    assert cost.weight_bytes == (dense + HEAD + NORMS + 2 * 2 * 16) * 2 and cost.expert_bytes == 6_144 * 2
+    assert cost.token_params == dense + 2 * 2 * 6_144 and cost.total_params == dense + HEAD + 2 * 8 * 6_144
+    assert cost.step_weight_bytes(1) == cost.weight_bytes + 2 * 2 * cost.expert_bytes  # one token: its 2 experts
+    assert cost.experts_touched(64) == pytest.approx(8 * (1 - 0.75**64)) and cost.experts_touched(0) == 0
+    peaks = MachinePeaks("cpu", 1, 1.0, 1.0, 1.0, {"bfloat16": 1.0}, (1, 1, 1), 0.0)  # 1 GB/s, 1 TFLOP/s
+    step = decode_step_bound(cost, peaks, "bfloat16", [10])
+    assert step.weights_s == pytest.approx(cost.step_weight_bytes(1) / 1e9)
+    assert step.compute_s == pytest.approx((2 * (cost.token_params + HEAD) + 256 * 2 * 10) / 1e12)
+    quantized = model_cost(moe, ServingFormat("bfloat16", QuantizationConfig(method="int8")))
+    assert quantized.expert_bytes == (64 * 64 + 4 * 64) + (64 * 32 + 4 * 64)  # int8 + per-channel scales
+    assert quantized.weight_bytes - model_cost(moe, ServingFormat("bfloat16")).weight_bytes == \
+        2 * ((8_192 + 4 * 128 - 8_192 * 2) + (4_096 + 4 * 64 - 4_096 * 2))  # the router stays bfloat16
+
+
 def test_quantized_weight_bytes_by_hand():
     int8 = model_cost(arch(), ServingFormat("bfloat16", QuantizationConfig("int8")))
     # N * K + 4 * N per linear: qkv 8,192 + 512, o 4,096 + 256, gate_up 16,384 + 1,024, down 8,192 + 256

@@ -169,6 +169,26 @@ def test_moe_models_refuse_lora_and_tensor_parallelism_by_name(tiny_checkpoint):
         check_parallel_options(config)
 
 
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "mixtral", "mixtral_top1", "qwen2_moe", "qwen3_moe"])
+def test_the_memory_plan_counts_transformers_parameters(tiny_checkpoint, variant):
+    from kvserve.model.memory_plan import check_fits, memory_plan
+
+    path, hf_model = tiny_checkpoint(variant)
+    arch = ModelArchConfig.from_file(path / "config.json")
+    plan = memory_plan(arch, "bfloat16", QuantizationConfig())
+    assert plan.total_params == sum(p.numel() for p in hf_model.parameters())
+    if arch.moe is None:
+        assert plan.active_params == plan.total_params
+    else:
+        one_expert = sum(p.numel() for p in hf_model.model.layers[0].mlp.experts.parameters()) // arch.moe.num_experts
+        idle = len(arch.moe.sparse_layers) * (arch.moe.num_experts - arch.moe.top_k) * one_expert
+        assert plan.active_params == plan.total_params - idle and "active per token" in plan.describe()
+    check_fits(plan, plan.weight_bytes, "m")
+    with pytest.raises(ConfigError, match=r"^m: .*M parameters.* MiB of weights do not fit in the .* MiB of memory "
+                                          r"available here; use --quantization int8 or int4"):
+        check_fits(plan, plan.weight_bytes - 1, "m")
+
+
 def test_variants_cover_the_switches():
     """The MoE fixtures exercise each switch of the issue: norm_topk_prob both ways, shared experts
     on and off, a dense layer among sparse ones, decoder_sparse_step, a sliding window."""

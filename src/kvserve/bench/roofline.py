@@ -25,6 +25,11 @@ layers (:func:`model_cost`):
     FLOPs          2 per weight of the linears other than the LM head per token; 2 per LM-head
                    weight per row that gets logits (the last prompt token, each decode token);
                    attention 4 * heads * head_dim per (query, key) pair per layer (q.K and P.V).
+    experts        (mixtures of experts) a routed expert's weights count only when a step touches
+                   it: a step of T tokens choosing top_k of E experts each reads, per MoE layer,
+                   E * (1 - (1 - top_k / E)^T) experts in expectation (routing taken as uniform),
+                   and a token's FLOPs count its top_k experts only; the router and any shared
+                   expert count as dense weights.
 
 The bound of a workload (:func:`workload_bound`), given each request's prompt and output length
 and how many requests may run at once (the engine's ``max_num_seqs``, the client's concurrency):
@@ -149,6 +154,10 @@ class ModelCost:
         kv_token_bytes: bytes of one token's K and V in one layer.
         attention_flops: FLOPs of one (query, key) pair in one layer (q.K and P.V).
         layer_windows: each layer's sliding window (None = full attention).
+        moe_layers, num_experts, top_k: the mixture of experts (0 for a dense model).
+        expert_bytes, expert_params: one routed expert of one layer (not in the two above).
+        all_params: every parameter of the model (embedding, norms and biases included; a tied
+            LM head once).
     """
 
     weight_bytes: int
@@ -157,6 +166,32 @@ class ModelCost:
     kv_token_bytes: int
     attention_flops: int
     layer_windows: tuple[int | None, ...]
+    moe_layers: int = 0
+    num_experts: int = 0
+    top_k: int = 0
+    expert_bytes: int = 0
+    expert_params: int = 0
+    all_params: int = 0
+
+    def experts_touched(self, tokens: int) -> float:
+        """Routed experts one MoE layer reads for ``tokens`` tokens (expected, uniform routing)."""
+        if self.moe_layers == 0 or tokens <= 0:
+            return 0.0
+        return self.num_experts * (1.0 - (1.0 - self.top_k / self.num_experts) ** tokens)
+
+    def step_weight_bytes(self, tokens: int) -> float:
+        """Weight bytes a step of ``tokens`` tokens reads: the dense ones and the touched experts."""
+        return self.weight_bytes + self.moe_layers * self.expert_bytes * self.experts_touched(tokens)
+
+    @property
+    def token_params(self) -> int:
+        """Weights of the linears other than the LM head that one token runs through (2 FLOPs each)."""
+        return self.body_params + self.moe_layers * self.top_k * self.expert_params
+
+    @property
+    def total_params(self) -> int:
+        """Every linear's weights (the LM head and all experts included)."""
+        return self.body_params + self.lm_head_params + self.moe_layers * self.num_experts * self.expert_params
 
     def attended(self, context: np.ndarray) -> np.ndarray:
         """Keys read over all layers by a query with ``context`` tokens in the cache (int64)."""
@@ -179,7 +214,7 @@ class ModelCost:
         """Linears over every prompt token, attention, the LM head over the last token."""
         if prompt_len <= 0:
             return 0
-        return (2 * self.body_params * prompt_len + self.attention_flops * self.prefill_keys(prompt_len)
+        return (2 * self.token_params * prompt_len + self.attention_flops * self.prefill_keys(prompt_len)
                 + 2 * self.lm_head_params)
 
 
@@ -197,19 +232,30 @@ def model_cost(arch: ModelArchConfig, fmt: ServingFormat) -> ModelCost:
     from kvserve.model.layers import RMSNorm  # noqa: PLC0415
     from kvserve.model.registry import get_model_class  # noqa: PLC0415
 
+    from kvserve.model.layers import RouterLinear  # noqa: PLC0415
+    from kvserve.model.moe import SparseMoeBlock  # noqa: PLC0415
+
     with torch.device("meta"):
         model = get_model_class(arch.architecture)(arch, get_attention_backend("torch"))
     size, quant = DTYPE_BYTES[fmt.dtype], fmt.quantization
     head = model.lm_head
+
+    def linear_cost(module: nn.Linear) -> tuple[int, int]:  # (bytes, params)
+        n, k = module.out_features, module.in_features
+        quantized = (quant.method is not None and not isinstance(module, RouterLinear)
+                     and (module is not head or quant.lm_head))
+        nbytes = quantized_linear_bytes(n, k, quant) if quantized else n * k * size
+        return nbytes + (n * (SCALE_BYTES if quantized else size) if module.bias is not None else 0), n * k
+
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    routed = {id(lin) for b in blocks for e in b.experts for lin in e.modules() if isinstance(lin, nn.Linear)}
+    expert = [linear_cost(lin) for lin in blocks[0].experts[0].modules() if isinstance(lin, nn.Linear)] if blocks else []
     weight_bytes = body = 0
     for module in model.modules():
-        if isinstance(module, nn.Linear):
-            n, k = module.out_features, module.in_features
-            quantized = quant.method is not None and (module is not head or quant.lm_head)
-            weight_bytes += quantized_linear_bytes(n, k, quant) if quantized else n * k * size
-            if module.bias is not None:
-                weight_bytes += n * (SCALE_BYTES if quantized else size)
-            body += 0 if module is head else n * k
+        if isinstance(module, nn.Linear) and id(module) not in routed:
+            nbytes, params = linear_cost(module)
+            weight_bytes += nbytes
+            body += 0 if module is head else params
         elif isinstance(module, RMSNorm):
             weight_bytes += module.weight.numel() * size
     row = arch.head_dim + SCALE_BYTES if fmt.kv_cache_dtype in ONE_BYTE_KV else arch.head_dim * size
@@ -218,6 +264,9 @@ def model_cost(arch: ModelArchConfig, fmt: ServingFormat) -> ModelCost:
         kv_token_bytes=2 * arch.num_key_value_heads * row,
         attention_flops=4 * arch.num_attention_heads * arch.head_dim,
         layer_windows=tuple(arch.layer_sliding_windows),
+        moe_layers=len(blocks), num_experts=arch.moe.num_experts if blocks else 0,
+        top_k=arch.moe.top_k if blocks else 0, expert_bytes=sum(b for b, _ in expert),
+        expert_params=sum(p for _, p in expert), all_params=sum(p.numel() for p in model.parameters()),
     )
 
 
@@ -245,9 +294,9 @@ def decode_step_bound(cost: ModelCost, peaks: MachinePeaks, dtype: str, contexts
     the cache (its new token included)."""
     keys = int(cost.attended(np.asarray(contexts, dtype=np.int64)).sum())
     batch = len(contexts)
-    flops = 2 * (cost.body_params + cost.lm_head_params) * batch + cost.attention_flops * keys
+    flops = 2 * (cost.token_params + cost.lm_head_params) * batch + cost.attention_flops * keys
     bandwidth = peaks.bandwidth
-    return StepBound(batch, cost.weight_bytes / bandwidth, cost.kv_token_bytes * keys / bandwidth,
+    return StepBound(batch, cost.step_weight_bytes(batch) / bandwidth, cost.kv_token_bytes * keys / bandwidth,
                      flops / peaks.peak_flops(dtype))
 
 
@@ -316,7 +365,8 @@ def workload_bound(cost: ModelCost, peaks: MachinePeaks, dtype: str, requests: S
         raise ValueError(f"at least one request must be able to run, got cap {cap}")
     peak, bandwidth = peaks.peak_flops(dtype), peaks.bandwidth
     prefill_flops = sum(cost.prefill_flops(p) for p, _ in requests)
-    prefill_s = max(prefill_flops / peak, cost.weight_bytes / bandwidth) if requests else 0.0
+    prefill_tokens = sum(p for p, _ in requests)
+    prefill_s = max(prefill_flops / peak, cost.step_weight_bytes(prefill_tokens) / bandwidth) if requests else 0.0
     decode_s, steps, bandwidth_steps, max_batch = 0.0, 0, 0, 0
     for contexts in _decode_steps(requests, cap):
         step = decode_step_bound(cost, peaks, dtype, contexts)

@@ -12,7 +12,7 @@ import torch
 
 from kvserve.attention import get_attention_backend
 from kvserve.config import EngineConfig
-from kvserve.engine.kv_sizing import KVCachePlan, plan_kv_cache
+from kvserve.engine.kv_sizing import KVCachePlan, available_host_memory_bytes, plan_kv_cache
 from kvserve.errors import ConfigError, EngineDeadError
 from kvserve.kv_cache.events import KVCacheEvent
 from kvserve.kv_cache.manager import KVCacheManager
@@ -148,16 +148,36 @@ class EngineCore:
         if dtype == "auto":
             dtype = default_dtype_for_device(config.model.model, self.device)
         backend = get_attention_backend(config.model.attention_backend, self.device)
+        plan = self._memory_plan(config, dtype)
         if config.parallel.tensor_parallel_size > 1:
             loaded = self._load_shard(config, backend)
         else:
             loaded = load_model(config.model.model, dtype, self.device, backend, config.model.quantization)
         logger.info(
-            "Loaded %s (%s, %s, weights %s, %s attention) on %s in %.2f s", config.model.model,
+            "Loaded %s (%s, %s, weights %s, %s attention%s) on %s in %.2f s", config.model.model,
             loaded.arch.architecture, str(loaded.dtype).removeprefix("torch."), loaded.weight_format, backend.name,
-            self.device, time.perf_counter() - start,
+            "" if plan is None else f"; {plan.describe()}", self.device, time.perf_counter() - start,
         )
         return loaded
+
+    def _memory_plan(self, config: EngineConfig, dtype):
+        """The model's parameters and weight bytes (``kvserve.model.memory_plan``) for a float
+        checkpoint served by this process, checked against the host's free memory first on the
+        CPU; None for GGUF files and GPTQ/AWQ checkpoints (their weights load as stored)."""
+        from kvserve.checkpoint_quantization import resolve_quantization
+        from kvserve.model.gguf_file import find_gguf
+        from kvserve.model.loader import load_arch_config, resolve_dtype
+        from kvserve.model.memory_plan import check_fits, memory_plan
+
+        model = config.model.model
+        if find_gguf(model) is not None or resolve_quantization(model, config.model.quantization).checkpoint is not None:
+            return None
+        arch = load_arch_config(model)
+        name = str(resolve_dtype(dtype, arch)).removeprefix("torch.")
+        plan = memory_plan(arch, name, config.model.quantization)
+        if self.device.type == "cpu" and config.parallel.tensor_parallel_size == 1:
+            check_fits(plan, available_host_memory_bytes(), model)
+        return plan
 
     def _load_shard(self, config: EngineConfig, backend) -> LoadedModel:
         """Rank 0's shard; the other ranks start and load theirs (``kvserve.distributed``)."""
