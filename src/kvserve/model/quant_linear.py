@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvserve import huge_pages
+from kvserve.heap import HeapTrimmer, trim
 from kvserve.kernels import cpu_kernels
 from kvserve.model.layers import RouterLinear
 from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
@@ -270,12 +271,18 @@ def quantize_linears(model: nn.Module, method: str, group_size: int = 32, lm_hea
     """
     kernels = cpu_kernels()
     head = getattr(model, "lm_head", None)
-    targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+    # (parent, name) only: each float weight is freed as soon as its layer is quantized.
+    targets = [(parent, name) for parent in model.modules() for name, child in parent.named_children()
                if isinstance(child, nn.Linear) and not isinstance(child, RouterLinear) and (lm_head or child is not head)]
-    for parent, name, child in targets:
+    trimmer = HeapTrimmer()
+    for parent, name in targets:
+        child = getattr(parent, name)
         try:
             weight = quantize_weight(child.weight, method, group_size)
         except ValueError as exc:
             raise ValueError(f"{name} ({child.in_features} inputs): {exc}") from None
         setattr(parent, name, QuantizedLinear(weight, child.bias, kernels))
+        trimmer.freed(child.weight.numel() * child.weight.element_size())
+        del child
+    trim()
     return len(targets)

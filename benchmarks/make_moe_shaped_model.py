@@ -1,0 +1,124 @@
+"""Write a mixture-of-experts checkpoint of a real model's shapes with random bfloat16 weights.
+
+    python benchmarks/make_moe_shaped_model.py --shape qwen3-30b-a3b --layers 8    # -> /tmp/qwen3-30b-a3b-8l
+    python benchmarks/make_moe_shaped_model.py --shape mixtral-8x7b --layers 4     # -> /tmp/mixtral-8x7b-4l
+
+The shapes are the released models' config.json values (Qwen3-30B-A3B: hidden 2048, 32 query / 4
+KV heads of 128, 128 experts of width 768, top 8, norm_topk_prob; Mixtral-8x7B: hidden 4096, 32 / 8
+heads of 128, 8 experts of width 14,336, top 2), cut to ``--layers`` layers so that the weights fit
+in this machine's memory in bfloat16 (one Qwen3-30B-A3B layer is 1.2 GB, one Mixtral layer 2.8 GB).
+Every matmul a token runs costs what the real model's does; only the values are random.
+
+Tensors are written one layer at a time straight to safetensors shards in the checkpoint's own
+names (no transformers model is built: a 30B-shaped one would not fit), each drawn from
+N(0, 0.02) under the given seed (norm weights 1); the tokenizer covers the whole vocabulary
+(``make_qwen_shaped_model.full_vocab_tokenizer``). A folder that already holds this shape and
+seed (``shape.json``) is reused. Never commit the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).parent))
+from make_qwen_shaped_model import full_vocab_tokenizer  # noqa: E402
+
+SHAPES: dict[str, dict] = {
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
+        "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+        "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
+    },
+    "mixtral-8x7b": {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": False,
+        "hidden_act": "silu", "sliding_window": None,
+    },
+}
+
+
+def layer_tensors(config: dict, i: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    h, heads, kv, d = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+
+    def w(*shape):
+        return (torch.randn(*shape, generator=generator) * 0.02).to(torch.bfloat16)
+
+    p = f"model.layers.{i}."
+    out = {p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+           p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+           p + "self_attn.q_proj.weight": w(heads * d, h), p + "self_attn.k_proj.weight": w(kv * d, h),
+           p + "self_attn.v_proj.weight": w(kv * d, h), p + "self_attn.o_proj.weight": w(h, heads * d)}
+    if config["model_type"] == "qwen3_moe":
+        out[p + "self_attn.q_norm.weight"] = torch.ones(d, dtype=torch.bfloat16)
+        out[p + "self_attn.k_norm.weight"] = torch.ones(d, dtype=torch.bfloat16)
+        experts, width, mlp, names = config["num_experts"], config["moe_intermediate_size"], "mlp", \
+            ("gate_proj", "up_proj", "down_proj")
+    else:
+        experts, width, mlp, names = config["num_local_experts"], config["intermediate_size"], "block_sparse_moe", \
+            ("w1", "w3", "w2")
+    out[p + f"{mlp}.gate.weight"] = w(experts, h)
+    for e in range(experts):
+        q = p + f"{mlp}.experts.{e}."
+        out[q + f"{names[0]}.weight"], out[q + f"{names[1]}.weight"] = w(width, h), w(width, h)
+        out[q + f"{names[2]}.weight"] = w(h, width)
+    return out
+
+
+def make_moe_shaped_model(shape: str, layers: int, out: Path, seed: int = 0) -> Path:
+    config = {**SHAPES[shape], "num_hidden_layers": layers, "torch_dtype": "bfloat16", "dtype": "bfloat16",
+              "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1}
+    record = {"shape": shape, "layers": layers, "seed": seed, "config": config}
+    marker = out / "shape.json"
+    if marker.exists() and json.loads(marker.read_text()) == record:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    h, vocab = config["hidden_size"], config["vocab_size"]
+    weight_map: dict[str, str] = {}
+    shards = [{"model.embed_tokens.weight": (torch.randn(vocab, h, generator=generator) * 0.02).to(torch.bfloat16),
+               "model.norm.weight": torch.ones(h, dtype=torch.bfloat16),
+               "lm_head.weight": (torch.randn(vocab, h, generator=generator) * 0.02).to(torch.bfloat16)}]
+    total = layers + 1
+    for index in range(total):
+        tensors = shards[0] if index == 0 else layer_tensors(config, index - 1, generator)
+        name = f"model-{index + 1:05d}-of-{total:05d}.safetensors"
+        save_file(tensors, str(out / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+        print(f"  {name}: {sum(t.numel() for t in tensors.values()) * 2 / 1e9:.2f} GB", flush=True)
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": [1]}) + "\n")
+    full_vocab_tokenizer(vocab).save_pretrained(out)
+    marker.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    p.add_argument("--layers", type=int, required=True, help="layers to keep (of the model's own)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default /tmp/<shape>-<layers>l)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    out = args.out or Path(f"/tmp/{args.shape}-{args.layers}l")
+    start = time.perf_counter()
+    make_moe_shaped_model(args.shape, args.layers, out, args.seed)
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    print(f"{out}: {size / 1e9:.1f} GB of safetensors ({time.perf_counter() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
