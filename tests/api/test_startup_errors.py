@@ -21,8 +21,8 @@ from kvserve.api.settings import ServerSettings
 from kvserve.cli import main
 from loopback import free_port
 
-SUPPORTED = ("LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, "
-             "Qwen3ForCausalLM, Qwen3MoeForCausalLM")
+SUPPORTED = ("GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, "
+             "Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM")
 
 
 @pytest.fixture(autouse=True)

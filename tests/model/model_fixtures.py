@@ -67,6 +67,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     # Top 3 of 8 renormalised; and every second layer sparse (decoder_sparse_step=2), not renormalised.
     "qwen3_moe": ("Qwen3MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
                                               norm_topk_prob=True, head_dim=32, tie_word_embeddings=False)),
+    # Dense families on the Llama network (kvserve.model.dense_families).
+    "granite": ("GraniteForCausalLM", dict(embedding_multiplier=12.0, attention_multiplier=0.015625,
+                                           residual_multiplier=0.22, logits_scaling=8.0, tie_word_embeddings=True)),
+    "smollm3": ("SmolLM3ForCausalLM", dict(num_hidden_layers=4, no_rope_layer_interval=2, tie_word_embeddings=True)),
+    "olmo2": ("Olmo2ForCausalLM", dict(tie_word_embeddings=False)),
     "qwen3_moe_step2": ("Qwen3MoeForCausalLM", dict(num_experts=5, num_experts_per_tok=2, moe_intermediate_size=24,
                                                     norm_topk_prob=False, decoder_sparse_step=2, num_hidden_layers=3,
                                                     tie_word_embeddings=False)),
@@ -77,7 +82,10 @@ def hf_config(architecture: str, overrides: dict):
     import transformers
 
     config_cls = {
+        "GraniteForCausalLM": transformers.GraniteConfig,
         "LlamaForCausalLM": transformers.LlamaConfig,
+        "Olmo2ForCausalLM": transformers.Olmo2Config,
+        "SmolLM3ForCausalLM": transformers.SmolLM3Config,
         "MistralForCausalLM": transformers.MistralConfig,
         "MixtralForCausalLM": transformers.MixtralConfig,
         "Qwen2ForCausalLM": transformers.Qwen2Config,

@@ -86,3 +86,12 @@ def test_fused_decoder_stays_off_where_it_does_not_apply(tiny_checkpoint):
     assert one_byte_kv.fused_decoder is None
     loaded = load_model(path, attn_backend=get_attention_backend("cpu_paged"))
     assert FusedDecoder.build(loaded.model, []) is None  # no KV caches for its layers
+
+
+@pytest.mark.parametrize("variant", ["granite", "smollm3", "olmo2"])
+def test_families_the_loop_does_not_run_keep_the_modules(tiny_checkpoint, variant):
+    """Granite's residual multiplier, SmolLM3's layers without RoPE and OLMo 2's norms after the
+    sublayers are not in the C++ loop: those models run their modules."""
+    path, _ = tiny_checkpoint(variant)
+    fused, _ = runners(path, torch.float32)
+    assert fused.fused_decoder is None

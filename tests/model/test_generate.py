@@ -52,7 +52,8 @@ def hf_greedy(hf_model, prompt: list[int], max_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("variant", ["llama", "mistral_window", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("variant", ["llama", "mistral_window", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe",
+                                     "granite", "smollm3", "olmo2"])
 def test_float32_greedy_matches_transformers(tiny_checkpoint, variant):
     path, hf_model = tiny_checkpoint(variant)
     ours = generate(path, PROMPTS, max_tokens=16, block_size=4, ignore_eos=True)

@@ -7,7 +7,7 @@ ones transformers 5 writes (``rope_parameters``, ``dtype``), so checkpoints from
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,7 @@ class ModelArchConfig:
     eos_token_ids: tuple[int, ...]
     torch_dtype: str | None
     moe: MoeConfig | None = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # config.json, for family fields
 
     @property
     def architecture(self) -> str:
@@ -176,6 +177,7 @@ class ModelArchConfig:
             eos_token_ids=tuple(eos if isinstance(eos, list) else ([] if eos is None else [eos])),
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
             moe=_parse_moe(raw, architectures[0], num_layers, source),
+            raw=dict(raw),
         )
 
 

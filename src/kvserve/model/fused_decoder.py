@@ -85,7 +85,7 @@ class FusedDecoder:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                  metadata: AttentionMetadata) -> torch.Tensor:
-        hidden = self._model.embed_tokens(input_ids)
+        hidden = self._model.embed(input_ids)
         cos, sin = self._model.rotary_emb.cos_sin(positions, hidden.dtype)
         return self._stack.forward(hidden, cos.contiguous(), sin.contiguous(), kv_caches, metadata.block_tables,
                                    metadata.seq_lens_cpu, metadata.query_start_loc_cpu, metadata.slot_mapping)
@@ -108,6 +108,7 @@ def _layer_spec(layer: nn.Module, first: LlamaAttention, eps: float, dtype: torc
     moe = mlp.kernel_layer(dtype) if type(mlp) is SparseMoeBlock else None
     if (type(layer) is not LlamaDecoderLayer or type(attn) is not LlamaAttention
             or not (moe is not None or (type(mlp) is LlamaMLP and type(mlp.act_fn) is SiluAndMul))
+            or layer.residual_multiplier != 1.0 or not attn.use_rope or attn.full_qk_norm
             or attn.backend is not first.backend
             or (attn.num_heads, attn.num_kv_heads, attn.head_dim) != (first.num_heads, first.num_kv_heads, first.head_dim)):
         return None

@@ -25,11 +25,33 @@ from kvserve.model.moe import SparseMoeBlock
 
 @dataclass(frozen=True)
 class AttentionOptions:
-    """Per-architecture attention variants: biases on q/k/v and on o_proj, per-head q/k RMSNorm."""
+    """Per-architecture attention variants.
+
+    Attributes:
+        qkv_bias, o_bias: biases on q/k/v and on o_proj.
+        qk_norm: RMSNorm of the queries and keys before the rotary embedding: per head over
+            head_dim (True: Qwen3), or ``"full"`` over all heads at once (OLMo 2).
+        scale: the softmax scale (None: head_dim ** -0.5; Granite's ``attention_multiplier``).
+        no_rope_layers: layers whose queries and keys are not rotated (SmolLM3's NoPE layers).
+    """
 
     qkv_bias: bool
     o_bias: bool
-    qk_norm: bool
+    qk_norm: bool | str
+    scale: float | None = None
+    no_rope_layers: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Per-architecture multipliers outside the attention (Granite): the embedding times
+    ``embedding_multiplier``, each layer's attention and MLP outputs times ``residual_multiplier``
+    before their residual add, the logits divided by ``logits_divisor``. Each product is one
+    operation in the model dtype, as transformers' ``x * m``."""
+
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_divisor: float = 1.0
 
 
 class LlamaAttention(nn.Module):
@@ -52,7 +74,8 @@ class LlamaAttention(nn.Module):
         self.head_dim = arch.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
+        self.scale = self.head_dim**-0.5 if options.scale is None else options.scale
+        self.use_rope = layer_idx not in options.no_rope_layers
         self.sliding_window = arch.layer_sliding_windows[layer_idx]
         self.backend = backend
         self.qkv_proj = MergedLinear(
@@ -62,9 +85,11 @@ class LlamaAttention(nn.Module):
             bias=options.qkv_bias,
         )
         self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=options.o_bias)
+        self.full_qk_norm = options.qk_norm == "full"
         if options.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps)
+            q_width, k_width = (self.q_size, self.kv_size) if self.full_qk_norm else (self.head_dim, self.head_dim)
+            self.q_norm = RMSNorm(q_width, arch.rms_norm_eps)
+            self.k_norm = RMSNorm(k_width, arch.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
 
@@ -78,13 +103,16 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.full_qk_norm:
+            q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.full_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = RotaryEmbedding.apply(q, cos, sin)
-        k = RotaryEmbedding.apply(k, cos, sin)
+        if self.use_rope:
+            q = RotaryEmbedding.apply(q, cos, sin)
+            k = RotaryEmbedding.apply(k, cos, sin)
         out = self.backend.forward(
             q, k, v, kv_cache, attn_metadata, scale=self.scale, sliding_window=self.sliding_window
         )
@@ -132,12 +160,13 @@ class LlamaDecoderLayer(nn.Module):
     sum is formed inside the following norm (``RMSNorm.add_and_norm``, one pass on the CPU)."""
 
     def __init__(self, arch: ModelArchConfig, layer_idx: int, backend: AttentionBackend, options: AttentionOptions,
-                 mlp: nn.Module):
+                 mlp: nn.Module, residual_multiplier: float = 1.0):
         super().__init__()
         self.self_attn = LlamaAttention(arch, layer_idx, backend, options)
         self.mlp = mlp
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.residual_multiplier = residual_multiplier
 
     def forward(self, hidden, residual, cos, sin, kv_cache, attn_metadata):
         if residual is None:
@@ -145,25 +174,56 @@ class LlamaDecoderLayer(nn.Module):
         else:
             normed, residual = self.input_layernorm.add_and_norm(hidden, residual)
         attn = self.self_attn(normed, cos, sin, kv_cache, attn_metadata)
-        normed, residual = self.post_attention_layernorm.add_and_norm(attn, residual)
-        return self.mlp(normed), residual
+        normed, residual = self.post_attention_layernorm.add_and_norm(self._scaled(attn), residual)
+        return self._scaled(self.mlp(normed)), residual
+
+    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
+        """A sublayer's output as it joins the residual (times Granite's ``residual_multiplier``)."""
+        return x if self.residual_multiplier == 1.0 else x * self.residual_multiplier
+
+
+class PostNormDecoderLayer(nn.Module):
+    """OLMo 2's block (Groeneveld et al. 2024; OLMo 2 2025): the norms after the sublayers,
+    ``h = h + norm(attn(h)); h = h + norm(mlp(h))``, and none before them. forward as
+    ``LlamaDecoderLayer``'s, with the residual always folded in (it returns ``(h, None)``)."""
+
+    def __init__(self, arch: ModelArchConfig, layer_idx: int, backend: AttentionBackend, options: AttentionOptions,
+                 mlp: nn.Module, residual_multiplier: float = 1.0):
+        super().__init__()
+        self.self_attn = LlamaAttention(arch, layer_idx, backend, options)
+        self.mlp = mlp
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, hidden, residual, cos, sin, kv_cache, attn_metadata):
+        hidden = hidden + self.post_attention_layernorm(self.self_attn(hidden, cos, sin, kv_cache, attn_metadata))
+        return hidden + self.post_feedforward_layernorm(self.mlp(hidden)), None
 
 
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm: token ids [T] -> hidden [T, hidden_size]."""
 
     def __init__(self, arch: ModelArchConfig, backend: AttentionBackend, options: AttentionOptions,
-                 build_mlp: Callable[[ModelArchConfig, int], nn.Module]):
+                 build_mlp: Callable[[ModelArchConfig, int], nn.Module], layer_class: type[nn.Module] = None,
+                 model_options: ModelOptions = ModelOptions()):
         super().__init__()
+        layer_class = layer_class or LlamaDecoderLayer
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(arch, i, backend, options, build_mlp(arch, i)) for i in range(arch.num_hidden_layers)
+            layer_class(arch, i, backend, options, build_mlp(arch, i), model_options.residual_multiplier)
+            for i in range(arch.num_hidden_layers)
         )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling)
+        self.embedding_multiplier = model_options.embedding_multiplier
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings [T, hidden] (times ``embedding_multiplier``, Granite's)."""
+        hidden = self.embed_tokens(input_ids)
+        return hidden if self.embedding_multiplier == 1.0 else hidden * self.embedding_multiplier
 
     def forward(self, input_ids, positions, kv_caches, attn_metadata):
-        hidden = self.embed_tokens(input_ids)
+        hidden = self.embed(input_ids)
         cos, sin = self.rotary_emb.cos_sin(positions, hidden.dtype)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
@@ -180,17 +240,23 @@ class LlamaForCausalLM(nn.Module):
     -> [N, vocab_size] in the model dtype (transformers upcasts this product to float32; the
     sampler upcasts where it needs to, and greedy argmax reads it as is, the same choice).
 
-    The per-family hooks: ``attention_options`` (q/k/v and o biases, q/k norms), ``build_mlp``
-    (a layer's feed-forward: SwiGLU, or a mixture of experts) and ``checkpoint_renames`` (substrings
-    of the checkpoint's tensor names replaced by this module's before loading).
+    The per-family hooks: ``attention_options`` (q/k/v and o biases, q/k norms, the softmax scale,
+    layers without RoPE), ``model_options`` (Granite's multipliers), ``build_mlp`` (a layer's
+    feed-forward: SwiGLU, or a mixture of experts), ``layer_class`` (where the norms sit:
+    ``LlamaDecoderLayer`` before the sublayers, ``PostNormDecoderLayer`` after them) and
+    ``checkpoint_renames`` (substrings of the checkpoint's tensor names replaced by this module's
+    before loading).
     """
 
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    layer_class: type[nn.Module] = LlamaDecoderLayer
 
     def __init__(self, arch: ModelArchConfig, attn_backend: AttentionBackend):
         super().__init__()
         self.arch = arch
-        self.model = LlamaModel(arch, attn_backend, self.attention_options(arch), self.build_mlp)
+        self.options = self.model_options(arch)
+        self.model = LlamaModel(arch, attn_backend, self.attention_options(arch), self.build_mlp, self.layer_class,
+                                self.options)
         self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -198,6 +264,10 @@ class LlamaForCausalLM(nn.Module):
     @classmethod
     def attention_options(cls, arch: ModelArchConfig) -> AttentionOptions:
         return AttentionOptions(qkv_bias=arch.attention_bias, o_bias=arch.attention_bias, qk_norm=False)
+
+    @classmethod
+    def model_options(cls, arch: ModelArchConfig) -> ModelOptions:
+        return ModelOptions()
 
     @classmethod
     def build_mlp(cls, arch: ModelArchConfig, layer_idx: int) -> nn.Module:
@@ -217,7 +287,8 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden_states)
+        logits = self.lm_head(hidden_states)
+        return logits if self.options.logits_divisor == 1.0 else logits / self.options.logits_divisor
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -10,19 +10,23 @@ from __future__ import annotations
 from torch import nn
 
 from kvserve.errors import CheckpointError
+from kvserve.model.dense_families import GraniteForCausalLM, Olmo2ForCausalLM, SmolLM3ForCausalLM
 from kvserve.model.llama import LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM
 from kvserve.model.qwen2 import Qwen2ForCausalLM
 from kvserve.model.qwen3 import Qwen3ForCausalLM
 from kvserve.model.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "GraniteForCausalLM": GraniteForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
 
 

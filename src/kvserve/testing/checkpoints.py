@@ -31,13 +31,16 @@ from kvserve.testing.tokenizer_kinds import (
 )
 
 ARCHITECTURES: dict[str, str] = {
+    "GraniteForCausalLM": "GraniteConfig",
     "LlamaForCausalLM": "LlamaConfig",
     "MistralForCausalLM": "MistralConfig",
     "MixtralForCausalLM": "MixtralConfig",
+    "Olmo2ForCausalLM": "Olmo2Config",
     "Qwen2ForCausalLM": "Qwen2Config",
     "Qwen2MoeForCausalLM": "Qwen2MoeConfig",
     "Qwen3ForCausalLM": "Qwen3Config",
     "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
+    "SmolLM3ForCausalLM": "SmolLM3Config",
 }
 # Tiny mixtures of experts (the defaults of transformers' configs are the full models').
 MOE_DIMS: dict[str, dict[str, Any]] = {
