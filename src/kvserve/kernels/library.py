@@ -26,7 +26,7 @@ import torch
 
 from kvserve.kernels import build
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 PACKAGED = Path(__file__).parent / "lib"
 
 # torch dtype -> the kernels' code (csrc/abi.h: DType).
@@ -47,7 +47,7 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "kvserve_set_pool_spin_us": (None, [_I64]),
     "kvserve_pool_spin_us": (_I64, []),
     "kvserve_pool_self_check": (_INT, [_I64, _I64, _I64, _I64, _P]),
-    "kvserve_paged_attention": (_INT, [_P, _P, _I32, _P, _I32, _P, _P, _P] + [_I64] * 7 + [_F64, _I64, _I64, _I64]),
+    "kvserve_paged_attention": (_INT, [_P, _P, _I32, _P, _I32, _P, _P, _P] + [_I64] * 8 + [_F64, _I64, _I64, _I64]),
     "kvserve_write_kv_cache": (_INT, [_P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _P, _I64, _P]),
     "kvserve_argmax_rows": (_INT, [_I32, _P, _I64, _I64, _P]),
     "kvserve_sample_rows": (_INT, [_I32, _P, _I64, _I64, _P, _I64, _P, _P, _P]),
@@ -66,7 +66,7 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "kvserve_quant_linear": (_INT, [_I32, _P, _P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64]),
     "kvserve_amx_quant_linear": (_INT, [_P, _P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _I64]),
     "kvserve_apply_token_bitmask": (_INT, [_P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64]),
-    "kvserve_lora_apply": (_INT, [_I32, _I32, _P, _P, _P, _P, _P, _P, _P, _P] + [_I64] * 6),
+    "kvserve_lora_apply": (_INT, [_I32, _I32, _P, _P, _P, _P, _P, _P, _P, _P] + [_I64] * 9),
     "kvserve_decoder_create": (_INT, [_I32, _I64, _I64, _I64, _I64, _F64, _F64, _I64, _I64, _P, _I64, _P]),
     "kvserve_decoder_destroy": (None, [_P]),
     "kvserve_decoder_add_layer": (_INT, [_P, _I64, _P, _P, _P, _P, _P, _P, _P]),

@@ -20,6 +20,8 @@ class AttentionOps:
         H_kv, D] in query's dtype, or int8/fp8 [..., D + 4]; block_tables int32 [B, W]; seq_lens
         int32 [B]; query_start_loc int32 [B + 1]. Writes the rows of requests with 1 <= q_len <=
         max_q_len. amx: -1 where this host has tiles, 0 never, 1 required."""
+        require(query.dim() == 3 and kv_cache.dim() == 5, "paged_attention: query [T, H, D] and kv_cache "
+                "[2, num_blocks, block_size, H_kv, D]")
         require(query.is_contiguous() and out.is_contiguous() and kv_cache.is_contiguous()
                 and block_tables.is_contiguous(), "paged_attention: query, out, kv_cache and block_tables must be contiguous")
         one_byte = kv_cache.dtype in _ONE_BYTE
@@ -33,9 +35,11 @@ class AttentionOps:
         require(block_tables.dim() == 2 and block_tables.shape[0] >= seq_lens.shape[0],
                 f"paged_attention: block_tables [{', '.join(map(str, block_tables.shape))}] for {seq_lens.shape[0]} requests")
         seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
-        require(query_start_loc.numel() == seq_lens.numel() + 1, "paged_attention: query_start_loc needs B + 1 entries")
+        require(seq_lens.dim() == 1 and query_start_loc.numel() == seq_lens.numel() + 1,
+                "paged_attention: query_start_loc needs B + 1 entries")
         self._lib.call("kvserve_paged_attention", ptr(out), ptr(query), code(query.dtype), ptr(kv_cache),
-                       code(kv_cache.dtype), ptr(block_tables), ptr(seq_lens), ptr(query_start_loc), heads, dim,
+                       code(kv_cache.dtype), ptr(block_tables), ptr(seq_lens), ptr(query_start_loc), query.shape[0],
+                       heads, dim,
                        kv_heads, block_size, blocks, seq_lens.numel(), block_tables.shape[1], scale, window,
                        max_q_len, amx)
 
@@ -43,6 +47,8 @@ class AttentionOps:
                        slot_mapping: torch.Tensor) -> None:
         """key/value [T, H_kv, D] (unit stride in D) into slots ``slot_mapping`` (int64 [T]) of
         kv_cache [2, num_blocks, block_size, H_kv, D] of the same dtype."""
+        require(kv_cache.dim() == 5 and key.dim() == 3, "write_kv_cache: keys [T, H_kv, D], cache [2, blocks, "
+                "block_size, H_kv, D]")
         require(kv_cache.is_contiguous() and slot_mapping.is_contiguous() and key.dtype == kv_cache.dtype
                 and value.dtype == kv_cache.dtype and slot_mapping.dtype == torch.int64,
                 "write_kv_cache: a contiguous cache of the keys' dtype and int64 slots")

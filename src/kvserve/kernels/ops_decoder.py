@@ -46,6 +46,7 @@ class DecoderStack:
                 "DecoderStack: a contiguous float32 or bfloat16 final norm")
         self._lib = lib
         self.dtype, self.hidden_size = final_norm.dtype, final_norm.numel()
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self._tensors: list = [final_norm]
         handle = ctypes.c_void_p()
         lib.call("kvserve_decoder_create", code(self.dtype), self.hidden_size, num_heads, num_kv_heads, head_dim, eps,
@@ -92,16 +93,21 @@ class DecoderStack:
                 and hidden.shape[1] == self.hidden_size, "DecoderStack: hidden [T, hidden_size] in the stack's dtype")
         require(slot_mapping.dtype == torch.int64 and block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32
                 and query_start_loc.dtype == torch.int32, "DecoderStack: int64 slots, int32 attention metadata")
-        require(cos.dtype == self.dtype and sin.dtype == self.dtype and cos.is_contiguous() and sin.is_contiguous(),
-                "DecoderStack: cos and sin contiguous in the stack's dtype")
-        require(all(c.dtype == self.dtype and c.is_contiguous() for c in kv_caches), "DecoderStack: contiguous KV caches in the stack's dtype")
+        tokens = hidden.shape[0]
+        require(cos.dtype == self.dtype and sin.dtype == self.dtype and cos.is_contiguous() and sin.is_contiguous()
+                and tuple(cos.shape) == tuple(sin.shape) == (tokens, self.head_dim),
+                "DecoderStack: cos and sin [T, head_dim] contiguous in the stack's dtype")
+        require(bool(kv_caches) and all(c.dtype == self.dtype and c.is_contiguous() and c.dim() == 5
+                                        and c.shape == kv_caches[0].shape and c.shape[0] == 2
+                                        and tuple(c.shape[3:]) == (self.num_kv_heads, self.head_dim) for c in kv_caches),
+                "DecoderStack: contiguous KV caches [2, num_blocks, block_size, H_kv, head_dim] in the stack's dtype")
         block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
         query_start_loc, slot_mapping = query_start_loc.contiguous(), slot_mapping.contiguous()
         require(query_start_loc.numel() == seq_lens.numel() + 1 and block_tables.dim() == 2
                 and block_tables.shape[0] >= seq_lens.numel() and slot_mapping.numel() == hidden.shape[0],
                 "DecoderStack: attention metadata does not match the batch")
         out = torch.empty_like(hidden)
-        _, blocks, block_size = kv_caches[0].shape[:3] if kv_caches else (0, 0, 0)
+        _, blocks, block_size = kv_caches[0].shape[:3]
         self._lib.call("kvserve_decoder_forward", self._handle, ptr(hidden), ptr(out), hidden.shape[0], ptr(cos),
                        ptr(sin), self._cache_array(kv_caches), len(kv_caches), ptr(block_tables), ptr(seq_lens),
                        ptr(query_start_loc), ptr(slot_mapping), blocks, block_size, seq_lens.numel(),

@@ -162,5 +162,7 @@ class LinearOps:
             require(t.dtype == torch.int64 and t.is_contiguous() and t.device.type == "cpu",
                     "index tensors must be contiguous int64")
         require(seg_starts.numel() == seg_slots.numel() + 1, "seg_starts needs one more entry than seg_slots")
+        require(shards >= 0, "shard_offsets needs one more entry than there are shards")
         self._lib.call("kvserve_lora_apply", code(x.dtype), code(a.dtype), ptr(x), ptr(y), ptr(a), ptr(b), ptr(order),
-                       ptr(seg_starts), ptr(seg_slots), ptr(shard_offsets), seg_slots.numel(), shards, k, n, r, rank)
+                       ptr(seg_starts), ptr(seg_slots), ptr(shard_offsets), seg_slots.numel(), shards, k, n, r, rank,
+                       x.shape[0], order.numel(), a.shape[0])

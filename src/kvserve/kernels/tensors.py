@@ -17,12 +17,16 @@ def require(condition: bool, message: str) -> None:
 
 
 def ptr(tensor: torch.Tensor) -> int:
+    """A CPU tensor's data pointer (the kernels read host memory: any other device is refused here,
+    for every tensor a wrapper passes)."""
+    if tensor.device.type != "cpu":
+        raise RuntimeError(f"the CPU kernels take CPU tensors, got one on {tensor.device}")
     return tensor.data_ptr()
 
 
 def optional_ptr(tensor: torch.Tensor | None) -> int | None:
     """The data pointer, or None (NULL) for an absent tensor."""
-    return None if tensor is None else tensor.data_ptr()
+    return None if tensor is None else ptr(tensor)
 
 
 def code(dtype: torch.dtype) -> int:

@@ -201,6 +201,7 @@ void DecoderStack::attention(const DecoderLayer& layer, const void* normed, void
   rotary(k, k_stride, head_dim_, num_kv_heads_, k_rot, tokens, batch);
   void* cache = const_cast<void*>(batch.kv_caches[layer.index]);
   AttentionShape shape = batch.attention;
+  shape.num_tokens = tokens;
   shape.num_heads = num_heads_;
   shape.head_dim = head_dim_;
   shape.num_kv_heads = num_kv_heads_;
@@ -308,7 +309,7 @@ KVSERVE_EXPORT int kvserve_decoder_forward(void* stack, const void* hidden, void
     kvserve::check(decoder->num_layers() > 0 && num_caches == decoder->num_layers(),
                    "DecoderStack: " + std::to_string(decoder->num_layers()) + " layers, " +
                        std::to_string(num_caches) + " KV caches");
-    const kvserve::AttentionShape attention{0, 0, 0, block_size, num_blocks, num_seqs, table_width};
+    const kvserve::AttentionShape attention{tokens, 0, 0, 0, block_size, num_blocks, num_seqs, table_width};
     kvserve::DecoderBatch batch{cos, sin, kv_caches, block_tables, seq_lens, query_start_loc, slot_mapping, attention};
     decoder->forward(hidden, out, tokens, batch);
   });

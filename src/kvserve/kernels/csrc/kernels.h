@@ -14,7 +14,7 @@ namespace kvserve {
 // row] (cache_dtype; row = D, or D + 4 for one-byte caches), block_tables int32 [B, W], seq_lens
 // int32 [B], query_start_loc int32 [B + 1]. amx: -1 where this host has tiles, 0 never, 1 required.
 struct AttentionShape {
-  int64_t num_heads, head_dim, num_kv_heads, block_size, num_blocks, num_seqs, table_width;
+  int64_t num_tokens, num_heads, head_dim, num_kv_heads, block_size, num_blocks, num_seqs, table_width;
 };
 void paged_attention(void* out, const void* query, DType dtype, const void* kv_cache, DType cache_dtype,
                      const int32_t* block_tables, const int32_t* seq_lens, const int32_t* query_start_loc,
@@ -87,6 +87,7 @@ struct LoraArgs {
   const void* b;
   const int64_t *order, *seg_starts, *seg_slots, *shard_offsets;
   int64_t num_segments, num_shards, K, N, R, rank;
+  int64_t tokens, order_len, num_slots;  // x's rows, order's entries, a's and b's slots (bounds checked)
 };
 void lora_apply(DType act_dtype, DType weight_dtype, const LoraArgs& args);
 

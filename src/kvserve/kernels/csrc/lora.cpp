@@ -198,6 +198,17 @@ namespace kvserve {
 // (weight_dtype); order, seg_starts, seg_slots, shard_offsets: int64.
 void lora_apply(DType act_dtype, DType weight_dtype, const LoraArgs& p) {
   if (p.num_segments == 0) return;
+  // The index tensors come from the runner; a bad one must fail the call, not write elsewhere.
+  check(p.seg_starts[0] >= 0 && p.seg_starts[p.num_segments] <= p.order_len, "lora_apply: seg_starts outside order");
+  for (int64_t i = 0; i < p.num_segments; ++i) {
+    check(p.seg_starts[i] <= p.seg_starts[i + 1], "lora_apply: seg_starts must not decrease");
+    check(p.seg_slots[i] >= 0 && p.seg_slots[i] < p.num_slots, "lora_apply: a segment's slot is out of range");
+  }
+  for (int64_t i = p.seg_starts[0]; i < p.seg_starts[p.num_segments]; ++i)
+    check(p.order[i] >= 0 && p.order[i] < p.tokens, "lora_apply: a token in order is out of range");
+  check(p.shard_offsets[0] >= 0 && p.shard_offsets[p.num_shards] <= p.N, "lora_apply: shard_offsets outside N");
+  for (int64_t j = 0; j < p.num_shards; ++j)
+    check(p.shard_offsets[j] <= p.shard_offsets[j + 1], "lora_apply: shard_offsets must not decrease");
   auto run = [&](auto act_tag, auto weight_tag) {
     using act_t = decltype(act_tag);
     using weight_t = decltype(weight_tag);
@@ -219,10 +230,11 @@ extern "C" KVSERVE_EXPORT int kvserve_lora_apply(int32_t act_dtype, int32_t weig
                                                  const void* a, const void* b, const int64_t* order,
                                                  const int64_t* seg_starts, const int64_t* seg_slots,
                                                  const int64_t* shard_offsets, int64_t num_segments,
-                                                 int64_t num_shards, int64_t K, int64_t N, int64_t R, int64_t rank) {
+                                                 int64_t num_shards, int64_t K, int64_t N, int64_t R, int64_t rank,
+                                                 int64_t tokens, int64_t order_len, int64_t num_slots) {
   return kvserve::guarded([&] {
     kvserve::lora_apply(static_cast<kvserve::DType>(act_dtype), static_cast<kvserve::DType>(weight_dtype),
                         kvserve::LoraArgs{x, y, a, b, order, seg_starts, seg_slots, shard_offsets, num_segments,
-                                          num_shards, K, N, R, rank});
+                                          num_shards, K, N, R, rank, tokens, order_len, num_slots});
   });
 }

@@ -1032,10 +1032,18 @@ void attend_tile_amx(const Tile& tile, int64_t kv_head, int64_t heads, const kvs
 
 // Tiles of up to kTileRows consecutive rows per request with 1 <= q_len <= max_q_len, costliest
 // (most positions to attend) first so the work queue ends with small tasks.
-std::vector<Tile> make_tiles(const int32_t* qsl, const int32_t* lens, int64_t num_seqs, int64_t max_q_len) {
+// The metadata comes from the runner; a bad one must fail the call, not read or write elsewhere:
+// query_start_loc non-decreasing within [0, tokens], and no request with more query rows than tokens.
+std::vector<Tile> make_tiles(const int32_t* qsl, const int32_t* lens, int64_t num_seqs, int64_t tokens,
+                             int64_t max_q_len) {
+  kvserve::check(num_seqs == 0 || (qsl[0] >= 0 && qsl[num_seqs] <= tokens),
+                 "paged_attention: query_start_loc outside the " + std::to_string(tokens) + " query rows");
   std::vector<Tile> tiles;
   for (int64_t r = 0; r < num_seqs; ++r) {
     const int64_t q_len = qsl[r + 1] - qsl[r];
+    kvserve::check(q_len >= 0 && lens[r] >= q_len, "paged_attention: request " + std::to_string(r) + " has " +
+                                                       std::to_string(q_len) + " query rows and seq_len " +
+                                                       std::to_string(lens[r]));
     if (q_len == 0 || q_len > max_q_len) continue;
     for (int64_t i = 0; i < q_len; i += kTileRows)
       tiles.push_back({qsl[r] + i, std::min(kTileRows, q_len - i), r, lens[r] - q_len + i});
@@ -1199,7 +1207,7 @@ void paged_attention(void* out, const void* query, DType dtype, const void* kv_c
 #endif
   const Shape shape{s.num_heads, group, s.head_dim, s.block_size, s.num_kv_heads, window, static_cast<float>(scale),
                     row, use_amx};
-  const std::vector<Tile> tiles = make_tiles(query_start_loc, seq_lens, s.num_seqs, max_q_len);
+  const std::vector<Tile> tiles = make_tiles(query_start_loc, seq_lens, s.num_seqs, s.num_tokens, max_q_len);
   check_block_tables(tiles, block_tables, seq_lens, s.table_width, s.block_size, s.num_blocks);
   const int64_t half = s.num_blocks * s.block_size * s.num_kv_heads * row;  // K to V, in cache elements
   auto run = [&](auto tag) {
@@ -1250,12 +1258,14 @@ extern "C" {
 
 KVSERVE_EXPORT int kvserve_paged_attention(void* out, const void* query, int32_t dtype, const void* kv_cache,
                                            int32_t cache_dtype, const int32_t* block_tables, const int32_t* seq_lens,
-                                           const int32_t* query_start_loc, int64_t num_heads, int64_t head_dim,
+                                           const int32_t* query_start_loc, int64_t num_tokens, int64_t num_heads,
+                                           int64_t head_dim,
                                            int64_t num_kv_heads, int64_t block_size, int64_t num_blocks,
                                            int64_t num_seqs, int64_t table_width, double scale, int64_t window,
                                            int64_t max_q_len, int64_t amx) {
   return kvserve::guarded([&] {
-    const kvserve::AttentionShape shape{num_heads, head_dim, num_kv_heads, block_size, num_blocks, num_seqs, table_width};
+    const kvserve::AttentionShape shape{num_tokens, num_heads, head_dim, num_kv_heads, block_size, num_blocks, num_seqs,
+                                        table_width};
     kvserve::paged_attention(out, query, static_cast<kvserve::DType>(dtype), kv_cache,
                              static_cast<kvserve::DType>(cache_dtype), block_tables, seq_lens, query_start_loc, shape,
                              scale, window, max_q_len, amx);
