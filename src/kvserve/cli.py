@@ -120,9 +120,15 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
         return run_data_parallel(args, argv[argv.index("serve") + 1:])
     if args.command == "serve":
-        from kvserve.api.launcher import run_server
+        from kvserve.start_progress import StartProgress
 
-        return run_server(args)
+        progress = StartProgress("starting the server")  # before the imports: they take seconds
+        try:
+            from kvserve.api.launcher import run_server
+
+            return run_server(args, progress)
+        finally:
+            progress.stop()
     if args.command == "route":
         from kvserve.router.launcher import run_route
 

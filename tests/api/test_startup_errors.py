@@ -124,29 +124,32 @@ def test_try_hint_expands_the_key_in_a_shell():
 
 
 def test_a_loading_server_prints_progress_until_it_is_ready(capsys):
-    """While the engine loads, a line every PROGRESS_INTERVAL_S (here: every wait that times out),
-    then the ready message once."""
-    from kvserve.api.launcher import PROGRESS_INTERVAL_S, _Announcer, _LoadFailure
+    """From the command's start, a line every PROGRESS_INTERVAL_S (here 10 ms) naming the stage,
+    then the ready message once; no line after it."""
+    import io
 
-    class Loading:  # loaded after three waits that time out
-        waits: list[float] = []
+    from kvserve.api.launcher import _Announcer, _LoadFailure
+    from kvserve.start_progress import PROGRESS_INTERVAL_S, StartProgress
 
+    lines = io.StringIO()
+    progress = StartProgress("starting the server", interval=0.01, out=lines)
+
+    class Loading:  # loaded once three loading lines were printed
         def wait_until_loaded(self, timeout=None):
-            self.waits.append(timeout)
-            return len(self.waits) > 3
+            time.sleep(min(timeout or 0, 0.01))
+            return not self.loading
 
         @property
         def loading(self):
-            return len(self.waits) <= 3
+            return lines.getvalue().count("kvserve: loading tiny: ") < 3
 
-    engine = Loading()
-    _Announcer("tiny", ServerSettings(), time.perf_counter(), engine, _LoadFailure())._wait_and_print()
-    out = capsys.readouterr()
-    progress = out.err.splitlines()
-    assert len(progress) == 3 and all(line.startswith("kvserve: loading tiny: ") and "GiB in memory" in line
-                                      for line in progress)
-    assert engine.waits[:3] == [PROGRESS_INTERVAL_S] * 3 and PROGRESS_INTERVAL_S <= 2.0
-    assert out.out.startswith("kvserve: serving 'tiny'")
+    _Announcer("tiny", ServerSettings(), progress, Loading(), _LoadFailure())._wait_and_print()
+    printed = lines.getvalue().splitlines()
+    assert all(line.startswith("kvserve: ") and " s, " in line and "GiB in memory" in line for line in printed)
+    assert sum(line.startswith("kvserve: loading tiny: ") for line in printed) >= 3
+    assert capsys.readouterr().out.startswith("kvserve: serving 'tiny'")
+    time.sleep(0.05)
+    assert lines.getvalue().splitlines() == printed and PROGRESS_INTERVAL_S <= 2.0  # stopped at ready
 
 
 @pytest.mark.slow

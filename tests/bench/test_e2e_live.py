@@ -75,6 +75,16 @@ def test_bench_serve_finds_the_tokenizer_of_a_served_name(live, tiny_llama, monk
     check_run(doc, 2, 16, 4)
 
 
+def test_why_no_tokenizer_folder_was_found_is_said(live, tiny_llama):
+    from kvserve.bench.commands import served_model_root
+
+    assert served_model_root(live.base_url, "tiny-llama", {}, True) == (str(tiny_llama.resolve()), "")
+    assert served_model_root(live.base_url, "bar", {}, True) == (None, "the server lists no model 'bar' (it serves: "
+                                                                       "tiny-llama)")
+    root, why = served_model_root("http://127.0.0.1:9", "tiny-llama", {}, True)
+    assert root is None and why.startswith("http://127.0.0.1:9/v1/models could not be read (ConnectError")
+
+
 def test_compare_and_route_find_the_tokenizer_from_the_servers_root(live, tiny_llama, tmp_path):
     """``bench compare`` without ``model.tokenizer`` and ``route`` without ``--tokenizer`` take the
     folder a worker reports as its model's root."""

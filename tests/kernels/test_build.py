@@ -56,6 +56,28 @@ def test_a_build_is_announced_with_its_units_then_loads_quietly(fake_build, caps
     assert "building the C++ CPU kernels" in capsys.readouterr().err and len(fake_build) == 2
 
 
+def test_a_damaged_library_is_built_again_and_an_intact_one_is_found_read_only(fake_build, capsys):
+    directory = build.cached_library().parent
+    library_file = directory / build.library_name(build.host_variant().name)
+    library_file.write_bytes(b"\x7fELF truncated")  # not the file the build wrote: mapping it could crash
+    build.cached_library()
+    assert "building the C++ CPU kernels" in capsys.readouterr().err and len(fake_build) == 2
+    (directory / "kvserve_build.flock").unlink()
+    directory.chmod(0o555)  # a cache this user may not write: an up-to-date library needs no lock
+    try:
+        assert build.cached_library() == library_file and len(fake_build) == 2
+        assert not (directory / "kvserve_build.flock").exists()  # nothing written (root may write anyway)
+    finally:
+        directory.chmod(0o755)
+
+
+def test_no_compiler_is_said_without_announcing_a_build(fake_build, monkeypatch, capsys):
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="no C\+\+ compiler"):
+        build.cached_library()
+    assert capsys.readouterr().err == "" and fake_build == []
+
+
 def test_a_second_build_in_the_same_folder_waits_for_the_first(fake_build):
     import fcntl
 

@@ -284,3 +284,18 @@ def test_auto_without_xgrammar_sends_every_spec_to_llguidance(monkeypatch):
             jsonschema.validate(json.loads(_decode(auto, tokens)), TOOL_SCHEMA)
     with pytest.raises(StructuredOutputError, match="'xgrammar' is not installed"):
         auto.compile(StructuredOutputsParams(json=TOOL_SCHEMA, backend="xgrammar"))
+
+
+def test_the_xgrammar_backend_asked_for_without_xgrammar_is_refused_at_start(monkeypatch):
+    import importlib.util
+
+    from kvserve.errors import ConfigError
+    from kvserve.structured_output import StructuredOutputsConfig
+    from kvserve.structured_output.manager import StructuredOutputManager
+    from kvserve.testing import build_tokenizer
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "xgrammar" else real(name, *a))
+    with pytest.raises(ConfigError, match="backend 'xgrammar' needs the xgrammar package"):
+        StructuredOutputManager(build_tokenizer("bpe"), 1024, [1], StructuredOutputsConfig(backend="xgrammar"))
+    StructuredOutputManager(build_tokenizer("bpe"), 1024, [1], StructuredOutputsConfig(backend="auto"), build_now=False)

@@ -20,12 +20,12 @@ import os
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
 
 from kvserve.api.run import make_server
 from kvserve.api.chat_parsers import ChatParsers
 from kvserve.api.settings import ServerSettings, settings_from_args, with_model_argument_name
+from kvserve.start_progress import StartProgress
 
 logger = logging.getLogger(__name__)
 
@@ -100,48 +100,47 @@ class _LoadFailure:
         return getattr(self.error, "message", None) or str(self.error or "unknown error")
 
 
-PROGRESS_INTERVAL_S = 2.0  # a loading server says so this often
-
-
-def resident_gib() -> float:
-    """This process's resident memory in GiB (0 where /proc is not there)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0.0
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
-
-
 class _Announcer:
     """Prints the ready message once both the socket listens and the weights are loaded; when the
     load fails, prints one error line and stops the server."""
 
-    def __init__(self, served_name: str, settings: ServerSettings, start: float, engine,
+    def __init__(self, served_name: str, settings: ServerSettings, progress: StartProgress, engine,
                  failure: _LoadFailure) -> None:
-        self.served_name, self.settings, self.start, self.engine = served_name, settings, start, engine
+        self.served_name, self.settings, self.progress, self.engine = served_name, settings, progress, engine
         self.failure = failure
         self.server = None
         self.failed = False
+        self.ready = False
 
     def server_listening(self) -> None:
         threading.Thread(target=self._wait_and_print, name="kvserve-announce", daemon=True).start()
 
+    def _stopping(self) -> bool:
+        return self.server is not None and getattr(self.server, "exit_signal", None) is not None
+
     def _wait_and_print(self) -> None:
-        while not self.engine.wait_until_loaded(timeout=PROGRESS_INTERVAL_S) and self.engine.loading:
-            print(f"kvserve: loading {self.served_name}: {time.perf_counter() - self.start:.0f} s, "
-                  f"{resident_gib():.1f} GiB in memory", file=sys.stderr, flush=True)
+        self.progress.stage = f"loading {self.served_name}"  # its lines go on while the weights load
+        while not self.engine.wait_until_loaded(timeout=0.25) and self.engine.loading:
+            if self._stopping():
+                self.progress.stop()
+                return
+        self.progress.stop()
+        if self._stopping():
+            return
         if self.engine.wait_until_loaded(timeout=0):
-            seconds = time.perf_counter() - self.start
-            print(ready_message(self.served_name, self.settings, seconds), flush=True)
+            self.ready = True
+            print(ready_message(self.served_name, self.settings, self.progress.elapsed()), flush=True)
             return
         self.failed = True  # the model could not be loaded: nothing to serve
         print(f"kvserve: error: the model could not be loaded: {self.failure.message()}", file=sys.stderr, flush=True)
         self.server.should_exit = True
 
 
-def run_server(args: argparse.Namespace) -> int:
+def run_server(args: argparse.Namespace, progress: StartProgress | None = None) -> int:
     """Serve the model named by ``args`` until SIGTERM/SIGINT; returns the exit status (0, or 2
-    when the model failed to load on the engine thread).
+    when the model failed to load on the engine thread, or 128 + the signal that stopped the
+    server before the model was loaded). ``progress`` (made when the command started) prints a
+    line at least every 2 s until the server is ready.
 
     ``args`` comes from the ``serve`` sub-command's parser (engine flags from
     ``kvserve.engine.arg_utils.add_engine_args``, server flags from
@@ -161,19 +160,20 @@ def run_server(args: argparse.Namespace) -> int:
     model, default_name = resolve_model(given)
     if getattr(args, "node_rank", 0) > 0:  # a tensor-parallel node other than 0: its ranks, no API
         return _serve_worker_node(args, model)
-    start = time.perf_counter()
+    progress = progress or StartProgress("starting the server")
     settings = with_model_argument_name(settings_from_args(args), given, default_name)
     settings = dataclasses.replace(settings, model_path=str(Path(model).resolve()))
     sock = bind_socket(settings.host, settings.port)
     if settings.port == 0:  # an ephemeral port: name the one the OS chose
         settings = dataclasses.replace(settings, port=sock.getsockname()[1])
     try:
-        return _serve(args, model, settings, settings.served_model_name or default_name, sock, start)
+        return _serve(args, model, settings, settings.served_model_name or default_name, sock, progress)
     finally:
         sock.close()
 
 
-def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: socket.socket, start: float) -> int:
+def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: socket.socket,
+           progress: StartProgress) -> int:
     from kvserve.engine.arg_utils import engine_config_from_args
     from kvserve.engine.async_llm import AsyncLLM
     from kvserve.engine.llm_engine import LLMEngine, build_input_processor
@@ -206,7 +206,7 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
         quantization=config.model.quantization.label,
     )
     async_engine.lora_registry = _lora_registry(config, arch, settings, served_name)
-    announce = _Announcer(served_name, settings, start, async_engine, failure)
+    announce = _Announcer(served_name, settings, progress, async_engine, failure)
     install_metrics(async_engine)
     async_engine.start()  # loads the weights on the engine thread; /health is 503 until then
     server = make_server(async_engine, settings, on_ready=announce.server_listening)
@@ -214,11 +214,18 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
     try:
         server.run(sockets=[sock])
     finally:
-        async_engine.shutdown()
+        async_engine.shutdown(timeout=0.0 if async_engine.loading else 10.0)  # a load in progress is abandoned
         if publisher is not None:
             publisher.shutdown()
     if announce.failed:
         return 2
+    if not announce.ready and server.exit_signal is not None:
+        print(f"kvserve: stopped by signal {server.exit_signal} before {served_name} was loaded", file=sys.stderr,
+              flush=True)
+        sys.stdout.flush()
+        # Now, not at the interpreter's exit: that would wait for the load in progress (a kernel build's
+        # queued units, the weights) and tear down C++ state under the engine thread still using it.
+        os._exit(128 + server.exit_signal)
     if async_engine.dead_reason is not None:
         logger.error("exiting with status 1: the engine failed (%s)", async_engine.dead_reason)
         return 1

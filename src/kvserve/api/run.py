@@ -38,6 +38,7 @@ class DrainingServer(uvicorn.Server):
         self.drain_deadline: float | None = None
         self.cut_off = False
         self.on_ready = on_ready
+        self.exit_signal: int | None = None  # the first exit signal received
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -45,6 +46,8 @@ class DrainingServer(uvicorn.Server):
             self.on_ready()
 
     def handle_exit(self, sig: int, frame) -> None:
+        if self.exit_signal is None:
+            self.exit_signal = sig
         if self.drain_deadline is None:
             logger.info("signal %s: draining %d running requests (at most %.0f s)",
                         sig, self.state.in_flight, self.shutdown_timeout)

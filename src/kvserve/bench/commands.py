@@ -56,6 +56,12 @@ from kvserve.errors import InvalidRequestError
 API_KEY_ENV = "OPENAI_API_KEY"
 
 
+def api_key_from_environment() -> str | None:
+    """The key to send: ``OPENAI_API_KEY`` (vLLM's bench), else ``KVSERVE_API_KEY`` (what
+    ``kvserve serve`` tells its users to export)."""
+    return os.environ.get(API_KEY_ENV) or os.environ.get("KVSERVE_API_KEY")
+
+
 def _workload_args(args: argparse.Namespace) -> dict:
     keys = ("dataset_name", "dataset_path", "num_prompts", "random_input_len", "random_output_len",
             "random_range_ratio", "random_prefix_len", "num_groups", "prompts_per_group", "system_prompt_len",
@@ -79,28 +85,37 @@ def first_served_model(url: str, headers: dict[str, str], verify: bool) -> tuple
     return card["id"], card.get("root") or card["id"]
 
 
-def served_model_root(url: str, model: str, headers: dict[str, str], verify: bool) -> str | None:
-    """The ``root`` that ``GET /v1/models`` reports for the model named ``model`` when it is a
-    folder on this machine (kvserve and vLLM report the checkpoint's path there), else None (no
-    such model, the server unreachable, or a path that is not here)."""
+def served_model_root(url: str, model: str, headers: dict[str, str], verify: bool) -> tuple[str | None, str]:
+    """``(root, "")``: the ``root`` that ``GET /v1/models`` reports for the model named ``model``,
+    when it is a folder on this machine (kvserve and vLLM report the checkpoint's path there);
+    else ``(None, why)``: the request failed (say a 401), no such model, or a root not here."""
     try:
         response = httpx.get(url + "/v1/models", headers=headers, timeout=30, verify=verify)
         response.raise_for_status()
         cards = response.json()["data"]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        return None
-    for card in cards if isinstance(cards, list) else []:
-        if isinstance(card, dict) and card.get("id") == model and isinstance(card.get("root"), str):
-            return card["root"] if Path(card["root"]).is_dir() else None
-    return None
+    except httpx.HTTPStatusError as exc:
+        return None, f"{url}/v1/models answered {exc.response.status_code}"
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        return None, f"{url}/v1/models could not be read ({type(exc).__name__}: {exc})"
+    cards = [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
+    card = next((c for c in cards if c.get("id") == model), None)
+    if card is None:
+        return None, f"the server lists no model {model!r} (it serves: {', '.join(str(c.get('id')) for c in cards)})"
+    root = card.get("root")
+    if isinstance(root, str) and Path(root).is_dir():
+        return root, ""
+    return None, f"the server reports its root as {root!r}, not a folder on this machine"
 
 
-def local_model_folder(args: argparse.Namespace, model_id: str, model_name: str, headers: dict[str, str]) -> str:
-    """The served model's local folder for its tokenizer and roofline: ``model_id`` when it is a
-    folder, else the server's ``root`` for ``model_name`` when that is one here, else ``model_id``."""
+def local_model_folder(args: argparse.Namespace, model_id: str, model_name: str,
+                       headers: dict[str, str]) -> tuple[str, str]:
+    """``(folder, why not)``: the served model's local folder for its tokenizer and roofline:
+    ``model_id`` when it is a folder, else the server's ``root`` for ``model_name`` when that is
+    one here (:func:`served_model_root`), else ``model_id`` and the reason the root was not usable."""
     if args.tokenizer or Path(model_id).is_dir():
-        return model_id
-    return served_model_root(base_url(args), model_name, headers, not args.insecure) or model_id
+        return model_id, ""
+    root, why = served_model_root(base_url(args), model_name, headers, not args.insecure)
+    return root or model_id, why
 
 
 def resolve_model(args: argparse.Namespace, headers: dict[str, str]) -> tuple[str, str]:
@@ -115,7 +130,8 @@ def resolve_model(args: argparse.Namespace, headers: dict[str, str]) -> tuple[st
     return model_id, name
 
 
-def online_tokenizer(args: argparse.Namespace, model_id: str, folder: str | None = None) -> tuple[Any, str]:
+def online_tokenizer(args: argparse.Namespace, model_id: str, folder: str | None = None,
+                     why: str = "") -> tuple[Any, str]:
     """``(tokenizer, tokenizer_id)``: ``--tokenizer``, else ``folder`` (:func:`local_model_folder`:
     the model id or the server's ``root`` for it) when it is a local folder, else the built-in
     model's tokenizer when the server serves kvserve's built-in model. The id is vLLM's: the
@@ -134,9 +150,10 @@ def online_tokenizer(args: argparse.Namespace, model_id: str, folder: str | None
 
     if BUILTIN_MODEL_NAME in (model_id, Path(model_id).name):
         return load_tokenizer(str(builtin_model_path()), **options), model_id
+    reason = f" ({why})" if why else ""
     raise InvalidRequestError(
         f"--tokenizer is required: the model {model_id!r} is not a local folder, and the server's /v1/models "
-        "names no folder on this machine for it; give the local folder of the served model's tokenizer",
+        f"names no folder on this machine for it{reason}; give the local folder of the served model's tokenizer",
         param="tokenizer",
     )
 
@@ -182,12 +199,12 @@ def serve_command(args: argparse.Namespace) -> int:
     prepare_online_args(args)
     selected = parse_percentile_metrics(args.percentile_metrics)
     metadata = parse_key_values(args.metadata, "--metadata")
-    headers = request_headers(args, os.environ.get(API_KEY_ENV))
+    headers = request_headers(args, api_key_from_environment())
     backend, _ = backend_api(args)
     model_id, model_name = resolve_model(args, headers)
     config = serve_config(args, model_name, headers)
-    folder = local_model_folder(args, model_id, model_name, headers)
-    tokenizer, tokenizer_id = online_tokenizer(args, model_id, folder)
+    folder, why = local_model_folder(args, model_id, model_name, headers)
+    tokenizer, tokenizer_id = online_tokenizer(args, model_id, folder, why)
     samples = load_samples(args, tokenizer)
     _print_plan(args)
     spec_before = read_counters(base_url(args), headers, not args.insecure)
@@ -219,11 +236,11 @@ def sweep_command(args: argparse.Namespace) -> int:
     prepare_online_args(args)
     points = sweep_points(args.concurrency, args.request_rates)
     args.metric_percentiles = sorted(set(args.metric_percentiles) | {50.0, 99.0})
-    headers = request_headers(args, os.environ.get(API_KEY_ENV))
+    headers = request_headers(args, api_key_from_environment())
     model_id, model_name = resolve_model(args, headers)
     base = serve_config(args, model_name, headers)
-    folder = local_model_folder(args, model_id, model_name, headers)
-    tokenizer, _ = online_tokenizer(args, model_id, folder)
+    folder, why = local_model_folder(args, model_id, model_name, headers)
+    tokenizer, _ = online_tokenizer(args, model_id, folder, why)
     sample_sets = load_sweep_samples(args, tokenizer, len(points))
     runs = asyncio.run(run_sweep(base, points, sample_sets, tokenizer, load_warmup_samples(args, tokenizer)))
     rooflines, peaks = online_rooflines(args, folder, runs)

@@ -46,6 +46,10 @@ LINK_FLAGS = ("-shared", "-fopenmp", "-static-libstdc++", "-static-libgcc")
 PROGRESS_INTERVAL_S = 2.0  # a line at least this often while a build runs
 
 
+class BuildInterrupted(RuntimeError):
+    """A compiler was stopped by a signal (Ctrl-C in the terminal that started kvserve)."""
+
+
 @dataclass(frozen=True)
 class Variant:
     """An instruction-set variant: its name, the compiler flags, and the CPU flags
@@ -116,8 +120,9 @@ def _sources_digest(variant: Variant, compiler: str) -> hashlib._Hash:
 
 
 def build_stamp(variant: Variant) -> str:
-    """A digest of everything the variant's library is built from (sources, headers, flags)."""
-    digest = _sources_digest(variant, "")
+    """A digest of everything the variant's library is built from (sources, headers, flags, the
+    ``CXX`` asked for)."""
+    digest = _sources_digest(variant, os.environ.get("CXX", ""))
     for name in SOURCES:
         digest.update(name.encode() + (CSRC / name).read_bytes())
     return digest.hexdigest()
@@ -141,7 +146,11 @@ def _compile(cxx: str, variant: Variant, source: str, directory: Path, headers: 
         command = [cxx, *COMMON_FLAGS, *variant.flags, f'-DKVSERVE_VARIANT="{variant.name}"', "-c",
                    str(CSRC / source), "-o", str(partial)]
         result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode < 0:
+            partial.unlink(missing_ok=True)
+            raise BuildInterrupted(f"the compiler of {source} was stopped by signal {-result.returncode}")
         if result.returncode != 0:
+            partial.unlink(missing_ok=True)
             raise RuntimeError(f"{source} failed to compile ({' '.join(command)}):\n{result.stderr[-4000:]}")
         partial.replace(obj)
     return obj, time.perf_counter() - start
@@ -165,32 +174,59 @@ def build_library(variant: Variant, directory: Path, *, log=None, jobs: int | No
     log = log or (lambda line: None)
     cxx = compiler()
     directory.mkdir(parents=True, exist_ok=True)
-    headers = _sources_digest(variant, cxx)
+    for leftover in directory.glob("*.tmp"):  # of a build that was killed
+        leftover.unlink(missing_ok=True)
     start = time.perf_counter()
+    objects = _compile_all(cxx, variant, directory, jobs, log, start)
+    target = directory / library_name(variant.name)
+    try:
+        _link(cxx, [objects[name] for name in SOURCES], target)
+    except RuntimeError:  # a damaged object in the folder: compile every unit again, once
+        for obj in objects.values():
+            obj.unlink(missing_ok=True)
+        objects = _compile_all(cxx, variant, directory, jobs, log, start)
+        _link(cxx, [objects[name] for name in SOURCES], target)
+    total = len(SOURCES) + 1
+    log(f"kvserve: [{total}/{total}] {variant.name} linked in {time.perf_counter() - start:.1f} s")
+    return target
+
+
+def _compile_all(cxx: str, variant: Variant, directory: Path, jobs: int | None, log, start: float) -> dict[str, Path]:
+    headers = _sources_digest(variant, cxx)
     objects: dict[str, Path] = {}
     total = len(SOURCES) + 1
     with ThreadPoolExecutor(max_workers=jobs or usable_cpus()) as pool:
         futures = {pool.submit(_compile, cxx, variant, name, directory, headers): name for name in SOURCES}
         pending = set(futures)
-        while pending:
-            finished, pending = wait(pending, timeout=PROGRESS_INTERVAL_S, return_when=FIRST_COMPLETED)
-            if not finished:  # a long unit: say the build is alive
-                log(f"kvserve: [{len(objects)}/{total}] {variant.name} compiling ... "
-                    f"{time.perf_counter() - start:.0f} s")
-            for future in finished:
-                obj, seconds = future.result()
-                objects[futures[future]] = obj
-                log(f"kvserve: [{len(objects)}/{total}] {variant.name} {futures[future]} {seconds:.1f} s")
-    target = directory / library_name(variant.name)
-    with tempfile.NamedTemporaryFile(dir=directory, suffix=".so", delete=False) as tmp:
+        try:
+            while pending:
+                finished, pending = wait(pending, timeout=PROGRESS_INTERVAL_S, return_when=FIRST_COMPLETED)
+                if not finished:  # a long unit: say the build is alive
+                    log(f"kvserve: [{len(objects)}/{total}] {variant.name} compiling ... "
+                        f"{time.perf_counter() - start:.0f} s")
+                for future in finished:
+                    obj, seconds = future.result()
+                    objects[futures[future]] = obj
+                    log(f"kvserve: [{len(objects)}/{total}] {variant.name} {futures[future]} {seconds:.1f} s")
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)  # no more units after a failure or Ctrl-C
+            raise
+    return objects
+
+
+def _link(cxx: str, objects: list[Path], target: Path) -> None:
+    """The library from ``objects``, written under a temporary name and renamed (a killed link
+    never leaves a broken library), readable and executable by everyone."""
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".tmp", delete=False) as tmp:
         partial = Path(tmp.name)
-    result = subprocess.run([cxx, *LINK_FLAGS, "-o", str(partial), *(str(objects[name]) for name in SOURCES)], capture_output=True, text=True)
+    result = subprocess.run([cxx, *LINK_FLAGS, "-o", str(partial), *map(str, objects)], capture_output=True, text=True)
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
+        if result.returncode < 0:
+            raise BuildInterrupted(f"the linker was stopped by signal {-result.returncode}")
         raise RuntimeError(f"linking {target.name} failed:\n{result.stderr[-4000:]}")
+    partial.chmod(0o755)
     partial.replace(target)
-    log(f"kvserve: [{total}/{total}] {variant.name} linked in {time.perf_counter() - start:.1f} s")
-    return target
 
 
 def cache_root() -> Path:
@@ -219,22 +255,42 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _library_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _up_to_date(target: Path, stamp_file: Path, stamp: str) -> bool:
+    """The library is there, was built from these sources and flags, and is the file that build
+    wrote (its digest: a truncated or damaged library would crash the process that maps it)."""
+    try:
+        recorded = stamp_file.read_text().split()
+        return recorded == [stamp, _library_digest(target)]
+    except OSError:
+        return False
+
+
 def cached_library(variant: Variant | None = None) -> Path:
-    """This install's library for ``variant`` (default: this CPU's), built first when it is missing
-    or out of date (its stamp differs from :func:`build_stamp`): announced on stderr, a line per
-    unit, and the time it took."""
+    """This install's library for ``variant`` (default: this CPU's), built first when it is missing,
+    out of date or damaged: announced on stderr, a line per unit, and the time it took. An up-to-date
+    library is found without writing anything (a read-only cache works).
+
+    Raises:
+        RuntimeError: no compiler, a unit that does not compile; BuildInterrupted: Ctrl-C.
+    """
     variant = variant or host_variant()
     directory = cache_root() / variant.name
+    target, stamp_file, stamp = directory / library_name(variant.name), directory / "kvserve_build_stamp", build_stamp(variant)
+    if _up_to_date(target, stamp_file, stamp):
+        return target
+    compiler()  # no compiler: say so before announcing a build
     directory.mkdir(parents=True, exist_ok=True)
-    stamp_file, stamp = directory / "kvserve_build_stamp", build_stamp(variant)
     with _build_guard(directory):
-        target = directory / library_name(variant.name)
-        if target.exists() and stamp_file.is_file() and stamp_file.read_text() == stamp:
+        if _up_to_date(target, stamp_file, stamp):  # another process built it meanwhile
             return target
         _say(f"kvserve: building the C++ CPU kernels ({variant.name}) in {directory}, once per install and CPU ...")
         start = time.perf_counter()
         build_library(variant, directory, log=_say)
-        stamp_file.write_text(stamp)
+        stamp_file.write_text(f"{stamp}\n{_library_digest(target)}\n")
         _say(f"kvserve: CPU kernels built in {time.perf_counter() - start:.0f} s")
         return target
 
@@ -256,13 +312,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         variants = list(VARIANTS)
     else:
         variants = variants_named(args.variant) if args.variant else [host_variant()]
-    for variant in variants:
-        if args.out is None:
-            cached_library(variant)
-            continue
-        with tempfile.TemporaryDirectory() as objects:
-            args.out.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(build_library(variant, Path(objects), log=_say), args.out / library_name(variant.name))
+    try:
+        for variant in variants:
+            if args.out is None:
+                cached_library(variant)
+                continue
+            with tempfile.TemporaryDirectory() as objects:
+                args.out.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(build_library(variant, Path(objects), log=_say), args.out / library_name(variant.name))
+    except RuntimeError as error:  # no compiler, a unit that does not compile: one message, no traceback
+        _say(f"kvserve: the CPU kernels were not built: {error}")
+        return 1
     return 0
 
 

@@ -256,8 +256,12 @@ def _model_cards(router: Router) -> list[dict]:
         return [{"id": m.name, "object": "model", "created": 0, "owned_by": "kvserve", "root": m.weights,
                  "version": m.version, "quantization": m.quantization, "tokenizer": m.tokenizer_path,
                  "workers": [u.rstrip("/") for u in m.workers]} for m in router.model_registry.models]
-    names = sorted({w.model for w in router.fleet.workers.values() if w.model is not None})
-    return [{"id": name, "object": "model", "created": 0, "owned_by": "kvserve", "root": None} for name in names]
+    roots: dict[str, str | None] = {}
+    for worker in router.fleet.workers.values():
+        if worker.model is not None and roots.get(worker.model) is None:
+            roots[worker.model] = worker.root  # the workers' own root (a kvserve worker: its path)
+    return [{"id": name, "object": "model", "created": 0, "owned_by": "kvserve", "root": roots[name]}
+            for name in sorted(roots)]
 
 
 def _add_model_routes(app: FastAPI, router: Router) -> None:

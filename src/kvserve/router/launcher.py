@@ -71,7 +71,12 @@ def build_tokenizers(config: RouterConfig, registry) -> dict[str | None, PromptT
             if entry.tokenizer_path:
                 template = Path(entry.chat_template).read_text() if entry.chat_template else None
                 tokenizers[entry.name] = PromptTokenizer(load_tokenizer(entry.tokenizer_path, template), template)
-    default = config.tokenizer or worker_model_folder(config.worker_urls) or str(builtin_model_path())
+    found = None if config.tokenizer else worker_model_folder(config.worker_urls)
+    default = config.tokenizer or found or str(builtin_model_path())
+    if config.tokenizer is None and found is None and config.worker_urls:
+        logger.warning("no --tokenizer, and no worker reported a model folder on this machine (not up yet, or its "
+                       "/v1/models needs a key): prefix routing hashes prompts with the built-in model's tokenizer; "
+                       "give --tokenizer for the workers' model")
     logger.info("prompt tokenizer for prefix routing: %s", default)
     tokenizers[None] = PromptTokenizer(load_tokenizer(default))
     return tokenizers

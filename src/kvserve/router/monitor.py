@@ -107,7 +107,9 @@ class Monitor:
         """Ask a worker of unknown model for its ``/v1/models`` (the first id)."""
         try:
             response = await self.client.get(worker.url + "/v1/models", timeout=self.config.timeout)
-            worker.model = response.json()["data"][0]["id"]
+            card = response.json()["data"][0]
+            worker.model = card["id"]
+            worker.root = card.get("root") if isinstance(card.get("root"), str) else None
         except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError):
             pass
 

@@ -64,12 +64,14 @@ class Worker:
     """Args/attributes:
         url: ``http://host:port`` (no trailing slash).
         model: the served model name (from the registry or the worker's ``/v1/models``).
+        root: the model's ``root`` as the worker's ``/v1/models`` reports it (its path), or None.
         state: ``active``, ``standby`` or ``draining``.
         kv_events: where it publishes KV events, or None (approximate index only).
     """
 
     url: str
     model: str | None = None
+    root: str | None = None
     state: str = "active"
     kv_events: KVEventsEndpoint | None = None
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)

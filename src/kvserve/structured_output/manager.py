@@ -15,12 +15,14 @@ first prefill step of a ``generate`` started right after the engine (1.7 s inste
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from kvserve.errors import ConfigError
 from kvserve.structured_output.backend import CompiledGrammar, StructuredOutputsConfig, create_backend
 from kvserve.structured_output.compiler import GrammarCompileService
 from kvserve.structured_output.errors import StructuredOutputError
@@ -41,6 +43,10 @@ class StructuredOutputManager:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
                  config: StructuredOutputsConfig | None = None, build_now: bool = True):
         self.config = config or StructuredOutputsConfig()
+        if self.config.backend == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
+            raise ConfigError("structured outputs backend 'xgrammar' needs the xgrammar package, which is not "
+                              "installed: pip install --no-deps xgrammar apache-tvm-ffi (or 'kvserve[xgrammar]'), "
+                              "or use the backend 'auto' or 'guidance'")
         self._build_args = (tokenizer, vocab_size, tuple(stop_token_ids))
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvserve-grammar-backend")
         self._starting = threading.Lock()
@@ -56,7 +62,11 @@ class StructuredOutputManager:
             return self._service
 
     def _build(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...]) -> GrammarCompileService:
-        backend = create_backend(tokenizer, vocab_size, stop_token_ids, self.config)
+        try:
+            backend = create_backend(tokenizer, vocab_size, stop_token_ids, self.config)
+        except Exception as exc:
+            logger.error("structured outputs: the %s backend could not be built: %s", self.config.backend, exc)
+            raise
         logger.info("structured outputs: %s backend ready", self.config.backend)
         return GrammarCompileService(backend)
 

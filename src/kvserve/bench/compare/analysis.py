@@ -115,17 +115,24 @@ def analyse(spec: CompareSpec, store: Store, engines: list[EngineSpec]) -> dict[
 
 
 def write_reports(spec: CompareSpec, store: Store, engines: list[EngineSpec]) -> list[Path]:
-    """``compare.json``, ``report.md`` and ``report.html`` in the output folder; returns the paths."""
-    from kvserve.bench.compare.html_report import render_html
+    """``compare.json``, ``report.md`` and ``report.html`` in the output folder; returns the paths
+    written (the HTML report, whose figures need matplotlib, is skipped with a line without it)."""
     from kvserve.bench.compare.markdown import render_markdown
-    from kvserve.bench.compare.plots import make_plots
 
     data = analyse(spec, store, engines)
     records = {e["name"]: e.pop("_records") for e in data["engines"]}
     data = _jsonable(data)
-    plots = make_plots(data, records)
-    paths = [store.root / "compare.json", store.root / "report.md", store.root / "report.html"]
+    paths = [store.root / "compare.json", store.root / "report.md"]
     paths[0].write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     paths[1].write_text(render_markdown(data), encoding="utf-8")
+    try:
+        from kvserve.bench.compare.html_report import render_html
+        from kvserve.bench.compare.plots import make_plots
+
+        plots = make_plots(data, records)
+    except ImportError as exc:
+        print(f"report.html skipped: {exc} (pip install matplotlib, or 'kvserve[bench]')", flush=True)
+        return paths
+    paths.append(store.root / "report.html")
     paths[2].write_text(render_html(data, plots), encoding="utf-8")
     return paths
