@@ -22,7 +22,8 @@ from kvserve.cli import main
 from loopback import free_port
 
 SUPPORTED = ("GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, "
-             "Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM")
+             "Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
+             "SmolLM3ForCausalLM")
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The dense families on the Llama network's hooks (Granite, SmolLM3, OLMo 2) through the engine:
+"""The dense families on the Llama network's hooks (Granite, SmolLM3, OLMo 2, Phi-3) through the engine:
 greedy tokens equal transformers' and do not depend on batching, chunked prefill, prefix caching
 or preemption (test_llm_equivalence.py's tests, run here on each)."""
 
@@ -18,6 +18,8 @@ FAMILIES = {
     "GraniteForCausalLM": dict(embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
                                logits_scaling=8.0, initializer_range=0.1),
     "Olmo2ForCausalLM": dict(initializer_range=0.1),
+    "Phi3ForCausalLM": dict(initializer_range=0.1, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                                        partial_rotary_factor=0.5)),
     "SmolLM3ForCausalLM": dict(num_hidden_layers=4, no_rope_layer_interval=2, initializer_range=0.1),
 }
 

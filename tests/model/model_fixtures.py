@@ -72,6 +72,18 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                            residual_multiplier=0.22, logits_scaling=8.0, tie_word_embeddings=True)),
     "smollm3": ("SmolLM3ForCausalLM", dict(num_hidden_layers=4, no_rope_layer_interval=2, tie_word_embeddings=True)),
     "olmo2": ("Olmo2ForCausalLM", dict(tie_word_embeddings=False)),
+    # Phi-3 fused projections; LongRoPE's short factors and attention factor (the tests' sequences
+    # stay within the original 64 positions, where transformers and kvserve agree: past them
+    # kvserve takes the long factors per position, test_layers.py) and a partial rotary.
+    "phi3_longrope": ("Phi3ForCausalLM", dict(max_position_embeddings=512, original_max_position_embeddings=64,
+                                              rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                                                   short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 3.6],
+                                                                   long_factor=[1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0],
+                                                                   original_max_position_embeddings=64),
+                                              tie_word_embeddings=False)),
+    "phi3_partial": ("Phi3ForCausalLM", dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                                  partial_rotary_factor=0.5),
+                                             tie_word_embeddings=True)),
     "qwen3_moe_step2": ("Qwen3MoeForCausalLM", dict(num_experts=5, num_experts_per_tok=2, moe_intermediate_size=24,
                                                     norm_topk_prob=False, decoder_sparse_step=2, num_hidden_layers=3,
                                                     tie_word_embeddings=False)),
@@ -85,6 +97,7 @@ def hf_config(architecture: str, overrides: dict):
         "GraniteForCausalLM": transformers.GraniteConfig,
         "LlamaForCausalLM": transformers.LlamaConfig,
         "Olmo2ForCausalLM": transformers.Olmo2Config,
+        "Phi3ForCausalLM": transformers.Phi3Config,
         "SmolLM3ForCausalLM": transformers.SmolLM3Config,
         "MistralForCausalLM": transformers.MistralConfig,
         "MixtralForCausalLM": transformers.MixtralConfig,

@@ -50,7 +50,8 @@ def assert_same_steps(fused, modules, prompts, extra):
 
 
 @pytest.mark.parametrize("variant", ["llama", "llama_mha_tied", "mistral_window", "qwen2", "qwen2_window", "qwen3",
-                                     "mixtral", "mixtral_top1", "qwen2_moe", "qwen3_moe", "qwen3_moe_step2"])
+                                     "mixtral", "mixtral_top1", "qwen2_moe", "qwen3_moe", "qwen3_moe_step2",
+                                     "phi3_longrope"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_equals_modules(tiny_checkpoint, variant, dtype):
     path, _ = tiny_checkpoint(variant)
@@ -88,10 +89,10 @@ def test_fused_decoder_stays_off_where_it_does_not_apply(tiny_checkpoint):
     assert FusedDecoder.build(loaded.model, []) is None  # no KV caches for its layers
 
 
-@pytest.mark.parametrize("variant", ["granite", "smollm3", "olmo2"])
+@pytest.mark.parametrize("variant", ["granite", "smollm3", "olmo2", "phi3_partial"])
 def test_families_the_loop_does_not_run_keep_the_modules(tiny_checkpoint, variant):
-    """Granite's residual multiplier, SmolLM3's layers without RoPE and OLMo 2's norms after the
-    sublayers are not in the C++ loop: those models run their modules."""
+    """Granite's residual multiplier, SmolLM3's layers without RoPE, OLMo 2's norms after the
+    sublayers and a partial rotary are not in the C++ loop: those models run their modules."""
     path, _ = tiny_checkpoint(variant)
     fused, _ = runners(path, torch.float32)
     assert fused.fused_decoder is None

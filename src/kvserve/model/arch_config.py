@@ -7,13 +7,14 @@ ones transformers 5 writes (``rope_parameters``, ``dtype``), so checkpoints from
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvserve.errors import CheckpointError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 SUPPORTED_ACTIVATIONS = ("silu",)
 _DEFAULT_ROPE_THETA = 10000.0
 
@@ -24,10 +25,15 @@ class RopeScaling:
 
     Attributes:
         rope_type: ``linear`` (positions divided by ``factor``; Chen et al. 2023, "Extending
-            Context Window of Large Language Models via Positional Interpolation") or ``llama3``
-            (Meta's Llama 3.1 piecewise low/high-frequency scaling).
-        factor: scaling factor (both types).
-        low_freq_factor, high_freq_factor, original_max_position_embeddings: llama3 only.
+            Context Window of Large Language Models via Positional Interpolation"), ``llama3``
+            (Meta's Llama 3.1 piecewise low/high-frequency scaling) or ``longrope`` (Ding et al.
+            2024, "LongRoPE"; Phi-3/Phi-4: per-frequency ``short_factor`` below
+            ``original_max_position_embeddings``, ``long_factor`` from there, cos and sin times
+            ``attention_factor``).
+        factor: scaling factor (linear, llama3; longrope: max / original positions).
+        low_freq_factor, high_freq_factor: llama3 only.
+        original_max_position_embeddings: llama3, longrope.
+        short_factor, long_factor, attention_factor: longrope only.
     """
 
     rope_type: str
@@ -35,6 +41,9 @@ class RopeScaling:
     low_freq_factor: float | None = None
     high_freq_factor: float | None = None
     original_max_position_embeddings: int | None = None
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -95,11 +104,18 @@ class ModelArchConfig:
     eos_token_ids: tuple[int, ...]
     torch_dtype: str | None
     moe: MoeConfig | None = None
+    partial_rotary_factor: float = 1.0  # the share of head_dim that is rotated (Phi-4-mini 0.75)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # config.json, for family fields
 
     @property
     def architecture(self) -> str:
         return self.architectures[0]
+
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dimensions of a head that are rotated (all of head_dim unless a partial
+        rotary factor says otherwise)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
     def from_file(cls, config_path: str | Path) -> "ModelArchConfig":
@@ -147,6 +163,16 @@ class ModelArchConfig:
                 "give head_dim explicitly"
             )
         rope_theta, rope_scaling = _parse_rope(raw, source)
+        head_dim = int(raw.get("head_dim") or hidden_size // num_heads)
+        partial = float((raw.get("rope_parameters") or {}).get("partial_rotary_factor",
+                                                                raw.get("partial_rotary_factor", 1.0)))
+        if not 0 < partial <= 1 or int(head_dim * partial) % 2:
+            raise CheckpointError(f"{source}: partial_rotary_factor {partial} must be in (0, 1] and rotate an even "
+                                  f"number of the {head_dim} head dimensions")
+        if rope_scaling is not None and rope_scaling.rope_type == "longrope":
+            half = int(head_dim * partial) // 2
+            if len(rope_scaling.short_factor) != half or len(rope_scaling.long_factor) != half:
+                raise CheckpointError(f"{source}: longrope short_factor and long_factor need {half} values each")
         activation = raw.get("hidden_act", raw.get("hidden_activation", "silu"))
         if activation not in SUPPORTED_ACTIVATIONS:
             raise CheckpointError(f"{source}: hidden_act {activation!r} is not supported for {architectures[0]}; "
@@ -162,7 +188,7 @@ class ModelArchConfig:
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=num_kv_heads,
-            head_dim=int(raw.get("head_dim") or hidden_size // num_heads),
+            head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
@@ -177,6 +203,7 @@ class ModelArchConfig:
             eos_token_ids=tuple(eos if isinstance(eos, list) else ([] if eos is None else [eos])),
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
             moe=_parse_moe(raw, architectures[0], num_layers, source),
+            partial_rotary_factor=partial,
             raw=dict(raw),
         )
 
@@ -195,6 +222,8 @@ def _parse_rope(raw: dict[str, Any], source: str) -> tuple[float, RopeScaling | 
         )
     if rope_type == "default":
         return theta, None
+    if rope_type == "longrope":
+        return theta, _parse_longrope(raw, params, source)
     if "factor" not in params:
         raise CheckpointError(f"{source}: rope type {rope_type!r} needs a 'factor'")
     if rope_type == "linear":
@@ -249,6 +278,23 @@ def _parse_moe(raw: dict[str, Any], architecture: str, num_layers: int, source: 
                      norm_topk_prob=mixtral or bool(raw.get("norm_topk_prob", False)),
                      shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
                      sparse_layers=sparse, routing_weights_float32=mixtral)
+
+
+def _parse_longrope(raw: dict[str, Any], params: dict[str, Any], source: str) -> RopeScaling:
+    """LongRoPE as transformers reads it: the factor defaults to max / original positions, the
+    attention factor to sqrt(1 + ln(factor) / ln(original)) (1 when factor <= 1)."""
+    original = params.get("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
+    missing = [k for k, v in (("short_factor", params.get("short_factor")), ("long_factor", params.get("long_factor")),
+                              ("original_max_position_embeddings", original)) if v is None]
+    if missing:
+        raise CheckpointError(f"{source}: rope type 'longrope' lacks {', '.join(missing)}")
+    factor = float(params.get("factor") or raw.get("max_position_embeddings", original) / original)
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeScaling("longrope", factor, original_max_position_embeddings=int(original),
+                       short_factor=tuple(float(v) for v in params["short_factor"]),
+                       long_factor=tuple(float(v) for v in params["long_factor"]), attention_factor=float(attention))
 
 
 def _parse_sliding_window(raw: dict[str, Any]) -> int | None:

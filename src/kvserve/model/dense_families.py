@@ -7,6 +7,9 @@
   (every ``no_rope_layer_interval``-th layer when the list is absent).
 - OLMo 2 (AI2 2024): the norms after the attention and the MLP (``PostNormDecoderLayer``), and an
   RMSNorm over all of the queries and all of the keys before the heads are split.
+- Phi-3 / Phi-4 (Microsoft 2024): the projections stored fused (``qkv_proj``, ``gate_up_proj``:
+  the loader fills the merged linears whole), LongRoPE and partial rotary dimensions
+  (``kvserve.model.layers.RotaryEmbedding``).
 
 Each reads its config fields here, once, and refuses a missing or meaningless one by name.
 """
@@ -64,3 +67,9 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
     @classmethod
     def attention_options(cls, arch: ModelArchConfig) -> AttentionOptions:
         return AttentionOptions(qkv_bias=arch.attention_bias, o_bias=arch.attention_bias, qk_norm="full")
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    """Phi-3, Phi-3.5 and Phi-4 (module docstring): the Llama network as it is; what differs is in
+    the checkpoint's names and the rotary embedding, both handled generically."""
+

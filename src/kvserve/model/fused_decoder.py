@@ -59,6 +59,7 @@ class FusedDecoder:
         dtype = inner.embed_tokens.weight.dtype
         layers = list(inner.layers)
         if (dtype not in (torch.float32, torch.bfloat16) or inner.embed_tokens.weight.device.type != "cpu"
+                or inner.rotary_emb.rotary_dim != inner.rotary_emb.head_dim
                 or not layers or type(inner.norm) is not RMSNorm or inner.norm.weight.dtype != dtype
                 or len(kv_caches) != len(layers)
                 or any(cache.dtype != dtype for cache in kv_caches)):

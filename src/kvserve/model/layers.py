@@ -112,6 +112,8 @@ def compute_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -
         return inv_freq
     if scaling.rope_type == "linear":
         return inv_freq / scaling.factor
+    if scaling.rope_type == "longrope":  # the short factors; RotaryEmbedding adds the long ones
+        return 1.0 / (torch.tensor(scaling.short_factor, dtype=torch.float32, device="cpu") * theta**exponents)
     factor = scaling.factor
     old_len = scaling.original_max_position_embeddings
     low_freq_wavelen = old_len / scaling.low_freq_factor
@@ -127,17 +129,32 @@ def compute_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding in the "rotate half" layout of Llama/Hugging Face checkpoints.
 
-    ``cos_sin(positions)`` returns (cos, sin), each [T, head_dim] in the requested dtype, computed
-    once per forward and shared by all layers; ``apply`` rotates a [T, heads, head_dim] tensor.
-    The frequencies are a plain CPU tensor (not a buffer) so that building the model on the
-    ``meta`` device leaves them intact.
+    ``cos_sin(positions)`` returns (cos, sin), each [T, rotary_dim] in the requested dtype,
+    computed once per forward and shared by all layers; ``apply`` rotates the first rotary_dim
+    dimensions of a [T, heads, head_dim] tensor (all of them unless a partial rotary factor says
+    otherwise, Phi-4-mini) and passes the rest. The frequencies are a plain CPU tensor (not a
+    buffer) so that building the model on the ``meta`` device leaves them intact.
+
+    LongRoPE (Phi-3/Phi-4): a position below ``original_max_position_embeddings`` takes the short
+    factors, from there the long ones, and cos and sin are multiplied by the attention factor, as
+    vLLM does it per position (transformers switches a whole sequence to the long factors once it
+    grows past the original length; the two agree on shorter sequences).
     """
 
-    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None):
+    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None, rotary_dim: int | None = None):
         super().__init__()
         self.head_dim = head_dim
-        self._inv_freq_cpu = compute_inv_freq(head_dim, theta, scaling)
+        self.rotary_dim = rotary_dim or head_dim
+        self._inv_freq_cpu = compute_inv_freq(self.rotary_dim, theta, scaling)
         self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
+        self._long: tuple[int, torch.Tensor] | None = None  # (first position, its inverse frequencies)
+        self._attention_scaling = 1.0
+        if scaling is not None and scaling.rope_type == "longrope":
+            exponents = (torch.arange(0, self.rotary_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32)
+                         / self.rotary_dim)  # on the CPU even while the model is built on meta
+            long = 1.0 / (torch.tensor(scaling.long_factor, dtype=torch.float32, device="cpu") * theta**exponents)
+            self._long = (scaling.original_max_position_embeddings, long)
+            self._attention_scaling = scaling.attention_factor
 
     def _inv_freq(self, device: torch.device) -> torch.Tensor:
         cached = self._inv_freq_by_device.get(device)
@@ -155,12 +172,24 @@ class RotaryEmbedding(nn.Module):
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.to(torch.float32)[:, None] * self._inv_freq(positions.device)[None, :]
+        if self._long is not None:
+            first, long = self._long
+            long_freqs = positions.to(torch.float32)[:, None] * long.to(positions.device)[None, :]
+            freqs = torch.where((positions >= first)[:, None], long_freqs, freqs)
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if self._attention_scaling != 1.0:
+            cos, sin = cos * self._attention_scaling, sin * self._attention_scaling
+        return cos.to(dtype), sin.to(dtype)
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, head_dim]; cos, sin: [T, head_dim] (same dtype as x)."""
+        """x: [T, heads, head_dim]; cos, sin: [T, rotary_dim] (same dtype as x): the first
+        rotary_dim dimensions rotated, the others as they are."""
+        rotary_dim = cos.shape[-1]
+        if rotary_dim != x.shape[-1]:
+            rotated = RotaryEmbedding.apply(x[..., :rotary_dim], cos, sin)
+            return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
         if (x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 3 and x.shape[-1] % 32 == 0
                 and x.stride(-1) == 1 and cos.dtype == torch.bfloat16):
             ops = cpu_kernels()

@@ -214,7 +214,7 @@ class LlamaModel(nn.Module):
             for i in range(arch.num_hidden_layers)
         )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling)
+        self.rotary_emb = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling, arch.rotary_dim)
         self.embedding_multiplier = model_options.embedding_multiplier
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

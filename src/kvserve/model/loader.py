@@ -278,6 +278,20 @@ def _tensor_names(files: list[Path]) -> list[str]:
     return names
 
 
+def _merged_targets(model: nn.Module) -> dict[str, tuple[_Target, tuple[str, ...]]]:
+    """A ``MergedLinear``'s own parameter name -> (its whole destination, its shards' names): the
+    checkpoints that store the projection fused (Phi-3's ``qkv_proj``, ``gate_up_proj``)."""
+    merged: dict[str, tuple[_Target, tuple[str, ...]]] = {}
+    for name, param in model.named_parameters():
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        if isinstance(module, MergedLinear):
+            parent = module_name.rpartition(".")[0]
+            merged[name] = (_Target(param, 0, param.shape[0]),
+                            tuple(f"{parent}.{shard}.{attr}" for shard in module.shard_names))
+    return merged
+
+
 def _weight_targets(model: nn.Module) -> dict[str, _Target]:
     """Checkpoint tensor name -> destination, for every parameter of ``model``."""
     targets: dict[str, _Target] = {}
@@ -314,7 +328,7 @@ def _load_weights(model: nn.Module, files: list[Path], tied: bool,
     """Copy each checkpoint tensor into its parameter (its name ``_renamed`` first); the packed
     tensors of the quantized checkpoint modules named in ``packed`` are collected there instead
     (and an all-zero bias of such a module without one is skipped)."""
-    targets = _weight_targets(model)
+    targets, merged = _weight_targets(model), _merged_targets(model)
     packed = {} if packed is None else packed
     loaded: set[str] = set()
     for path in files:
@@ -322,6 +336,9 @@ def _load_weights(model: nn.Module, files: list[Path], tied: bool,
             for stored in f.keys():
                 name = _renamed(stored, renames)
                 target = targets.get(name)
+                if target is None and name in merged:  # stored fused: fills every shard at once
+                    target, shards = merged[name]
+                    loaded.update(shards)
                 if target is None:
                     module, _, kind = name.rpartition(".")
                     if module in packed and kind in PACKED_TENSORS:

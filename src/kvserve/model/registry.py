@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from kvserve.errors import CheckpointError
-from kvserve.model.dense_families import GraniteForCausalLM, Olmo2ForCausalLM, SmolLM3ForCausalLM
+from kvserve.model.dense_families import GraniteForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, SmolLM3ForCausalLM
 from kvserve.model.llama import LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM
 from kvserve.model.qwen2 import Qwen2ForCausalLM
 from kvserve.model.qwen3 import Qwen3ForCausalLM
@@ -22,6 +22,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": MistralForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,

@@ -36,6 +36,7 @@ ARCHITECTURES: dict[str, str] = {
     "MistralForCausalLM": "MistralConfig",
     "MixtralForCausalLM": "MixtralConfig",
     "Olmo2ForCausalLM": "Olmo2Config",
+    "Phi3ForCausalLM": "Phi3Config",
     "Qwen2ForCausalLM": "Qwen2Config",
     "Qwen2MoeForCausalLM": "Qwen2MoeConfig",
     "Qwen3ForCausalLM": "Qwen3Config",
