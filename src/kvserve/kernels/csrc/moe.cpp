@@ -93,17 +93,40 @@ void moe_route(DType dtype, const void* logits, int64_t tokens, int64_t experts,
 
 namespace {
 
-// acc[row] = round(acc[row] + round(y[i] * w)) for each of `count` rows (y in dtype, acc float32
-// holding values of the dtype).
-void accumulate(float* acc, const void* y, DType dtype, const int64_t* rows, const float* w, int64_t count,
-                int64_t hidden) {
+// One value of the dtype, kept as float32: the float itself, or rounded to bfloat16 (nearest even,
+// as from_float; NaN -> 0x7fc0) with integer operations the compiler vectorises.
+inline float as_dtype(float v, float) { return v; }
+inline float as_dtype(float v, BFloat16) {
+  uint32_t word;
+  std::memcpy(&word, &v, sizeof(word));
+  word = v != v ? 0x7fc00000u : (word + 0x7fffu + ((word >> 16) & 1u)) & 0xffff0000u;
+  float out;
+  std::memcpy(&out, &word, sizeof(out));
+  return out;
+}
+
+// acc[row] = round(acc[row] + round(y[i] * w)) for each of `count` rows (y in scalar_t, acc
+// float32 holding values of the dtype).
+template <typename scalar_t>
+void accumulate_rows(float* acc, const scalar_t* y, const int64_t* rows, const float* w, int64_t count, int64_t hidden) {
   parallel_for(0, count, std::max<int64_t>(1, 4096 / hidden), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      float* dst = acc + rows[i] * hidden;
+      float* __restrict dst = acc + rows[i] * hidden;
+      const scalar_t* __restrict src = y + i * hidden;
+      const float weight = w[i];
       for (int64_t h = 0; h < hidden; ++h)
-        dst[h] = rounded(dst[h] + rounded(load(y, dtype, i * hidden + h) * w[i], dtype), dtype);
+        dst[h] = as_dtype(dst[h] + as_dtype(to_float(src[h]) * weight, scalar_t{}), scalar_t{});
     }
   });
+}
+
+void accumulate(float* acc, const void* y, DType dtype, const int64_t* rows, const float* w, int64_t count,
+                int64_t hidden) {
+  if (dtype == kFloat32) {
+    accumulate_rows(acc, static_cast<const float*>(y), rows, w, count, hidden);
+  } else {
+    accumulate_rows(acc, static_cast<const BFloat16*>(y), rows, w, count, hidden);
+  }
 }
 
 // silu_and_mul(gate_up(x)) of `rows` rows into act [rows, I]: in the AMX store where the
