@@ -87,15 +87,18 @@ def build_tool_tokenizer(*, special_tags: bool = False):
     return tokenizer
 
 
-def build_tool_checkpoint(path: str | Path, *, special_tags: bool = False, seed: int = 0) -> Path:
+def build_tool_checkpoint(path: str | Path, *, special_tags: bool = False, seed: int = 0,
+                          architecture: str = "Qwen2ForCausalLM") -> Path:
     """Write the checkpoint described in the module docstring to ``path`` and return it.
 
     Args:
         path: output folder (created if missing).
         special_tags: add the four tags as special tokens (``skip_special_tokens`` drops them).
         seed: seed of the random weights.
+        architecture: the network under the tokenizer (a Qwen-family one; ``Qwen3MoeForCausalLM``
+            for tool calls on a mixture of experts).
     """
     base_vocab = tokenizer_spec("bpe").vocab_size
-    path = build_checkpoint(path, "Qwen2ForCausalLM", "bpe", seed=seed, vocab_size=base_vocab + 2 * len(TAGS))
+    path = build_checkpoint(path, architecture, "bpe", seed=seed, vocab_size=base_vocab + 2 * len(TAGS))
     build_tool_tokenizer(special_tags=special_tags).save_pretrained(path)
     return path
