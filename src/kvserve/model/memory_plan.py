@@ -28,7 +28,7 @@ class MemoryPlan:
     weight_bytes: int
 
     def describe(self) -> str:
-        """e.g. ``30.5B parameters (3.3B active per token), 56.9 GiB of weights``."""
+        """e.g. ``30.5B parameters (3.4B active per token), 56.9 GiB of weights``."""
         active = "" if self.active_params == self.total_params else f" ({_count(self.active_params)} active per token)"
         return f"{_count(self.total_params)} parameters{active}, {_size(self.weight_bytes)} of weights"
 
