@@ -66,9 +66,16 @@ def tiny_qwen2_six_heads(checkpoint_factory):
                               intermediate_size=96)
 
 
+@pytest.fixture(scope="module")
+def tiny_gemma3(checkpoint_factory):
+    """Gemma 3: a sliding and a full layer, each with its rotary embedding; (1 + w) norms."""
+    return checkpoint_factory("Gemma3ForCausalLM", initializer_range=0.1, sliding_window=6,
+                              layer_types=["sliding_attention", "full_attention"])
+
+
 @pytest.mark.parametrize("fixture, tp, quantization", [
     ("tiny_llama", 2, None), ("tiny_qwen2", 2, None), ("tiny_qwen3", 2, None), ("tiny_llama_kv1", 2, None),
-    ("tiny_qwen2_six_heads", 3, None), ("tiny_llama", 2, "int4")])
+    ("tiny_qwen2_six_heads", 3, None), ("tiny_llama", 2, "int4"), ("tiny_gemma3", 2, None)])
 def test_tp_logits_and_greedy_tokens_match_tp1(request, fixture, tp, quantization):
     """int4: each rank quantizes its slices; its groups of 32 inputs are the whole model's."""
     model_dir = request.getfixturevalue(fixture)
@@ -223,3 +230,12 @@ def test_tp2_seeded_sampling_and_prompt_logprobs_match_tp1(tiny_llama):
     for (got_ids, got_prompt), (want_ids, want_prompt) in zip(got, want, strict=True):
         assert got_ids == want_ids
         assert got_prompt == pytest.approx(want_prompt, rel=1e-5, abs=1e-5)
+
+
+def test_q_k_norms_over_all_heads_refuse_tensor_parallelism_by_name(checkpoint_factory):
+    from kvserve.distributed.shard import check_parallel_options
+    from kvserve.engine.arg_utils import engine_config_from_kwargs
+
+    config = engine_config_from_kwargs(str(checkpoint_factory("Olmo2ForCausalLM")), tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="--tensor-parallel-size 2: Olmo2ForCausalLM's q/k norms over all heads"):
+        check_parallel_options(config)

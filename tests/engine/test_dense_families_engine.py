@@ -1,4 +1,4 @@
-"""The dense families on the Llama network's hooks (Granite, SmolLM3, OLMo 2, Phi-3) through the engine:
+"""The dense families on the Llama network's hooks (Gemma 3, Granite, SmolLM3, OLMo 2, Phi-3) through the engine:
 greedy tokens equal transformers' and do not depend on batching, chunked prefill, prefix caching
 or preemption (test_llm_equivalence.py's tests, run here on each)."""
 
@@ -15,6 +15,11 @@ from test_llm_equivalence import (  # noqa: F401 - collected here with this modu
 )
 
 FAMILIES = {
+    "Gemma3ForCausalLM": dict(initializer_range=0.1, sliding_window=6, query_pre_attn_scalar=24,
+                              layer_types=["sliding_attention", "full_attention"],
+                              rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0,
+                                                                      rope_theta=1_000_000.0),
+                                               "sliding_attention": dict(rope_type="default", rope_theta=10_000.0)}),
     "GraniteForCausalLM": dict(embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
                                logits_scaling=8.0, initializer_range=0.1),
     "Olmo2ForCausalLM": dict(initializer_range=0.1),

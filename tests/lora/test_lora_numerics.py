@@ -22,7 +22,7 @@ PROMPTS = [
     [42, 17],
     [(5 * i + 2) % 256 for i in range(12)],  # the base model's row
 ]
-ARCHITECTURES = ["llama", "mistral_window", "qwen2", "qwen3"]
+ARCHITECTURES = ["llama", "mistral_window", "qwen2", "qwen3", "gemma3", "olmo2"]
 
 
 def _setup(tiny_checkpoint, adapter_factory, variant, dtype="float32"):

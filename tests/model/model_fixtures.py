@@ -87,6 +87,15 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "qwen3_moe_step2": ("Qwen3MoeForCausalLM", dict(num_experts=5, num_experts_per_tok=2, moe_intermediate_size=24,
                                                     norm_topk_prob=False, decoder_sparse_step=2, num_hidden_layers=3,
                                                     tie_word_embeddings=False)),
+    # Gemma 3: sliding layers with their own theta around a full layer with linear scaling, a
+    # softmax scale of its own (query_pre_attn_scalar), GeGLU.
+    "gemma3": ("Gemma3ForCausalLM", dict(head_dim=32, num_hidden_layers=3, query_pre_attn_scalar=24, sliding_window=5,
+                                         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                         rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0,
+                                                                                 rope_theta=1_000_000.0),
+                                                          "sliding_attention": dict(rope_type="default",
+                                                                                    rope_theta=10_000.0)},
+                                         tie_word_embeddings=True)),
 }
 
 
@@ -94,6 +103,7 @@ def hf_config(architecture: str, overrides: dict):
     import transformers
 
     config_cls = {
+        "Gemma3ForCausalLM": transformers.Gemma3TextConfig,
         "GraniteForCausalLM": transformers.GraniteConfig,
         "LlamaForCausalLM": transformers.LlamaConfig,
         "Olmo2ForCausalLM": transformers.Olmo2Config,

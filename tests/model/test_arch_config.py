@@ -89,14 +89,20 @@ def test_matches_transformers_config(variant, tmp_path):
     assert arch.layer_sliding_windows == tuple(
         arch.sliding_window if t == "sliding_attention" else None for t in layer_types
     )
-    # Rotary frequencies exactly as transformers computes them for this config.
-    rope_type = config.rope_parameters.get("rope_type", "default")
-    if rope_type == "default":
-        expected = 1.0 / (config.rope_parameters["rope_theta"] ** (torch.arange(0, arch.head_dim, 2).float() / arch.head_dim))
-    else:
-        expected, _ = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
-    ours = compute_inv_freq(arch.head_dim, arch.rope_theta, arch.rope_scaling)
-    assert torch.equal(ours, expected)
+    # Rotary frequencies exactly as transformers computes them for this config (per layer type
+    # where the config has a rotary embedding per layer type: Gemma 3).
+    by_type = config.rope_parameters if "full_attention" in config.rope_parameters else {None: config.rope_parameters}
+    for layer_type, params in by_type.items():
+        rope_type = params.get("rope_type", "default")
+        if rope_type == "default":
+            expected = 1.0 / (params["rope_theta"] ** (torch.arange(0, arch.head_dim, 2).float() / arch.head_dim))
+        else:
+            kwargs = {} if layer_type is None else {"layer_type": layer_type}
+            expected, _ = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"), **kwargs)
+        local = layer_type == "sliding_attention"
+        theta = arch.local_rope_theta if local else arch.rope_theta
+        ours = compute_inv_freq(arch.head_dim, theta, None if local else arch.rope_scaling)
+        assert torch.equal(ours, expected), layer_type
 
 
 def test_missing_config_file_named(tmp_path):

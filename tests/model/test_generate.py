@@ -29,18 +29,18 @@ def hf_greedy_with_logits(hf_model, prompt: list[int], max_tokens: int) -> tuple
 
 
 def assert_same_greedy_up_to_a_bf16_tie(ours: list[int], theirs: list[int], logits: torch.Tensor) -> None:
-    """Equal tokens, except that from a step where transformers' two best logits are within
-    bfloat16 rounding of each other (gap <= 2 bf16 ulps of the best logit: each side rounds once,
-    and a different float32 summation order may land on either side), ours may be the runner-up;
-    the continuations differ from there. A divergence anywhere else fails."""
+    """Equal tokens, except that from a step where ours is within bfloat16 rounding of
+    transformers' best logit (gap <= 2 bf16 ulps of the best logit: each side rounds once, and a
+    different float32 summation order may land on either side; of exactly tied logits either may
+    come first), ours may differ; the continuations differ from there. A divergence anywhere else
+    fails."""
     step = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), None)
     if step is None:
         return
-    top = logits[step].topk(2)
-    gap = (top.values[0] - top.values[1]).item()
-    ulp = 2.0 ** (math.floor(math.log2(abs(top.values[0].item()))) - 7)
+    best = logits[step].max().item()
+    gap = best - logits[step][ours[step]].item()
+    ulp = 2.0 ** (math.floor(math.log2(abs(best))) - 7)
     assert gap <= 2 * ulp, f"step {step}: ours {ours[step]}, transformers {theirs[step]}, gap {gap} > 2 ulp {ulp}"
-    assert ours[step] == top.indices[1].item(), f"step {step}: ours {ours[step]} is not transformers' runner-up"
 
 
 def hf_greedy(hf_model, prompt: list[int], max_tokens: int) -> list[int]:
@@ -53,7 +53,7 @@ def hf_greedy(hf_model, prompt: list[int], max_tokens: int) -> list[int]:
 
 
 @pytest.mark.parametrize("variant", ["llama", "mistral_window", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe",
-                                     "granite", "smollm3", "olmo2", "phi3_longrope", "phi3_partial"])
+                                     "granite", "smollm3", "olmo2", "phi3_longrope", "phi3_partial", "gemma3"])
 def test_float32_greedy_matches_transformers(tiny_checkpoint, variant):
     path, hf_model = tiny_checkpoint(variant)
     ours = generate(path, PROMPTS, max_tokens=16, block_size=4, ignore_eos=True)

@@ -169,7 +169,7 @@ def test_moe_models_refuse_lora_and_tensor_parallelism_by_name(tiny_checkpoint):
         check_parallel_options(config)
 
 
-@pytest.mark.parametrize("variant", ["llama", "qwen2", "mixtral", "mixtral_top1", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "mixtral", "mixtral_top1", "qwen2_moe", "qwen3_moe", "gemma3"])
 def test_the_memory_plan_counts_transformers_parameters(tiny_checkpoint, variant):
     from kvserve.model.memory_plan import check_fits, memory_plan
 

@@ -137,6 +137,11 @@ def check_parallel_options(config) -> None:
     if model_arch.moe is not None:
         raise ConfigError(f"--tensor-parallel-size {size}: mixture-of-experts models ({model_arch.architecture}) run on "
                           "one rank so far; serve it without -tp")
+    from kvserve.model.registry import get_model_class
+
+    if get_model_class(model_arch.architecture).attention_options(model_arch).qk_norm == "full":
+        raise ConfigError(f"--tensor-parallel-size {size}: {model_arch.architecture}'s q/k norms over all heads at once "
+                          "span the ranks and run on one rank so far; serve it without -tp")
     quant = config.model.quantization
     if quant.checkpoint is not None:
         from pathlib import Path

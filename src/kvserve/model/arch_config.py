@@ -15,7 +15,7 @@ from typing import Any
 from kvserve.errors import CheckpointError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
-SUPPORTED_ACTIVATIONS = ("silu",)
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gated MLP's: SwiGLU, GeGLU (tanh approximation)
 _DEFAULT_ROPE_THETA = 10000.0
 
 
@@ -105,6 +105,8 @@ class ModelArchConfig:
     torch_dtype: str | None
     moe: MoeConfig | None = None
     partial_rotary_factor: float = 1.0  # the share of head_dim that is rotated (Phi-4-mini 0.75)
+    hidden_act: str = "silu"  # the MLP's gate activation (SUPPORTED_ACTIVATIONS)
+    local_rope_theta: float | None = None  # the sliding-window layers' own rope theta (Gemma 3), else None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # config.json, for family fields
 
     @property
@@ -141,6 +143,8 @@ class ModelArchConfig:
             CheckpointError: a required field is missing or the rope type is unsupported.
         """
 
+        raw = with_family_defaults(text_model_fields(raw))
+
         def need(key: str) -> Any:
             if raw.get(key) is None:
                 raise CheckpointError(f"{source} lacks the required field {key!r}")
@@ -162,7 +166,7 @@ class ModelArchConfig:
                 f"{source}: hidden_size ({hidden_size}) is not divisible by num_attention_heads ({num_heads}); "
                 "give head_dim explicitly"
             )
-        rope_theta, rope_scaling = _parse_rope(raw, source)
+        rope_theta, rope_scaling, local_rope_theta = _parse_layer_type_rope(raw, source)
         head_dim = int(raw.get("head_dim") or hidden_size // num_heads)
         partial = float((raw.get("rope_parameters") or {}).get("partial_rotary_factor",
                                                                 raw.get("partial_rotary_factor", 1.0)))
@@ -173,7 +177,7 @@ class ModelArchConfig:
             half = int(head_dim * partial) // 2
             if len(rope_scaling.short_factor) != half or len(rope_scaling.long_factor) != half:
                 raise CheckpointError(f"{source}: longrope short_factor and long_factor need {half} values each")
-        activation = raw.get("hidden_act", raw.get("hidden_activation", "silu"))
+        activation = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
         if activation not in SUPPORTED_ACTIVATIONS:
             raise CheckpointError(f"{source}: hidden_act {activation!r} is not supported for {architectures[0]}; "
                                   f"supported: {', '.join(SUPPORTED_ACTIVATIONS)}")
@@ -204,8 +208,64 @@ class ModelArchConfig:
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
             moe=_parse_moe(raw, architectures[0], num_layers, source),
             partial_rotary_factor=partial,
+            hidden_act=activation,
+            local_rope_theta=local_rope_theta,
             raw=dict(raw),
         )
+
+
+def text_model_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """The language model's fields of a config.json: a multimodal checkpoint's ``text_config``
+    (Gemma 3 4B-27B, ``Gemma3ForConditionalGeneration``) over its top-level fields (token ids,
+    dtype, ``architectures``), or ``raw`` itself."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict) or "num_hidden_layers" in raw:
+        return raw
+    top = {k: v for k, v in raw.items() if k not in ("text_config", "vision_config", "model_type")}
+    return {**top, **text, "architectures": raw.get("architectures")}
+
+
+# Fields some families leave out of config.json because transformers' config class supplies them
+# (Gemma 3's multimodal checkpoints carry a text_config of six fields): its defaults, as
+# transformers 5 defines them. Gemma 2 alternates sliding and full layers from layer 0, Gemma 3
+# has five sliding layers before each full one (``sliding_window_pattern``).
+_GEMMA3_TEXT_DEFAULTS = dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                             num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                             hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131_072,
+                             rms_norm_eps=1e-6, tie_word_embeddings=True, query_pre_attn_scalar=256,
+                             sliding_window=4096, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)
+
+
+def with_family_defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with the defaults of its ``model_type`` (above) under its own fields, and the
+    per-layer attention types of Gemma 2/3 when config.json does not list them."""
+    model_type = raw.get("model_type")
+    if model_type == "gemma3_text":
+        raw = {**_GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in raw.items() if v is not None or k not in
+                                          _GEMMA3_TEXT_DEFAULTS}}
+    pattern = {"gemma2": 2, "gemma3_text": int(raw.get("sliding_window_pattern") or 6)}.get(model_type)
+    if pattern and not raw.get("layer_types") and raw.get("num_hidden_layers"):
+        raw = {**raw, "layer_types": ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                      for i in range(int(raw["num_hidden_layers"]))]}
+    return raw
+
+
+def _parse_layer_type_rope(raw: dict[str, Any], source: str) -> tuple[float, RopeScaling | None, float | None]:
+    """(theta, scaling, local theta): the full-attention layers' rotary embedding and, where the
+    sliding-window layers have their own theta (Gemma 3: ``rope_local_base_freq``, or
+    transformers 5's ``rope_parameters`` keyed by layer type), that theta; else None."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        local = params.get("sliding_attention") or {}
+        theta, scaling = _parse_rope({**raw, "rope_parameters": params["full_attention"]}, source)
+        local_theta, local_scaling = _parse_rope({"rope_parameters": local}, source)
+        if local_scaling is not None:
+            raise CheckpointError(f"{source}: rope type {local_scaling.rope_type!r} on the sliding-window layers "
+                                  "is not supported; supported there: default")
+        return theta, scaling, local_theta if local else None
+    theta, scaling = _parse_rope(raw, source)
+    local = raw.get("rope_local_base_freq")
+    return theta, scaling, None if local is None else float(local)
 
 
 def _parse_rope(raw: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
@@ -263,6 +323,10 @@ def _parse_moe(raw: dict[str, Any], architecture: str, num_layers: int, source: 
     for key in _MOE_FIELDS_REFUSED:
         if raw.get(key) not in (None, 0, 1, 1.0, False):
             raise CheckpointError(f"{source}: MoE routing field {key}={raw[key]!r} is not supported for {architecture}")
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+    if activation != "silu":
+        raise CheckpointError(f"{source}: hidden_act {activation!r} is not supported for the experts of {architecture}; "
+                              "supported: silu")
     if raw.get("scoring_func", "softmax") != "softmax":
         raise CheckpointError(f"{source}: scoring_func {raw['scoring_func']!r} is not supported; supported: softmax")
     top_k = int(raw.get("num_experts_per_tok") or 0)

@@ -77,6 +77,19 @@ class SiluAndMul(nn.Module):
         return F.silu(gate) * up
 
 
+class GeluTanhAndMul(nn.Module):
+    """GeGLU activation (Shazeer 2020) with the tanh approximation of GELU, transformers'
+    ``gelu_pytorch_tanh`` (Gemma): input [..., 2 * d] = [gate | up]; output [..., d] =
+    gelu_tanh(gate) * up, the two operations in the input dtype as transformers runs them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"silu": SiluAndMul, "gelu_pytorch_tanh": GeluTanhAndMul}
+
+
 class RouterLinear(nn.Linear):
     """A gate's linear: a mixture of experts' router (hidden -> experts) and Qwen2-MoE's
     shared-expert gate (``kvserve.model.moe``). Runs on the batch-invariant kernels like any

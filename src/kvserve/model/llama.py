@@ -19,7 +19,7 @@ from torch import nn
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.model.arch_config import ModelArchConfig
-from kvserve.model.layers import MergedLinear, RMSNorm, RotaryEmbedding, SiluAndMul
+from kvserve.model.layers import ACTIVATIONS, MergedLinear, RMSNorm, RotaryEmbedding
 from kvserve.model.moe import SparseMoeBlock
 
 
@@ -33,6 +33,7 @@ class AttentionOptions:
             head_dim (True: Qwen3), or ``"full"`` over all heads at once (OLMo 2).
         scale: the softmax scale (None: head_dim ** -0.5; Granite's ``attention_multiplier``).
         no_rope_layers: layers whose queries and keys are not rotated (SmolLM3's NoPE layers).
+        norm_class: the q/k norms' class (Gemma's ``(1 + w)`` norm).
     """
 
     qkv_bias: bool
@@ -40,6 +41,7 @@ class AttentionOptions:
     qk_norm: bool | str
     scale: float | None = None
     no_rope_layers: frozenset[int] = frozenset()
+    norm_class: type[nn.Module] = RMSNorm
 
 
 @dataclass(frozen=True)
@@ -47,11 +49,13 @@ class ModelOptions:
     """Per-architecture multipliers outside the attention (Granite): the embedding times
     ``embedding_multiplier``, each layer's attention and MLP outputs times ``residual_multiplier``
     before their residual add, the logits divided by ``logits_divisor``. Each product is one
-    operation in the model dtype, as transformers' ``x * m``."""
+    operation in the model dtype, as transformers' ``x * m``. ``logit_softcap`` > 0 caps the
+    logits at ``cap * tanh(logits / cap)`` (Gemma 2's ``final_logit_softcapping``)."""
 
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_divisor: float = 1.0
+    logit_softcap: float = 0.0
 
 
 class LlamaAttention(nn.Module):
@@ -88,8 +92,8 @@ class LlamaAttention(nn.Module):
         self.full_qk_norm = options.qk_norm == "full"
         if options.qk_norm:
             q_width, k_width = (self.q_size, self.kv_size) if self.full_qk_norm else (self.head_dim, self.head_dim)
-            self.q_norm = RMSNorm(q_width, arch.rms_norm_eps)
-            self.k_norm = RMSNorm(k_width, arch.rms_norm_eps)
+            self.q_norm = options.norm_class(q_width, arch.rms_norm_eps)
+            self.k_norm = options.norm_class(k_width, arch.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
 
@@ -130,8 +134,9 @@ MLP_TILE_ROWS = 512
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``, [T, hidden] -> [T, hidden]; on the
-    CPU in tiles of ``MLP_TILE_ROWS`` rows."""
+    """Gated feed-forward: ``down(act(gate(x)) * up(x))``, [T, hidden] -> [T, hidden], SwiGLU
+    (``act`` = SiLU) or GeGLU (Gemma's tanh GELU) as config.json's activation says; on the CPU in
+    tiles of ``MLP_TILE_ROWS`` rows."""
 
     def __init__(self, arch: ModelArchConfig):
         super().__init__()
@@ -139,7 +144,7 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = MergedLinear(
             arch.hidden_size, [size, size], ["gate_proj", "up_proj"], bias=arch.mlp_bias
         )
-        self.act_fn = SiluAndMul()
+        self.act_fn = ACTIVATIONS[arch.hidden_act]()
         self.down_proj = nn.Linear(size, arch.hidden_size, bias=arch.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -243,20 +248,24 @@ class LlamaForCausalLM(nn.Module):
     The per-family hooks: ``attention_options`` (q/k/v and o biases, q/k norms, the softmax scale,
     layers without RoPE), ``model_options`` (Granite's multipliers), ``build_mlp`` (a layer's
     feed-forward: SwiGLU, or a mixture of experts), ``layer_class`` (where the norms sit:
-    ``LlamaDecoderLayer`` before the sublayers, ``PostNormDecoderLayer`` after them) and
+    ``LlamaDecoderLayer`` before the sublayers, ``PostNormDecoderLayer`` after them),
+    ``model_class`` (the embedding, layers and final norm: ``LlamaModel``, or Gemma's),
     ``checkpoint_renames`` (substrings of the checkpoint's tensor names replaced by this module's
-    before loading).
+    before loading) and ``checkpoint_ignored`` (prefixes of tensors this text model does not
+    load: a multimodal checkpoint's vision tower).
     """
 
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    checkpoint_ignored: tuple[str, ...] = ()
     layer_class: type[nn.Module] = LlamaDecoderLayer
+    model_class: type[nn.Module] = LlamaModel
 
     def __init__(self, arch: ModelArchConfig, attn_backend: AttentionBackend):
         super().__init__()
         self.arch = arch
         self.options = self.model_options(arch)
-        self.model = LlamaModel(arch, attn_backend, self.attention_options(arch), self.build_mlp, self.layer_class,
-                                self.options)
+        self.model = self.model_class(arch, attn_backend, self.attention_options(arch), self.build_mlp,
+                                      self.layer_class, self.options)
         self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -288,7 +297,11 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden_states)
-        return logits if self.options.logits_divisor == 1.0 else logits / self.options.logits_divisor
+        if self.options.logits_divisor != 1.0:
+            logits = logits / self.options.logits_divisor
+        if self.options.logit_softcap:
+            logits = torch.tanh(logits / self.options.logit_softcap) * self.options.logit_softcap
+        return logits
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -215,15 +215,16 @@ def load_model(
     with torch.device("meta"):
         model = model_cls(arch, backend)
     renames = model_cls.checkpoint_renames
-    plan = {} if spec is None else plan_quantized_linears(model, [_renamed(n, renames) for n in _tensor_names(files)],
-                                                          spec)
+    names = [_renamed(n, renames) for n in _tensor_names(files) if not n.startswith(model_cls.checkpoint_ignored)]
+    plan = {} if spec is None else plan_quantized_linears(model, names, spec)
     drop_float_weights(model, plan)
     model = model.to(dtype=torch_dtype).to_empty(device=device)
     if arch.tie_word_embeddings and "lm_head" not in plan:
         # to_empty gives each parameter its own storage; tie again.
         model.lm_head.weight = model.model.embed_tokens.weight
     packed = {shard: {} for shards in plan.values() for shard in shards}
-    _load_weights(model, files, tied=arch.tie_word_embeddings, packed=packed, renames=renames)
+    _load_weights(model, files, tied=arch.tie_word_embeddings, packed=packed, renames=renames,
+                  ignored=model_cls.checkpoint_ignored)
     if spec is not None:
         install_quantized_linears(model, plan, packed, spec, cpu_kernels(), device)
     elif quantization.method is not None:
@@ -324,16 +325,19 @@ def _is_ignorable(name: str, tied: bool) -> bool:
 @torch.no_grad()
 def _load_weights(model: nn.Module, files: list[Path], tied: bool,
                   packed: dict[str, dict[str, torch.Tensor]] | None = None,
-                  renames: tuple[tuple[str, str], ...] = ()) -> None:
+                  renames: tuple[tuple[str, str], ...] = (), ignored: tuple[str, ...] = ()) -> None:
     """Copy each checkpoint tensor into its parameter (its name ``_renamed`` first); the packed
     tensors of the quantized checkpoint modules named in ``packed`` are collected there instead
-    (and an all-zero bias of such a module without one is skipped)."""
+    (and an all-zero bias of such a module without one is skipped); tensors whose stored name
+    starts with one of ``ignored`` are not read."""
     targets, merged = _weight_targets(model), _merged_targets(model)
     packed = {} if packed is None else packed
     loaded: set[str] = set()
     for path in files:
         with safe_open(str(path), framework="pt") as f:
             for stored in f.keys():
+                if stored.startswith(ignored):
+                    continue
                 name = _renamed(stored, renames)
                 target = targets.get(name)
                 if target is None and name in merged:  # stored fused: fills every shard at once

@@ -1,0 +1,130 @@
+"""Gemma 3 (Google DeepMind 2025, "Gemma 3 Technical Report") on the Llama network's hooks
+(``kvserve.model.llama``), text only:
+
+- RMSNorm with ``(1 + weight)``, multiplied in float32 before the cast (``GemmaRMSNorm``);
+- the embedding times ``sqrt(hidden_size)`` rounded to the model dtype;
+- GeGLU with the tanh GELU (``hidden_activation``; ``kvserve.model.layers.GeluTanhAndMul``);
+- four norms per layer: before and after the attention, before and after the MLP;
+- per-head q/k norms, the softmax scale ``query_pre_attn_scalar ** -0.5``;
+- five sliding-window layers per full one (``layer_types``), the sliding layers with their own
+  rope theta (``rope_local_base_freq``, 10,000) and no rope scaling, the full layers with
+  ``rope_theta`` (1,000,000) and ``rope_scaling`` (linear 8 on 4B-27B).
+
+``Gemma3ForConditionalGeneration`` (4B, 12B, 27B) is served as its language model: config.json's
+``text_config``, the tensors under ``language_model`` (the vision tower is not loaded; image
+inputs are refused by the API).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kvserve.errors import CheckpointError
+from kvserve.model.arch_config import ModelArchConfig
+from kvserve.model.layers import RotaryEmbedding
+from kvserve.model.llama import AttentionOptions, LlamaAttention, LlamaForCausalLM, LlamaModel, ModelOptions
+
+
+class GemmaRMSNorm(nn.Module):
+    """``y = (x / sqrt(mean(x^2) + eps)) * (1 + weight)`` in float32, then cast to x's dtype
+    (transformers' ``Gemma3RMSNorm``; Llama's casts before the weight multiply)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GemmaDecoderLayer(nn.Module):
+    """``h = h + post_attn_norm(attn(input_norm(h))); h = h + post_ff_norm(mlp(pre_ff_norm(h)))``,
+    the adds in the model dtype. forward as ``LlamaDecoderLayer``'s, the residual always folded
+    in (it returns ``(h, None)``); ``local_rope`` says whether it takes the sliding layers'
+    rotary embedding."""
+
+    def __init__(self, arch: ModelArchConfig, layer_idx: int, backend, options: AttentionOptions, mlp: nn.Module,
+                 residual_multiplier: float = 1.0):
+        super().__init__()
+        self.self_attn = LlamaAttention(arch, layer_idx, backend, options)
+        self.mlp = mlp
+        self.local_rope = arch.layer_sliding_windows[layer_idx] is not None
+        eps = arch.rms_norm_eps
+        self.input_layernorm = GemmaRMSNorm(arch.hidden_size, eps)
+        self.post_attention_layernorm = GemmaRMSNorm(arch.hidden_size, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(arch.hidden_size, eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(arch.hidden_size, eps)
+
+    def forward(self, hidden, residual, cos, sin, kv_cache, attn_metadata):
+        attn = self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, attn_metadata)
+        hidden = hidden + self.post_attention_layernorm(attn)
+        return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden))), None
+
+
+class GemmaModel(LlamaModel):
+    """``LlamaModel`` with Gemma's embedding scale, final norm and the sliding layers' rotary
+    embedding (``local_rotary_emb``)."""
+
+    def __init__(self, arch: ModelArchConfig, backend, options: AttentionOptions, build_mlp, layer_class,
+                 model_options: ModelOptions = ModelOptions()):
+        super().__init__(arch, backend, options, build_mlp, layer_class, model_options)
+        self.norm = GemmaRMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        local_theta = arch.rope_theta if arch.local_rope_theta is None else arch.local_rope_theta
+        self.local_rotary_emb = RotaryEmbedding(arch.head_dim, local_theta, None, arch.rotary_dim)
+        self.embed_scale = arch.hidden_size**0.5
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings times sqrt(hidden_size), the factor rounded to float32 and then to
+        the model dtype as transformers rounds it (55.4256 is 55.5 in bfloat16)."""
+        hidden = self.embed_tokens(input_ids)
+        return hidden * torch.tensor(self.embed_scale).to(hidden.dtype)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata):
+        hidden = self.embed(input_ids)
+        full = self.rotary_emb.cos_sin(positions, hidden.dtype)
+        local = self.local_rotary_emb.cos_sin(positions, hidden.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            cos, sin = local if layer.local_rope else full
+            hidden, _ = layer(hidden, None, cos, sin, kv_cache, attn_metadata)
+        return self.norm(hidden)
+
+
+def _refuse_unsupported(arch: ModelArchConfig) -> None:
+    raw = arch.raw
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if raw.get(key) is not None:
+            raise CheckpointError(f"config.json: {key}={raw[key]!r} is not supported for {arch.architecture}")
+    if raw.get("use_bidirectional_attention"):
+        raise CheckpointError(f"config.json: use_bidirectional_attention (an embedding model's) is not supported for "
+                              f"{arch.architecture}; kvserve runs causal language models")
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    """Gemma 3 text models (1B, 270M; module docstring)."""
+
+    layer_class = GemmaDecoderLayer
+    model_class = GemmaModel
+
+    @classmethod
+    def attention_options(cls, arch: ModelArchConfig) -> AttentionOptions:
+        _refuse_unsupported(arch)
+        scalar = arch.raw.get("query_pre_attn_scalar", arch.head_dim)
+        if not isinstance(scalar, (int, float)) or isinstance(scalar, bool) or scalar <= 0:
+            raise CheckpointError(f"config.json: query_pre_attn_scalar must be a positive number, got {scalar!r}")
+        return AttentionOptions(qkv_bias=arch.attention_bias, o_bias=arch.attention_bias, qk_norm=True,
+                                scale=float(scalar) ** -0.5, norm_class=GemmaRMSNorm)
+
+
+class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+    """Gemma 3 4B-27B served as its language model (module docstring). The checkpoint's names:
+    ``language_model.model.*`` (as Google published them) or ``model.language_model.*``
+    (transformers 5)."""
+
+    checkpoint_renames = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                          ("language_model.lm_head.", "lm_head."))
+    checkpoint_ignored = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                          "model.multi_modal_projector.")
