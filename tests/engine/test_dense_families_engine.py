@@ -1,11 +1,15 @@
-"""The dense families on the Llama network's hooks (Gemma 3, Granite, SmolLM3, OLMo 2, Phi-3) through the engine:
-greedy tokens equal transformers' and do not depend on batching, chunked prefill, prefix caching
-or preemption (test_llm_equivalence.py's tests, run here on each)."""
+"""The dense families on the Llama network's hooks (Gemma 2, Gemma 3, Granite, SmolLM3, OLMo 2, Phi-3)
+through the engine: greedy tokens equal transformers' and do not depend on batching, chunked
+prefill, prefix caching or preemption (test_llm_equivalence.py's tests, run here on each); for the
+families whose attention differs (Gemma's soft-capping, windows, rope per layer type) every sampled
+logprob is the same bits alone, in a busy batch and chunked, in float32 and bfloat16."""
 
 from __future__ import annotations
 
 import pytest
 
+from engine_helpers import assert_kv_clean, make_llm, random_prompts
+from kvserve import SamplingParams
 from test_llm_equivalence import (  # noqa: F401 - collected here with this module's model_dir
     solo,
     test_batched_equals_solo,
@@ -15,7 +19,10 @@ from test_llm_equivalence import (  # noqa: F401 - collected here with this modu
 )
 
 FAMILIES = {
-    "Gemma3ForCausalLM": dict(initializer_range=0.1, sliding_window=6, query_pre_attn_scalar=24,
+    # head_dim 32: the attention kernel's bfloat16 tiles (and AMX where the CPU has them) take it.
+    "Gemma2ForCausalLM": dict(initializer_range=0.1, head_dim=32, sliding_window=6, attn_logit_softcapping=3.0,
+                              final_logit_softcapping=5.0),
+    "Gemma3ForCausalLM": dict(initializer_range=0.1, head_dim=32, sliding_window=6, query_pre_attn_scalar=24,
                               layer_types=["sliding_attention", "full_attention"],
                               rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0,
                                                                       rope_theta=1_000_000.0),
@@ -34,3 +41,23 @@ FAMILIES = {
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def model_dir(request, checkpoint_factory):
     return checkpoint_factory(request.param, seed=6, **FAMILIES[request.param])
+
+
+SCORED = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0)
+
+
+@pytest.mark.parametrize("family", ["Gemma2ForCausalLM", "Gemma3ForCausalLM"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_logprob_bits_alone_equal_batched_and_chunked(checkpoint_factory, family, dtype):
+    model_dir = checkpoint_factory(family, dtype=dtype, seed=6, **FAMILIES[family])
+    prompts = random_prompts(7, seed=5, min_len=3, max_len=60)
+
+    def scored(llm, batch):
+        return [(o.outputs[0].token_ids, [e.logprob for e in o.outputs[0].logprobs]) for o in llm.generate(batch, SCORED)]
+
+    alone_llm = make_llm(model_dir, dtype=dtype, enable_prefix_caching=False)
+    alone = [scored(alone_llm, [p])[0] for p in prompts]
+    assert scored(make_llm(model_dir, dtype=dtype), prompts) == alone
+    chunked = make_llm(model_dir, dtype=dtype, max_num_batched_tokens=9, enable_prefix_caching=False)
+    assert scored(chunked, prompts[::-1])[::-1] == alone
+    assert_kv_clean(chunked)

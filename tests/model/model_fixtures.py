@@ -96,6 +96,15 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                                           "sliding_attention": dict(rope_type="default",
                                                                                     rope_theta=10_000.0)},
                                          tie_word_embeddings=True)),
+    # Gemma 3 with soft-capped logits; Gemma 2 (capped scores and logits, alternating windows from
+    # layer 0, no q/k norms). Caps near the values' size, so that they bend them.
+    "gemma3_capped": ("Gemma3ForCausalLM", dict(head_dim=32, query_pre_attn_scalar=32, sliding_window=4,
+                                                final_logit_softcapping=3.0,
+                                                layer_types=["full_attention", "sliding_attention"],
+                                                tie_word_embeddings=False)),
+    "gemma2": ("Gemma2ForCausalLM", dict(head_dim=32, num_hidden_layers=3, query_pre_attn_scalar=16, sliding_window=5,
+                                         attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                                         tie_word_embeddings=True)),
 }
 
 
@@ -103,6 +112,7 @@ def hf_config(architecture: str, overrides: dict):
     import transformers
 
     config_cls = {
+        "Gemma2ForCausalLM": transformers.Gemma2Config,
         "Gemma3ForCausalLM": transformers.Gemma3TextConfig,
         "GraniteForCausalLM": transformers.GraniteConfig,
         "LlamaForCausalLM": transformers.LlamaConfig,

@@ -1,8 +1,8 @@
-"""Gemma 3 (kvserve.model.gemma): config.json as Google publishes it (the fields transformers'
+"""Gemma 2 and 3 (kvserve.model.gemma): config.json as Google publishes it (the fields transformers'
 config classes supply filled in as transformers fills them), the multimodal checkpoints served as
-their language model under both tensor spellings, and the switches kvserve does not run refused
-by name. The text model's logits and greedy tokens against transformers are in
-test_model_numerics.py / test_generate.py (variant ``gemma3``)."""
+their language model under both tensor spellings, and meaningless values refused by name. The text
+models' logits and greedy tokens against transformers are in test_model_numerics.py /
+test_generate.py (variants ``gemma2``, ``gemma3``, ``gemma3_capped``)."""
 
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ def test_published_configs_read_as_transformers_reads_them(raw):
 
 
 @pytest.mark.parametrize(("field", "value", "words"), [
-    ("attn_logit_softcapping", 50.0, "attn_logit_softcapping=50.0 is not supported for Gemma3ForCausalLM"),
-    ("final_logit_softcapping", 30.0, "final_logit_softcapping=30.0 is not supported"),
+    ("attn_logit_softcapping", 50.0, r"attn_logit_softcapping=50.0 is not supported for Gemma3ForCausalLM \(trans"),
+    ("final_logit_softcapping", "30", "final_logit_softcapping must be a positive number or null"),
     ("use_bidirectional_attention", True, "use_bidirectional_attention"),
     ("query_pre_attn_scalar", 0, "query_pre_attn_scalar must be a positive number"),
 ])
@@ -80,6 +80,36 @@ def test_unsupported_switches_are_refused_by_name(field, value, words):
     arch = ModelArchConfig.from_dict({**GEMMA3_1B, "num_hidden_layers": 2, "vocab_size": 64, field: value})
     with pytest.raises(CheckpointError, match=words), torch.device("meta"):
         Gemma3ForConditionalGeneration(arch, TorchAttentionBackend())
+
+
+# google/gemma-2-2b-it's config.json, less the fields transformers would fill: they are filled as it fills them.
+GEMMA2_2B = dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2", hidden_size=2304, intermediate_size=9216,
+                 num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                 vocab_size=256000, torch_dtype="float32", eos_token_id=[1, 107])
+
+
+def test_gemma2_meaningless_caps_are_refused_by_name():
+    from kvserve.attention.torch_backend import TorchAttentionBackend
+    from kvserve.model.gemma import Gemma2ForCausalLM
+
+    arch = ModelArchConfig.from_dict({**GEMMA2_2B, "num_hidden_layers": 2, "attn_logit_softcapping": -50.0})
+    with pytest.raises(CheckpointError, match="attn_logit_softcapping must be a positive number or null, got -50.0"), \
+            torch.device("meta"):
+        Gemma2ForCausalLM(arch, TorchAttentionBackend())
+
+
+def test_gemma2_fields_transformers_fills_are_filled_alike():
+    import transformers
+
+    ref = transformers.Gemma2Config(**{k: v for k, v in GEMMA2_2B.items() if k not in ("architectures", "model_type")})
+    arch = ModelArchConfig.from_dict(GEMMA2_2B)
+    assert arch.layer_sliding_windows == tuple(ref.sliding_window if t == "sliding_attention" else None
+                                               for t in ref.layer_types)
+    assert arch.layer_sliding_windows[:2] == (4096, None) and arch.local_rope_theta is None
+    assert arch.rope_theta == ref.rope_parameters["rope_theta"] and arch.rope_scaling is None
+    for key in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"):
+        assert arch.raw[key] == getattr(ref, key), key
+    assert ModelArchConfig.from_dict({**GEMMA2_2B, "final_logit_softcapping": None}).raw["final_logit_softcapping"] is None
 
 
 def _multimodal_checkpoint(path):

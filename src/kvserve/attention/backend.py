@@ -79,6 +79,8 @@ class AttentionBackend(ABC):
         *,
         scale: float,
         sliding_window: int | None = None,
+        softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Args:
             query: [T, num_heads, head_dim], the new tokens' queries (rotary already applied).
@@ -88,6 +90,9 @@ class AttentionBackend(ABC):
             metadata: the batch layout.
             scale: softmax scale (usually ``head_dim ** -0.5``).
             sliding_window: attend only to the last ``sliding_window`` positions (Mistral), or all.
+            softcap: > 0 caps the scaled scores at ``softcap * tanh(s / softcap)`` (Gemma 2).
+            sinks: [num_heads] sink logits (GPT-OSS): each head's softmax denominator gains
+                ``exp(sink)``, which attends to no value.
 
         Returns:
             [T, num_heads, head_dim], same dtype as ``query``. Grouped-query attention: query

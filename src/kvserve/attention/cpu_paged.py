@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
-from kvserve.attention.torch_backend import TorchAttentionBackend, _varlen_attention, write_kv_cache
+from kvserve.attention.torch_backend import Softmax, TorchAttentionBackend, _varlen_attention, write_kv_cache
 from kvserve.errors import ConfigError
 from kvserve.kernels import cpu_kernels, cpu_kernels_available
 
@@ -88,10 +88,12 @@ class CpuPagedAttentionBackend(AttentionBackend):
         *,
         scale: float,
         sliding_window: int | None = None,
+        softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if not self.supports(query.shape[1], kv_cache.shape[3], query.shape[2], query.device):
             return self._reference.forward(query, key, value, kv_cache, metadata, scale=scale,
-                                           sliding_window=sliding_window)
+                                           sliding_window=sliding_window, softcap=softcap, sinks=sinks)
         if (kv_cache.dtype == key.dtype == value.dtype and key.stride(-1) == 1 and value.stride(-1) == 1
                 and metadata.slot_mapping.dtype == torch.int64):
             self._ops.write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
@@ -101,9 +103,10 @@ class CpuPagedAttentionBackend(AttentionBackend):
         out = torch.empty_like(query)
         self._ops.paged_attention(
             out, query, kv_cache, metadata.block_tables, metadata.seq_lens_cpu, metadata.query_start_loc_cpu,
-            scale, sliding_window or 0, self.max_kernel_query_len, self.kernel_amx,
+            scale, sliding_window or 0, self.max_kernel_query_len, self.kernel_amx, softcap,
+            None if sinks is None else sinks.float().contiguous(),
         )
         if metadata.max_query_len > self.max_kernel_query_len:  # the rest: per-request SDPA
-            _varlen_attention(query, kv_cache, metadata, scale, sliding_window, out=out,
+            _varlen_attention(query, kv_cache, metadata, scale, sliding_window, Softmax(softcap, sinks), out=out,
                               min_query_len=self.max_kernel_query_len + 1)
         return out

@@ -28,6 +28,8 @@ bfloat16 runs drift from transformers' after a few tokens on near-tied logits.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -59,14 +61,17 @@ class TorchAttentionBackend(AttentionBackend):
         *,
         scale: float,
         sliding_window: int | None = None,
+        softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        extras = Softmax(softcap, sinks)
         if metadata.is_decode_only and self.batch_invariant:
-            out = _grouped_decode_attention(query, kv_cache, metadata, scale, sliding_window)
+            out = _grouped_decode_attention(query, kv_cache, metadata, scale, sliding_window, extras)
         elif metadata.is_decode_only:
-            out = _padded_decode_attention(query, kv_cache, metadata, scale, sliding_window)
+            out = _padded_decode_attention(query, kv_cache, metadata, scale, sliding_window, extras)
         else:
-            out = _varlen_attention(query, kv_cache, metadata, scale, sliding_window)
+            out = _varlen_attention(query, kv_cache, metadata, scale, sliding_window, extras)
         return out
 
 
@@ -110,10 +115,37 @@ def _gather_padded_contexts(kv_cache: torch.Tensor, metadata: AttentionMetadata,
     return keys.transpose(1, 2), values.transpose(1, 2)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool):
+class Softmax(NamedTuple):
+    """The softmax variants of a layer: scores capped at ``softcap * tanh(s / softcap)`` (> 0;
+    Gemma 2) and per-query-head sink logits (float32 [H]; GPT-OSS) in each row's denominator."""
+
+    softcap: float = 0.0
+    sinks: torch.Tensor | None = None
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool,
+            extras: Softmax = Softmax()):
     """q [B, H, Lq, D], k/v [B, H_kv, Lk, D] -> [B, H, Lq, D] in q's dtype; mask broadcastable to
-    [B, H, Lq, Lk] (True = attend). 4-D inputs select the same fused kernels transformers uses."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
+    [B, H, Lq, Lk] (True = attend). 4-D inputs select the same fused kernels transformers uses;
+    with soft-capping or sinks, which SDPA lacks, the eager product transformers runs for them,
+    in float32."""
+    if not extras.softcap and extras.sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.float().repeat_interleave(group, dim=1), v.float().repeat_interleave(group, dim=1)
+    scores = torch.matmul(q.float(), k.transpose(-1, -2)) * scale
+    if extras.softcap:
+        scores = torch.tanh(scores / extras.softcap) * extras.softcap
+    if causal:  # q_len == k_len here
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if extras.sinks is not None:
+        sinks = extras.sinks.to(scores.device, torch.float32).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v).to(q.dtype)
 
 
 def _grouped_decode_attention(
@@ -122,6 +154,7 @@ def _grouped_decode_attention(
     metadata: AttentionMetadata,
     scale: float,
     sliding_window: int | None,
+    extras: Softmax = Softmax(),
 ) -> torch.Tensor:
     """One query per request: query [B, H, D] -> [B, H, D]; one SDPA call per distinct seq_len.
 
@@ -141,7 +174,8 @@ def _grouped_decode_attention(
         if sliding_window is not None and sliding_window < seq_len:
             mask = (torch.arange(seq_len, device=query.device) > seq_len - 1 - sliding_window).view(1, 1, 1, -1)
         out[index] = _attend(
-            queries[index], keys[index, :, :seq_len], values[index, :, :seq_len], mask, scale, causal=False
+            queries[index], keys[index, :, :seq_len], values[index, :, :seq_len], mask, scale, causal=False,
+            extras=extras,
         )
     return out[:, :, 0, :]
 
@@ -152,6 +186,7 @@ def _padded_decode_attention(
     metadata: AttentionMetadata,
     scale: float,
     sliding_window: int | None,
+    extras: Softmax = Softmax(),
 ) -> torch.Tensor:
     """One query per request: query [B, H, D] -> [B, H, D]; contexts padded to max_seq_len."""
     keys, values = _gather_padded_contexts(kv_cache, metadata, query.dtype)  # [B, H_kv, max_len, D]
@@ -167,6 +202,7 @@ def _padded_decode_attention(
         mask[:, None, None, :],
         scale,
         causal=False,
+        extras=extras,
     )
     return out[:, :, 0, :]
 
@@ -177,6 +213,7 @@ def _varlen_attention(
     metadata: AttentionMetadata,
     scale: float,
     sliding_window: int | None,
+    extras: Softmax = Softmax(),
     out: torch.Tensor | None = None,
     min_query_len: int = 1,
 ) -> torch.Tensor:
@@ -204,6 +241,7 @@ def _varlen_attention(
             mask,
             scale,
             causal=mask is None,
+            extras=extras,
         )[0].transpose(0, 1)
     return out
 

@@ -26,7 +26,7 @@ import torch
 
 from kvserve.kernels import build
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 PACKAGED = Path(__file__).parent / "lib"
 
 # torch dtype -> the kernels' code (csrc/abi.h: DType).
@@ -47,7 +47,8 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "kvserve_set_pool_spin_us": (None, [_I64]),
     "kvserve_pool_spin_us": (_I64, []),
     "kvserve_pool_self_check": (_INT, [_I64, _I64, _I64, _I64, _P]),
-    "kvserve_paged_attention": (_INT, [_P, _P, _I32, _P, _I32, _P, _P, _P] + [_I64] * 8 + [_F64, _I64, _I64, _I64]),
+    "kvserve_paged_attention": (_INT, [_P, _P, _I32, _P, _I32, _P, _P, _P] + [_I64] * 8 + [_F64, _I64, _I64, _I64, _F64,
+                                                                                        _P]),
     "kvserve_write_kv_cache": (_INT, [_P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _P, _I64, _P]),
     "kvserve_argmax_rows": (_INT, [_I32, _P, _I64, _I64, _P]),
     "kvserve_sample_rows": (_INT, [_I32, _P, _I64, _I64, _P, _I64, _P, _P, _P]),

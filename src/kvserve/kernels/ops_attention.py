@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvserve.kernels.tensors import code, ptr, require
+from kvserve.kernels.tensors import code, optional_ptr, ptr, require
 
 _QUERY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _ONE_BYTE = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -15,11 +15,13 @@ class AttentionOps:
 
     def paged_attention(self, out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                        scale: float, window: int, max_q_len: int, amx: int = -1) -> None:
+                        scale: float, window: int, max_q_len: int, amx: int = -1, softcap: float = 0.0,
+                        sinks: torch.Tensor | None = None) -> None:
         """out/query [T, H, D] (float32, bfloat16 or float16); kv_cache [2, num_blocks, block_size,
         H_kv, D] in query's dtype, or int8/fp8 [..., D + 4]; block_tables int32 [B, W]; seq_lens
         int32 [B]; query_start_loc int32 [B + 1]. Writes the rows of requests with 1 <= q_len <=
-        max_q_len. amx: -1 where this host has tiles, 0 never, 1 required."""
+        max_q_len. amx: -1 where this host has tiles, 0 never, 1 required. softcap > 0 caps the
+        scaled scores at ``softcap * tanh(s / softcap)``; sinks: float32 [H] sink logits."""
         require(query.dim() == 3 and kv_cache.dim() == 5, "paged_attention: query [T, H, D] and kv_cache "
                 "[2, num_blocks, block_size, H_kv, D]")
         require(query.is_contiguous() and out.is_contiguous() and kv_cache.is_contiguous()
@@ -34,6 +36,9 @@ class AttentionOps:
         require(row == (dim + 4 if one_byte else dim) and out.shape == query.shape, "paged_attention: cache rows do not match the query")
         require(block_tables.dim() == 2 and block_tables.shape[0] >= seq_lens.shape[0],
                 f"paged_attention: block_tables [{', '.join(map(str, block_tables.shape))}] for {seq_lens.shape[0]} requests")
+        require(softcap >= 0, "paged_attention: softcap must be >= 0")
+        require(sinks is None or (sinks.dtype == torch.float32 and sinks.shape == (heads,) and sinks.is_contiguous()),
+                f"paged_attention: sinks must be a contiguous float32 [{heads}]")
         seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
         require(seq_lens.dim() == 1 and query_start_loc.numel() == seq_lens.numel() + 1,
                 "paged_attention: query_start_loc needs B + 1 entries")
@@ -41,7 +46,7 @@ class AttentionOps:
                        code(kv_cache.dtype), ptr(block_tables), ptr(seq_lens), ptr(query_start_loc), query.shape[0],
                        heads, dim,
                        kv_heads, block_size, blocks, seq_lens.numel(), block_tables.shape[1], scale, window,
-                       max_q_len, amx)
+                       max_q_len, amx, float(softcap), optional_ptr(sinks))
 
     def write_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                        slot_mapping: torch.Tensor) -> None:

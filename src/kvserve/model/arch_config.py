@@ -227,22 +227,26 @@ def text_model_fields(raw: dict[str, Any]) -> dict[str, Any]:
 
 # Fields some families leave out of config.json because transformers' config class supplies them
 # (Gemma 3's multimodal checkpoints carry a text_config of six fields): its defaults, as
-# transformers 5 defines them. Gemma 2 alternates sliding and full layers from layer 0, Gemma 3
-# has five sliding layers before each full one (``sliding_window_pattern``).
-_GEMMA3_TEXT_DEFAULTS = dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-                             num_attention_heads=8, num_key_value_heads=4, head_dim=256,
-                             hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131_072,
-                             rms_norm_eps=1e-6, tie_word_embeddings=True, query_pre_attn_scalar=256,
-                             sliding_window=4096, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)
+# transformers 5 defines them, for the fields a file does not have (a field written as null stays
+# null: no soft-capping). Gemma 2 alternates sliding and full layers from layer 0, Gemma 3 has
+# five sliding layers before each full one (``sliding_window_pattern``).
+_GEMMA_DEFAULTS = dict(vocab_size=256_000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                       num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                       hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, tie_word_embeddings=True,
+                       query_pre_attn_scalar=256, sliding_window=4096)
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma2": {**_GEMMA_DEFAULTS, "max_position_embeddings": 8192, "final_logit_softcapping": 30.0,
+               "attn_logit_softcapping": 50.0},
+    "gemma3_text": {**_GEMMA_DEFAULTS, "vocab_size": 262_208, "max_position_embeddings": 131_072,
+                    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0},
+}
 
 
 def with_family_defaults(raw: dict[str, Any]) -> dict[str, Any]:
     """``raw`` with the defaults of its ``model_type`` (above) under its own fields, and the
     per-layer attention types of Gemma 2/3 when config.json does not list them."""
     model_type = raw.get("model_type")
-    if model_type == "gemma3_text":
-        raw = {**_GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in raw.items() if v is not None or k not in
-                                          _GEMMA3_TEXT_DEFAULTS}}
+    raw = {**_FAMILY_DEFAULTS.get(model_type, {}), **raw}
     pattern = {"gemma2": 2, "gemma3_text": int(raw.get("sliding_window_pattern") or 6)}.get(model_type)
     if pattern and not raw.get("layer_types") and raw.get("num_hidden_layers"):
         raw = {**raw, "layer_types": ["sliding_attention" if (i + 1) % pattern else "full_attention"

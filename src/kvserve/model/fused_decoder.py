@@ -110,6 +110,7 @@ def _layer_spec(layer: nn.Module, first: LlamaAttention, eps: float, dtype: torc
     if (type(layer) is not LlamaDecoderLayer or type(attn) is not LlamaAttention
             or not (moe is not None or (type(mlp) is LlamaMLP and type(mlp.act_fn) is SiluAndMul))
             or layer.residual_multiplier != 1.0 or not attn.use_rope or attn.full_qk_norm
+            or attn.softcap or attn.sinks is not None
             or attn.backend is not first.backend
             or (attn.num_heads, attn.num_kv_heads, attn.head_dim) != (first.num_heads, first.num_kv_heads, first.head_dim)):
         return None

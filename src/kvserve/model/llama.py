@@ -34,6 +34,9 @@ class AttentionOptions:
         scale: the softmax scale (None: head_dim ** -0.5; Granite's ``attention_multiplier``).
         no_rope_layers: layers whose queries and keys are not rotated (SmolLM3's NoPE layers).
         norm_class: the q/k norms' class (Gemma's ``(1 + w)`` norm).
+        softcap: > 0 caps the scaled scores at ``softcap * tanh(s / softcap)`` (Gemma 2's
+            ``attn_logit_softcapping``).
+        sinks: a learned sink logit per query head (``self_attn.sinks``; GPT-OSS).
     """
 
     qkv_bias: bool
@@ -42,6 +45,8 @@ class AttentionOptions:
     scale: float | None = None
     no_rope_layers: frozenset[int] = frozenset()
     norm_class: type[nn.Module] = RMSNorm
+    softcap: float = 0.0
+    sinks: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,8 @@ class LlamaAttention(nn.Module):
             bias=options.qkv_bias,
         )
         self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=options.o_bias)
+        self.softcap = options.softcap
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if options.sinks else None
         self.full_qk_norm = options.qk_norm == "full"
         if options.qk_norm:
             q_width, k_width = (self.q_size, self.kv_size) if self.full_qk_norm else (self.head_dim, self.head_dim)
@@ -117,9 +124,8 @@ class LlamaAttention(nn.Module):
         if self.use_rope:
             q = RotaryEmbedding.apply(q, cos, sin)
             k = RotaryEmbedding.apply(k, cos, sin)
-        out = self.backend.forward(
-            q, k, v, kv_cache, attn_metadata, scale=self.scale, sliding_window=self.sliding_window
-        )
+        out = self.backend.forward(q, k, v, kv_cache, attn_metadata, scale=self.scale,
+                                   sliding_window=self.sliding_window, softcap=self.softcap, sinks=self.sinks)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

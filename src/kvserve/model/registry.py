@@ -16,13 +16,14 @@ from kvserve.model.dense_families import (
     Phi3ForCausalLM,
     SmolLM3ForCausalLM,
 )
-from kvserve.model.gemma import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+from kvserve.model.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from kvserve.model.llama import LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM
 from kvserve.model.qwen2 import Qwen2ForCausalLM
 from kvserve.model.qwen3 import Qwen3ForCausalLM
 from kvserve.model.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "GraniteForCausalLM": GraniteForCausalLM,

@@ -31,6 +31,7 @@ from kvserve.testing.tokenizer_kinds import (
 )
 
 ARCHITECTURES: dict[str, str] = {
+    "Gemma2ForCausalLM": "Gemma2Config",
     "Gemma3ForCausalLM": "Gemma3TextConfig",
     "GraniteForCausalLM": "GraniteConfig",
     "LlamaForCausalLM": "LlamaConfig",

@@ -13,12 +13,14 @@ namespace kvserve {
 // paged_attention.cpp. out/query [T, H, D] (dtype), kv_cache [2, num_blocks, block_size, H_kv,
 // row] (cache_dtype; row = D, or D + 4 for one-byte caches), block_tables int32 [B, W], seq_lens
 // int32 [B], query_start_loc int32 [B + 1]. amx: -1 where this host has tiles, 0 never, 1 required.
+// softcap > 0: scores capped at softcap * tanh(s / softcap); sinks: float32 [H] sink logits or null.
 struct AttentionShape {
   int64_t num_tokens, num_heads, head_dim, num_kv_heads, block_size, num_blocks, num_seqs, table_width;
 };
 void paged_attention(void* out, const void* query, DType dtype, const void* kv_cache, DType cache_dtype,
                      const int32_t* block_tables, const int32_t* seq_lens, const int32_t* query_start_loc,
-                     const AttentionShape& shape, double scale, int64_t window, int64_t max_q_len, int64_t amx);
+                     const AttentionShape& shape, double scale, int64_t window, int64_t max_q_len, int64_t amx,
+                     double softcap = 0.0, const float* sinks = nullptr);
 // key/value [T, H_kv, D] with strides (token, head) and unit stride in D, stored at slot_mapping
 // int64 [T] of kv_cache [2, num_slots, H_kv, D] (element_size bytes per value).
 void write_kv_cache(const void* key, int64_t key_token_stride, int64_t key_head_stride, const void* value,

@@ -12,6 +12,10 @@
 //                               l  = l * a + sum exp(s - m');  acc = acc * a + sum exp(s - m') V[c]
 //     out = acc / l
 //
+// Two variants of the softmax, per layer: soft-capped scores (Gemma 2: s = cap * tanh(s / cap),
+// after the scale) and attention sinks (GPT-OSS: one learned logit per query head that joins
+// every row's softmax denominator and contributes no value: m starts at the sink, l at 1).
+//
 // Three implementations of the same loop:
 // - attend_tile_amx (bfloat16, head_dim % 32 == 0, CPUs with AMX-BF16 tiles where the process may
 //   use them; KVSERVE_AMX=0: never): q.K and P.V on tiles with K and V read in place, every query
@@ -230,7 +234,28 @@ struct Shape {
   float scale;
   int64_t row;  // cache elements per (token, KV head) row: head_dim, or head_dim + 4 (int8 + scale)
   bool amx;     // bfloat16 q and cache, head_dim % 32 == 0, on AMX tiles (attend_tile_amx)
+  float softcap;       // > 0: scores soft-capped at softcap * tanh(s / softcap)
+  const float* sinks;  // [num_heads] float32 sink logits, or nullptr
 };
+
+// A row's softmax state before its first chunk: (m, l) = (-inf, 0), or (sink, 1) for a query
+// head with a sink (exp(sink - m) = 1 counted in l, no value in acc).
+inline void start_row(const Shape& sh, int64_t head, float& m, float& l) {
+  if (sh.sinks != nullptr) {
+    m = sh.sinks[head];
+    l = 1.f;
+  } else {
+    m = -std::numeric_limits<float>::infinity();
+    l = 0.f;
+  }
+}
+
+// Soft-capping of n scaled scores in place (every path the same formula).
+inline void soft_cap(float* s, int64_t n, float cap) {
+  if (cap <= 0.f) return;
+  const float inv = 1.f / cap;
+  for (int64_t t = 0; t < n; ++t) s[t] = cap * std::tanh(s[t] * inv);
+}
 
 // Software prefetch into L2 of the K and V rows of KV heads [head, head + heads) at positions
 // [from, to) of a request. A block's rows are contiguous but blocks are scattered, each one a new
@@ -343,8 +368,7 @@ void attend_one(const Task& task, int64_t kv_head, const scalar_t* query, scalar
   for (int64_t h = 0; h < sh.group; ++h) {
     to_float(query + (task.row * sh.num_heads + first_head + h) * dim, q[h], dim);
     for (int64_t d = 0; d < dim; ++d) { q[h][d] *= sh.scale; acc[h][d] = 0.f; }
-    m[h] = -std::numeric_limits<float>::infinity();
-    l[h] = 0.f;
+    start_row(sh, first_head + h, m[h], l[h]);
   }
   const int64_t lo = sh.window > 0 ? std::max<int64_t>(0, task.position - sh.window + 1) : 0;
   const int64_t hi = task.position + 1;  // exclusive
@@ -354,6 +378,7 @@ void attend_one(const Task& task, int64_t kv_head, const scalar_t* query, scalar
     const int64_t start = std::max(lo, c * kChunk), end = std::min(hi, (c + 1) * kChunk), n = end - start;
     score_chunk(q, s, key_cache, block_table, kv_head, start, end, sh);
     for (int64_t h = 0; h < sh.group; ++h) {
+      soft_cap(s[h], n, sh.softcap);
       float chunk_max = s[h][0];
       for (int64_t t = 1; t < n; ++t) chunk_max = std::max(chunk_max, s[h][t]);
       const float new_max = std::max(m[h], chunk_max);
@@ -612,8 +637,7 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const kvserve::BFloat16
     hi[i] = position + 1;  // exclusive
   }
   for (int64_t r = 0; r < R * G; ++r) {
-    m[r] = -std::numeric_limits<float>::infinity();
-    l[r] = 0.f;
+    start_row(sh, kv_head * G + r % G, m[r], l[r]);
     for (int64_t d = 0; d < D; ++d) acc[r][d] = 0.f;
   }
   const __m512 scale = _mm512_set1_ps(sh.scale);
@@ -681,6 +705,7 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const kvserve::BFloat16
         // Online softmax over this chunk's valid scores; probabilities outside [a, b) set to 0.
         float* row = s[r] + (a - cs);
         const int64_t n = b - a;
+        soft_cap(row, n, sh.softcap);
         // The maximum 16 lanes at a time (exact, so the same value as a scalar scan).
         __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
         for (int64_t t = 0; t < n; t += 16) {
@@ -882,7 +907,7 @@ inline void amx_pv(const uint32_t (*pe)[kChunkBf16], const uint32_t (*po)[kChunk
 // [a, b)). Lane j of every vector holds the positions = j mod 16 and the groups are visited in
 // order, so the sums run in one fixed order for a given (a, b). Returns alpha = exp(m - m').
 inline float amx_softmax(const float* s, int64_t cs, int64_t a, int64_t b, int64_t g0, int64_t g1, float scale,
-                         float& m, float& l, uint32_t* pe, uint32_t* po) {
+                         float softcap, float& m, float& l, uint32_t* pe, uint32_t* po) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i va = _mm512_set1_epi32(static_cast<int32_t>(a)), vb = _mm512_set1_epi32(static_cast<int32_t>(b));
   const __m512 vscale = _mm512_set1_ps(scale);
@@ -893,6 +918,12 @@ inline float amx_softmax(const float* s, int64_t cs, int64_t a, int64_t b, int64
     const __m512i t = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(cs + 16 * g)), lane);
     mask[g] = _mm512_cmpge_epi32_mask(t, va) & _mm512_cmplt_epi32_mask(t, vb);
     v[g] = _mm512_mul_ps(_mm512_load_ps(s + 16 * g), vscale);
+    if (softcap > 0.f) {
+      alignas(64) float capped[16];
+      _mm512_store_ps(capped, v[g]);
+      soft_cap(capped, 16, softcap);
+      v[g] = _mm512_load_ps(capped);
+    }
     vmax = _mm512_mask_max_ps(vmax, mask[g], vmax, v[g]);
   }
   const float new_max = std::max(m, _mm512_reduce_max_ps(vmax));
@@ -961,8 +992,7 @@ void attend_tile_amx(const Tile& tile, int64_t kv_head, int64_t heads, const kvs
         reinterpret_cast<const uint32_t*>(query + ((tile.row0 + i) * sh.num_heads + (kv_head + j) * G + h) * D);
     uint32_t* dst = qt + (r / 16) * (D / 2) * 16 + r % 16;
     for (int64_t p = 0; p < D / 2; ++p) dst[16 * p] = q[p];
-    m[r] = -std::numeric_limits<float>::infinity();
-    l[r] = 0.f;
+    start_row(sh, (kv_head + j) * G + h, m[r], l[r]);
     for (int64_t d = 0; d < D; ++d) acc[r][d] = 0.f;
   }
   for (int64_t c = lo[0] / C; c * C < hi[R - 1]; ++c) {
@@ -1002,7 +1032,7 @@ void attend_tile_amx(const Tile& tile, int64_t kv_head, int64_t heads, const kvs
       if (local >= M) continue;
       const int64_t i = local / G, a = std::max(lo[i], cs), b = std::min(hi[i], cs + C);
       valid[r] = a < b;
-      if (valid[r]) alpha[r] = amx_softmax(s[r], cs, a, b, g0, g1, sh.scale, m[r], l[r], pe[r], po[r]);
+      if (valid[r]) alpha[r] = amx_softmax(s[r], cs, a, b, g0, g1, sh.scale, sh.softcap, m[r], l[r], pe[r], po[r]);
       else for (int64_t g = g0; g < g1; ++g) {
         _mm512_store_si512(pe[r] + 16 * g, _mm512_setzero_si512());
         _mm512_store_si512(po[r] + 16 * g, _mm512_setzero_si512());
@@ -1191,7 +1221,8 @@ namespace kvserve {
 // 1 <= q_len <= max_q_len; other rows are left untouched.
 void paged_attention(void* out, const void* query, DType dtype, const void* kv_cache, DType cache_dtype,
                      const int32_t* block_tables, const int32_t* seq_lens, const int32_t* query_start_loc,
-                     const AttentionShape& s, double scale, int64_t window, int64_t max_q_len, int64_t amx) {
+                     const AttentionShape& s, double scale, int64_t window, int64_t max_q_len, int64_t amx,
+                     double softcap, const float* sinks) {
   const bool one_byte = cache_dtype == kInt8 || cache_dtype == kFp8E4M3 || cache_dtype == kFp8E5M2;
   check(one_byte || cache_dtype == dtype, "paged_attention: the cache holds another dtype than the query");
   const int64_t group = s.num_heads / s.num_kv_heads;
@@ -1205,8 +1236,9 @@ void paged_attention(void* out, const void* query, DType dtype, const void* kv_c
 #if !defined(__AVX512BF16__)
   use_amx = false;  // built without AVX512-BF16: the AMX path is not compiled
 #endif
+  check(softcap >= 0.0, "paged_attention: softcap must be >= 0");
   const Shape shape{s.num_heads, group, s.head_dim, s.block_size, s.num_kv_heads, window, static_cast<float>(scale),
-                    row, use_amx};
+                    row, use_amx, static_cast<float>(softcap), sinks};
   const std::vector<Tile> tiles = make_tiles(query_start_loc, seq_lens, s.num_seqs, s.num_tokens, max_q_len);
   check_block_tables(tiles, block_tables, seq_lens, s.table_width, s.block_size, s.num_blocks);
   const int64_t half = s.num_blocks * s.block_size * s.num_kv_heads * row;  // K to V, in cache elements
@@ -1262,13 +1294,13 @@ KVSERVE_EXPORT int kvserve_paged_attention(void* out, const void* query, int32_t
                                            int64_t head_dim,
                                            int64_t num_kv_heads, int64_t block_size, int64_t num_blocks,
                                            int64_t num_seqs, int64_t table_width, double scale, int64_t window,
-                                           int64_t max_q_len, int64_t amx) {
+                                           int64_t max_q_len, int64_t amx, double softcap, const float* sinks) {
   return kvserve::guarded([&] {
     const kvserve::AttentionShape shape{num_tokens, num_heads, head_dim, num_kv_heads, block_size, num_blocks, num_seqs,
                                         table_width};
     kvserve::paged_attention(out, query, static_cast<kvserve::DType>(dtype), kv_cache,
                              static_cast<kvserve::DType>(cache_dtype), block_tables, seq_lens, query_start_loc, shape,
-                             scale, window, max_q_len, amx);
+                             scale, window, max_q_len, amx, softcap, sinks);
   });
 }
 
