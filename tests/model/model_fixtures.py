@@ -102,6 +102,18 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                                 final_logit_softcapping=3.0,
                                                 layer_types=["full_attention", "sliding_attention"],
                                                 tie_word_embeddings=False)),
+    # YaRN (Qwen3's long-context setting): a ramp between the interpolated and extrapolated frequencies.
+    "qwen3_yarn": ("Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True, max_position_embeddings=512,
+                                            rope_parameters=dict(rope_type="yarn", factor=4.0, rope_theta=10000.0,
+                                                                 original_max_position_embeddings=128))),
+    # GPT-OSS: top 2 of 4 (top-k logits, then a softmax), sinks, windows of 5 on layers 0 and 2, YaRN,
+    # a clamp low enough to bite (the gate and up values of random weights reach a few units).
+    "gpt_oss": ("GptOssForCausalLM", dict(head_dim=32, num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2,
+                                          intermediate_size=48, sliding_window=5, swiglu_limit=1.5,
+                                          rope_parameters=dict(rope_type="yarn", factor=8.0, rope_theta=150000.0,
+                                                               beta_fast=32.0, beta_slow=1.0, truncate=False,
+                                                               original_max_position_embeddings=64),
+                                          tie_word_embeddings=False)),
     "gemma2": ("Gemma2ForCausalLM", dict(head_dim=32, num_hidden_layers=3, query_pre_attn_scalar=16, sliding_window=5,
                                          attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
                                          tie_word_embeddings=True)),
@@ -114,6 +126,7 @@ def hf_config(architecture: str, overrides: dict):
     config_cls = {
         "Gemma2ForCausalLM": transformers.Gemma2Config,
         "Gemma3ForCausalLM": transformers.Gemma3TextConfig,
+        "GptOssForCausalLM": transformers.GptOssConfig,
         "GraniteForCausalLM": transformers.GraniteConfig,
         "LlamaForCausalLM": transformers.LlamaConfig,
         "Olmo2ForCausalLM": transformers.Olmo2Config,
@@ -141,6 +154,8 @@ def build_hf_model(architecture: str, overrides: dict, seed: int = 0):
                 param.normal_(1.0, 0.2)
             elif name.endswith("bias"):
                 param.normal_(0.0, 0.2)
+            elif name.endswith("sinks"):  # GPT-OSS: sinks of the scores' size take a share of every row
+                param.normal_(0.0, 1.0)
     return model.eval()
 
 

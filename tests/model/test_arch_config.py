@@ -47,7 +47,10 @@ def test_transformers5_rope_parameters():
 
 
 def test_unsupported_rope_type_lists_supported():
-    with pytest.raises(CheckpointError, match="'yarn' is not supported; supported: default, linear, llama3"):
+    with pytest.raises(CheckpointError, match="'dynamic' is not supported; supported: default, linear, llama3, "
+                                              "longrope, yarn"):
+        ModelArchConfig.from_dict(dict(LLAMA, rope_scaling=dict(rope_type="dynamic", factor=4.0)))
+    with pytest.raises(CheckpointError, match="rope type 'yarn' lacks original_max_position_embeddings"):
         ModelArchConfig.from_dict(dict(LLAMA, rope_scaling=dict(rope_type="yarn", factor=4.0)))
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from kvserve.errors import CheckpointError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gated MLP's: SwiGLU, GeGLU (tanh approximation)
 _DEFAULT_ROPE_THETA = 10000.0
 
@@ -29,11 +29,14 @@ class RopeScaling:
             (Meta's Llama 3.1 piecewise low/high-frequency scaling) or ``longrope`` (Ding et al.
             2024, "LongRoPE"; Phi-3/Phi-4: per-frequency ``short_factor`` below
             ``original_max_position_embeddings``, ``long_factor`` from there, cos and sin times
-            ``attention_factor``).
-        factor: scaling factor (linear, llama3; longrope: max / original positions).
+            ``attention_factor``) or ``yarn`` (Peng et al. 2023, "YaRN"; GPT-OSS, DeepSeek-V3, Qwen
+            long context: the frequencies blended between interpolated and extrapolated along a ramp
+            from ``beta_fast`` to ``beta_slow`` rotations, cos and sin times ``attention_factor``).
+        factor: scaling factor (linear, llama3, yarn; longrope: max / original positions).
         low_freq_factor, high_freq_factor: llama3 only.
-        original_max_position_embeddings: llama3, longrope.
-        short_factor, long_factor, attention_factor: longrope only.
+        original_max_position_embeddings: llama3, longrope, yarn.
+        short_factor, long_factor: longrope only; attention_factor: longrope, yarn.
+        beta_fast, beta_slow, truncate: yarn only (``truncate``: the ramp's ends rounded outwards).
     """
 
     rope_type: str
@@ -44,6 +47,9 @@ class RopeScaling:
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,11 @@ class MoeConfig:
             (``decoder_sparse_step`` and ``mlp_only_layers``, as transformers builds them).
         routing_weights_float32: the routing weights multiply the experts' outputs in float32
             (Mixtral) rather than rounded to the model dtype first (Qwen2/Qwen3-MoE).
+        routing: ``softmax_topk`` (softmax over the experts, then the top k) or ``topk_softmax``
+            (the top k logits, then a softmax over them: GPT-OSS).
+        router_bias, expert_bias: biases on the router and on each expert's two projections (GPT-OSS).
+        activation: the experts' gate: ``silu`` (SwiGLU) or ``swiglu_clamped`` (GPT-OSS: gate
+            clamped above at ``swiglu_limit``, up to +-limit, ``(up + 1) * gate * sigmoid(alpha * gate)``).
     """
 
     num_experts: int
@@ -71,6 +82,12 @@ class MoeConfig:
     shared_expert_intermediate_size: int
     sparse_layers: tuple[int, ...]
     routing_weights_float32: bool
+    routing: str = "softmax_topk"
+    router_bias: bool = False
+    expert_bias: bool = False
+    activation: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
 
 @dataclass(frozen=True)
@@ -288,6 +305,8 @@ def _parse_rope(raw: dict[str, Any], source: str) -> tuple[float, RopeScaling | 
         return theta, None
     if rope_type == "longrope":
         return theta, _parse_longrope(raw, params, source)
+    if rope_type == "yarn":
+        return theta, _parse_yarn(raw, params, source)
     if "factor" not in params:
         raise CheckpointError(f"{source}: rope type {rope_type!r} needs a 'factor'")
     if rope_type == "linear":
@@ -321,6 +340,7 @@ def _parse_moe(raw: dict[str, Any], architecture: str, num_layers: int, source: 
             switch kvserve does not implement (named).
     """
     mixtral = architecture == "MixtralForCausalLM"
+    gpt_oss = architecture == "GptOssForCausalLM"
     experts = raw.get("num_experts") or raw.get("num_local_experts")  # transformers 5 writes the latter
     if not experts:
         return None
@@ -336,16 +356,25 @@ def _parse_moe(raw: dict[str, Any], architecture: str, num_layers: int, source: 
     top_k = int(raw.get("num_experts_per_tok") or 0)
     if not 1 <= top_k <= int(experts):
         raise CheckpointError(f"{source}: num_experts_per_tok ({top_k}) must be in [1, {experts}]")
-    width = raw.get("intermediate_size" if mixtral else "moe_intermediate_size")
+    width_key = "intermediate_size" if mixtral or gpt_oss else "moe_intermediate_size"
+    width = raw.get(width_key)
     if not width:
-        raise CheckpointError(f"{source} lacks the expert width {'intermediate_size' if mixtral else 'moe_intermediate_size'!r}")
+        raise CheckpointError(f"{source} lacks the expert width {width_key!r}")
     step = int(raw.get("decoder_sparse_step") or 1)
     dense = set(raw.get("mlp_only_layers") or ())
     sparse = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
-    return MoeConfig(num_experts=int(experts), top_k=top_k, intermediate_size=int(width),
-                     norm_topk_prob=mixtral or bool(raw.get("norm_topk_prob", False)),
-                     shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
-                     sparse_layers=sparse, routing_weights_float32=mixtral)
+    common = dict(num_experts=int(experts), top_k=top_k, intermediate_size=int(width), sparse_layers=sparse,
+                  shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0))
+    if gpt_oss:
+        limit, alpha = raw.get("swiglu_limit", 7.0), raw.get("swiglu_alpha", 1.702)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in (limit, alpha)):
+            raise CheckpointError(f"{source}: swiglu_limit and swiglu_alpha must be positive numbers, got "
+                                  f"{limit!r} and {alpha!r}")
+        return MoeConfig(**common, norm_topk_prob=False, routing_weights_float32=False, routing="topk_softmax",
+                         router_bias=True, expert_bias=True, activation="swiglu_clamped", swiglu_alpha=float(alpha),
+                         swiglu_limit=float(limit))
+    return MoeConfig(**common, norm_topk_prob=mixtral or bool(raw.get("norm_topk_prob", False)),
+                     routing_weights_float32=mixtral)
 
 
 def _parse_longrope(raw: dict[str, Any], params: dict[str, Any], source: str) -> RopeScaling:
@@ -363,6 +392,28 @@ def _parse_longrope(raw: dict[str, Any], params: dict[str, Any], source: str) ->
     return RopeScaling("longrope", factor, original_max_position_embeddings=int(original),
                        short_factor=tuple(float(v) for v in params["short_factor"]),
                        long_factor=tuple(float(v) for v in params["long_factor"]), attention_factor=float(attention))
+
+
+def _parse_yarn(raw: dict[str, Any], params: dict[str, Any], source: str) -> RopeScaling:
+    """YaRN as transformers reads it: the factor defaults to max / original positions; the
+    attention factor, where not given, is ``0.1 * ln(factor) + 1`` (1 when factor <= 1), or the
+    ratio of that with ``mscale`` and with ``mscale_all_dim`` where both are set (DeepSeek)."""
+    original = params.get("original_max_position_embeddings")
+    if original is None:
+        raise CheckpointError(f"{source}: rope type 'yarn' lacks original_max_position_embeddings")
+    factor = params.get("factor")
+    factor = float(raw.get("max_position_embeddings", original) / original if factor is None else factor)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = params.get("attention_factor")
+    if attention is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return RopeScaling("yarn", factor, original_max_position_embeddings=int(original),
+                       attention_factor=float(attention), beta_fast=float(params.get("beta_fast") or 32),
+                       beta_slow=float(params.get("beta_slow") or 1), truncate=bool(params.get("truncate", True)))
 
 
 def _parse_sliding_window(raw: dict[str, Any]) -> int | None:

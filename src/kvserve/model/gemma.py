@@ -28,23 +28,8 @@ from torch import nn
 
 from kvserve.errors import CheckpointError
 from kvserve.model.arch_config import ModelArchConfig
-from kvserve.model.layers import RotaryEmbedding
+from kvserve.model.layers import GemmaRMSNorm, RotaryEmbedding
 from kvserve.model.llama import AttentionOptions, LlamaAttention, LlamaForCausalLM, LlamaModel, ModelOptions
-
-
-class GemmaRMSNorm(nn.Module):
-    """``y = (x / sqrt(mean(x^2) + eps)) * (1 + weight)`` in float32, then cast to x's dtype
-    (transformers' ``Gemma3RMSNorm``; Llama's casts before the weight multiply)."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(hidden_size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -60,10 +45,10 @@ class GemmaDecoderLayer(nn.Module):
         self.mlp = mlp
         self.local_rope = arch.layer_sliding_windows[layer_idx] is not None
         eps = arch.rms_norm_eps
-        self.input_layernorm = GemmaRMSNorm(arch.hidden_size, eps)
-        self.post_attention_layernorm = GemmaRMSNorm(arch.hidden_size, eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(arch.hidden_size, eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(arch.hidden_size, eps)
+        self.input_layernorm = options.norm_class(arch.hidden_size, eps)
+        self.post_attention_layernorm = options.norm_class(arch.hidden_size, eps)
+        self.pre_feedforward_layernorm = options.norm_class(arch.hidden_size, eps)
+        self.post_feedforward_layernorm = options.norm_class(arch.hidden_size, eps)
 
     def forward(self, hidden, residual, cos, sin, kv_cache, attn_metadata):
         attn = self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, attn_metadata)
@@ -72,13 +57,12 @@ class GemmaDecoderLayer(nn.Module):
 
 
 class GemmaModel(LlamaModel):
-    """``LlamaModel`` with Gemma's embedding scale, final norm and the sliding layers' own rotary
+    """``LlamaModel`` with Gemma's embedding scale and the sliding layers' own rotary
     embedding (``local_rotary_emb``; None when they share the full layers')."""
 
     def __init__(self, arch: ModelArchConfig, backend, options: AttentionOptions, build_mlp, layer_class,
                  model_options: ModelOptions = ModelOptions()):
         super().__init__(arch, backend, options, build_mlp, layer_class, model_options)
-        self.norm = GemmaRMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.local_rotary_emb = (None if arch.local_rope_theta is None else
                                  RotaryEmbedding(arch.head_dim, arch.local_rope_theta, None, arch.rotary_dim))
         self.embed_scale = arch.hidden_size**0.5

@@ -62,6 +62,37 @@ class RMSNorm(nn.Module):
         return cpu_kernels()
 
 
+class UpcastRMSNorm(nn.Module):
+    """RMSNorm with the weight applied in float32 before the cast:
+    ``y = ((x / sqrt(mean(x^2) + eps)) * (offset + weight)).to(x.dtype)``, all in float32
+    (GPT-OSS: offset 0; Gemma's ``(1 + w)``: ``GemmaRMSNorm``). Llama's ``RMSNorm`` casts first,
+    then multiplies in the dtype."""
+
+    offset = 0.0
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size) if self.offset == 0.0 else torch.zeros(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        weight = self.weight.float() if self.offset == 0.0 else self.offset + self.weight.float()
+        return (x32 * weight).to(x.dtype)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual), the sum in x's dtype."""
+        total = residual + x
+        return self.forward(total), total
+
+
+class GemmaRMSNorm(UpcastRMSNorm):
+    """Gemma's RMSNorm: ``(1 + weight)`` in float32 (transformers' ``Gemma3RMSNorm``)."""
+
+    offset = 1.0
+
+
 class SiluAndMul(nn.Module):
     """SwiGLU activation (Shazeer 2020, "GLU Variants Improve Transformer").
 
@@ -127,6 +158,8 @@ def compute_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -
         return inv_freq / scaling.factor
     if scaling.rope_type == "longrope":  # the short factors; RotaryEmbedding adds the long ones
         return 1.0 / (torch.tensor(scaling.short_factor, dtype=torch.float32, device="cpu") * theta**exponents)
+    if scaling.rope_type == "yarn":
+        return _yarn_inv_freq(head_dim, theta, scaling)
     factor = scaling.factor
     old_len = scaling.original_max_position_embeddings
     low_freq_wavelen = old_len / scaling.low_freq_factor
@@ -137,6 +170,29 @@ def compute_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """YaRN's frequencies (transformers' ``_compute_yarn_parameters``, operation for operation):
+    the dimensions whose wavelength fits ``beta_fast`` rotations in the original context keep
+    their frequency, those under ``beta_slow`` rotations are divided by the factor, a linear ramp
+    in between."""
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(scaling.original_max_position_embeddings / (rotations * 2 * math.pi))) / (
+            2 * math.log(theta))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (scaling.factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+    extrapolation_factor = 1 - ramp
+    return interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
 
 
 class RotaryEmbedding(nn.Module):
@@ -151,7 +207,8 @@ class RotaryEmbedding(nn.Module):
     LongRoPE (Phi-3/Phi-4): a position below ``original_max_position_embeddings`` takes the short
     factors, from there the long ones, and cos and sin are multiplied by the attention factor, as
     vLLM does it per position (transformers switches a whole sequence to the long factors once it
-    grows past the original length; the two agree on shorter sequences).
+    grows past the original length; the two agree on shorter sequences). YaRN: cos and sin times
+    its attention factor too.
     """
 
     def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None, rotary_dim: int | None = None):
@@ -167,6 +224,7 @@ class RotaryEmbedding(nn.Module):
                          / self.rotary_dim)  # on the CPU even while the model is built on meta
             long = 1.0 / (torch.tensor(scaling.long_factor, dtype=torch.float32, device="cpu") * theta**exponents)
             self._long = (scaling.original_max_position_embeddings, long)
+        if scaling is not None and scaling.rope_type in ("longrope", "yarn"):
             self._attention_scaling = scaling.attention_factor
 
     def _inv_freq(self, device: torch.device) -> torch.Tensor:

@@ -33,7 +33,8 @@ class AttentionOptions:
             head_dim (True: Qwen3), or ``"full"`` over all heads at once (OLMo 2).
         scale: the softmax scale (None: head_dim ** -0.5; Granite's ``attention_multiplier``).
         no_rope_layers: layers whose queries and keys are not rotated (SmolLM3's NoPE layers).
-        norm_class: the q/k norms' class (Gemma's ``(1 + w)`` norm).
+        norm_class: the class of every RMSNorm of the model, the q/k norms, the layers' and the
+            final one (``RMSNorm``; ``UpcastRMSNorm``: GPT-OSS; ``GemmaRMSNorm``: Gemma).
         softcap: > 0 caps the scaled scores at ``softcap * tanh(s / softcap)`` (Gemma 2's
             ``attn_logit_softcapping``).
         sinks: a learned sink logit per query head (``self_attn.sinks``; GPT-OSS).
@@ -175,8 +176,8 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = LlamaAttention(arch, layer_idx, backend, options)
         self.mlp = mlp
-        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.input_layernorm = options.norm_class(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = options.norm_class(arch.hidden_size, arch.rms_norm_eps)
         self.residual_multiplier = residual_multiplier
 
     def forward(self, hidden, residual, cos, sin, kv_cache, attn_metadata):
@@ -203,8 +204,8 @@ class PostNormDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = LlamaAttention(arch, layer_idx, backend, options)
         self.mlp = mlp
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = options.norm_class(arch.hidden_size, arch.rms_norm_eps)
+        self.post_feedforward_layernorm = options.norm_class(arch.hidden_size, arch.rms_norm_eps)
 
     def forward(self, hidden, residual, cos, sin, kv_cache, attn_metadata):
         hidden = hidden + self.post_attention_layernorm(self.self_attn(hidden, cos, sin, kv_cache, attn_metadata))
@@ -224,7 +225,7 @@ class LlamaModel(nn.Module):
             layer_class(arch, i, backend, options, build_mlp(arch, i), model_options.residual_multiplier)
             for i in range(arch.num_hidden_layers)
         )
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.norm = options.norm_class(arch.hidden_size, arch.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling, arch.rotary_dim)
         self.embedding_multiplier = model_options.embedding_multiplier
 
@@ -257,8 +258,9 @@ class LlamaForCausalLM(nn.Module):
     ``LlamaDecoderLayer`` before the sublayers, ``PostNormDecoderLayer`` after them),
     ``model_class`` (the embedding, layers and final norm: ``LlamaModel``, or Gemma's),
     ``checkpoint_renames`` (substrings of the checkpoint's tensor names replaced by this module's
-    before loading) and ``checkpoint_ignored`` (prefixes of tensors this text model does not
-    load: a multimodal checkpoint's vision tower).
+    before loading), ``checkpoint_ignored`` (prefixes of tensors this text model does not
+    load: a multimodal checkpoint's vision tower) and ``split_checkpoint_tensor`` (a tensor that
+    holds several parameters).
     """
 
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
@@ -275,6 +277,13 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @classmethod
+    def split_checkpoint_tensor(cls, name: str, load: Callable[[], torch.Tensor]) -> list[tuple[str, torch.Tensor]] | None:
+        """The (parameter name, tensor) pairs one checkpoint tensor (named as this module names
+        it, after ``checkpoint_renames``; ``load()`` reads it) holds, for a family that stores
+        several parameters in one (GPT-OSS's experts), or None: the tensor is one parameter."""
+        return None
 
     @classmethod
     def attention_options(cls, arch: ModelArchConfig) -> AttentionOptions:

@@ -224,7 +224,7 @@ def load_model(
         model.lm_head.weight = model.model.embed_tokens.weight
     packed = {shard: {} for shards in plan.values() for shard in shards}
     _load_weights(model, files, tied=arch.tie_word_embeddings, packed=packed, renames=renames,
-                  ignored=model_cls.checkpoint_ignored)
+                  ignored=model_cls.checkpoint_ignored, split=model_cls.split_checkpoint_tensor)
     if spec is not None:
         install_quantized_linears(model, plan, packed, spec, cpu_kernels(), device)
     elif quantization.method is not None:
@@ -325,11 +325,13 @@ def _is_ignorable(name: str, tied: bool) -> bool:
 @torch.no_grad()
 def _load_weights(model: nn.Module, files: list[Path], tied: bool,
                   packed: dict[str, dict[str, torch.Tensor]] | None = None,
-                  renames: tuple[tuple[str, str], ...] = (), ignored: tuple[str, ...] = ()) -> None:
+                  renames: tuple[tuple[str, str], ...] = (), ignored: tuple[str, ...] = (),
+                  split=None) -> None:
     """Copy each checkpoint tensor into its parameter (its name ``_renamed`` first); the packed
     tensors of the quantized checkpoint modules named in ``packed`` are collected there instead
     (and an all-zero bias of such a module without one is skipped); tensors whose stored name
-    starts with one of ``ignored`` are not read."""
+    starts with one of ``ignored`` are not read. ``split(name, tensor)``: the model's
+    ``split_checkpoint_tensor``, for tensors stored several to one (GPT-OSS's experts)."""
     targets, merged = _weight_targets(model), _merged_targets(model)
     packed = {} if packed is None else packed
     loaded: set[str] = set()
@@ -339,6 +341,16 @@ def _load_weights(model: nn.Module, files: list[Path], tied: bool,
                 if stored.startswith(ignored):
                     continue
                 name = _renamed(stored, renames)
+                pieces = None if split is None else split(name, lambda: f.get_tensor(stored))
+                if pieces is not None:
+                    for piece, tensor in pieces:
+                        target, names = (targets[piece], (piece,)) if piece in targets else merged.get(piece, (None, ()))
+                        if target is None:
+                            raise CheckpointError(f"tensor {stored!r} in {path.name} holds {piece!r}; this model has "
+                                                  "no such weight")
+                        _copy_into(target, tensor, f"{stored} ({piece})", path.name)
+                        loaded.update(names)
+                    continue
                 target = targets.get(name)
                 if target is None and name in merged:  # stored fused: fills every shard at once
                     target, shards = merged[name]
@@ -353,15 +365,16 @@ def _load_weights(model: nn.Module, files: list[Path], tied: bool,
                     if _is_ignorable(name, tied):
                         continue
                     raise CheckpointError(f"unexpected tensor {stored!r} in {path.name}; this model has no such weight")
-                tensor = f.get_tensor(stored)
-                dest = target.param.data[target.row_start : target.row_end]
-                if tuple(tensor.shape) != tuple(dest.shape):
-                    raise CheckpointError(
-                        f"tensor {stored!r} in {path.name} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
-                    )
-                dest.copy_(tensor)
+                _copy_into(target, f.get_tensor(stored), stored, path.name)
                 loaded.add(name)
     check_all_loaded(targets, loaded)
+
+
+def _copy_into(target: _Target, tensor: torch.Tensor, stored: str, file: str) -> None:
+    dest = target.param.data[target.row_start : target.row_end]
+    if tuple(tensor.shape) != tuple(dest.shape):
+        raise CheckpointError(f"tensor {stored!r} in {file} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+    dest.copy_(tensor)
 
 
 def check_all_loaded(targets, loaded: set[str]) -> None:

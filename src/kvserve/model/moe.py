@@ -1,5 +1,6 @@
-"""The mixture-of-experts feed-forward of Mixtral, Qwen2-MoE and Qwen3-MoE (Shazeer et al. 2017,
-"Outrageously Large Neural Networks"; Jiang et al. 2024, "Mixtral of Experts").
+"""The mixture-of-experts feed-forward of Mixtral, Qwen2-MoE, Qwen3-MoE and GPT-OSS (Shazeer et
+al. 2017, "Outrageously Large Neural Networks"; Jiang et al. 2024, "Mixtral of Experts"; OpenAI
+2025, "gpt-oss-120b & gpt-oss-20b Model Card").
 
 For tokens x [T, hidden]::
 
@@ -9,6 +10,12 @@ For tokens x [T, hidden]::
     w      /= sum(w)                                      norm_topk_prob (Mixtral: always)
     out[t]  = sum over the experts e of t, in increasing e, of w[t, e] * expert_e(x[t])
     out    += sigmoid(shared_gate(x)) * shared_expert(x)  Qwen2-MoE only
+
+GPT-OSS routes the other way round (``routing = topk_softmax``: the top k logits, then a softmax
+over those k, in float32 and rounded to the model dtype), its router and experts have biases (each
+added after its product, in the model dtype, as transformers adds them) and its experts' gate is
+clamped: ``(clamp(up, -l, l) + 1) * g * sigmoid(alpha * g)`` with ``g = min(gate, l)``
+(``ClampedSwiGLU``).
 
 with expert_e(x) = down_e(silu(gate_e(x)) * up_e(x)), each expert an ``nn.Linear`` pair like a
 dense MLP's (so the CPU kernels, int8/int4 quantization and the loader's name mapping apply to
@@ -25,6 +32,8 @@ Checkpoint names (the per-expert tensors Hub checkpoints store)::
     ...mlp.experts.{e}.{gate,up,down}_proj.weight     Qwen2/Qwen3-MoE
     ...block_sparse_moe.experts.{e}.{w1,w3,w2}.weight Mixtral (renamed at load, kvserve.model.mixtral)
     ...mlp.shared_expert.{gate,up,down}_proj.weight, ...mlp.shared_expert_gate.weight   Qwen2-MoE
+    ...mlp.router.{weight,bias}, ...mlp.experts.{gate_up_proj,down_proj}[_bias]          GPT-OSS
+                                 (all experts in one tensor each: kvserve.model.gpt_oss splits them)
 """
 
 from __future__ import annotations
@@ -39,23 +48,53 @@ from kvserve.model.kernel_parts import linear_parts
 from kvserve.model.layers import MergedLinear, RouterLinear, SiluAndMul
 
 
-class ExpertMLP(nn.Module):
-    """One SwiGLU expert: ``down_proj(silu(gate(x)) * up(x))``, [N, hidden] -> [N, hidden]."""
+class ClampedSwiGLU(nn.Module):
+    """GPT-OSS's gate: input [..., 2 * d] = [gate | up] -> [..., d] =
+    ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = min(gate, limit)``, each
+    operation rounded to the input dtype as transformers computes it (the sigmoid on kvserve's
+    kernel on the CPU: ``sigmoid``)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, alpha: float, limit: float):
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, ["gate_proj", "up_proj"], bias=False)
-        self.act_fn = SiluAndMul()
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.alpha, self.limit = alpha, limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        gate, up = x.chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * sigmoid(gate * self.alpha))
 
 
-def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+class ExpertMLP(nn.Module):
+    """One gated expert: ``down_proj(act(gate(x), up(x)))``, [N, hidden] -> [N, hidden]; SwiGLU,
+    or GPT-OSS's ``ClampedSwiGLU`` with a bias after each projection (``gate_up_bias`` [2 *
+    intermediate] as [gate | up], ``down_bias`` [hidden]), each added in the dtype."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act_fn: nn.Module | None = None, bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, ["gate_proj", "up_proj"], bias=False)
+        self.act_fn = SiluAndMul() if act_fn is None else act_fn
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_bias = nn.Parameter(torch.zeros(2 * intermediate_size)) if bias else None
+        self.down_bias = nn.Parameter(torch.zeros(hidden_size)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if self.gate_up_bias is not None:
+            gate_up = gate_up + self.gate_up_bias
+        y = self.down_proj(self.act_fn(gate_up))
+        return y if self.down_bias is None else y + self.down_bias
+
+
+def route(logits: torch.Tensor, top_k: int, normalize: bool,
+          routing: str = "softmax_topk") -> tuple[torch.Tensor, torch.Tensor]:
     """(weights float32 [T, k], expert ids int64 [T, k]) of router logits [T, E]: softmax in
     float32, the k largest probabilities (a stable sort: of equal ones the lowest expert id),
-    renormalised to sum to 1 when ``normalize``."""
+    renormalised to sum to 1 when ``normalize``; ``topk_softmax``: the k largest logits (the same
+    sort), then a softmax over them in float32."""
+    if routing == "topk_softmax":
+        values, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
+        return torch.softmax(values[:, :top_k].float(), dim=-1), ids[:, :top_k]
     probs = torch.softmax(logits.float(), dim=-1)
     weights, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
     weights, ids = weights[:, :top_k], ids[:, :top_k]
@@ -71,8 +110,9 @@ class SparseMoeBlock(nn.Module):
     def __init__(self, arch: ModelArchConfig, moe: MoeConfig):
         super().__init__()
         self.moe = moe
-        self.gate = RouterLinear(arch.hidden_size, moe.num_experts, bias=False)
-        self.experts = nn.ModuleList(ExpertMLP(arch.hidden_size, moe.intermediate_size)
+        self.gate = RouterLinear(arch.hidden_size, moe.num_experts, bias=moe.router_bias)
+        self.experts = nn.ModuleList(ExpertMLP(arch.hidden_size, moe.intermediate_size, self._activation(moe),
+                                               moe.expert_bias)
                                      for _ in range(moe.num_experts))
         if moe.shared_expert_intermediate_size:
             self.shared_expert = ExpertMLP(arch.hidden_size, moe.shared_expert_intermediate_size)
@@ -80,6 +120,10 @@ class SparseMoeBlock(nn.Module):
         else:
             self.shared_expert = self.shared_expert_gate = None
         self._kernel_layers: dict[tuple, object] = {}
+
+    @staticmethod
+    def _activation(moe: MoeConfig) -> nn.Module:
+        return ClampedSwiGLU(moe.swiglu_alpha, moe.swiglu_limit) if moe.activation == "swiglu_clamped" else SiluAndMul()
 
     def kernel_layer(self, dtype: torch.dtype):
         """This block in one C++ call (``kvserve.kernels.ops_moe.MoeLayer``) for ``dtype``
@@ -99,7 +143,8 @@ class SparseMoeBlock(nn.Module):
             return parts[0] if parts is not None and len(parts) == 1 else None
 
         experts = [e for e in (*self.experts, *([self.shared_expert] if self.shared_expert is not None else []))]
-        if any(type(e.act_fn) is not SiluAndMul for e in experts):
+        if any(type(e.act_fn) is not SiluAndMul for e in experts) or self.moe.routing != "softmax_topk" \
+                or self.moe.router_bias or self.moe.expert_bias:
             return None
         router = one(self.gate)
         gate_up, down = [one(e.gate_up_proj) for e in self.experts], [one(e.down_proj) for e in self.experts]
@@ -121,7 +166,7 @@ class SparseMoeBlock(nn.Module):
     def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The block in torch operators (the module docstring's steps): the reference, and the
         path where the C++ layer does not apply."""
-        weights, ids = route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob)
+        weights, ids = route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob, self.moe.routing)
         if not self.moe.routing_weights_float32:
             weights = weights.to(x.dtype)
         out = torch.zeros_like(x)

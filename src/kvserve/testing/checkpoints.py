@@ -33,6 +33,7 @@ from kvserve.testing.tokenizer_kinds import (
 ARCHITECTURES: dict[str, str] = {
     "Gemma2ForCausalLM": "Gemma2Config",
     "Gemma3ForCausalLM": "Gemma3TextConfig",
+    "GptOssForCausalLM": "GptOssConfig",
     "GraniteForCausalLM": "GraniteConfig",
     "LlamaForCausalLM": "LlamaConfig",
     "MistralForCausalLM": "MistralConfig",
@@ -47,6 +48,8 @@ ARCHITECTURES: dict[str, str] = {
 }
 # Tiny mixtures of experts (the defaults of transformers' configs are the full models').
 MOE_DIMS: dict[str, dict[str, Any]] = {
+    "GptOssForCausalLM": {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 48,
+                          "swiglu_limit": 1.5},
     "MixtralForCausalLM": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "Qwen2MoeForCausalLM": {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                             "shared_expert_intermediate_size": 48, "norm_topk_prob": False},
