@@ -9,6 +9,8 @@ Loaded (the tensors: ``kvserve.model.prequantized``)::
                         dynamic with "-:" exclusions only (those modules are stored in float)
     quant_method awq    bits (w_bit) 4, group_size (q_group_size), zero_point true,
                         version (or format) gemm, modules_to_not_convert (stored in float)
+    quant_method mxfp4  GPT-OSS's experts (E2M1 values, an E8M0 scale per 32 inputs),
+                        modules_to_not_convert (stored in float: the rest of the model)
 
 Anything else is refused in one line naming the field, e.g.
 ``config.json: quantization_config.version = 'gemv': ...``. No torch here: the flag parser uses it.
@@ -24,7 +26,7 @@ from kvserve.config import CHECKPOINT_METHODS, CheckpointQuantization, Quantizat
 from kvserve.errors import CheckpointError, ConfigError
 
 _GPTQ_FORMATS = ("gptq", "gptq_v2")
-_BITS = {"gptq": (4, 8), "awq": (4,)}
+_BITS = {"gptq": (4, 8), "awq": (4,), "mxfp4": (4,)}
 _AWQ_FORMATS = ("gemm",)
 # Files older quantizers wrote beside config.json (AutoGPTQ, AutoAWQ); kvserve reads config.json's.
 _SIDE_FILES = ("quantize_config.json", "quant_config.json")
@@ -68,6 +70,8 @@ def parse_quantization_config(stored: Any, where: str = "quantization_config") -
     if method not in CHECKPOINT_METHODS:
         raise CheckpointError(f"{where}.quant_method = {stored.get('quant_method')!r}: kvserve loads "
                               f"{' and '.join(CHECKPOINT_METHODS)} checkpoints; {_FLOAT_ADVICE}")
+    if method == "mxfp4":
+        return _mxfp4(stored, where)
     bits = _field(stored, where, ("bits", "w_bit"), 4, int)
     if bits not in _BITS[method]:
         allowed = " and ".join(map(str, _BITS[method]))
@@ -112,6 +116,18 @@ def _awq(stored: dict, where: str, group_size: int) -> CheckpointQuantization:
         raise CheckpointError(f"{where}.zero_point = false: kvserve reads AWQ checkpoints with zero points")
     return CheckpointQuantization(method="awq", bits=4, group_size=group_size, desc_act=False, sym=False,
                                   checkpoint_format=fmt, lm_head=False)
+
+
+def _mxfp4(stored: dict, where: str) -> CheckpointQuantization:
+    known = {"quant_method", "modules_to_not_convert", "dequantize"}
+    unknown = sorted(set(stored) - known)
+    if unknown:
+        raise CheckpointError(f"{where}.{unknown[0]} = {stored[unknown[0]]!r}: not a field of the MXFP4 checkpoints "
+                              "kvserve loads (quant_method, modules_to_not_convert)")
+    if stored.get("dequantize"):
+        raise CheckpointError(f"{where}.dequantize = true: kvserve keeps MXFP4 experts 4-bit; drop the field")
+    return CheckpointQuantization(method="mxfp4", bits=4, group_size=32, desc_act=False, sym=True,
+                                  checkpoint_format="mxfp4", lm_head=False)
 
 
 def _field(stored: dict, where: str, names: tuple[str, ...], default: Any, kind: type) -> Any:

@@ -18,7 +18,7 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 
 INT4_GROUP_SIZES = (32, 64, 128)
 # Methods of pre-quantized checkpoints kvserve loads (config.json ``quantization_config.quant_method``).
-CHECKPOINT_METHODS = ("gptq", "awq")
+CHECKPOINT_METHODS = ("gptq", "awq", "mxfp4")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class CheckpointQuantization:
     ``kvserve.checkpoint_quantization``; the tensors are read by ``kvserve.model.prequantized``).
 
     Attributes:
-        method: ``gptq`` or ``awq``.
+        method: ``gptq``, ``awq`` or ``mxfp4`` (GPT-OSS experts).
         bits: 4 (GPTQ also 8, symmetric).
         group_size: inputs per scale; -1 = one group over all inputs (per output channel).
         desc_act: GPTQ act-order (``g_idx`` gives each input's group); False for AWQ.
@@ -49,6 +49,8 @@ class CheckpointQuantization:
     def label(self) -> str:
         """e.g. ``gptq-int4-g128``, ``gptq-int4-g128-act_order``, ``awq-int4-g128``,
         ``gptq-int4-channel`` (group_size -1)."""
+        if self.method == "mxfp4":
+            return "mxfp4"
         group = "channel" if self.group_size == -1 else f"g{self.group_size}"
         return f"{self.method}-int{self.bits}-{group}" + ("-act_order" if self.desc_act else "")
 

@@ -105,7 +105,7 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--tokenizer-revision",), "ModelConfig", "a local folder has no revisions; " + _HUB),
     RefusedFlag(("--rope-scaling",), "ModelConfig", _CFG),
     RefusedFlag(("--rope-theta",), "ModelConfig", _CFG),
-    RefusedFlag(("--quantization", "-q"), "ModelConfig", _QUANT, allowed=("int8", "int4", "gptq", "awq")),
+    RefusedFlag(("--quantization", "-q"), "ModelConfig", _QUANT, allowed=("int8", "int4", "gptq", "awq", "mxfp4")),
     RefusedFlag(("--max-logprobs",), "ModelConfig", "kvserve returns at most 20 logprobs per token",
                 allowed=("20",)),
     RefusedFlag(("--logprobs-mode",), "ModelConfig",

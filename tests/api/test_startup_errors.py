@@ -21,7 +21,8 @@ from kvserve.api.settings import ServerSettings
 from kvserve.cli import main
 from loopback import free_port
 
-SUPPORTED = ("GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, "
+SUPPORTED = ("Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GptOssForCausalLM, "
+             "GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, "
              "Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
              "SmolLM3ForCausalLM")
 
@@ -49,15 +50,15 @@ def hf_folder(tmp_path, name: str, config) -> str:
 
 
 def test_unsupported_architectures_are_named_with_the_supported_list(tmp_path, capsys):
-    from transformers import Gemma2Config, GPT2Config
+    from transformers import GPT2Config, GPTNeoXConfig
 
     gpt2 = hf_folder(tmp_path, "gpt2", GPT2Config(n_layer=1, n_embd=32, n_head=2, architectures=["GPT2LMHeadModel"]))
     assert serve_error(capsys, gpt2) == (
         f"{gpt2}: architecture GPT2LMHeadModel (model_type gpt2) is not supported; kvserve runs {SUPPORTED}")
-    gemma = hf_folder(tmp_path, "gemma2", Gemma2Config(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
-                                                        architectures=["Gemma2ForCausalLM"]))
-    assert serve_error(capsys, "--model", gemma) == (
-        f"{gemma}: architecture Gemma2ForCausalLM (model_type gemma2) is not supported; kvserve runs {SUPPORTED}")
+    neox = hf_folder(tmp_path, "neox", GPTNeoXConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                                     intermediate_size=64, architectures=["GPTNeoXForCausalLM"]))
+    assert serve_error(capsys, "--model", neox) == (
+        f"{neox}: architecture GPTNeoXForCausalLM (model_type gpt_neox) is not supported; kvserve runs {SUPPORTED}")
 
 
 def test_bin_only_weights_say_how_to_convert(tiny_llama, tmp_path, capsys):

@@ -36,8 +36,6 @@ FAMILIES = {
 }
 
 
-# Seed 6: with seed 4 Granite's greedy token at step 8 is the EOS id, which the transformers
-# reference (min_new_tokens) suppresses and ignore_eos keeps; the comparison needs no EOS.
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def model_dir(request, checkpoint_factory):
     return checkpoint_factory(request.param, seed=6, **FAMILIES[request.param])

@@ -5,11 +5,14 @@ sampled logprob of a request is the same bits alone, in a busy batch and chunked
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
 from kvserve import SamplingParams
 from engine_helpers import assert_kv_clean, make_llm, random_prompts
+from kvserve.testing.checkpoints import store_experts_as_mxfp4
 from test_llm_equivalence import (  # noqa: F401 - collected here with this module's model_dir
     solo,
     test_batched_equals_solo,
@@ -20,7 +23,7 @@ from test_llm_equivalence import (  # noqa: F401 - collected here with this modu
 )
 
 MOE = {
-    "GptOssForCausalLM": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, swiglu_limit=1.5,
+    "GptOssForCausalLM": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, swiglu_limit=1.5,
                               head_dim=32, sliding_window=6, initializer_range=0.1),
     "MixtralForCausalLM": dict(num_local_experts=4, num_experts_per_tok=2, initializer_range=0.1),
     "Qwen2MoeForCausalLM": dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
@@ -40,9 +43,23 @@ SCORED = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_moe_logprobs_alone_equal_batched_and_chunked(checkpoint_factory, model_dir, dtype):
+    family = model_dir.name.split("-")[0]
+    if dtype == "bfloat16":
+        model_dir = checkpoint_factory(family, dtype=dtype, seed=3, **MOE[family])
+    assert_logprobs_alone_equal_batched_and_chunked(model_dir, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mxfp4_experts_logprobs_alone_equal_batched_and_chunked(checkpoint_factory, tmp_path, dtype):
+    """GPT-OSS with its experts in MXFP4 (the released checkpoints' format)."""
+    folder = tmp_path / "mxfp4"
+    shutil.copytree(checkpoint_factory("GptOssForCausalLM", dtype=dtype, seed=3, **MOE["GptOssForCausalLM"]), folder)
+    store_experts_as_mxfp4(folder)
+    assert_logprobs_alone_equal_batched_and_chunked(folder, dtype)
+
+
+def assert_logprobs_alone_equal_batched_and_chunked(model_dir, dtype: str) -> None:
     prompts = random_prompts(7, seed=5, min_len=3, max_len=60)
-    model_dir = checkpoint_factory(model_dir.name.split("-")[0], dtype=dtype, seed=3,
-                                   **MOE[model_dir.name.split("-")[0]]) if dtype == "bfloat16" else model_dir
 
     def scored(llm, batch):
         return [(o.outputs[0].token_ids, [e.logprob for e in o.outputs[0].logprobs]) for o in llm.generate(batch, SCORED)]

@@ -109,7 +109,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     # GPT-OSS: top 2 of 4 (top-k logits, then a softmax), sinks, windows of 5 on layers 0 and 2, YaRN,
     # a clamp low enough to bite (the gate and up values of random weights reach a few units).
     "gpt_oss": ("GptOssForCausalLM", dict(head_dim=32, num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2,
-                                          intermediate_size=48, sliding_window=5, swiglu_limit=1.5,
+                                          intermediate_size=64, sliding_window=5, swiglu_limit=1.5,
                                           rope_parameters=dict(rope_type="yarn", factor=8.0, rope_theta=150000.0,
                                                                beta_fast=32.0, beta_slow=1.0, truncate=False,
                                                                original_max_position_embeddings=64),

@@ -15,13 +15,23 @@ import torch
 from kvserve.kernels import cpu_kernels, cpu_kernels_available
 from kvserve.model.invariant_linear import pack_amx_weight
 from kvserve.model.quant_linear import QuantizedLinear, quantize_weight
-from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
+from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8, quantize_mxfp4
 
 pytestmark = pytest.mark.skipif(
     not cpu_kernels_available() or not cpu_kernels().amx_linear_available(),
     reason="this CPU (or OS) has no AMX-BF16 tiles: the layers use the vector kernel, tested elsewhere")
 
-KINDS = ["int8", "int4-symmetric", "int4-zero-points"]
+KINDS = ["int8", "int4-symmetric", "int4-zero-points", "mxfp4"]
+
+
+def code_values(qt) -> torch.Tensor:
+    """float64 [N, K]: the numbers the kernels multiply by (q; q - 8 for symmetric int4; MXFP4's
+    doubled E2M1 values, written out here from the format: 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2)."""
+    if qt.codebook == "e2m1":
+        doubled = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12], dtype=torch.float64)
+        magnitude = doubled[(qt.q.long() & 7)]
+        return torch.where(qt.q >= 8, -magnitude, magnitude)
+    return qt.q.double() - (8 if qt.bits == 4 and qt.offsets is None else 0)
 
 
 def f32(t: torch.Tensor) -> torch.Tensor:
@@ -52,7 +62,7 @@ def tile_sequence(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | Non
     acc = fma(-m, xsum, acc) (xsum a float32 running sum); then acc + b, rounded to bfloat16."""
     n, k = qt.shape
     g_size = qt.group_size
-    v = qt.q.double() - (8 if qt.bits == 4 and qt.offsets is None else 0)
+    v = code_values(qt)
     acc = torch.zeros(x.shape[0], n, dtype=torch.float64)
     for g in range(k // g_size):
         p = tile_sums(x, v, g * g_size, (g + 1) * g_size)
@@ -71,6 +81,8 @@ def quantized(kind: str, n: int, k: int, seed: int) -> QuantizedTensor:
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
     if kind == "int8":
         return quantize_int8(w)
+    if kind == "mxfp4":
+        return quantize_mxfp4(w)
     return quantize_int4(w, 32, symmetric=kind == "int4-symmetric")
 
 

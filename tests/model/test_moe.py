@@ -72,30 +72,53 @@ def test_unsupported_switches_are_refused_by_name(field, value, words):
         ModelArchConfig.from_dict({**QWEN3_MOE, field: value})
 
 
+GPT_OSS = {**QWEN3_MOE, "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_experts": None,
+           "num_local_experts": 8, "intermediate_size": 32, "swiglu_limit": 1.5, "head_dim": 16}
+
+
+def test_gpt_oss_routes_top_k_logits_then_softmax():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.5, 2.0], [2.0, 2.0, 2.0, 2.0, 2.0]])
+    weights, ids = route(logits, 3, normalize=False, routing="topk_softmax")
+    assert ids.tolist() == [[1, 2, 4], [0, 1, 2]]
+    assert torch.equal(weights, torch.softmax(torch.tensor([[3.0, 3.0, 2.0], [2.0, 2.0, 2.0]]), -1))
+    if cpu_kernels_available():
+        k_weights, k_ids = cpu_kernels().moe_route(logits.to(torch.bfloat16), 3, False, "topk_softmax")
+        assert k_ids.tolist() == [[1, 2, 4], [0, 1, 2]]
+        torch.testing.assert_close(k_weights, weights, rtol=1e-6, atol=0)
+
+
 @pytest.mark.skipif(not cpu_kernels_available(), reason="no C++ compiler for the kernels")
-def test_the_block_sums_each_tokens_experts_in_expert_order():
-    """The block's output for one token of a batch is the reference sum, computed here for that
-    token alone, expert by expert in increasing expert id (the linears batch-invariant)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_the_block_sums_each_tokens_experts_in_expert_order(family, dtype):
+    """The C++ block's output for one token of a batch is the reference sum, computed here for
+    that token alone, expert by expert in increasing expert id (the linears batch-invariant):
+    Qwen3-MoE's softmax-then-top-k and SwiGLU; GPT-OSS's top-k-then-softmax, router and expert
+    biases and clamped SwiGLU (each operation rounded as the torch path rounds it)."""
     from kvserve.model.invariant_linear import use_invariant_linears
 
-    arch = ModelArchConfig.from_dict({**QWEN3_MOE, "norm_topk_prob": True})
+    config = {**QWEN3_MOE, "norm_topk_prob": True} if family == "qwen3_moe" else GPT_OSS
+    arch = ModelArchConfig.from_dict(config)
     torch.manual_seed(0)
     block = SparseMoeBlock(arch, arch.moe).eval()
     for p in block.parameters():
         torch.nn.init.normal_(p, std=0.2)
+    block.to(dtype)
     use_invariant_linears(block)
-    x = torch.randn(5, 64)
+    x = torch.randn(5, 64).to(dtype)
     kernels = cpu_kernels()
     with torch.no_grad():
         out = block(x)  # the C++ layer (moe.cpp)
-        assert block.kernel_layer(torch.float32) is not None
-        torch.testing.assert_close(out, block.torch_forward(x), rtol=1e-5, atol=1e-6)  # torch's own softmax exp
+        assert block.kernel_layer(dtype) is not None
+        if dtype == torch.float32:  # torch's own softmax exp
+            torch.testing.assert_close(out, block.torch_forward(x), rtol=1e-5, atol=1e-6)
         for t in range(5):
-            weights, ids = kernels.moe_route(block.gate(x[t : t + 1]).contiguous(), 2, True)
-            assert ids[0].tolist() == route(block.gate(x[t : t + 1]), 2, True)[1][0].tolist()
-            want = torch.zeros(64)
+            logits = block.gate(x[t : t + 1]).contiguous()
+            weights, ids = kernels.moe_route(logits, 2, arch.moe.norm_topk_prob, arch.moe.routing)
+            assert ids[0].tolist() == route(logits, 2, arch.moe.norm_topk_prob, arch.moe.routing)[1][0].tolist()
+            want = torch.zeros(64, dtype=dtype)
             for w, e in sorted(zip(weights[0].tolist(), ids[0].tolist()), key=lambda pair: pair[1]):
-                want = want + block.experts[e](x[t : t + 1])[0] * torch.tensor(w)
+                want = want + block.experts[e](x[t : t + 1])[0] * torch.tensor(w).to(dtype)
             assert torch.equal(out[t], want)
 
 

@@ -12,14 +12,14 @@ from torch import nn
 
 from kvserve.kernels import cpu_kernels, cpu_kernels_available
 from kvserve.model.quant_linear import QuantizedLinear, quantize_linears, quantize_weight
-from kvserve.model.quant_tensor import quantize_int4, quantize_int8
+from kvserve.model.quant_tensor import quantize_int4, quantize_int8, quantize_mxfp4
 
 pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="no C++ compiler for the kernels")
 
 CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8)
 # (in_features, out_features): K one group and several, N past one 64-column panel and odd.
 SHAPES = [(64, 16), (128, 67), (896, 130)]
-KINDS = ["int8", "int4-symmetric", "int4-zero-points"]
+KINDS = ["int8", "int4-symmetric", "int4-zero-points", "mxfp4"]
 
 
 def isas() -> list[int]:
@@ -34,6 +34,8 @@ def weight(n: int, k: int, seed: int) -> torch.Tensor:
 def quantized(kind: str, w: torch.Tensor, group: int):
     if kind == "int8":
         return quantize_int8(w)
+    if kind == "mxfp4":
+        return quantize_mxfp4(w)
     return quantize_int4(w, group, symmetric=kind == "int4-symmetric")
 
 
@@ -116,6 +118,16 @@ def test_int4_matches_numpy_and_dequantizes_exactly(symmetric, group):
 
 # -- the kernel's sequence ---------------------------------------------------------------------
 
+def code_values(qt) -> torch.Tensor:
+    """float64 [N, K]: the numbers the kernels multiply by (q; q - 8 for symmetric int4; MXFP4's
+    doubled E2M1 values, written out here from the format: 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2)."""
+    if qt.codebook == "e2m1":
+        doubled = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12], dtype=torch.float64)
+        magnitude = doubled[(qt.q.long() & 7)]
+        return torch.where(qt.q >= 8, -magnitude, magnitude)
+    return qt.q.double() - (8 if qt.bits == 4 and qt.offsets is None else 0)
+
+
 def f32(t: torch.Tensor) -> torch.Tensor:
     """A float64 tensor rounded to float32 (and back to float64)."""
     return t.float().double()
@@ -129,7 +141,7 @@ def sequence(x: torch.Tensor, layer_weight, bias: torch.Tensor | None) -> torch.
     qt = layer_weight
     n, k = qt.shape
     g_size = qt.group_size
-    v = qt.q.double() - (8 if qt.bits == 4 and qt.offsets is None else 0)
+    v = code_values(qt)
     scales = qt.scales.double()
     x64 = x.double()
     acc = torch.zeros(x.shape[0], n, dtype=torch.float64)

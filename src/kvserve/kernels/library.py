@@ -26,14 +26,14 @@ import torch
 
 from kvserve.kernels import build
 
-ABI_VERSION = 4
+ABI_VERSION = 6
 PACKAGED = Path(__file__).parent / "lib"
 
 # torch dtype -> the kernels' code (csrc/abi.h: DType).
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3, torch.float8_e4m3fn: 4,
                torch.float8_e5m2: 5}
 
-_P, _I64, _I32, _F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_double
+_P, _I64, _I32, _F32, _F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_double
 _INT = ctypes.c_int
 # name -> (result type, argument types), as csrc/*.cpp define them (`extern "C"`).
 PROTOTYPES: dict[str, tuple[object, list]] = {
@@ -64,17 +64,18 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "kvserve_amx_linear": (_INT, [_P, _P, _P, _P, _I64, _I64, _I64, _I32]),
     "kvserve_quant_linear_isa": (_I64, []),
     "kvserve_quant_linear_layout": (_INT, [_I64, _P]),
-    "kvserve_quant_linear": (_INT, [_I32, _P, _P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64]),
-    "kvserve_amx_quant_linear": (_INT, [_P, _P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _I64]),
+    "kvserve_quant_linear": (_INT, [_I32, _P, _P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64]),
+    "kvserve_amx_quant_linear": (_INT, [_P, _P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64]),
     "kvserve_apply_token_bitmask": (_INT, [_P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64]),
     "kvserve_lora_apply": (_INT, [_I32, _I32, _P, _P, _P, _P, _P, _P, _P, _P] + [_I64] * 9),
     "kvserve_decoder_create": (_INT, [_I32, _I64, _I64, _I64, _I64, _F64, _F64, _I64, _I64, _P, _I64, _P]),
     "kvserve_decoder_destroy": (None, [_P]),
     "kvserve_decoder_add_layer": (_INT, [_P, _I64, _P, _P, _P, _P, _P, _P, _P]),
-    "kvserve_moe_create": (_INT, [_I64, _I64, _I64, _I64, _I32, _I32, _P, _P, _P, _P, _P]),
+    "kvserve_moe_create": (_INT, [_I64, _I64, _I64, _I64, _I32, _I32, _I32, _I32, _F32, _F32, _P, _P, _P, _P, _P, _P,
+                                  _P]),
     "kvserve_moe_destroy": (None, [_P]),
     "kvserve_moe_forward": (_INT, [_P, _I32, _P, _P, _I64]),
-    "kvserve_moe_route": (_INT, [_I32, _P, _I64, _I64, _I64, _I32, _P, _P]),
+    "kvserve_moe_route": (_INT, [_I32, _P, _I64, _I64, _I64, _I32, _I32, _P, _P]),
     "kvserve_decoder_forward": (_INT, [_P, _P, _P, _I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64]),
 }
 

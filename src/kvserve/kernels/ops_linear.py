@@ -12,6 +12,13 @@ from kvserve.kernels.tensors import (FLOAT_DTYPES, code, cpu_contiguous, optiona
                                      require)
 
 _TILE_N, _TILE_K, _TILE_ROWS = 16, 32, 16  # amx_tiles.h
+CODEBOOKS = {"int": 0, "e2m1": 1}  # kernels.h's Codebook: what a 4-bit code stands for
+
+
+def _check_codebook(codebook: int, bits: int, neg_offsets: torch.Tensor | None) -> None:
+    require(codebook in CODEBOOKS.values(), f"codebook must be one of {sorted(CODEBOOKS.values())}")
+    require(codebook == 0 or (bits == 4 and neg_offsets is None),
+            "the E2M1 codebook is for 4-bit weights without offsets")
 
 
 def _quant_weight(packed: torch.Tensor, packed_shape: tuple[int, ...], packed_message: str, scales: torch.Tensor,
@@ -104,9 +111,10 @@ class LinearOps:
 
     def quant_linear(self, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                      neg_offsets: torch.Tensor | None, bias: torch.Tensor | None, out_features: int,
-                     group_size: int, bits: int, isa: int) -> torch.Tensor:
+                     group_size: int, bits: int, isa: int, codebook: int = 0) -> torch.Tensor:
         """x [M, K] float32 or bfloat16 over int8/int4 panels -> [M, N] in x's dtype (the layouts:
-        ``quant_linear.cpp``; isa 0: the best here)."""
+        ``quant_linear.cpp``; isa 0: the best here; codebook 1: 4-bit codes are MXFP4's E2M1
+        values doubled, ``CODEBOOKS``)."""
         width, vectors = self.quant_linear_layout(isa)
         nr = width * vectors
         cpu_contiguous(x, 2, FLOAT_DTYPES, "x must be a contiguous 2-D float32 or bfloat16 CPU tensor")
@@ -119,13 +127,14 @@ class LinearOps:
             "kvserve.model.quant_linear", scales, (panels, k // group_size, nr),
             "scales must be float32 [P, K / group_size, kNR]", neg_offsets, bits, bias, out_features)
         out = torch.empty((m, out_features), dtype=x.dtype)
+        _check_codebook(codebook, bits, neg_offsets)
         self._lib.call("kvserve_quant_linear", code(x.dtype), ptr(x), ptr(out), m, k, ptr(packed), ptr(scales), offsets,
-                       bias_ptr, out_features, group_size, bits, isa)
+                       bias_ptr, out_features, group_size, bits, isa, codebook)
         return out
 
     def amx_quant_linear(self, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                          neg_offsets: torch.Tensor | None, bias: torch.Tensor | None, out_features: int,
-                         group_size: int, bits: int) -> torch.Tensor:
+                         group_size: int, bits: int, codebook: int = 0) -> torch.Tensor:
         """bfloat16 x [M, K] over int8/int4 blocks on AMX tiles -> [M, N] bfloat16 (the layout:
         ``amx_quant_linear.cpp``)."""
         require(self.amx_linear_available(), "amx_quant_linear: no AMX-BF16 tiles on this CPU / process")
@@ -143,8 +152,9 @@ class LinearOps:
             "scales must be float32 [blocks, K / group_size, block columns] like packed", neg_offsets, bits, bias,
             out_features)
         out = torch.empty((m, out_features), dtype=torch.bfloat16)
+        _check_codebook(codebook, bits, neg_offsets)
         self._lib.call("kvserve_amx_quant_linear", ptr(x), ptr(out), m, k, ptr(packed), ptr(scales), offsets, bias_ptr,
-                       out_features, group_size, bits)
+                       out_features, group_size, bits, codebook)
         return out
 
     def lora_apply(self, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, order: torch.Tensor,

@@ -13,25 +13,48 @@ from kvserve.kernels.ops_decoder import LinearPart
 from kvserve.kernels.tensors import code, ptr, require
 
 
+ROUTINGS = {"softmax_topk": 0, "topk_softmax": 1}  # csrc/moe.h: MoeRouting
+ACTIVATIONS = {"silu_and_mul": 0, "swiglu_clamped": 1}  # csrc/moe.h: MoeActivation
+
+
 class MoeLayer:
     """A mixture-of-experts feed-forward in C++ (``moe.cpp``) over its linears' packed weights:
-    ``forward(x [T, hidden]) -> [T, hidden]`` in the dtype it was built for. Holds the parts (and
-    so their tensors) it was given."""
+    ``forward(x [T, hidden]) -> [T, hidden]`` in the dtype it was built for. ``routing`` and
+    ``activation`` name ``ROUTINGS`` and ``ACTIVATIONS`` (``alpha``, ``limit``: the clamped
+    SwiGLU's); ``expert_biases``: per expert ([2 * intermediate] for gate_up, [hidden] for down) in
+    the dtype, or None. Holds the parts and tensors it was given."""
 
     def __init__(self, lib, dtype: torch.dtype, top_k: int, normalize: bool, weights_float32: bool,
                  router: LinearPart, gate_up: Sequence[LinearPart], down: Sequence[LinearPart],
-                 shared: Sequence[LinearPart] | None = None):
+                 shared: Sequence[LinearPart] | None = None, routing: str = "softmax_topk",
+                 activation: str = "silu_and_mul", alpha: float = 0.0, limit: float = 0.0,
+                 expert_biases: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]] | None = None):
         require(len(gate_up) == len(down) > 0 and 1 <= top_k <= len(gate_up), "MoeLayer: one gate_up and one down per expert")
         require(shared is None or len(shared) == 3, "MoeLayer: the shared expert is [gate_up, down, gate]")
+        require(routing in ROUTINGS and activation in ACTIVATIONS,
+                f"MoeLayer: routing in {sorted(ROUTINGS)}, activation in {sorted(ACTIVATIONS)}")
         self._lib, self.dtype = lib, dtype
         self.hidden_size = router.in_features
         self._parts = [router, *gate_up, *down, *(shared or ())]
         experts = len(gate_up)
+        biases = [None, None]
+        if expert_biases is not None:
+            gate_up_bias, down_bias = expert_biases
+            require(len(gate_up_bias) == len(down_bias) == experts
+                    and all(b.dtype == dtype and b.is_contiguous() and b.shape == (2 * down[0].in_features,)
+                            for b in gate_up_bias)
+                    and all(b.dtype == dtype and b.is_contiguous() and b.shape == (router.in_features,)
+                            for b in down_bias),
+                    "MoeLayer: one contiguous gate_up bias [2 * intermediate] and down bias [hidden] per expert, "
+                    "in the layer's dtype")
+            self._parts += [*gate_up_bias, *down_bias]
+            biases = [(ctypes.c_void_p * experts)(*(ptr(b) for b in gate_up_bias)),
+                      (ctypes.c_void_p * experts)(*(ptr(b) for b in down_bias))]
         handle = ctypes.c_void_p()
         lib.call("kvserve_moe_create", experts, top_k, router.in_features, down[0].in_features, int(normalize),
-                 int(weights_float32), ctypes.byref(router), (LinearPart * experts)(*gate_up),
-                 (LinearPart * experts)(*down), None if shared is None else (LinearPart * 3)(*shared),
-                 ctypes.byref(handle))
+                 int(weights_float32), ROUTINGS[routing], ACTIVATIONS[activation], alpha, limit,
+                 ctypes.byref(router), (LinearPart * experts)(*gate_up), (LinearPart * experts)(*down), *biases,
+                 None if shared is None else (LinearPart * 3)(*shared), ctypes.byref(handle))
         self.handle = handle
 
     def __del__(self):
@@ -54,13 +77,16 @@ class MoeOps:
     def MoeLayer(self, **kwargs) -> MoeLayer:  # noqa: N802 - named as the class it builds
         return MoeLayer(self._lib, **kwargs)
 
-    def moe_route(self, logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def moe_route(self, logits: torch.Tensor, top_k: int, normalize: bool,
+                  routing: str = "softmax_topk") -> tuple[torch.Tensor, torch.Tensor]:
         """(weights float32 [T, k], ids int32 [T, k]) of router logits [T, E] as ``moe.cpp`` routes
-        them (softmax in float32, the top k, of equal probabilities the lowest expert first)."""
+        them (softmax in float32, the top k, of equal probabilities the lowest expert first; or
+        ``topk_softmax``: the top k logits, then their softmax)."""
         require(logits.dim() == 2 and logits.is_contiguous() and logits.dtype in (torch.float32, torch.bfloat16)
                 and 1 <= top_k <= logits.shape[1], "moe_route: contiguous float32/bfloat16 logits [T, E], 1 <= k <= E")
+        require(routing in ROUTINGS, f"moe_route: routing in {sorted(ROUTINGS)}")
         weights = torch.empty((logits.shape[0], top_k), dtype=torch.float32)
         ids = torch.empty((logits.shape[0], top_k), dtype=torch.int32)
         self._lib.call("kvserve_moe_route", code(logits.dtype), ptr(logits), logits.shape[0], logits.shape[1], top_k,
-                       int(normalize), ptr(weights), ptr(ids))
+                       int(normalize), ROUTINGS[routing], ptr(weights), ptr(ids))
         return weights, ids

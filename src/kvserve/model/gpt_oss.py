@@ -16,8 +16,18 @@ linear's weight and with the gate and up columns interleaved::
     mlp.experts.down_proj          [E, I, hidden]
     mlp.experts.down_proj_bias     [E, hidden]
 
+The released checkpoints store the two weights in MXFP4 (``quantization_config.quant_method``
+``mxfp4``; ``kvserve.model.quant_tensor.from_mxfp4``), rows as a linear's (outputs), gate and up
+rows interleaved::
+
+    mlp.experts.gate_up_proj_blocks  uint8 [E, 2 * I, hidden / 32, 16]
+    mlp.experts.gate_up_proj_scales  uint8 [E, 2 * I, hidden / 32]
+    mlp.experts.down_proj_blocks     uint8 [E, hidden, I / 32, 16]
+    mlp.experts.down_proj_scales     uint8 [E, hidden, I / 32]
+
 ``split_checkpoint_tensor`` cuts them into each expert's ``gate_up_proj`` ([gate | up] rows) and
-``down_proj`` weights and biases; ``mlp.router`` is the block's ``gate``.
+``down_proj`` weights (or MXFP4 blocks and scales, which become 4-bit ``QuantizedLinear``s) and
+biases; ``mlp.router`` is the block's ``gate``.
 """
 
 from __future__ import annotations
@@ -31,7 +41,9 @@ from kvserve.model.layers import UpcastRMSNorm
 from kvserve.model.llama import AttentionOptions, LlamaForCausalLM
 
 _FUSED = {"gate_up_proj": "gate_up_proj.weight", "gate_up_proj_bias": "gate_up_bias",
-          "down_proj": "down_proj.weight", "down_proj_bias": "down_bias"}
+          "down_proj": "down_proj.weight", "down_proj_bias": "down_bias",
+          "gate_up_proj_blocks": "gate_up_proj.blocks", "gate_up_proj_scales": "gate_up_proj.scales",
+          "down_proj_blocks": "down_proj.blocks", "down_proj_scales": "down_proj.scales"}
 
 
 def _uninterleaved(x: torch.Tensor) -> torch.Tensor:

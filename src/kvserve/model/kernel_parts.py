@@ -34,5 +34,6 @@ def linear_parts(module: nn.Module, dtype: torch.dtype, kernels: ModuleType) -> 
         return [kernels.LinearPart(kind=QUANT_AMX if amx else QUANT_VECTOR, packed=packed, scales=scales,
                                    neg_offsets=neg_offsets, bias=module.bias, input_perm=module.input_perm,
                                    in_features=module.in_features, out_features=module.out_features,
-                                   group_size=module.group_size, bits=module.bits, isa=module.isa)]
+                                   group_size=module.group_size, bits=module.bits, isa=module.isa,
+                                   codebook=module.codebook_id)]
     return None

@@ -39,7 +39,7 @@ from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.gguf_file import find_gguf, open_gguf
 from kvserve.model.layers import MergedLinear
 from kvserve.model.prequantized import (PACKED_TENSORS, drop_float_weights, install_quantized_linears,
-                                        plan_quantized_linears)
+                                        plan_mxfp4_linears, plan_quantized_linears)
 from kvserve.model.quant_linear import quantize_linears
 from kvserve.model.quant_summary import describe_weights
 from kvserve.model.registry import get_model_class
@@ -216,7 +216,10 @@ def load_model(
         model = model_cls(arch, backend)
     renames = model_cls.checkpoint_renames
     names = [_renamed(n, renames) for n in _tensor_names(files) if not n.startswith(model_cls.checkpoint_ignored)]
-    plan = {} if spec is None else plan_quantized_linears(model, names, spec)
+    if spec is None:
+        plan = {}
+    else:
+        plan = plan_mxfp4_linears(model, names) if spec.method == "mxfp4" else plan_quantized_linears(model, names, spec)
     drop_float_weights(model, plan)
     model = model.to(dtype=torch_dtype).to_empty(device=device)
     if arch.tie_word_embeddings and "lm_head" not in plan:
@@ -237,7 +240,8 @@ def load_model(
     generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
     weight_format = describe_weights(model, torch_dtype)
     if spec is not None:
-        weight_format = f"{spec.method} ({spec.checkpoint_format}): {weight_format}"
+        label = spec.method if spec.method == spec.checkpoint_format else f"{spec.method} ({spec.checkpoint_format})"
+        weight_format = f"{label}: {weight_format}"
     return LoadedModel(model, arch, torch_dtype, generation_config, str(model_dir), weight_format, quantization)
 
 
@@ -344,6 +348,10 @@ def _load_weights(model: nn.Module, files: list[Path], tied: bool,
                 pieces = None if split is None else split(name, lambda: f.get_tensor(stored))
                 if pieces is not None:
                     for piece, tensor in pieces:
+                        module, _, kind = piece.rpartition(".")
+                        if module in packed and kind in PACKED_TENSORS:  # an MXFP4 expert's blocks / scales
+                            packed[module][kind] = tensor
+                            continue
                         target, names = (targets[piece], (piece,)) if piece in targets else merged.get(piece, (None, ()))
                         if target is None:
                             raise CheckpointError(f"tensor {stored!r} in {path.name} holds {piece!r}; this model has "

@@ -18,7 +18,7 @@ clamped: ``(clamp(up, -l, l) + 1) * g * sigmoid(alpha * g)`` with ``g = min(gate
 (``ClampedSwiGLU``).
 
 with expert_e(x) = down_e(silu(gate_e(x)) * up_e(x)), each expert an ``nn.Linear`` pair like a
-dense MLP's (so the CPU kernels, int8/int4 quantization and the loader's name mapping apply to
+dense MLP's (so the CPU kernels, int8/int4/MXFP4 weights and the loader's name mapping apply to
 experts as they do to any linear). On the CPU the block runs in one C++ call over the linears'
 packed weights (``kernels/csrc/moe.cpp``: the same steps, its own softmax exp; the torch code
 below is the reference and the path of other devices). Rows are routed independently and each token's experts are
@@ -142,10 +142,6 @@ class SparseMoeBlock(nn.Module):
             parts = linear_parts(module, dtype, kernels)
             return parts[0] if parts is not None and len(parts) == 1 else None
 
-        experts = [e for e in (*self.experts, *([self.shared_expert] if self.shared_expert is not None else []))]
-        if any(type(e.act_fn) is not SiluAndMul for e in experts) or self.moe.routing != "softmax_topk" \
-                or self.moe.router_bias or self.moe.expert_bias:
-            return None
         router = one(self.gate)
         gate_up, down = [one(e.gate_up_proj) for e in self.experts], [one(e.down_proj) for e in self.experts]
         shared = None
@@ -153,9 +149,17 @@ class SparseMoeBlock(nn.Module):
             shared = [one(self.shared_expert.gate_up_proj), one(self.shared_expert.down_proj), one(self.shared_expert_gate)]
         if router is None or any(p is None for p in (*gate_up, *down, *(shared or ()))):
             return None
+        biases = None
+        if self.moe.expert_bias:
+            biases = tuple([getattr(e, name).detach().to(dtype).contiguous() for e in self.experts]
+                           for name in ("gate_up_bias", "down_bias"))
+        clamped = self.moe.activation == "swiglu_clamped"
         return kernels.MoeLayer(dtype=dtype, top_k=self.moe.top_k, normalize=self.moe.norm_topk_prob,
                                 weights_float32=self.moe.routing_weights_float32, router=router, gate_up=gate_up,
-                                down=down, shared=shared)
+                                down=down, shared=shared, routing=self.moe.routing,
+                                activation="swiglu_clamped" if clamped else "silu_and_mul",
+                                alpha=self.moe.swiglu_alpha if clamped else 0.0,
+                                limit=self.moe.swiglu_limit if clamped else 0.0, expert_biases=biases)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layer = self.kernel_layer(x.dtype) if x.device.type == "cpu" and x.dim() == 2 else None

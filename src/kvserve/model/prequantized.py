@@ -47,9 +47,9 @@ from kvserve.config import CheckpointQuantization
 from kvserve.errors import CheckpointError
 from kvserve.model.layers import MergedLinear
 from kvserve.model.quant_linear import QuantizedLinear
-from kvserve.model.quant_tensor import QuantizedTensor
+from kvserve.model.quant_tensor import QuantizedTensor, from_mxfp4
 
-PACKED_TENSORS = ("qweight", "qzeros", "scales", "g_idx")
+PACKED_TENSORS = ("qweight", "qzeros", "scales", "g_idx", "blocks")  # blocks, scales: MXFP4
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 _SCALE_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -213,6 +213,28 @@ def plan_quantized_linears(model: nn.Module, checkpoint_names: Iterable[str], sp
     return plan
 
 
+def plan_mxfp4_linears(model: nn.Module, checkpoint_names: Iterable[str]) -> dict[str, list[str]]:
+    """The MXFP4 plan (``plan_quantized_linears``' form): every expert linear
+    ``<experts>.{e}.<proj>`` whose layer's checkpoint stores ``<experts>.<proj>_blocks`` (all of
+    a layer's experts in one tensor, GPT-OSS's layout; ``split_checkpoint_tensor`` hands each expert
+    its ``<proj>.blocks`` and ``<proj>.scales``).
+
+    Raises:
+        CheckpointError: no MXFP4 tensor at all.
+    """
+    stored = {name.removesuffix("_blocks") for name in checkpoint_names if name.endswith("_blocks")}
+    plan = {}
+    for name, module in model.named_modules():
+        expert, _, proj = name.rpartition(".")  # <experts>.{e}, <proj>
+        experts, _, index = expert.rpartition(".")
+        if isinstance(module, nn.Linear) and index.isdigit() and f"{experts}.{proj}" in stored:
+            plan[name] = [name]
+    if not plan:
+        raise CheckpointError("quantization_config says mxfp4 but the checkpoint has no MXFP4 tensor "
+                              "(no <experts>.<proj>_blocks)")
+    return plan
+
+
 def drop_float_weights(model: nn.Module, plan: dict[str, list[str]]) -> None:
     """Remove the float ``weight`` of each planned linear (call on the meta device, before the
     parameters get storage): only their biases are loaded as float."""
@@ -227,6 +249,20 @@ def install_quantized_linears(model: nn.Module, plan: dict[str, list[str]],
     module name -> its ``PACKED_TENSORS``), keeping its loaded bias; ``packed`` is emptied."""
     for name, shards in plan.items():
         module = model.get_submodule(name)
+        if spec.method == "mxfp4":
+            tensors = packed.pop(name)
+            try:
+                weight = from_mxfp4(tensors["blocks"], tensors["scales"])
+            except KeyError as exc:
+                raise CheckpointError(f"checkpoint is missing the MXFP4 {exc.args[0]} of {name}") from None
+            except ValueError as exc:
+                raise CheckpointError(f"{name}: {exc}") from None
+            if weight.shape != (module.out_features, module.in_features):
+                raise CheckpointError(f"{name}: MXFP4 weight of shape {weight.shape}, expected "
+                                      f"{(module.out_features, module.in_features)}")
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, QuantizedLinear(weight.to(device), module.bias, kernels))
+            continue
         sizes = module.output_sizes if isinstance(module, MergedLinear) else [module.out_features]
         parts = [read_linear(packed.pop(shard), spec, shard, module.in_features, size)
                  for shard, size in zip(shards, sizes, strict=True)]

@@ -141,6 +141,7 @@ class QuantizedLinear(nn.Module):
         self._param_dtypes = (weight.scales.dtype, None if weight.offsets is None else weight.offsets.dtype)
         self.out_features, self.in_features = weight.shape
         self.bits, self.group_size, self.symmetric = weight.bits, weight.group_size, weight.symmetric
+        self.codebook = weight.codebook
         self.weight_bytes = weight.nbytes()
         self._kernels = kernels if kernels is not None and weight.q.device.type == "cpu" else None
         self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous()
@@ -168,11 +169,16 @@ class QuantizedLinear(nn.Module):
         amx, packed, scales, neg_offsets = self.kernel_weights(rows.dtype)
         if amx:
             out = self._kernels.amx_quant_linear(rows, packed, scales, neg_offsets, self.bias, self.out_features,
-                                                 self.group_size, self.bits)
+                                                 self.group_size, self.bits, self.codebook_id)
         else:
             out = self._kernels.quant_linear(rows, packed, scales, neg_offsets, self.bias, self.out_features,
-                                             self.group_size, self.bits, self.isa)
+                                             self.group_size, self.bits, self.isa, self.codebook_id)
         return out.reshape(*shape[:-1], self.out_features)
+
+    @property
+    def codebook_id(self) -> int:
+        """The kernels' number for ``codebook`` (``kvserve.kernels.ops_linear.CODEBOOKS``)."""
+        return 1 if self.codebook == "e2m1" else 0
 
     @property
     def on_kernels(self) -> bool:
@@ -208,6 +214,8 @@ class QuantizedLinear(nn.Module):
         """e.g. ``int8 (per channel)``, ``int4 (group 32, symmetric)``, ``int4 (group 128, zero
         points, act order)``."""
         order = ", act order" if self.input_perm is not None else ""
+        if self.codebook == "e2m1":
+            return f"mxfp4 (group {self.group_size})"
         if self.bits == 8:
             group = "per channel" if self.group_size == self.in_features else f"group {self.group_size}"
             return f"int8 ({group}{order})"
@@ -241,7 +249,7 @@ def unpack_quantized(layer: QuantizedLinear) -> QuantizedTensor:
         return QuantizedTensor(q.view(torch.int8), row_major(layer.scales), None, 8, layer.group_size)
     scale_dtype, offset_dtype = layer._param_dtypes
     offsets = None if layer.neg_offsets is None else (-row_major(layer.neg_offsets)).to(offset_dtype)
-    return QuantizedTensor(q, row_major(layer.scales).to(scale_dtype), offsets, 4, layer.group_size)
+    return QuantizedTensor(q, row_major(layer.scales).to(scale_dtype), offsets, 4, layer.group_size, layer.codebook)
 
 
 def quantize_weight(weight: torch.Tensor, method: str, group_size: int) -> QuantizedTensor:

@@ -9,6 +9,13 @@ an offset::
     bits 4, symmetric:      w[n, k] = scales[n, g] * (q[n, k] - 8)           q uint8 in [0, 15]
     bits 4, zero points:    w[n, k] = scales[n, g] * q[n, k] - offsets[n, g] q uint8 in [0, 15]
                             (offsets = scale * zero point)                     g = k // group_size
+    bits 4, codebook e2m1:  w[n, k] = scales[n, g] * E2M1_DOUBLED[q[n, k]]   q uint8 in [0, 15]
+
+The e2m1 codebook is MXFP4 (OCP Microscaling, 2023; GPT-OSS's experts): a 4-bit E2M1 float per
+weight (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; codes 8-15 are 0-7 negated) and an E8M0
+scale ``2^(e - 127)`` per 32 inputs. kvserve keeps the values doubled to integers (0 .. 12) and
+the scale halved, ``2^(e - 128)`` in float32: the same products, and the kernels multiply by small
+integers as for int4 (``from_mxfp4``, ``to_mxfp4``).
 
 The offsets of kvserve's own quantizer are float16 (``scale * zero`` rounded); a GPTQ/AWQ
 checkpoint's (``kvserve.model.prequantized``) are float32, where ``scale * zero`` of a float16 or
@@ -65,6 +72,7 @@ class QuantizedTensor:
     offsets: torch.Tensor | None
     bits: int
     group_size: int
+    codebook: str = "int"  # or "e2m1" (bits 4, no offsets): what a code stands for
 
     def __post_init__(self):
         n, k = self.q.shape
@@ -78,6 +86,8 @@ class QuantizedTensor:
         if self.offsets is not None and (self.bits != 4 or self.offsets.shape != self.scales.shape
                                          or self.offsets.dtype not in (self.scales.dtype, torch.float32)):
             raise ValueError("offsets are int4 only and must match the scales' shape (dtype: theirs or float32)")
+        if self.codebook not in ("int", "e2m1") or (self.codebook == "e2m1" and (self.bits != 4 or self.offsets is not None)):
+            raise ValueError(f"codebook {self.codebook!r}: 'int', or 'e2m1' for 4-bit weights without offsets")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -100,7 +110,9 @@ class QuantizedTensor:
         n, k = self.shape
         groups = k // self.group_size
         q = self.q.to(torch.float32).view(n, groups, self.group_size)
-        if self.bits == 4 and self.offsets is None:
+        if self.codebook == "e2m1":
+            q = E2M1_DOUBLED.to(q.device)[self.q.long()].view(n, groups, self.group_size)
+        elif self.bits == 4 and self.offsets is None:
             q = q - 8
         w = q * self.scales.to(torch.float32)[:, :, None]
         if self.offsets is not None:
@@ -109,7 +121,64 @@ class QuantizedTensor:
 
     def to(self, device: torch.device | str) -> QuantizedTensor:
         move = (lambda t: None if t is None else t.to(device))  # noqa: E731
-        return QuantizedTensor(move(self.q), move(self.scales), move(self.offsets), self.bits, self.group_size)
+        return QuantizedTensor(move(self.q), move(self.scales), move(self.offsets), self.bits, self.group_size,
+                               self.codebook)
+
+
+# MXFP4's E2M1 values by code, doubled (module docstring); -0.0 where the format has it.
+E2M1_DOUBLED = torch.tensor([0.0, 1, 2, 3, 4, 6, 8, 12, -0.0, -1, -2, -3, -4, -6, -8, -12])
+MXFP4_GROUP = 32
+
+
+def from_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> QuantizedTensor:
+    """An MXFP4 weight as checkpoints store it (GPT-OSS; transformers' ``convert_moe_packed_tensors``
+    reads the same): ``blocks`` uint8 [N, K / 32, 16], byte j of a group holding element 2j in its
+    low nibble and 2j + 1 in its high one; ``scales`` uint8 [N, K / 32], the E8M0 exponents
+    (scale ``2^(e - 127)``) -> QuantizedTensor [N, K], codebook e2m1.
+
+    Raises:
+        ValueError: shapes or dtypes other than these.
+    """
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[2] != 16 \
+            or tuple(scales.shape) != tuple(blocks.shape[:2]):
+        raise ValueError(f"MXFP4 blocks uint8 [N, G, 16] and scales uint8 [N, G], got {blocks.dtype} "
+                         f"{tuple(blocks.shape)} and {scales.dtype} {tuple(scales.shape)}")
+    n, groups, _ = blocks.shape
+    q = torch.stack((blocks & 15, blocks >> 4), dim=3).reshape(n, groups * MXFP4_GROUP)
+    halved = torch.ldexp(torch.ones(scales.shape, dtype=torch.float32), scales.to(torch.int32) - 128)
+    return QuantizedTensor(q.contiguous(), halved, None, 4, MXFP4_GROUP, "e2m1")
+
+
+def to_mxfp4(weight: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks, scales) as ``from_mxfp4`` reads them, of an e2m1 weight whose scales are powers of
+    two in the E8M0 range."""
+    n, k = weight.shape
+    q = weight.q.view(n, k // MXFP4_GROUP, MXFP4_GROUP // 2, 2)
+    blocks = (q[..., 0] | (q[..., 1] << 4)).contiguous()
+    exponents = torch.frexp(weight.scales.to(torch.float32))[1] - 1 + 128  # 2^(e - 128) = 0.5 * 2^(e - 127)
+    return blocks, exponents.clamp(0, 255).to(torch.uint8)
+
+
+@torch.no_grad()
+def quantize_mxfp4(weight: torch.Tensor) -> QuantizedTensor:
+    """MXFP4 of a float [N, K] weight (K a multiple of 32) by the OCP rule: per 32 inputs the scale
+    ``2^(floor(log2(max|w|)) - 2)`` (E2M1's largest exponent is 2), each element rounded to the
+    nearest E2M1 value (ties to the smaller magnitude), saturating at +-6. For writing test and benchmark
+    checkpoints in the released GPT-OSS format."""
+    n, k = weight.shape
+    if k % MXFP4_GROUP:
+        raise ValueError(f"MXFP4 groups of {MXFP4_GROUP} do not divide the {k} inputs")
+    w = weight.detach().to(torch.float32).reshape(n, k // MXFP4_GROUP, MXFP4_GROUP)
+    peak = w.abs().amax(dim=2)
+    exponent = torch.where(peak > 0, torch.floor(torch.log2(peak.clamp_min(2.0**-126))) - 2, torch.zeros_like(peak))
+    exponent = exponent.clamp(-127, 127)
+    scaled = (w / torch.ldexp(torch.ones_like(peak), exponent.to(torch.int32))[:, :, None]).clamp(-6, 6)
+    magnitudes = E2M1_DOUBLED[:8] / 2  # 0, 0.5, ..., 6
+    distance = (scaled.abs()[..., None] - magnitudes).abs()
+    code = distance.argmin(dim=-1)  # the first of equal distances: the smaller magnitude
+    q = (code + 8 * (scaled < 0)).to(torch.uint8).reshape(n, k)
+    halved = torch.ldexp(torch.ones_like(peak), exponent.to(torch.int32) - 1)
+    return QuantizedTensor(q, halved, None, 4, MXFP4_GROUP, "e2m1")
 
 
 @torch.no_grad()

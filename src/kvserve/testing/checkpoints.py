@@ -48,7 +48,7 @@ ARCHITECTURES: dict[str, str] = {
 }
 # Tiny mixtures of experts (the defaults of transformers' configs are the full models').
 MOE_DIMS: dict[str, dict[str, Any]] = {
-    "GptOssForCausalLM": {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 48,
+    "GptOssForCausalLM": {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64,
                           "swiglu_limit": 1.5},
     "MixtralForCausalLM": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "Qwen2MoeForCausalLM": {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
@@ -203,3 +203,36 @@ def _save_tokenizer(path: Path, tokenizer_kind: str) -> None:
     build_tokenizer(tokenizer_kind).save_pretrained(path)
     if tokenizer_kind == "sentencepiece":
         shutil.copyfile(sentencepiece_model_path(), path / "tokenizer.model")
+
+
+# What GPT-OSS's released config.json says of its MXFP4 quantization.
+MXFP4_QUANTIZATION_CONFIG = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+
+
+def store_experts_as_mxfp4(path: str | Path) -> Path:
+    """Rewrite a GPT-OSS folder's expert weights (``mlp.experts.gate_up_proj`` / ``down_proj``,
+    [E, in, out] as transformers saves them) in the released checkpoints' MXFP4 layout
+    (``<proj>_blocks`` uint8 [E, out, in / 32, 16], ``<proj>_scales`` uint8 [E, out, in / 32];
+    ``kvserve.model.quant_tensor.quantize_mxfp4``) and add their ``quantization_config``. Single-file
+    checkpoints only. Returns the folder."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from kvserve.model.quant_tensor import quantize_mxfp4, to_mxfp4
+
+    path = Path(path)
+    tensors = load_file(path / "model.safetensors")
+    out = {}
+    for name, tensor in tensors.items():
+        if not name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+            out[name] = tensor
+            continue
+        pairs = [to_mxfp4(quantize_mxfp4(expert.t().float())) for expert in tensor]
+        out[name + "_blocks"] = torch.stack([blocks for blocks, _ in pairs])
+        out[name + "_scales"] = torch.stack([scales for _, scales in pairs])
+    save_file(out, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = MXFP4_QUANTIZATION_CONFIG
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return path

@@ -85,11 +85,11 @@ inline void widen_int8(const uint8_t* src, uint16_t* dst) {
   }
 }
 
-// The bfloat16 bits of each nibble's value (q - 8 or q) in the 16 low words.
-inline __m512i nibble_table(bool minus8) {
+// The bfloat16 bits of each nibble's value (q - 8, q or the doubled E2M1 value) in the 16 low words.
+inline __m512i nibble_table(bool minus8, int64_t codebook) {
   alignas(64) uint16_t words[32] = {};
   for (int i = 0; i < 16; ++i) {
-    const float value = static_cast<float>(i - (minus8 ? 8 : 0));
+    const float value = kvserve::nibble_value(i, minus8, codebook);
     uint32_t bits;
     std::memcpy(&bits, &value, sizeof(bits));
     words[i] = static_cast<uint16_t>(bits >> 16);  // exact: small integers
@@ -124,6 +124,7 @@ struct Layer {
   const float* xsum;         // [M][groups] with offsets, else nullptr
   int64_t M, K, N, chunks, groups, chunks_per_group;
   bool minus8;               // int4 symmetric: q - 8
+  int64_t codebook;          // kvserve::Codebook (bits 4)
 
   // Panel p's first packed byte of chunk c (rows block_cols bytes apart), and the index of its
   // scales (and offsets) of group g (16 floats).
@@ -300,10 +301,9 @@ template <int kBits, int np>
 void row_kernel(const Layer& L, const float* x, int64_t p0, uint16_t* out) {
   // Bytes between input pairs: int8 two rows, int4 one.
   constexpr int64_t pair_bytes = kBits == 8 ? 2 * block_cols(8) : block_cols(4);
-  const __m512 table = kBits == 4 ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-                                  : _mm512_setzero_ps();
-  const __m512 shift = _mm512_set1_ps(L.minus8 ? 8.f : 0.f);
-  const __m512 table4 = _mm512_sub_ps(table, shift);  // exact: small integers
+  alignas(64) float values[16] = {};
+  for (int i = 0; i < 16 && kBits == 4; ++i) values[i] = kvserve::nibble_value(i, L.minus8, L.codebook);
+  const __m512 table4 = _mm512_load_ps(values);
   __m512 acc[np];
   for (int64_t g = 0; g < L.groups; ++g) {
     __m512 c[np];
@@ -377,7 +377,7 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
   const int64_t items = row_groups * pairs;
   const int64_t grain = std::max<int64_t>(1, items / (threads * 4));
   const ActivationTiles tiles(x, M, L.K);
-  const __m512i table = nibble_table(L.minus8);
+  const __m512i table = nibble_table(L.minus8, L.codebook);
   kvserve::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     const FlushDenormals flush;
     configure_tiles(M);
@@ -407,6 +407,8 @@ namespace kvserve {
 // bits 8 or 4 (int4 without offsets is symmetric: q - 8) -> out [M, N] bfloat16.
 void amx_quant_linear(const BFloat16* x, BFloat16* out, int64_t M, int64_t K, const QuantWeight& w) {
   check(amx_linear_available(), "amx_quant_linear: no AMX-BF16 tiles on this CPU / process");
+  check(w.codebook == kIntegers || (w.codebook == kE2M1 && w.bits == 4 && w.neg_offsets == nullptr),
+        "amx_quant_linear: the E2M1 codebook is for 4-bit weights without offsets");
 #if defined(KVSERVE_AMX_BUILD)
   const int64_t N = w.N, group_size = w.group_size;
   if (M == 0 || N == 0) return;
@@ -424,7 +426,7 @@ void amx_quant_linear(const BFloat16* x, BFloat16* out, int64_t M, int64_t K, co
   }
   const uint16_t* xs = reinterpret_cast<const uint16_t*>(x);
   const Layer layer{w.packed, w.scales, w.neg_offsets, w.bias, has_offsets ? xsum.data() : nullptr, M, K, N, chunks,
-                    groups, group_size == K ? chunks : group_size / kTileK, !has_offsets};
+                    groups, group_size == K ? chunks : group_size / kTileK, !has_offsets, w.codebook};
   uint16_t* o = reinterpret_cast<uint16_t*>(out);
   if (M == 1 && w.bits == 8) run_row<8>(x, o, layer);
   else if (M == 1) run_row<4>(x, o, layer);
@@ -438,11 +440,11 @@ void amx_quant_linear(const BFloat16* x, BFloat16* out, int64_t M, int64_t K, co
 extern "C" KVSERVE_EXPORT int kvserve_amx_quant_linear(const void* x, void* out, int64_t M, int64_t K,
                                                        const uint8_t* packed, const float* scales,
                                                        const float* neg_offsets, const float* bias, int64_t N,
-                                                       int64_t group_size, int64_t bits) {
+                                                       int64_t group_size, int64_t bits, int64_t codebook) {
   using kvserve::BFloat16;
   return kvserve::guarded([&] {
     kvserve::amx_quant_linear(static_cast<const BFloat16*>(x), static_cast<BFloat16*>(out), M, K,
-                              kvserve::QuantWeight{packed, scales, neg_offsets, bias, N, group_size, bits});
+                              kvserve::QuantWeight{packed, scales, neg_offsets, bias, N, group_size, bits, codebook});
   });
 }
 

@@ -64,12 +64,25 @@ void amx_linear(const BFloat16* x, const BFloat16* packed, const float* bias, BF
                 int64_t N, bool swiglu);
 
 // quant_linear.cpp / amx_quant_linear.cpp: weight-only int8/int4 linears.
+// What a 4-bit code stands for: an integer (q, or q - 8 for symmetric int4) or MXFP4's E2M1 value
+// doubled (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, as integers 0 .. 12: the group's scale
+// carries the half), so every kernel multiplies by small integers, exact in bfloat16 and float32.
+enum Codebook : int64_t { kIntegers = 0, kE2M1 = 1 };
+// The value of 4-bit code `code` (0 .. 15) in `codebook` (minus8: a symmetric int4 weight's q - 8).
+inline float nibble_value(int code, bool minus8, int64_t codebook) {
+  static constexpr float kE2M1Doubled[16] = {0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f,
+                                             -0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f};
+  if (codebook == kE2M1) return kE2M1Doubled[code];
+  return static_cast<float>(code - (minus8 ? 8 : 0));
+}
+
 struct QuantWeight {
   const uint8_t* packed;
   const float* scales;
   const float* neg_offsets;  // int4 with zero points, else nullptr
   const float* bias;         // or nullptr
   int64_t N, group_size, bits;
+  int64_t codebook = kIntegers;  // bits 4: what the codes stand for
 };
 int64_t quant_linear_isa();                       // 1 portable, 2 AVX2 + FMA, 3 AVX-512F
 int64_t resolve_quant_isa(int64_t isa);           // 0 -> the best here; an unavailable one fails

@@ -4,10 +4,14 @@
 //
 //   logits  = router(x)                                  [T, E], the dtype
 //   w, ids  = moe_route(logits)                          softmax in float32, top k, renormalised
+//                                                        (GPT-OSS: top k, then softmax)
 //   tokens grouped by expert (counting sort, each expert's tokens in increasing order)
-//   for each hit expert e, increasing:  y = down_e(silu_and_mul(gate_up_e(x[tokens of e])))
+//   for each hit expert e, increasing:  y = down_e(act(gate_up_e(x[tokens of e])))
 //                                       acc[t] = round(acc[t] + round(y[t] * w[t, e]))
 //   acc = round(acc + round(sigmoid(shared_gate(x)) * shared_expert(x)))   (Qwen2-MoE)
+//
+// act is SwiGLU (silu_and_mul) or GPT-OSS's clamped SwiGLU, whose experts also add a bias after
+// each product (round(y + b), as torch adds a bias tensor).
 //
 // with round() to the dtype after each operation, as torch's operators round them, and w rounded
 // to the dtype first unless the family multiplies in float32 (Mixtral). A token's sum runs over its
@@ -60,7 +64,7 @@ void exp_shifted(const float* v, float m, float* out, int64_t n) {
 }  // namespace
 
 void moe_route(DType dtype, const void* logits, int64_t tokens, int64_t experts, int64_t top_k, bool normalize,
-               float* weights, int32_t* ids) {
+               MoeRouting routing, float* weights, int32_t* ids) {
   parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> row(static_cast<size_t>(experts)), probs(static_cast<size_t>(experts));
     std::vector<char> taken(static_cast<size_t>(experts));
@@ -69,6 +73,23 @@ void moe_route(DType dtype, const void* logits, int64_t tokens, int64_t experts,
       for (int64_t e = 0; e < experts; ++e) {
         row[e] = load(logits, dtype, t * experts + e);
         m = std::max(m, row[e]);
+      }
+      if (routing == kTopkSoftmax) {
+        std::fill(taken.begin(), taken.end(), 0);
+        for (int64_t j = 0; j < top_k; ++j) {
+          int64_t best = -1;
+          for (int64_t e = 0; e < experts; ++e)
+            if (!taken[e] && (best < 0 || row[e] > row[best])) best = e;  // strict: the lowest of equals
+          taken[best] = 1;
+          ids[t * top_k + j] = static_cast<int32_t>(best);
+          probs[j] = row[best];
+        }
+        float* w = weights + t * top_k;
+        exp_shifted(probs.data(), probs[0], w, top_k);
+        float sum = 0.f;
+        for (int64_t j = 0; j < top_k; ++j) sum += w[j];
+        for (int64_t j = 0; j < top_k; ++j) w[j] /= sum;
+        continue;
       }
       exp_shifted(row.data(), m, probs.data(), experts);
       float sum = 0.f;
@@ -129,27 +150,80 @@ void accumulate(float* acc, const void* y, DType dtype, const int64_t* rows, con
   }
 }
 
-// silu_and_mul(gate_up(x)) of `rows` rows into act [rows, I]: in the AMX store where the
+// y[r][c] = round(y[r][c] + bias[c]) for `rows` rows of `width` values, all in scalar_t.
+template <typename scalar_t>
+void add_bias_rows(scalar_t* y, const scalar_t* bias, int64_t rows, int64_t width) {
+  parallel_for(0, rows, std::max<int64_t>(1, 4096 / width), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t c = 0; c < width; ++c)
+        y[r * width + c] = from_float<scalar_t>(to_float(y[r * width + c]) + to_float(bias[c]));
+  });
+}
+
+void add_bias(DType dtype, void* y, const void* bias, int64_t rows, int64_t width) {
+  if (dtype == kFloat32) {
+    add_bias_rows(static_cast<float*>(y), static_cast<const float*>(bias), rows, width);
+  } else {
+    add_bias_rows(static_cast<BFloat16*>(y), static_cast<const BFloat16*>(bias), rows, width);
+  }
+}
+
+// GPT-OSS's gate over both = [gate | up] [rows, 2d] -> act [rows, d], each operation rounded to
+// scalar_t as torch rounds it (kvserve.model.moe.ClampedSwiGLU):
+//   g = min(gate, limit); u = clamp(up, -limit, limit); act = (u + 1) * (g * sigmoid(g * alpha))
+template <typename scalar_t>
+void clamped_swiglu_rows(DType dtype, const scalar_t* both, scalar_t* act, int64_t rows, int64_t d, float alpha,
+                         float limit) {
+  const int64_t grain = std::max<int64_t>(1, 4096 / d);
+  parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t c = 0; c < d; ++c)
+        act[r * d + c] = from_float<scalar_t>(std::min(to_float(both[r * 2 * d + c]), limit) * alpha);
+  });
+  sigmoid(dtype, act, act, rows * d);  // the kernel the torch path calls: the same bits
+  parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t c = 0; c < d; ++c) {
+        const float g = std::min(to_float(both[r * 2 * d + c]), limit);
+        const float u = std::min(std::max(to_float(both[r * 2 * d + d + c]), -limit), limit);
+        const float glu = to_float(from_float<scalar_t>(g * to_float(act[r * d + c])));
+        act[r * d + c] = from_float<scalar_t>(to_float(from_float<scalar_t>(u + 1.f)) * glu);
+      }
+  });
+}
+
+// act(gate_up(x) + bias) of `rows` rows into act [rows, I]: SwiGLU in the AMX store where the
 // projection is one AMX weight without bias (the same bits), else in two steps.
-void expert_activation(const Projection& gate_up, DType dtype, const void* x, void* act, int64_t rows,
-                       int64_t intermediate, Buffer& projected, ProjectionScratch& scratch) {
+void expert_activation(const MoeLayer& layer, const Projection& gate_up, const void* bias, DType dtype,
+                       const void* x, void* act, int64_t rows, int64_t intermediate, Buffer& projected,
+                       ProjectionScratch& scratch) {
   const LinearPart& first = gate_up.parts[0];
-  if (gate_up.parts.size() == 1 && first.kind == kAmx && first.bias == nullptr && first.input_perm == nullptr &&
-      first.out_features % 32 == 0) {
+  if (layer.activation == kSiluAndMul && bias == nullptr && gate_up.parts.size() == 1 && first.kind == kAmx &&
+      first.bias == nullptr && first.input_perm == nullptr && first.out_features % 32 == 0) {
     amx_linear(static_cast<const BFloat16*>(x), static_cast<const BFloat16*>(first.packed), nullptr,
                static_cast<BFloat16*>(act), rows, first.in_features, first.out_features, true);
     return;
   }
   void* both = projected.get<char>(rows * 2 * intermediate * (dtype == kFloat32 ? 4 : 2));
   run_projection(gate_up, dtype, x, both, rows, scratch);
-  silu_and_mul(dtype, both, act, rows, intermediate);
+  if (bias != nullptr) add_bias(dtype, both, bias, rows, 2 * intermediate);
+  if (layer.activation == kSiluAndMul) {
+    silu_and_mul(dtype, both, act, rows, intermediate);
+  } else if (dtype == kFloat32) {
+    clamped_swiglu_rows(dtype, static_cast<const float*>(both), static_cast<float*>(act), rows, intermediate,
+                        layer.alpha, layer.limit);
+  } else {
+    clamped_swiglu_rows(dtype, static_cast<const BFloat16*>(both), static_cast<BFloat16*>(act), rows, intermediate,
+                        layer.alpha, layer.limit);
+  }
 }
 
 void shared_expert(const MoeLayer& layer, DType dtype, const void* x, float* acc, int64_t tokens, MoeScratch& s) {
   const int64_t es = dtype == kFloat32 ? 4 : 2, hidden = layer.hidden;
   const int64_t width = layer.shared_down.parts[0].in_features;
   void* act = s.shared_act.get<char>(tokens * width * es);
-  expert_activation(layer.shared_gate_up, dtype, x, act, tokens, width, s.shared_gate_up, s.projection);
+  expert_activation(layer, layer.shared_gate_up, nullptr, dtype, x, act, tokens, width, s.shared_gate_up,
+                    s.projection);
   void* y = s.shared_y.get<char>(tokens * hidden * es);
   run_projection(layer.shared_down, dtype, act, y, tokens, s.projection);
   void* gate = s.shared_gate.get<char>(tokens * es);
@@ -170,7 +244,7 @@ void moe_forward(const MoeLayer& layer, DType dtype, const void* x, void* out, i
   run_projection(layer.router, dtype, x, logits, tokens, s.projection);
   float* weights = s.weights.get<float>(tokens * k);
   int32_t* ids = s.ids.get<int32_t>(tokens * k);
-  moe_route(dtype, logits, tokens, E, k, layer.normalize, weights, ids);
+  moe_route(dtype, logits, tokens, E, k, layer.normalize, layer.routing, weights, ids);
   if (!layer.weights_float32)
     for (int64_t i = 0; i < tokens * k; ++i) weights[i] = rounded(weights[i], dtype);
   // (token, slot) pairs grouped by expert, each expert's in increasing token order.
@@ -195,9 +269,12 @@ void moe_forward(const MoeLayer& layer, DType dtype, const void* x, void* out, i
       std::memcpy(gathered + i * hidden * es, static_cast<const char*>(x) + rows[i] * hidden * es, hidden * es);
     }
     void* act = s.act.get<char>(count * layer.intermediate * es);
-    expert_activation(layer.gate_up[e], dtype, gathered, act, count, layer.intermediate, s.gate_up, s.projection);
+    const bool biased = !layer.gate_up_bias.empty();
+    expert_activation(layer, layer.gate_up[e], biased ? layer.gate_up_bias[e] : nullptr, dtype, gathered, act, count,
+                      layer.intermediate, s.gate_up, s.projection);
     void* y = s.y.get<char>(count * hidden * es);
     run_projection(layer.down[e], dtype, act, y, count, s.projection);
+    if (biased) add_bias(dtype, y, layer.down_bias[e], count, hidden);
     accumulate(acc, y, dtype, rows, w.data(), count, hidden);
   }
   if (layer.shared) shared_expert(layer, dtype, x, acc, tokens, s);
@@ -225,12 +302,20 @@ struct MoeHandle {
 
 extern "C" {
 
-// router: 1 part; gate_up, down: one part per expert; shared: nullptr, or [gate_up, down, gate].
+// router: 1 part; gate_up, down: one part per expert; shared: nullptr, or [gate_up, down, gate];
+// routing, activation: MoeRouting, MoeActivation (alpha, limit: kClampedSwiglu's); gate_up_bias
+// [2 * intermediate], down_bias [hidden]: one pointer per expert in the dtype, or both nullptr.
 KVSERVE_EXPORT int kvserve_moe_create(int64_t num_experts, int64_t top_k, int64_t hidden, int64_t intermediate,
-                                      int32_t normalize, int32_t weights_float32, const kvserve::LinearPart* router,
+                                      int32_t normalize, int32_t weights_float32, int32_t routing, int32_t activation,
+                                      float alpha, float limit, const kvserve::LinearPart* router,
                                       const kvserve::LinearPart* gate_up, const kvserve::LinearPart* down,
+                                      const void* const* gate_up_bias, const void* const* down_bias,
                                       const kvserve::LinearPart* shared, void** handle) {
   return kvserve::guarded([&] {
+    kvserve::check(routing == kvserve::kSoftmaxTopk || routing == kvserve::kTopkSoftmax, "moe: unknown routing");
+    kvserve::check(activation == kvserve::kSiluAndMul || activation == kvserve::kClampedSwiglu,
+                   "moe: unknown activation");
+    kvserve::check((gate_up_bias == nullptr) == (down_bias == nullptr), "moe: both expert biases or neither");
     auto moe = std::make_unique<MoeHandle>();
     kvserve::MoeLayer& layer = moe->layer;
     layer.num_experts = num_experts;
@@ -239,10 +324,18 @@ KVSERVE_EXPORT int kvserve_moe_create(int64_t num_experts, int64_t top_k, int64_
     layer.intermediate = intermediate;
     layer.normalize = normalize != 0;
     layer.weights_float32 = weights_float32 != 0;
+    layer.routing = static_cast<kvserve::MoeRouting>(routing);
+    layer.activation = static_cast<kvserve::MoeActivation>(activation);
+    layer.alpha = alpha;
+    layer.limit = limit;
     layer.router = kvserve::make_projection(router, 1);
     for (int64_t e = 0; e < num_experts; ++e) {
       layer.gate_up.push_back(kvserve::make_projection(gate_up + e, 1));
       layer.down.push_back(kvserve::make_projection(down + e, 1));
+      if (gate_up_bias != nullptr) {
+        layer.gate_up_bias.push_back(gate_up_bias[e]);
+        layer.down_bias.push_back(down_bias[e]);
+      }
     }
     layer.shared = shared != nullptr;
     if (layer.shared) {
@@ -265,10 +358,11 @@ KVSERVE_EXPORT int kvserve_moe_forward(void* handle, int32_t dtype, const void* 
 }
 
 KVSERVE_EXPORT int kvserve_moe_route(int32_t dtype, const void* logits, int64_t tokens, int64_t experts, int64_t top_k,
-                                     int32_t normalize, float* weights, int32_t* ids) {
+                                     int32_t normalize, int32_t routing, float* weights, int32_t* ids) {
   return kvserve::guarded([&] {
-    kvserve::moe_route(static_cast<kvserve::DType>(dtype), logits, tokens, experts, top_k, normalize != 0, weights,
-                       ids);
+    kvserve::check(routing == kvserve::kSoftmaxTopk || routing == kvserve::kTopkSoftmax, "moe: unknown routing");
+    kvserve::moe_route(static_cast<kvserve::DType>(dtype), logits, tokens, experts, top_k, normalize != 0,
+                       static_cast<kvserve::MoeRouting>(routing), weights, ids);
   });
 }
 

@@ -9,12 +9,20 @@
 
 namespace kvserve {
 
+enum MoeRouting { kSoftmaxTopk = 0, kTopkSoftmax = 1 };  // softmax then top k; top k then softmax (GPT-OSS)
+enum MoeActivation { kSiluAndMul = 0, kClampedSwiglu = 1 };
+
 struct MoeLayer {
   int64_t num_experts, top_k, hidden, intermediate;
   bool normalize;        // norm_topk_prob
   bool weights_float32;  // the routing weight multiplies in float32 (Mixtral), else in the dtype
-  Projection router;
+  MoeRouting routing;
+  MoeActivation activation;
+  float alpha, limit;  // kClampedSwiglu's
+  Projection router;   // its bias (GPT-OSS) added as any projection's
   std::vector<Projection> gate_up, down;  // one each per expert
+  // per expert, in the dtype, or empty: added after each product, rounded (GPT-OSS)
+  std::vector<const void*> gate_up_bias, down_bias;
   bool shared;                            // Qwen2-MoE's shared expert
   Projection shared_gate_up, shared_down, shared_gate;
 };
@@ -25,11 +33,12 @@ struct MoeScratch {
       shared_gate;
 };
 
-// Router softmax over E experts in float32 (kvserve's exp), the top k of each row (of equal
-// probabilities the lowest expert first), renormalised when `normalize`: weights [T, k] float32,
-// ids [T, k].
+// kSoftmaxTopk: the router's softmax over E experts in float32 (kvserve's exp), the top k of each
+// row (of equal probabilities the lowest expert first), renormalised when `normalize`;
+// kTopkSoftmax: the top k logits (the same order), then their softmax in float32. weights [T, k]
+// float32, ids [T, k].
 void moe_route(DType dtype, const void* logits, int64_t tokens, int64_t experts, int64_t top_k, bool normalize,
-               float* weights, int32_t* ids);
+               MoeRouting routing, float* weights, int32_t* ids);
 
 // x [T, hidden] -> out [T, hidden], both in dtype (moe.cpp's file comment).
 void moe_forward(const MoeLayer& layer, DType dtype, const void* x, void* out, int64_t tokens, MoeScratch& scratch);

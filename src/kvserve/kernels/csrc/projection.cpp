@@ -42,7 +42,7 @@ void run_linear(const LinearPart& part, DType dtype, const void* x, void* out, i
     x = gathered;
   }
   const QuantWeight quant{static_cast<const uint8_t*>(part.packed), part.scales, part.neg_offsets, part.bias,
-                          part.out_features, part.group_size, part.bits};
+                          part.out_features, part.group_size, part.bits, part.codebook};
   switch (part.kind) {
     case kVector:
       invariant_linear(dtype, x, static_cast<DType>(part.weight_dtype), part.packed, part.bias, out, rows, K,

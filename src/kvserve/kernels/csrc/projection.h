@@ -26,6 +26,7 @@ struct LinearPart {
   const float* bias;          // or nullptr
   const int64_t* input_perm;  // GPTQ act-order input order [in_features], or nullptr
   int64_t in_features, out_features, group_size, bits, isa;
+  int64_t codebook;           // quantized kinds, bits 4: kvserve::Codebook
 };
 
 // Fails the call unless `part` is a kind the loops run (a quantized kind with its scales).

@@ -70,6 +70,7 @@ struct QuantArgs {
   const float* neg_offsets;  // nullptr: no offsets (int8, symmetric int4)
   const float* bias;         // nullptr: no bias
   int64_t M, K, N, G, bits;
+  int64_t codebook;  // kvserve::Codebook of a 4-bit weight
 };
 
 }  // namespace kvserve_quant
@@ -150,12 +151,15 @@ void quant_linear_layout(int64_t isa, int64_t* width, int64_t* vectors) { layout
 
 // x: contiguous [M, K] float32 or bfloat16; w.packed: uint8 [P, K, row bytes]; w.scales (and
 // neg_offsets, int4 only): float32 [P, K / group_size, kNR]; bias: float32 [N] or nullptr; bits 8
-// or 4 (int4 without offsets is symmetric: q - 8); isa: 0 (the best here) or the instruction set
+// or 4 (int4 without offsets is symmetric: q - 8; codebook kE2M1: MXFP4's values); isa: 0 (the best here) or the instruction set
 // the weights were packed for -> out [M, N] in x's dtype.
 void quant_linear(DType dtype, const void* x, void* out, int64_t M, int64_t K, const QuantWeight& w, int64_t isa) {
   isa = resolve_quant_isa(isa);
   if (M == 0 || w.N == 0) return;
-  const kvserve_quant::QuantArgs q{w.packed, w.scales, w.neg_offsets, w.bias, M, K, w.N, w.group_size, w.bits};
+  check(w.codebook == kIntegers || (w.codebook == kE2M1 && w.bits == 4 && w.neg_offsets == nullptr),
+        "quant_linear: the E2M1 codebook is for 4-bit weights without offsets");
+  const kvserve_quant::QuantArgs q{w.packed, w.scales, w.neg_offsets, w.bias, M, K, w.N, w.group_size, w.bits,
+                                   w.codebook};
   const bool bf16 = dtype == kBFloat16;
   switch (isa) {
 #if defined(KVSERVE_QUANT_X86)
@@ -179,10 +183,11 @@ KVSERVE_EXPORT int kvserve_quant_linear_layout(int64_t isa, int64_t* layout) {
 
 KVSERVE_EXPORT int kvserve_quant_linear(int32_t dtype, const void* x, void* out, int64_t M, int64_t K,
                                         const uint8_t* packed, const float* scales, const float* neg_offsets,
-                                        const float* bias, int64_t N, int64_t group_size, int64_t bits, int64_t isa) {
+                                        const float* bias, int64_t N, int64_t group_size, int64_t bits, int64_t isa,
+                                        int64_t codebook) {
   return kvserve::guarded([&] {
     kvserve::quant_linear(static_cast<kvserve::DType>(dtype), x, out, M, K,
-                          kvserve::QuantWeight{packed, scales, neg_offsets, bias, N, group_size, bits}, isa);
+                          kvserve::QuantWeight{packed, scales, neg_offsets, bias, N, group_size, bits, codebook}, isa);
   });
 }
 

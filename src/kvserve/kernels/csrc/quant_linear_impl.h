@@ -86,8 +86,9 @@ inline vfloat to_vfloat(vint v) {  // exact: |v| < 2^24
 constexpr int64_t row_bytes(int bits) { return bits == 32 ? kNR * 4 : bits == 8 ? kNR : kNR / 2; }
 
 // One packed weight row (kNR columns) as kNV float vectors holding the integers the sequence
-// multiplies by: q (int8), q - 8 (symmetric int4) or q (int4 with offsets).
-template <int kBits, bool kMinus8>
+// multiplies by: q (int8); for int4, kTable 0: q (with offsets), 1: q - 8 (symmetric), 2: the
+// doubled E2M1 value of q (MXFP4; kvserve::nibble_value).
+template <int kBits, int kTable>
 inline void load_weights(const uint8_t* b, vfloat (&out)[kNV]) {
   if constexpr (kBits == 32) {
     for (int v = 0; v < kNV; ++v) out[v] = load_vector<vfloat>(b + v * kW * sizeof(float));
@@ -97,8 +98,9 @@ inline void load_weights(const uint8_t* b, vfloat (&out)[kNV]) {
 #if QL_ISA == 3
     // A 16-entry table lookup gives the float of each nibble in one instruction: vpermps reads
     // only the low 4 bits of each index lane, so the low nibbles need no mask.
-    const __m512 table = kMinus8 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
-                                 : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 table = kTable == 1 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+                         : kTable == 2 ? _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, -0.f, -1, -2, -3, -4, -6, -8, -12)
+                                       : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int g = 0; g < kNV / 2; ++g) {
       const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + g * kW)));
       out[2 * g] = (vfloat)_mm512_permutexvar_ps(bytes, table);
@@ -109,7 +111,14 @@ inline void load_weights(const uint8_t* b, vfloat (&out)[kNV]) {
     for (int g = 0; g < kNV / 2; ++g) {
       const vint bytes = widen<false>(b + g * kW);
       vint low = bytes & 15, high = bytes >> 4;
-      if constexpr (kMinus8) {
+      if constexpr (kTable == 2) {
+        for (int i = 0; i < kW; ++i) {
+          out[2 * g][i] = kvserve::nibble_value(low[i], false, kvserve::kE2M1);
+          out[2 * g + 1][i] = kvserve::nibble_value(high[i], false, kvserve::kE2M1);
+        }
+        continue;
+      }
+      if constexpr (kTable == 1) {
         low -= 8;
         high -= 8;
       }
@@ -122,12 +131,12 @@ inline void load_weights(const uint8_t* b, vfloat (&out)[kNV]) {
 // Rows [0, kc) of a panel widened once into float32 rows (kNR floats each) of `out`, for the row
 // groups of a larger M to share: the values are the integers the sequence multiplies by, exact,
 // so the FMAs that read them are the same operations on the same numbers.
-template <int kBits, bool kMinus8>
+template <int kBits, int kTable>
 inline void widen_rows(int64_t kc, const uint8_t* __restrict b, float* __restrict out) {
   constexpr int64_t rb = row_bytes(kBits);
   for (int64_t k = 0; k < kc; ++k) {
     vfloat w[kNV];
-    load_weights<kBits, kMinus8>(b + k * rb, w);
+    load_weights<kBits, kTable>(b + k * rb, w);
     for (int v = 0; v < kNV; ++v) store_vector(out + k * kNR + v * kW, w[v]);
   }
 }
@@ -140,7 +149,7 @@ inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 1); }
 
 // The kMR-row microkernel over one panel: p[i][:] (+)= sum over k < kc of a[k][i] * W[k][:], one
 // FMA per k in increasing k; `accumulate` continues the sums stored in p.
-template <int kBits, bool kMinus8>
+template <int kBits, int kTable>
 inline void micro_kernel(int64_t kc, const float* __restrict a, const uint8_t* __restrict b, float* __restrict p,
                          bool accumulate) {
   vfloat acc[kMR][kNV];
@@ -151,7 +160,7 @@ inline void micro_kernel(int64_t kc, const float* __restrict a, const uint8_t* _
   for (int64_t k = 0; k < kc; ++k) {
     prefetch(b + k * rb + kPrefetchBytes);
     vfloat w[kNV];
-    load_weights<kBits, kMinus8>(b + k * rb, w);
+    load_weights<kBits, kTable>(b + k * rb, w);
     for (int i = 0; i < kMR; ++i) {
       const vfloat x = broadcast(a[k * kMR + i]);
       for (int v = 0; v < kNV; ++v) acc[i][v] = fmadd(x, w[v], acc[i][v]);
@@ -163,7 +172,7 @@ inline void micro_kernel(int64_t kc, const float* __restrict a, const uint8_t* _
 
 // The one-row kernel: np <= kNP panels at once (each `panel_stride` bytes after the previous),
 // row 0 of a ([k][kMR]); sums p[j][kNR] of panel j. Same per-element sequence as micro_kernel.
-template <int kBits, bool kMinus8>
+template <int kBits, int kTable>
 inline void row_kernel(int64_t kc, const float* __restrict a, const uint8_t* __restrict b, int64_t panel_stride,
                        int np, float* __restrict p, bool accumulate) {
   constexpr int64_t rb = row_bytes(kBits);
@@ -177,7 +186,7 @@ inline void row_kernel(int64_t kc, const float* __restrict a, const uint8_t* __r
         const uint8_t* row = b + j * panel_stride + k * rb;
         prefetch(row + kPrefetchBytes);
         vfloat w[kNV];
-        load_weights<kBits, kMinus8>(row, w);
+        load_weights<kBits, kTable>(row, w);
         for (int v = 0; v < kNV; ++v) acc[j][v] = fmadd(x, w[v], acc[j][v]);
       }
     }
@@ -193,7 +202,7 @@ inline void row_kernel(int64_t kc, const float* __restrict a, const uint8_t* __r
       const uint8_t* row = b + j * panel_stride + k * rb;
       prefetch(row + kPrefetchBytes);
       vfloat w[kNV];
-      load_weights<kBits, kMinus8>(row, w);
+      load_weights<kBits, kTable>(row, w);
       for (int v = 0; v < kNV; ++v) acc[v] = fmadd(x, w[v], acc[v]);
     }
     for (int v = 0; v < kNV; ++v) store_vector(p + j * kNR + v * kW, acc[v]);
@@ -299,7 +308,7 @@ inline Scratch scratch(int64_t floats) {
   return Scratch(static_cast<float*>(std::aligned_alloc(64, bytes)));
 }
 
-template <int kBits, bool kMinus8, typename act_t>
+template <int kBits, int kTable, typename act_t>
 void kernel(const act_t* x, act_t* out, const QuantArgs& q) {
   const int64_t M = q.M, K = q.K, N = q.N, G = q.G;
   const int64_t panels = (N + kNR - 1) / kNR, ngroups = K / G;
@@ -341,16 +350,16 @@ void kernel(const act_t* x, act_t* out, const QuantArgs& q) {
             const int64_t s1 = std::min(kc, (group + 1) * G - k0);
             const bool cont = kabs % G != 0, ends = k0 + s1 == (group + 1) * G;
             const uint8_t* b = q.packed + p * panel_bytes + kabs * rb;
-            if (M > kMR) widen_rows<kBits, kMinus8>(s1 - s0, b, widened.get());
+            if (M > kMR) widen_rows<kBits, kTable>(s1 - s0, b, widened.get());
             for (int64_t g = 0; g < groups; ++g) {
               const int64_t grows = std::min<int64_t>(kMR, rows - g * kMR);
               const float* a = rows_packed.get() + g * kc * kMR + s0 * kMR;
               float* part = partial.get() + (g * blk.panel_block + (p - p0)) * tile;
               float* run = running.get() + (g * blk.panel_block + (p - p0)) * tile;
               if (M == 1) {
-                row_kernel<kBits, kMinus8>(s1 - s0, a, b, panel_bytes, np, part, cont);
+                row_kernel<kBits, kTable>(s1 - s0, a, b, panel_bytes, np, part, cont);
               } else if (M <= kMR) {
-                micro_kernel<kBits, kMinus8>(s1 - s0, a, b, part, cont);
+                micro_kernel<kBits, kTable>(s1 - s0, a, b, part, cont);
               } else {
                 micro_kernel<32, false>(s1 - s0, a, reinterpret_cast<const uint8_t*>(widened.get()), part, cont);
               }
@@ -383,9 +392,10 @@ void kernel(const act_t* x, act_t* out, const QuantArgs& q) {
 
 template <typename act_t>
 void run(const act_t* x, act_t* out, const QuantArgs& q) {
-  if (q.bits == 8) kernel<8, false>(x, out, q);
-  else if (q.neg_offsets == nullptr) kernel<4, true>(x, out, q);
-  else kernel<4, false>(x, out, q);
+  if (q.bits == 8) kernel<8, 0>(x, out, q);
+  else if (q.codebook == kvserve::kE2M1) kernel<4, 2>(x, out, q);
+  else if (q.neg_offsets == nullptr) kernel<4, 1>(x, out, q);
+  else kernel<4, 0>(x, out, q);
 }
 
 void quant_linear(const void* x, void* out, bool bf16, const QuantArgs& q) {
