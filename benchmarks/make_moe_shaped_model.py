@@ -2,12 +2,17 @@
 
     python benchmarks/make_moe_shaped_model.py --shape qwen3-30b-a3b --layers 8    # -> /tmp/qwen3-30b-a3b-8l
     python benchmarks/make_moe_shaped_model.py --shape mixtral-8x7b --layers 4     # -> /tmp/mixtral-8x7b-4l
+    python benchmarks/make_moe_shaped_model.py --shape gpt-oss-20b --layers 24     # -> /tmp/gpt-oss-20b-24l
 
 The shapes are the released models' config.json values (Qwen3-30B-A3B: hidden 2048, 32 query / 4
 KV heads of 128, 128 experts of width 768, top 8, norm_topk_prob; Mixtral-8x7B: hidden 4096, 32 / 8
-heads of 128, 8 experts of width 14,336, top 2), cut to ``--layers`` layers so that the weights fit
-in this machine's memory in bfloat16 (one Qwen3-30B-A3B layer is 1.2 GB, one Mixtral layer 2.8 GB).
-Every matmul a token runs costs what the real model's does; only the values are random.
+heads of 128, 8 experts of width 14,336, top 2; GPT-OSS-20B: hidden 2880, 64 / 8 heads of 64,
+sliding-window (128) and full layers alternating, 32 experts of width 2880, top 4, YaRN), cut to
+``--layers`` layers so that the weights fit in this machine's memory in bfloat16 (one Qwen3-30B-A3B
+layer is 1.2 GB, one Mixtral layer 2.8 GB). GPT-OSS's experts are written as the released
+checkpoints store them, in MXFP4 (uint8 blocks of 32 E2M1 values and a power-of-two scale each:
+0.4 GB a layer, all 24 layers fit); its attention, router and biases in bfloat16. Every matmul a
+token runs costs what the real model's does; only the values are random.
 
 Tensors are written one layer at a time straight to safetensors shards in the checkpoint's own
 names (no transformers model is built: a 30B-shaped one would not fit), each drawn from
@@ -46,7 +51,25 @@ SHAPES: dict[str, dict] = {
         "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": False,
         "hidden_act": "silu", "sliding_window": None,
     },
+    "gpt-oss-20b": {
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
+        "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4,
+        "attention_bias": True, "sliding_window": 128, "swiglu_limit": 7.0, "rms_norm_eps": 1e-5,
+        "rope_theta": 150000, "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                               "beta_slow": 1.0, "original_max_position_embeddings": 4096,
+                                               "truncate": False},
+        "initial_context_length": 4096, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+        "hidden_act": "silu", "router_aux_loss_coef": 0.9,
+        "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
+    },
 }
+
+# GPT-OSS's tokens of the harmony format (o200k_harmony's specials; <|endoftext|> is among the
+# benchmark tokenizer's own; appended after its vocabulary, so their ids differ from the real ones).
+HARMONY_SPECIAL_TOKENS = ("<|startoftext|>", "<|return|>", "<|constrain|>", "<|channel|>",
+                          "<|start|>", "<|end|>", "<|message|>", "<|call|>")
 
 
 def layer_tensors(config: dict, i: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -56,6 +79,8 @@ def layer_tensors(config: dict, i: int, generator: torch.Generator) -> dict[str,
         return (torch.randn(*shape, generator=generator) * 0.02).to(torch.bfloat16)
 
     p = f"model.layers.{i}."
+    if config["model_type"] == "gpt_oss":
+        return gpt_oss_layer_tensors(config, p, w, generator)
     out = {p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
            p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
            p + "self_attn.q_proj.weight": w(heads * d, h), p + "self_attn.k_proj.weight": w(kv * d, h),
@@ -74,6 +99,44 @@ def layer_tensors(config: dict, i: int, generator: torch.Generator) -> dict[str,
         out[q + f"{names[0]}.weight"], out[q + f"{names[1]}.weight"] = w(width, h), w(width, h)
         out[q + f"{names[2]}.weight"] = w(h, width)
     return out
+
+
+def gpt_oss_layer_tensors(config: dict, p: str, w, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """One GPT-OSS layer in the released checkpoints' names: attention with biases and sinks, the
+    router with a bias, the experts' weights in MXFP4 (random E2M1 nibbles; scales 2^-9 .. 2^-6,
+    so weights of up to 6 * 2^-6 as N(0, 0.02) has) with bfloat16 biases."""
+    h, heads, kv, d = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    experts, width = config["num_local_experts"], config["intermediate_size"]
+
+    def mxfp4(rows: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+        blocks = torch.randint(0, 256, (experts, rows, columns // 32, 16), generator=generator, dtype=torch.uint8)
+        scales = torch.randint(127 - 9, 127 - 5, (experts, rows, columns // 32), generator=generator, dtype=torch.uint8)
+        return blocks, scales
+
+    out = {p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+           p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+           p + "self_attn.sinks": w(heads)}
+    for name, rows, columns in (("q_proj", heads * d, h), ("k_proj", kv * d, h), ("v_proj", kv * d, h),
+                                ("o_proj", h, heads * d)):
+        out[p + f"self_attn.{name}.weight"], out[p + f"self_attn.{name}.bias"] = w(rows, columns), w(rows)
+    out[p + "mlp.router.weight"], out[p + "mlp.router.bias"] = w(experts, h), w(experts)
+    q = p + "mlp.experts."
+    out[q + "gate_up_proj_blocks"], out[q + "gate_up_proj_scales"] = mxfp4(2 * width, h)
+    out[q + "gate_up_proj_bias"] = w(experts, 2 * width)
+    out[q + "down_proj_blocks"], out[q + "down_proj_scales"] = mxfp4(h, width)
+    out[q + "down_proj_bias"] = w(experts, h)
+    return out
+
+
+def harmony_tokenizer(vocab_size: int):
+    """``full_vocab_tokenizer`` of ``vocab_size`` tokens whose last ones are GPT-OSS's harmony
+    specials, with the harmony chat template (``benchmarks/harmony_template.jinja``)."""
+    tokenizer = full_vocab_tokenizer(vocab_size - len(HARMONY_SPECIAL_TOKENS))
+    tokenizer.add_special_tokens({"additional_special_tokens": list(HARMONY_SPECIAL_TOKENS)})
+    tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token = "<|startoftext|>", "<|return|>", "<|endoftext|>"
+    tokenizer.chat_template = (Path(__file__).parent / "harmony_template.jinja").read_text()
+    assert len(tokenizer) == vocab_size, len(tokenizer)
+    return tokenizer
 
 
 def make_moe_shaped_model(shape: str, layers: int, out: Path, seed: int = 0) -> Path:
@@ -96,11 +159,21 @@ def make_moe_shaped_model(shape: str, layers: int, out: Path, seed: int = 0) -> 
         name = f"model-{index + 1:05d}-of-{total:05d}.safetensors"
         save_file(tensors, str(out / name), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, name))
-        print(f"  {name}: {sum(t.numel() for t in tensors.values()) * 2 / 1e9:.2f} GB", flush=True)
+        print(f"  {name}: {sum(t.numel() * t.element_size() for t in tensors.values()) / 1e9:.2f} GB", flush=True)
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": [1]}) + "\n")
-    full_vocab_tokenizer(vocab).save_pretrained(out)
+    if config["model_type"] == "gpt_oss":
+        tokenizer = harmony_tokenizer(vocab)
+        ids = tokenizer.convert_tokens_to_ids
+        config.update(bos_token_id=ids("<|startoftext|>"), eos_token_id=ids("<|return|>"),
+                      pad_token_id=ids("<|endoftext|>"))
+        eos = [ids("<|return|>"), ids("<|endoftext|>"), ids("<|call|>")]
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    else:
+        tokenizer, eos = full_vocab_tokenizer(vocab), [1]
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": config["bos_token_id"], "eos_token_id": eos}) + "\n")
+    tokenizer.save_pretrained(out)
     marker.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return out
 

@@ -41,6 +41,8 @@ import torch
 
 from kvserve.bench.machine_probe import probe_machine
 from kvserve.bench.roofline import ServingFormat, decode_step_bound, model_cost, quantization_from_label
+from kvserve.checkpoint_quantization import resolve_quantization
+from kvserve.config import QuantizationConfig
 from kvserve.model.arch_config import ModelArchConfig
 
 
@@ -93,13 +95,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", default=None, help="write the figures to this file")
     parser.add_argument("--format", action="append", type=parse_format, default=None,
                         help="weight format (repeatable): bfloat16, float32, int8[+lm_head], int4-gG[+lm_head], "
-                             "each with an optional +kv_int8|+kv_fp8_e4m3|+kv_fp8_e5m2; default: --dtype")
+                             "each with an optional +kv_int8|+kv_fp8_e4m3|+kv_fp8_e5m2; default: --dtype with the "
+                             "checkpoint's own quantization (GPTQ/AWQ/MXFP4)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     batches = args.batch or [1, 32, 64]
     arch = ModelArchConfig.from_file(f"{args.model}/config.json")
-    formats = args.format or [ServingFormat(args.dtype)]
+    # default: the dtype, with the checkpoint's own quantization where it has one (GPTQ/AWQ/MXFP4)
+    formats = args.format or [ServingFormat(args.dtype, resolve_quantization(args.model, QuantizationConfig()))]
     peaks = probe_machine(arch.hidden_size, arch.intermediate_size, ("bfloat16", "float32"))
     print(f"machine ({peaks.threads} threads): bandwidth {peaks.bandwidth_gbs:.1f} GB/s (bf16 GEMV "
           f"{peaks.gemv_bf16_gbs:.1f}, fp32 sum {peaks.sum_fp32_gbs:.1f}); matmul bf16 "

@@ -101,11 +101,11 @@ def test_max_model_len_suffixes_as_vllm(tiny_llama, value, tokens):
 
 @pytest.mark.parametrize("command, flag, words", [
     ("vllm serve MODEL --pipeline-parallel-size 2", "--pipeline-parallel-size/-pp",
-     "'2' is not supported: kvserve runs tensor parallelism (-tp)"),
+     "'2' is not supported: kvserve runs tensor parallelism (-tp, its experts split whole with --enable-expert-parallel)"),
     ("vllm serve MODEL -pp 2", "--pipeline-parallel-size/-pp", "(accepted: 1)"),
     ("vllm serve MODEL --quantization bitsandbytes", "--quantization/-q",
      "'bitsandbytes' is not supported: kvserve quantizes a float checkpoint at load"),
-    ("vllm serve MODEL -q fp8", "--quantization/-q", "(accepted: int8, int4, gptq, awq)"),
+    ("vllm serve MODEL -q fp8", "--quantization/-q", "(accepted: int8, int4, gptq, awq, mxfp4)"),
     ("vllm serve MODEL --kv-cache-dtype fp8_inc", "--kv-cache-dtype", "other dtypes are not implemented"),
     ("vllm serve MODEL --enable-lora --fully-sharded-loras", "--fully-sharded-loras", "no pipeline"),
     ("vllm serve MODEL --enable-lora --lora-extra-vocab-size 256", "--lora-extra-vocab-size", "cannot add tokens"),

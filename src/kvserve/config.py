@@ -265,6 +265,9 @@ class ParallelConfig:
             before the rank gives up (``--dist-timeout``).
         pin_cpus: on the CPU, give each rank of a node its own share of this process's cores
             (``os.sched_setaffinity``) and as many threads (``kvserve.distributed.cpu_pinning``).
+        enable_expert_parallel: a mixture of experts' experts split whole over the ranks
+            (``--enable-expert-parallel``) instead of each expert's width
+            (``kvserve.distributed.shard``).
     """
 
     tensor_parallel_size: int = 1
@@ -274,6 +277,7 @@ class ParallelConfig:
     master_port: int = 0
     dist_timeout: float = 60.0
     pin_cpus: bool = True
+    enable_expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         size, nnodes = self.tensor_parallel_size, self.nnodes

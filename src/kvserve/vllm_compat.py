@@ -5,7 +5,8 @@ vLLM or stops the start with one line naming it, e.g.::
 
     kvserve: error: argument --quantization/-q: 'fp8' is not supported: kvserve quantizes a float
     checkpoint at load (...) or loads 4-bit GPTQ and AWQ (GEMM) checkpoints (...); other methods
-    (fp8, bitsandbytes, gguf, marlin repacks, ...) are not implemented (accepted: int8, int4, gptq, awq)
+    (fp8, bitsandbytes, gguf, marlin repacks, ...) are not implemented (accepted: int8, int4, gptq, awq,
+    mxfp4)
 
 Some flags are accepted at the value that describes what kvserve does anyway (``-pp 1``,
 ``--kv-cache-dtype auto``, ``--no-fully-sharded-loras``) or at the values kvserve implements
@@ -73,15 +74,16 @@ def _normal(value: Any) -> str:
 
 _MM = "kvserve serves text-only models (no images, audio or video)"
 _LORA_VOCAB = "LoRA adapters cannot add tokens (vLLM removed extra-vocabulary adapters too)"
-_PAR = ("kvserve runs tensor parallelism (-tp) and one machine's data parallelism (-dp) only: no pipeline, "
-        "context or expert parallelism and no multi-node data parallelism yet")
+_PAR = ("kvserve runs tensor parallelism (-tp, its experts split whole with --enable-expert-parallel) and one "
+        "machine's data parallelism (-dp) only: no pipeline or context parallelism, no expert load balancing or "
+        "all-to-all backends and no multi-node data parallelism yet")
 _HUB = ("kvserve loads local model folders and downloads nothing; fetch the model first "
         "(`hf download REPO --revision REV --local-dir DIR`) and pass DIR")
 _EAGER = "kvserve runs eagerly: it has no CUDA graphs and no torch.compile"
 _LOOKAHEAD = "lookahead slots are sized by --speculative-config (the draft model's num_speculative_tokens)"
 _QUANT = ("kvserve quantizes a float checkpoint at load (int8 per channel, int4 group-wise with "
-          "--quantization-group-size) or loads 4-bit GPTQ and AWQ (GEMM) checkpoints and 8-bit symmetric GPTQ "
-          "(detected from config.json); other methods (fp8, bitsandbytes, gguf, marlin repacks, ...) are not "
+          "--quantization-group-size) or loads 4-bit GPTQ and AWQ (GEMM) checkpoints, 8-bit symmetric GPTQ and "
+          "GPT-OSS's MXFP4 experts (detected from config.json); other methods (fp8, bitsandbytes, gguf, marlin repacks, ...) are not "
           "implemented")
 _DIST = "kvserve has no distributed or disaggregated serving yet"
 _TOOL_PLUGIN = ("parser plugins are not supported; the built-in tool-call parsers are hermes, llama3_json, "
@@ -155,7 +157,6 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--data-parallel-backend", "-dpb"), "ParallelConfig", _PAR),
     RefusedFlag(("--data-parallel-hybrid-lb",), "ParallelConfig", _PAR, kind="bool"),
     RefusedFlag(("--data-parallel-external-lb",), "ParallelConfig", _PAR, kind="bool"),
-    RefusedFlag(("--enable-expert-parallel",), "ParallelConfig", _PAR, kind="bool"),
     RefusedFlag(("--all2all-backend",), "ParallelConfig", _PAR),
     RefusedFlag(("--enable-dbo",), "ParallelConfig", _PAR, kind="bool"),
     RefusedFlag(("--dbo-decode-token-threshold",), "ParallelConfig", _PAR),

@@ -83,6 +83,22 @@ def test_a_mixture_of_experts_counts_the_experts_a_step_touches():
         2 * ((8_192 + 4 * 128 - 8_192 * 2) + (4_096 + 4 * 64 - 4_096 * 2))  # the router stays bfloat16
 
 
+def test_mxfp4_experts_count_four_bits_and_a_scale_per_32_the_rest_bfloat16(tmp_path):
+    """GPT-OSS on SMALL's attention (with q/k/v/o biases): 4 experts of width 64, top 2. Only the
+    routed experts are MXFP4: gate_up [128, 64] + down [64, 64] = 12,288 weights at 1/2 + 4/32
+    bytes each; attention and the router [4, 64] (+ bias) stay bfloat16."""
+    config = {**SMALL, "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_local_experts": 4,
+              "num_experts_per_tok": 2, "intermediate_size": 64, "head_dim": 16, "attention_bias": True,
+              "quantization_config": {"quant_method": "mxfp4"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    quant = quantization_from_label("mxfp4", str(tmp_path))
+    cost = model_cost(ModelArchConfig.from_dict(config), ServingFormat("bfloat16", quant))
+    assert cost.expert_params == 12_288 and cost.expert_bytes == 12_288 // 2 + 4 * 12_288 // 32
+    attention = 8_192 + 4_096 + (128 + 64)  # weights and biases
+    router = 4 * 64 + 4
+    assert cost.weight_bytes == 2 * (2 * (attention + router) + HEAD + NORMS)
+
+
 def test_quantized_weight_bytes_by_hand():
     int8 = model_cost(arch(), ServingFormat("bfloat16", QuantizationConfig("int8")))
     # N * K + 4 * N per linear: qkv 8,192 + 512, o 4,096 + 256, gate_up 16,384 + 1,024, down 8,192 + 256

@@ -15,7 +15,8 @@ layers (:func:`model_cost`):
                    (-1: K), zero points unless the quantizer was symmetric (AWQ never is);
                    every linear but the LM head counted as quantized unless the checkpoint
                    says otherwise (modules a quantizer left in float are not known from
-                   config.json)
+                   config.json); MXFP4 checkpoints (GPT-OSS): the routed experts only, as
+                   int4-g32 (the kernel holds each block's power-of-two scale as a float32)
                    a quantized layer's bias stays float32 (4 * N); the LM head is quantized
                    only with ``+lm_head``.  (The CPU kernel's panels pad N to a multiple of
                    its panel width; the padding is not counted.)
@@ -229,7 +230,7 @@ def model_cost(arch: ModelArchConfig, fmt: ServingFormat) -> ModelCost:
     from torch import nn  # noqa: PLC0415
 
     from kvserve.attention import get_attention_backend  # noqa: PLC0415
-    from kvserve.model.layers import RMSNorm  # noqa: PLC0415
+    from kvserve.model.layers import RMSNorm, UpcastRMSNorm  # noqa: PLC0415
     from kvserve.model.registry import get_model_class  # noqa: PLC0415
 
     from kvserve.model.layers import RouterLinear  # noqa: PLC0415
@@ -240,15 +241,17 @@ def model_cost(arch: ModelArchConfig, fmt: ServingFormat) -> ModelCost:
     size, quant = DTYPE_BYTES[fmt.dtype], fmt.quantization
     head = model.lm_head
 
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    routed = {id(lin) for b in blocks for e in b.experts for lin in e.modules() if isinstance(lin, nn.Linear)}
+
     def linear_cost(module: nn.Linear) -> tuple[int, int]:  # (bytes, params)
         n, k = module.out_features, module.in_features
         quantized = (quant.method is not None and not isinstance(module, RouterLinear)
-                     and (module is not head or quant.lm_head))
+                     and (module is not head or quant.lm_head)
+                     and (quant.method != "mxfp4" or id(module) in routed))  # MXFP4 checkpoints: the experts
         nbytes = quantized_linear_bytes(n, k, quant) if quantized else n * k * size
         return nbytes + (n * (SCALE_BYTES if quantized else size) if module.bias is not None else 0), n * k
 
-    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
-    routed = {id(lin) for b in blocks for e in b.experts for lin in e.modules() if isinstance(lin, nn.Linear)}
     expert = [linear_cost(lin) for lin in blocks[0].experts[0].modules() if isinstance(lin, nn.Linear)] if blocks else []
     weight_bytes = body = 0
     for module in model.modules():
@@ -256,7 +259,7 @@ def model_cost(arch: ModelArchConfig, fmt: ServingFormat) -> ModelCost:
             nbytes, params = linear_cost(module)
             weight_bytes += nbytes
             body += 0 if module is head else params
-        elif isinstance(module, RMSNorm):
+        elif isinstance(module, (RMSNorm, UpcastRMSNorm)):  # Gemma's too
             weight_bytes += module.weight.numel() * size
     row = arch.head_dim + SCALE_BYTES if fmt.kv_cache_dtype in ONE_BYTE_KV else arch.head_dim * size
     return ModelCost(

@@ -131,7 +131,8 @@ class TensorParallelDriver:
                 self._pinned = pin_current_thread(cores[0])
             self._wait_for("joined")
             self.communicator = Communicator(self.store, 0, self.world_size, device, parallel.dist_timeout)
-            loaded = load_shard(model_dir, dtype, device, backend, 0, self.communicator, quantization)
+            loaded = load_shard(model_dir, dtype, device, backend, 0, self.communicator, quantization,
+                                parallel.enable_expert_parallel)
             self._wait_for("loaded")
         except BaseException:
             self.shutdown()
@@ -149,7 +150,8 @@ class TensorParallelDriver:
         for local_rank in range(1, self.parallel.ranks_per_node):
             spec = WorkerSpec(model_dir, dtype, device.type, backend_name, local_rank, self.world_size, local_rank,
                               self.parallel.master_addr, self.store.port, self.parallel.dist_timeout,
-                              cores[local_rank] if cores else None, quantization, lora)
+                              cores[local_rank] if cores else None, quantization, lora,
+                              self.parallel.enable_expert_parallel)
             process = context.Process(target=worker_main, args=(spec,), name=f"kvserve-tp-rank{local_rank}",
                                       daemon=True)
             process.start()

@@ -1,5 +1,5 @@
-"""The layers that talk to the other ranks: row-parallel linears (o_proj, down_proj) and the
-vocabulary-parallel embedding. Column-parallel layers (qkv_proj, gate_up_proj, the LM head) need
+"""The layers that talk to the other ranks: row-parallel linears (o_proj, down_proj), a mixture
+of experts whose ranks each give a partial sum, and the vocabulary-parallel embedding. Column-parallel layers (qkv_proj, gate_up_proj, the LM head) need
 no layer of their own: they are the model's usual ``MergedLinear`` / ``nn.Linear`` built with the
 rank's smaller sizes (``TensorParallelShard.local_arch``), loaded with the rank's rows.
 """
@@ -57,15 +57,36 @@ class VocabParallelEmbedding(nn.Module):
         return self.communicator.all_reduce(out)
 
 
+class ParallelMoeBlock(nn.Module):
+    """``all_reduce(block(x))``: a mixture of experts (``kvserve.model.moe.SparseMoeBlock``) whose
+    rank holds a slice of every expert's width, or whole experts of its own (expert parallelism),
+    and a slice of the shared expert; every rank routes all tokens with the whole router, so the
+    rank outputs are partial sums of the layer's output (in float32 for bfloat16, as
+    ``Communicator.all_reduce`` sums). [T, hidden] -> [T, hidden], every rank the same bits."""
+
+    def __init__(self, block: nn.Module, communicator: Communicator):
+        super().__init__()
+        self.block = block
+        self.communicator = communicator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.communicator.all_reduce(self.block(x).contiguous())
+
+
 def parallelize(model: nn.Module, shard: TensorParallelShard, communicator: Communicator) -> nn.Module:
     """Swap ``model``'s (a Llama-family model built from ``shard.local_arch()``, on any device,
     also ``meta``) row-parallel projections and embedding for the layers above, in place.
     Returns ``model``."""
     arch = shard.arch
+    from kvserve.model.moe import SparseMoeBlock
+
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         attn.o_proj = _row_parallel(attn.o_proj, communicator)
-        mlp.down_proj = _row_parallel(mlp.down_proj, communicator)
+        if isinstance(mlp, SparseMoeBlock):
+            layer.mlp = ParallelMoeBlock(mlp, communicator)
+        else:
+            mlp.down_proj = _row_parallel(mlp.down_proj, communicator)
     old = model.model.embed_tokens
     start, end = shard.vocab_rows
     embedding = VocabParallelEmbedding(shard.vocab_per_rank, arch.hidden_size, start, end - start, communicator)

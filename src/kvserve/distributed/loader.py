@@ -8,6 +8,10 @@ columns, never the whole model. Name mapping as ``kvserve.model.loader``, plus::
 
     ...o_proj.weight[:, rank's q columns]       -> ...o_proj.linear.weight     (row-parallel)
     ...down_proj.weight[:, rank's MLP columns]  -> ...mlp.down_proj.linear.weight
+    ...mlp.experts.{e}.{gate,up}_proj[rank's expert rows] -> ...mlp.block.experts.{e}.gate_up_proj
+    ...mlp.experts.{e}.down_proj[:, the same columns]     -> ...mlp.block.experts.{e}.down_proj
+        (expert parallelism: the rank's experts whole, expert e as its local e - first; the
+        other experts' tensors are not read; a shared expert split as a dense MLP)
     model.embed_tokens.weight[rank's vocab rows] -> model.embed_tokens.weight (zero-padded rows)
     lm_head.weight[rank's vocab rows]           -> lm_head.weight
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,7 +46,8 @@ from kvserve.kernels import cpu_kernels
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.gguf_file import find_gguf
 from kvserve.model.layers import MergedLinear
-from kvserve.model.loader import LoadedModel, _is_ignorable, _safetensors_files, _tensor_names, check_all_loaded
+from kvserve.model.loader import (LoadedModel, _is_ignorable, _renamed, _safetensors_files, _tensor_names,
+                                  check_all_loaded)
 from kvserve.model.prequantized import (PACKED_TENSORS, drop_float_weights, install_quantized_linears,
                                         plan_quantized_linears)
 from kvserve.model.quant_linear import quantize_linears
@@ -61,7 +67,7 @@ class _SliceTarget(NamedTuple):
 
 def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, backend: AttentionBackend,
                shard_rank: int, communicator: Communicator,
-               quantization: QuantizationConfig = QuantizationConfig()) -> LoadedModel:
+               quantization: QuantizationConfig = QuantizationConfig(), expert_parallel: bool = False) -> LoadedModel:
     """Rank ``shard_rank``'s shard (of ``communicator.world_size``) of ``model_dir``. A GPTQ/AWQ
     checkpoint's packed tensors are read in the rank's slices (``kvserve.distributed
     .prequantized``). With ``quantization`` (``--quantization int8|int4``) the rank quantizes its own slices after loading
@@ -89,9 +95,10 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     quantization = resolve_quantization(model_dir, quantization)
     spec = quantization.checkpoint
     files = _safetensors_files(model_dir)
-    shard = TensorParallelShard(shard_rank, communicator.world_size, arch)
+    shard = TensorParallelShard(shard_rank, communicator.world_size, arch, expert_parallel)
+    model_cls = get_model_class(arch.architecture)
     with torch.device("meta"):
-        model = get_model_class(arch.architecture)(shard.local_arch(), backend)
+        model = model_cls(shard.local_arch(), backend)
         parallelize(model, shard, communicator)
     plan = {} if spec is None else plan_quantized_linears(model, _tensor_names(files), spec, _row_parallel_names(model))
     packed = _Packed({s: {} for shards in plan.values() for s in shards}, _packed_splits(model, plan, shard), spec)
@@ -99,7 +106,7 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     model = model.to(dtype=dtype).to_empty(device=device)
     if arch.tie_word_embeddings and "lm_head" not in plan:
         model.lm_head.weight = model.model.embed_tokens.weight
-    _load_slices(model, files, shard, packed)
+    _load_slices(model, files, shard, packed, model_cls.checkpoint_renames)
     if spec is not None:
         install_quantized_linears(model, plan, packed.tensors, spec, cpu_kernels(), device)
     elif quantization.method is not None:
@@ -180,6 +187,25 @@ def _packed_splits(model: nn.Module, plan: dict[str, list[str]], shard: TensorPa
     return splits
 
 
+_LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")
+
+
+def _checkpoint_module(module_name: str, shard: TensorParallelShard) -> str:
+    """The checkpoint's name of a rank's module: the MoE block without its ``ParallelMoeBlock``
+    wrapper, a held expert by its index in the whole model."""
+    name = module_name.replace(".mlp.block.", ".mlp.")
+    held = shard.held_experts
+    if held is not None:
+        name = _LOCAL_EXPERT.sub(lambda m: f".mlp.experts.{int(m.group(1)) + held[0]}.", f"{name}.")[:-1]
+    return name
+
+
+def _is_other_ranks_expert(name: str, shard: TensorParallelShard) -> bool:
+    """A checkpoint tensor of an expert another rank holds (expert parallelism)."""
+    held, match = shard.held_experts, _LOCAL_EXPERT.search(name)
+    return held is not None and match is not None and not held[0] <= int(match.group(1)) < held[1]
+
+
 def _slice_targets(model: nn.Module, shard: TensorParallelShard) -> dict[str, _SliceTarget]:
     """Checkpoint tensor name -> where and which slice, for every parameter of the rank's model."""
     targets: dict[str, _SliceTarget] = {}
@@ -189,12 +215,17 @@ def _slice_targets(model: nn.Module, shard: TensorParallelShard) -> dict[str, _S
         module = model.get_submodule(module_name)
         parent_name = module_name.rpartition(".")[0]
         parent = model.get_submodule(parent_name) if parent_name else model
+        stored_parent = _checkpoint_module(parent_name, shard)
         if isinstance(module, MergedLinear):
             start = 0
             for shard_name, size in zip(module.shard_names, module.output_sizes, strict=True):
-                rows = slice(*shard.rows_of(shard_name))
-                targets[f"{parent_name}.{shard_name}.{attr}"] = _SliceTarget(param, start, start + size, (rows,))
+                rows = slice(*shard.rows_of(shard_name, stored_parent))
+                targets[f"{stored_parent}.{shard_name}.{attr}"] = _SliceTarget(param, start, start + size, (rows,))
                 start += size
+        elif module_name.endswith("down_proj") and ".mlp.block." in module_name:  # an expert's, a shared expert's
+            columns = slice(*shard.rows_of("down_proj", stored_parent))
+            targets[f"{stored_parent}.down_proj.{attr}"] = _SliceTarget(param, 0, param.shape[0],
+                                                                        (slice(None), columns))
         elif isinstance(parent, RowParallelLinear) and module is parent.linear:
             columns = slice(*shard.rows_of(parent_name.rpartition(".")[2]))
             targets[f"{parent_name}.{attr}"] = _SliceTarget(param, 0, param.shape[0], (slice(None), columns))
@@ -202,14 +233,17 @@ def _slice_targets(model: nn.Module, shard: TensorParallelShard) -> dict[str, _S
             start, end = shard.vocab_rows
             targets[name] = _SliceTarget(param, 0, end - start, (slice(start, end),))
         else:
-            targets[name] = _SliceTarget(param, 0, param.shape[0], everything)
+            targets[f"{_checkpoint_module(module_name, shard)}.{attr}"] = _SliceTarget(param, 0, param.shape[0],
+                                                                                       everything)
     return targets
 
 
 @torch.no_grad()
-def _load_slices(model: nn.Module, files: list[Path], shard: TensorParallelShard, packed: _Packed) -> None:
-    """Copy the rank's slice of each checkpoint tensor into its parameter; the packed tensors of
-    pre-quantized linears go (sliced) into ``packed.tensors`` instead."""
+def _load_slices(model: nn.Module, files: list[Path], shard: TensorParallelShard, packed: _Packed,
+                 renames: tuple[tuple[str, str], ...] = ()) -> None:
+    """Copy the rank's slice of each checkpoint tensor (its name as the model class renames it,
+    ``checkpoint_renames``) into its parameter; the packed tensors of pre-quantized linears go
+    (sliced) into ``packed.tensors`` instead."""
     targets = _slice_targets(model, shard)
     for target in targets.values():
         if target.row_end - target.row_start < target.param.shape[0]:
@@ -218,24 +252,27 @@ def _load_slices(model: nn.Module, files: list[Path], shard: TensorParallelShard
     tied = shard.arch.tie_word_embeddings
     for path in files:
         with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
+            for stored in f.keys():
+                name = _renamed(stored, renames)
                 target = targets.get(name)
+                if target is None and _is_other_ranks_expert(name, shard):
+                    continue
                 if target is None:
                     module, _, part = name.rpartition(".")
                     if module in packed.tensors and part in PACKED_TENSORS:
-                        packed.tensors[module][part] = read_packed_slice(f.get_slice(name), module, part,
+                        packed.tensors[module][part] = read_packed_slice(f.get_slice(stored), module, part,
                                                                          packed.splits[module], packed.spec,
                                                                          shard.size)
                         continue
-                    if module in packed.tensors and part == "bias" and not f.get_tensor(name).any():
+                    if module in packed.tensors and part == "bias" and not f.get_tensor(stored).any():
                         continue  # a zero bias some GPTQ writers store for bias-free layers (as load_model)
                     if _is_ignorable(name, tied):
                         continue
-                    raise CheckpointError(f"unexpected tensor {name!r} in {path.name}; this model has no such weight")
-                tensor = f.get_slice(name)[target.index]
+                    raise CheckpointError(f"unexpected tensor {stored!r} in {path.name}; this model has no such weight")
+                tensor = f.get_slice(stored)[target.index]
                 dest = target.param.data[target.row_start : target.row_end]
                 if tuple(tensor.shape) != tuple(dest.shape):
-                    raise CheckpointError(f"tensor {name!r} in {path.name}: its slice {target.index} for "
+                    raise CheckpointError(f"tensor {stored!r} in {path.name}: its slice {target.index} for "
                                           f"tensor-parallel rank {shard.rank} has shape {tuple(tensor.shape)}, "
                                           f"expected {tuple(dest.shape)}")
                 dest.copy_(tensor)

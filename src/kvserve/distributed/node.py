@@ -33,7 +33,8 @@ def run_worker_node(config: EngineConfig) -> int:
         rank = parallel.node_rank * per_node + local_rank
         spec = WorkerSpec(config.model.model, dtype, device.type, backend, rank, parallel.tensor_parallel_size,
                           local_rank, parallel.master_addr, parallel.master_port, parallel.dist_timeout,
-                          cores[local_rank] if cores else None, config.model.quantization, config.lora)
+                          cores[local_rank] if cores else None, config.model.quantization, config.lora,
+                          parallel.enable_expert_parallel)
         process = context.Process(target=worker_main, args=(spec,), name=f"kvserve-tp-rank{rank}")
         process.start()
         processes.append((rank, process))

@@ -9,6 +9,11 @@ For ``N`` ranks and rank ``r``::
     gate, up rows  [r*I/N, (r+1)*I/N)                       column-parallel (gate_up_proj rows)
     o_proj, down   the same ranges as input columns         row-parallel: partial sums, one
                                                             all-reduce each
+    experts        each expert's gate/up rows and down columns split as a dense MLP's (by the
+                   expert width), or, with expert parallelism (``--enable-expert-parallel``),
+                   experts [r*E/N, (r+1)*E/N) whole; a shared expert always split by its width;
+                   the router whole. Either way a rank's MoE output is a partial sum: one
+                   all-reduce per MoE layer (``kvserve.distributed.layers.ParallelMoeBlock``)
     vocabulary     [r*ceil(V/N), min((r+1)*ceil(V/N), V))   embedding rows (lookups outside the
                                                             range give 0, then all-reduce) and
                                                             LM head rows (logits gathered on
@@ -29,8 +34,9 @@ from kvserve.errors import ConfigError
 from kvserve.model.arch_config import ModelArchConfig
 
 
-def check_tensor_parallel(arch: ModelArchConfig, size: int) -> None:
-    """Whether ``arch`` splits over ``size`` ranks.
+def check_tensor_parallel(arch: ModelArchConfig, size: int, expert_parallel: bool = False) -> None:
+    """Whether ``arch`` splits over ``size`` ranks (its experts whole per rank with
+    ``expert_parallel``).
 
     Raises:
         ConfigError: one line naming ``--tensor-parallel-size`` and the field that does not split.
@@ -43,8 +49,20 @@ def check_tensor_parallel(arch: ModelArchConfig, size: int) -> None:
     kv = arch.num_key_value_heads
     if kv % size and size % kv:
         raise ConfigError(f"{flag}: num_key_value_heads ({kv}) is neither a multiple nor a divisor of {size}")
-    if arch.intermediate_size % size:
+    moe = arch.moe
+    dense_layers = moe is None or len(moe.sparse_layers) < arch.num_hidden_layers
+    if dense_layers and arch.intermediate_size % size:
         raise ConfigError(f"{flag}: intermediate_size ({arch.intermediate_size}) is not a multiple of {size}")
+    if moe is None:
+        return
+    if expert_parallel and moe.num_experts % size:
+        raise ConfigError(f"{flag} --enable-expert-parallel: the experts ({moe.num_experts}) are not a multiple of "
+                          f"{size}")
+    if not expert_parallel and moe.intermediate_size % size:
+        raise ConfigError(f"{flag}: the experts' width ({moe.intermediate_size}) is not a multiple of {size}")
+    if moe.shared_expert_intermediate_size % size:
+        raise ConfigError(f"{flag}: shared_expert_intermediate_size ({moe.shared_expert_intermediate_size}) is not a "
+                          f"multiple of {size}")
 
 
 @dataclass(frozen=True)
@@ -55,9 +73,10 @@ class TensorParallelShard:
     rank: int
     size: int
     arch: ModelArchConfig
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
-        check_tensor_parallel(self.arch, self.size)
+        check_tensor_parallel(self.arch, self.size, self.expert_parallel)
         if not 0 <= self.rank < self.size:
             raise ConfigError(f"tensor-parallel rank {self.rank} is outside [0, {self.size})")
 
@@ -93,9 +112,31 @@ class TensorParallelShard:
         start = min(self.rank * self.vocab_per_rank, self.arch.vocab_size)
         return start, min(start + self.vocab_per_rank, self.arch.vocab_size)
 
-    def rows_of(self, shard_name: str) -> tuple[int, int]:
+    @property
+    def held_experts(self) -> tuple[int, int] | None:
+        """The experts this rank holds whole under expert parallelism, else None (all, split)."""
+        if self.arch.moe is None or not self.expert_parallel:
+            return None
+        share = self.arch.moe.num_experts // self.size
+        return self.rank * share, (self.rank + 1) * share
+
+    def rows_of(self, shard_name: str, module: str = "") -> tuple[int, int]:
         """Rows of checkpoint projection ``shard_name`` (q/k/v/gate/up_proj) this rank holds;
-        for o_proj and down_proj the same ranges index input columns."""
+        for o_proj and down_proj the same ranges index input columns. ``module``: the projection's
+        parent (``...mlp.experts.3``, ``...mlp.shared_expert``), whose width splits an expert's
+        rows (all of them under expert parallelism)."""
+        moe = self.arch.moe
+        if moe is not None and ".mlp." in f"{module}." and shard_name in ("gate_proj", "up_proj", "down_proj"):
+            if ".shared_expert" in module:
+                width = moe.shared_expert_intermediate_size
+            elif ".experts." in module:
+                if self.expert_parallel:
+                    return 0, moe.intermediate_size
+                width = moe.intermediate_size
+            else:
+                width = self.arch.intermediate_size
+            part = width // self.size
+            return self.rank * part, (self.rank + 1) * part
         head_dim = self.arch.head_dim
         if shard_name in ("q_proj", "o_proj"):
             start = self.rank * self.num_heads * head_dim
@@ -111,9 +152,15 @@ class TensorParallelShard:
     def local_arch(self) -> ModelArchConfig:
         """The architecture of this rank's modules: its heads, MLP width and vocabulary rows
         (``head_dim`` and everything else unchanged)."""
+        moe = self.arch.moe
+        if moe is not None:
+            moe = dataclasses.replace(
+                moe, intermediate_size=moe.intermediate_size // (1 if self.expert_parallel else self.size),
+                shared_expert_intermediate_size=moe.shared_expert_intermediate_size // self.size,
+                held_experts=self.held_experts)
         return dataclasses.replace(
             self.arch, num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
-            intermediate_size=self.intermediate_size, vocab_size=self.vocab_per_rank,
+            intermediate_size=self.intermediate_size, vocab_size=self.vocab_per_rank, moe=moe,
         )
 
 
@@ -134,9 +181,12 @@ def check_parallel_options(config) -> None:
     from kvserve.model.loader import load_arch_config
 
     model_arch = load_arch_config(config.model.model)
-    if model_arch.moe is not None:
-        raise ConfigError(f"--tensor-parallel-size {size}: mixture-of-experts models ({model_arch.architecture}) run on "
-                          "one rank so far; serve it without -tp")
+    if model_arch.moe is not None and model_arch.architecture == "GptOssForCausalLM":
+        raise ConfigError(f"--tensor-parallel-size {size}: GPT-OSS (its experts stored in one tensor per layer) runs "
+                          "on one rank so far; serve it without -tp")
+    if model_arch.moe is not None and config.model.quantization.checkpoint is not None:
+        raise ConfigError(f"--tensor-parallel-size {size}: a pre-quantized mixture-of-experts checkpoint runs on one "
+                          "rank so far; serve it without -tp")
     from kvserve.model.registry import get_model_class
 
     if get_model_class(model_arch.architecture).attention_options(model_arch).qk_norm == "full":

@@ -48,6 +48,7 @@ class WorkerSpec:
         cores: CPU cores to run on (None: not pinned).
         quantization: ``--quantization`` (each rank quantizes its slices).
         lora: ``--enable-lora`` and its flags (adapter slots for the rank's shard), or None.
+        expert_parallel: ``--enable-expert-parallel``.
     """
 
     model_dir: str
@@ -63,6 +64,7 @@ class WorkerSpec:
     cores: tuple[int, ...] | None = None
     quantization: QuantizationConfig = QuantizationConfig()
     lora: LoRAConfig | None = None
+    expert_parallel: bool = False
 
     @property
     def torch_device(self) -> torch.device:
@@ -108,7 +110,7 @@ class TensorParallelWorker:
         try:
             backend = get_attention_backend(spec.attention_backend, self.device)
             self.loaded = load_shard(spec.model_dir, spec.dtype, self.device, backend, spec.rank, self.communicator,
-                                     spec.quantization)
+                                     spec.quantization, spec.expert_parallel)
             if self.device.type == "cpu":
                 use_invariant_linears(self.loaded.model)
             self.lora = self._init_lora()

@@ -321,12 +321,15 @@ def _add_parallel_args(parallel) -> None:
     parallel.add_argument("--pin-cpus", action=argparse.BooleanOptionalAction, default=True,
                           help="on CPU with -tp > 1, give each rank of a machine its own run of cores "
                                "and that many threads (default on)")
+    parallel.add_argument("--enable-expert-parallel", "-ep", action=argparse.BooleanOptionalAction, default=False,
+                          help="with -tp N, split a mixture of experts' experts whole over the N ranks "
+                               "(default: each expert's width split, as a dense MLP's)")
 
 
 def parallel_config_from_args(args: argparse.Namespace) -> ParallelConfig:
     """``-tp``, ``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port`` (torchrun's
     and SLURM scripts' ``MASTER_ADDR`` / ``MASTER_PORT`` fill the two left at their defaults),
-    ``--dist-timeout``, ``--pin-cpus``.
+    ``--dist-timeout``, ``--pin-cpus``, ``--enable-expert-parallel``.
 
     Raises:
         ConfigError: inconsistent values (``ParallelConfig``). (``-tp`` with ``-dp`` is refused by
@@ -343,6 +346,7 @@ def parallel_config_from_args(args: argparse.Namespace) -> ParallelConfig:
         master_addr=os.environ.get("MASTER_ADDR", addr) if addr == "127.0.0.1" else addr,
         master_port=int(env_port) if port == 0 and env_port.isdigit() else port,
         dist_timeout=getattr(args, "dist_timeout", 60.0), pin_cpus=getattr(args, "pin_cpus", True),
+        enable_expert_parallel=getattr(args, "enable_expert_parallel", False),
     )
 
 

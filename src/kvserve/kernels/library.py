@@ -26,7 +26,7 @@ import torch
 
 from kvserve.kernels import build
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 PACKAGED = Path(__file__).parent / "lib"
 
 # torch dtype -> the kernels' code (csrc/abi.h: DType).
@@ -71,8 +71,8 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "kvserve_decoder_create": (_INT, [_I32, _I64, _I64, _I64, _I64, _F64, _F64, _I64, _I64, _P, _I64, _P]),
     "kvserve_decoder_destroy": (None, [_P]),
     "kvserve_decoder_add_layer": (_INT, [_P, _I64, _P, _P, _P, _P, _P, _P, _P]),
-    "kvserve_moe_create": (_INT, [_I64, _I64, _I64, _I64, _I32, _I32, _I32, _I32, _F32, _F32, _P, _P, _P, _P, _P, _P,
-                                  _P]),
+    "kvserve_moe_create": (_INT, [_I64, _I64, _I64, _I64, _I64, _I64, _I32, _I32, _I32, _I32, _F32, _F32, _P, _P, _P,
+                                  _P, _P, _P, _P]),
     "kvserve_moe_destroy": (None, [_P]),
     "kvserve_moe_forward": (_INT, [_P, _I32, _P, _P, _I64]),
     "kvserve_moe_route": (_INT, [_I32, _P, _I64, _I64, _I64, _I32, _I32, _P, _P]),

@@ -22,14 +22,20 @@ class MoeLayer:
     ``forward(x [T, hidden]) -> [T, hidden]`` in the dtype it was built for. ``routing`` and
     ``activation`` name ``ROUTINGS`` and ``ACTIVATIONS`` (``alpha``, ``limit``: the clamped
     SwiGLU's); ``expert_biases``: per expert ([2 * intermediate] for gate_up, [hidden] for down) in
-    the dtype, or None. Holds the parts and tensors it was given."""
+    the dtype, or None. ``gate_up``/``down`` may be a share of the router's experts, from
+    ``first_expert`` (expert parallelism): tokens routed elsewhere add nothing here. Holds the
+    parts and tensors it was given."""
 
     def __init__(self, lib, dtype: torch.dtype, top_k: int, normalize: bool, weights_float32: bool,
                  router: LinearPart, gate_up: Sequence[LinearPart], down: Sequence[LinearPart],
                  shared: Sequence[LinearPart] | None = None, routing: str = "softmax_topk",
                  activation: str = "silu_and_mul", alpha: float = 0.0, limit: float = 0.0,
-                 expert_biases: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]] | None = None):
-        require(len(gate_up) == len(down) > 0 and 1 <= top_k <= len(gate_up), "MoeLayer: one gate_up and one down per expert")
+                 expert_biases: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]] | None = None,
+                 first_expert: int = 0):
+        num_experts = router.out_features
+        require(len(gate_up) == len(down) > 0 and 0 <= first_expert and first_expert + len(gate_up) <= num_experts
+                and 1 <= top_k <= num_experts,
+                "MoeLayer: one gate_up and one down per held expert (first_expert on), within the router's experts")
         require(shared is None or len(shared) == 3, "MoeLayer: the shared expert is [gate_up, down, gate]")
         require(routing in ROUTINGS and activation in ACTIVATIONS,
                 f"MoeLayer: routing in {sorted(ROUTINGS)}, activation in {sorted(ACTIVATIONS)}")
@@ -51,7 +57,7 @@ class MoeLayer:
             biases = [(ctypes.c_void_p * experts)(*(ptr(b) for b in gate_up_bias)),
                       (ctypes.c_void_p * experts)(*(ptr(b) for b in down_bias))]
         handle = ctypes.c_void_p()
-        lib.call("kvserve_moe_create", experts, top_k, router.in_features, down[0].in_features, int(normalize),
+        lib.call("kvserve_moe_create", num_experts, first_expert, experts, top_k, router.in_features, down[0].in_features, int(normalize),
                  int(weights_float32), ROUTINGS[routing], ACTIVATIONS[activation], alpha, limit,
                  ctypes.byref(router), (LinearPart * experts)(*gate_up), (LinearPart * experts)(*down), *biases,
                  None if shared is None else (LinearPart * 3)(*shared), ctypes.byref(handle))

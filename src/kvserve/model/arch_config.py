@@ -73,6 +73,8 @@ class MoeConfig:
         router_bias, expert_bias: biases on the router and on each expert's two projections (GPT-OSS).
         activation: the experts' gate: ``silu`` (SwiGLU) or ``swiglu_clamped`` (GPT-OSS: gate
             clamped above at ``swiglu_limit``, up to +-limit, ``(up + 1) * gate * sigmoid(alpha * gate)``).
+        held_experts: the experts [start, end) a tensor-parallel rank holds under expert
+            parallelism (``kvserve.distributed.shard``); None: all of them.
     """
 
     num_experts: int
@@ -88,6 +90,12 @@ class MoeConfig:
     activation: str = "silu"
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    held_experts: tuple[int, int] | None = None
+
+    @property
+    def expert_range(self) -> range:
+        """The experts this block holds (all, or a rank's share)."""
+        return range(*(self.held_experts or (0, self.num_experts)))
 
 
 @dataclass(frozen=True)

@@ -111,9 +111,12 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.moe = moe
         self.gate = RouterLinear(arch.hidden_size, moe.num_experts, bias=moe.router_bias)
+        # the experts held here: all, or a rank's share under expert parallelism (experts[i] is
+        # expert first_expert + i; tokens routed to the others add nothing on this rank)
+        self.first_expert = moe.expert_range.start
         self.experts = nn.ModuleList(ExpertMLP(arch.hidden_size, moe.intermediate_size, self._activation(moe),
                                                moe.expert_bias)
-                                     for _ in range(moe.num_experts))
+                                     for _ in moe.expert_range)
         if moe.shared_expert_intermediate_size:
             self.shared_expert = ExpertMLP(arch.hidden_size, moe.shared_expert_intermediate_size)
             self.shared_expert_gate = RouterLinear(arch.hidden_size, 1, bias=False)
@@ -159,7 +162,8 @@ class SparseMoeBlock(nn.Module):
                                 down=down, shared=shared, routing=self.moe.routing,
                                 activation="swiglu_clamped" if clamped else "silu_and_mul",
                                 alpha=self.moe.swiglu_alpha if clamped else 0.0,
-                                limit=self.moe.swiglu_limit if clamped else 0.0, expert_biases=biases)
+                                limit=self.moe.swiglu_limit if clamped else 0.0, expert_biases=biases,
+                                first_expert=self.first_expert)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layer = self.kernel_layer(x.dtype) if x.device.type == "cpu" and x.dim() == 2 else None
@@ -177,13 +181,14 @@ class SparseMoeBlock(nn.Module):
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert, increasing
         start = 0
+        held = self.moe.expert_range
         for expert, count in enumerate(torch.bincount(flat, minlength=self.moe.num_experts).tolist()):
-            if count == 0:
-                continue
             pairs = order[start : start + count]
             start += count
+            if count == 0 or expert not in held:
+                continue
             rows = pairs // self.moe.top_k
-            y = self.experts[expert](x.index_select(0, rows))
+            y = self.experts[expert - held.start](x.index_select(0, rows))
             out.index_add_(0, rows, (y * weights.flatten()[pairs, None]).to(x.dtype))
         if self.shared_expert is not None:
             out = out + sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

@@ -258,9 +258,10 @@ void moe_forward(const MoeLayer& layer, DType dtype, const void* x, void* out, i
   std::fill(acc, acc + tokens * hidden, 0.f);
   int64_t* rows = s.rows.get<int64_t>(tokens * k);
   std::vector<float> w(static_cast<size_t>(tokens * k));
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = layer.first_expert; e < layer.first_expert + layer.local_experts; ++e) {
     const int64_t count = start[e + 1] - start[e];
     if (count == 0) continue;
+    const int64_t local = e - layer.first_expert;
     char* gathered = s.gathered.get<char>(count * hidden * es);
     for (int64_t i = 0; i < count; ++i) {
       const int64_t pair = order[start[e] + i];
@@ -270,11 +271,11 @@ void moe_forward(const MoeLayer& layer, DType dtype, const void* x, void* out, i
     }
     void* act = s.act.get<char>(count * layer.intermediate * es);
     const bool biased = !layer.gate_up_bias.empty();
-    expert_activation(layer, layer.gate_up[e], biased ? layer.gate_up_bias[e] : nullptr, dtype, gathered, act, count,
-                      layer.intermediate, s.gate_up, s.projection);
+    expert_activation(layer, layer.gate_up[local], biased ? layer.gate_up_bias[local] : nullptr, dtype, gathered, act,
+                      count, layer.intermediate, s.gate_up, s.projection);
     void* y = s.y.get<char>(count * hidden * es);
-    run_projection(layer.down[e], dtype, act, y, count, s.projection);
-    if (biased) add_bias(dtype, y, layer.down_bias[e], count, hidden);
+    run_projection(layer.down[local], dtype, act, y, count, s.projection);
+    if (biased) add_bias(dtype, y, layer.down_bias[local], count, hidden);
     accumulate(acc, y, dtype, rows, w.data(), count, hidden);
   }
   if (layer.shared) shared_expert(layer, dtype, x, acc, tokens, s);
@@ -302,10 +303,12 @@ struct MoeHandle {
 
 extern "C" {
 
-// router: 1 part; gate_up, down: one part per expert; shared: nullptr, or [gate_up, down, gate];
+// router: 1 part (num_experts outputs); gate_up, down: one part per held expert (local_experts,
+// from first_expert); shared: nullptr, or [gate_up, down, gate];
 // routing, activation: MoeRouting, MoeActivation (alpha, limit: kClampedSwiglu's); gate_up_bias
 // [2 * intermediate], down_bias [hidden]: one pointer per expert in the dtype, or both nullptr.
-KVSERVE_EXPORT int kvserve_moe_create(int64_t num_experts, int64_t top_k, int64_t hidden, int64_t intermediate,
+KVSERVE_EXPORT int kvserve_moe_create(int64_t num_experts, int64_t first_expert, int64_t local_experts,
+                                      int64_t top_k, int64_t hidden, int64_t intermediate,
                                       int32_t normalize, int32_t weights_float32, int32_t routing, int32_t activation,
                                       float alpha, float limit, const kvserve::LinearPart* router,
                                       const kvserve::LinearPart* gate_up, const kvserve::LinearPart* down,
@@ -316,9 +319,14 @@ KVSERVE_EXPORT int kvserve_moe_create(int64_t num_experts, int64_t top_k, int64_
     kvserve::check(activation == kvserve::kSiluAndMul || activation == kvserve::kClampedSwiglu,
                    "moe: unknown activation");
     kvserve::check((gate_up_bias == nullptr) == (down_bias == nullptr), "moe: both expert biases or neither");
+    kvserve::check(first_expert >= 0 && local_experts > 0 && first_expert + local_experts <= num_experts &&
+                       top_k >= 1 && top_k <= num_experts && router->out_features == num_experts,
+                   "moe: experts [first, first + local) within the router's num_experts, 1 <= top_k <= num_experts");
     auto moe = std::make_unique<MoeHandle>();
     kvserve::MoeLayer& layer = moe->layer;
     layer.num_experts = num_experts;
+    layer.first_expert = first_expert;
+    layer.local_experts = local_experts;
     layer.top_k = top_k;
     layer.hidden = hidden;
     layer.intermediate = intermediate;
@@ -329,7 +337,7 @@ KVSERVE_EXPORT int kvserve_moe_create(int64_t num_experts, int64_t top_k, int64_
     layer.alpha = alpha;
     layer.limit = limit;
     layer.router = kvserve::make_projection(router, 1);
-    for (int64_t e = 0; e < num_experts; ++e) {
+    for (int64_t e = 0; e < local_experts; ++e) {
       layer.gate_up.push_back(kvserve::make_projection(gate_up + e, 1));
       layer.down.push_back(kvserve::make_projection(down + e, 1));
       if (gate_up_bias != nullptr) {

@@ -14,6 +14,9 @@ enum MoeActivation { kSiluAndMul = 0, kClampedSwiglu = 1 };
 
 struct MoeLayer {
   int64_t num_experts, top_k, hidden, intermediate;
+  // the experts held here (expert parallelism: a rank's share; else 0 and num_experts): gate_up[i]
+  // and down[i] are expert first_expert + i; tokens routed to the others add nothing here
+  int64_t first_expert, local_experts;
   bool normalize;        // norm_topk_prob
   bool weights_float32;  // the routing weight multiplies in float32 (Mixtral), else in the dtype
   MoeRouting routing;

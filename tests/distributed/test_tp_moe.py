@@ -1,0 +1,121 @@
+"""Mixtures of experts under tensor parallelism (``kvserve.distributed``): every expert's width
+split over the ranks as a dense MLP's, or with expert parallelism (``--enable-expert-parallel``)
+each rank holding whole experts of its own; the router whole on every rank, a shared expert split
+by its width, one all-reduce per MoE layer. TP 1 on the same checkpoint is the reference (itself
+checked against transformers in tests/model): float32 logits within 1e-5, 64 greedy tokens equal;
+bfloat16 within bfloat16 error and batch-invariant; the ranks' shares; refusals by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.distributed.shard import TensorParallelShard, check_tensor_parallel
+from kvserve.engine.llm import LLM
+from kvserve.errors import ConfigError
+from kvserve.model.arch_config import ModelArchConfig
+from kvserve.model.moe import SparseMoeBlock
+from tp_workload import COMMON, PROMPTS, greedy
+
+# Qwen2-MoE: 6 experts, a shared expert (48 wide) behind its gate, layer 1 dense; Qwen3-MoE: top 3
+# of 8; Mixtral: top 2 of 4 with a sliding window (testing/checkpoints.py's MOE_DIMS).
+FAMILIES = {"qwen2_moe": ("Qwen2MoeForCausalLM", dict(num_hidden_layers=3, mlp_only_layers=[1])),
+            "qwen3_moe": ("Qwen3MoeForCausalLM", dict(head_dim=32)),
+            "mixtral": ("MixtralForCausalLM", dict(sliding_window=6))}
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(checkpoint_factory):
+    def build(family: str, dtype: str = "float32"):
+        architecture, fields = FAMILIES[family]
+        return checkpoint_factory(architecture, dtype=dtype, initializer_range=0.1, **fields)
+    return build
+
+
+def make(model_dir, tp: int, **kwargs) -> LLM:
+    return LLM(str(model_dir), **{**COMMON, "num_gpu_blocks_override": 64, "tensor_parallel_size": tp, **kwargs})
+
+
+def run(llm: LLM, prompts=PROMPTS) -> tuple[torch.Tensor, list[tuple[list[int], list[float]]]]:
+    """(the runner's logits of two prompts' last positions, [(token ids, logprobs)] of greedy
+    generation for ``prompts``)."""
+    logits = llm.llm_engine.core.runner.forward([PROMPTS[0], PROMPTS[1]], [[1, 2], [3]])
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(64))
+    return torch.cat([t.float() for t in logits]), [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outputs]
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max())
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_tp2_with_and_without_expert_parallelism_matches_tp1(moe_checkpoint, family):
+    model_dir = moe_checkpoint(family)
+    reference = make(model_dir, 1)
+    want_logits, want_tokens = run(reference)
+    for expert_parallel in (False, True):
+        sharded = make(model_dir, 2, enable_expert_parallel=expert_parallel)
+        try:
+            blocks = [m for m in sharded.llm_engine.core.runner.model.modules() if isinstance(m, SparseMoeBlock)]
+            got_logits, got_tokens = run(sharded)
+        finally:
+            sharded.shutdown()
+        arch = ModelArchConfig.from_file(model_dir / "config.json")
+        held = arch.moe.num_experts // 2 if expert_parallel else arch.moe.num_experts
+        assert blocks and all(len(b.experts) == held and b.first_expert == 0 for b in blocks)  # rank 0's
+        assert relative_error(got_logits, want_logits) < 1e-5, expert_parallel
+        for (got_ids, got_lps), (want_ids, want_lps) in zip(got_tokens, want_tokens, strict=True):
+            assert got_ids == want_ids and len(got_ids) == 64
+            assert got_lps == pytest.approx(want_lps, rel=1e-5, abs=1e-5)
+
+
+def test_tp2_expert_parallel_bfloat16_stays_close_and_batch_invariant(moe_checkpoint):
+    """bfloat16 partial sums all-reduced in float32 and rounded once: within bfloat16 error of
+    TP 1's float32 logits (a lost or doubled expert would be off by far more), and a prompt alone
+    gives the bits it gives in a batch."""
+    model_dir = moe_checkpoint("qwen3_moe")
+    want, _ = run(make(model_dir, 1), PROMPTS[:1])
+    sharded = make(model_dir, 2, dtype="bfloat16", enable_expert_parallel=True)
+    try:
+        got, batched = run(sharded)
+        _, alone = run(sharded, PROMPTS[:1])
+    finally:
+        sharded.shutdown()
+    assert relative_error(got, want) < 5e-2
+    assert alone[0] == batched[0]
+
+
+def test_the_shards_of_experts():
+    config = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "vocab_size": 100,
+              "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+              "shared_expert_intermediate_size": 48, "mlp_only_layers": [1]}
+    arch = ModelArchConfig.from_dict(config)
+    split = TensorParallelShard(1, 2, arch)
+    assert split.rows_of("gate_proj", "model.layers.0.mlp.experts.5") == (16, 32)
+    assert split.rows_of("down_proj", "model.layers.0.mlp.shared_expert") == (24, 48)
+    assert split.rows_of("up_proj", "model.layers.1.mlp") == (48, 96)  # the dense layer
+    local = split.local_arch().moe
+    assert (local.intermediate_size, local.shared_expert_intermediate_size, local.expert_range) == (16, 24, range(6))
+    whole = TensorParallelShard(1, 2, arch, expert_parallel=True)
+    assert whole.rows_of("gate_proj", "model.layers.0.mlp.experts.4") == (0, 32)
+    assert whole.rows_of("down_proj", "model.layers.0.mlp.shared_expert") == (24, 48)
+    local = whole.local_arch().moe
+    assert (local.intermediate_size, local.shared_expert_intermediate_size, local.expert_range) == (32, 24, range(3, 6))
+    with pytest.raises(ConfigError, match=r"--tensor-parallel-size 4 --enable-expert-parallel: the experts \(6\) are "
+                                          r"not a multiple of 4"):
+        check_tensor_parallel(arch, 4, expert_parallel=True)
+    narrow = ModelArchConfig.from_dict({**config, "moe_intermediate_size": 30})
+    with pytest.raises(ConfigError, match=r"--tensor-parallel-size 4: the experts' width \(30\) is not a multiple"):
+        check_tensor_parallel(narrow, 4)
+    check_tensor_parallel(narrow, 2, expert_parallel=True)  # whole experts: their width need not split
+
+
+def test_gpt_oss_under_tp_is_refused_by_name(checkpoint_factory):
+    from kvserve.distributed.shard import check_parallel_options
+    from kvserve.engine.arg_utils import engine_config_from_kwargs
+
+    path = checkpoint_factory("GptOssForCausalLM")
+    config = engine_config_from_kwargs(str(path), tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match=r"--tensor-parallel-size 2: GPT-OSS .* runs on one rank so far"):
+        check_parallel_options(config)
