@@ -59,10 +59,16 @@ def tile_sums(x: torch.Tensor, v: torch.Tensor, k0: int, k1: int) -> torch.Tenso
 
 def tile_sequence(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | None) -> torch.Tensor:
     """amx_quant_linear.cpp's sequence: per group p = tile sums; acc = fma(p, s, acc); with offsets
-    acc = fma(-m, xsum, acc) (xsum a float32 running sum); then acc + b, rounded to bfloat16."""
+    acc = fma(-m, xsum, acc) (xsum a float32 running sum); then acc + b, rounded to bfloat16.
+    MXFP4 (power-of-two scales): the tile sums over all of K of the weights times their scales."""
     n, k = qt.shape
     g_size = qt.group_size
     v = code_values(qt)
+    if qt.codebook == "e2m1":
+        scaled = f32(v * qt.scales.double().repeat_interleave(g_size, dim=1))
+        assert torch.equal(scaled, v * qt.scales.double().repeat_interleave(g_size, dim=1))  # exact
+        acc = tile_sums(x, scaled, 0, k)
+        return (acc if bias is None else f32(acc + bias.double())).float().to(torch.bfloat16)
     acc = torch.zeros(x.shape[0], n, dtype=torch.float64)
     for g in range(k // g_size):
         p = tile_sums(x, v, g * g_size, (g + 1) * g_size)

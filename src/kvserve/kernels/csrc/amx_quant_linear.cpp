@@ -15,6 +15,14 @@
 //     y[m][n] = round(acc + b[n])        (float32, then once to bfloat16)
 //
 // all with denormal inputs read as zero and denormal results flushed (DAZ, FTZ), as the tiles do.
+//
+// MXFP4 (the E2M1 codebook) has power-of-two scales, so a weight times its scale is exact in
+// float32 (and in bfloat16: two significant bits): each chunk's weights enter the tiles already
+// scaled, w = fl32(v[n][k] * s[n][g]), and the tiles accumulate the whole K with no per-group merge:
+//
+//     y[m][n] = round(tile sums of x[m][k] * w[n][k] over all chunks + b[n])
+//
+// (the merge per 32-input group cost more than the tile products at 4-64 rows).
 // p depends only on row m of x, column n of the weight and the chunk order (amx_linear.cpp's
 // argument), so every element is one fixed sequence whatever the number of rows, the row's place
 // among them and the thread count. A lone row (decode at batch 1) runs the same operations on
@@ -110,10 +118,18 @@ inline void widen_int4(const uint8_t* src, uint16_t* dst, __m512i table) {
   }
 }
 
-template <int kBits>
-inline void widen_chunk(const uint8_t* src, uint16_t* dst, __m512i table) {
-  if constexpr (kBits == 8) widen_int8(src, dst);
-  else widen_int4(src, dst, table);
+// MXFP4: the same 16 rows, each nibble's E2M1 value (values: float32, doubled) times its
+// column's scale (lane j: column j, a power of two halved) in float32, exact, then its top 16
+// bits (exact too: the product has two significant bits).
+inline void widen_e2m1(const uint8_t* src, uint16_t* dst, __m512 values, __m512 scale) {
+  const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int r = 0; r < 16; ++r) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * block_cols(4))));
+    const __m512i even = _mm512_castps_si512(_mm512_mul_ps(_mm512_permutexvar_ps(b, values), scale));
+    const __m512i odd = _mm512_castps_si512(_mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), values),
+                                                          scale));
+    _mm512_storeu_si512(dst + r * 32, _mm512_ternarylogic_epi32(odd, high_half, _mm512_srli_epi32(even, 16), 0xEA));
+  }
 }
 
 struct Layer {
@@ -140,6 +156,20 @@ struct Layer {
   }
 };
 
+// Chunk c of panel p widened into dst: integers as they are, or (kScaled) E2M1 values times their
+// scale.
+template <int kBits, bool kScaled>
+inline void widen_chunk(const Layer& L, int64_t p, int64_t c, uint16_t* dst, __m512i table, __m512 values) {
+  if constexpr (kScaled) {
+    widen_e2m1(L.chunk<kBits>(p, c), dst, values,
+               _mm512_loadu_ps(L.scales + L.param<kBits>(p, c / L.chunks_per_group)));
+  } else if constexpr (kBits == 8) {
+    widen_int8(L.chunk<kBits>(p, c), dst);
+  } else {
+    widen_int4(L.chunk<kBits>(p, c), dst, table);
+  }
+}
+
 // Tile register t of a run-time index (the intrinsics take constants).
 inline void store_c_tile(int t, float* tile) {
   if (t == 0) _tile_stored(0, tile, 64);
@@ -152,23 +182,25 @@ inline void store_c_tile(int t, float* tile) {
 // rt * pt <= 4 C tiles: each chunk is widened into `buf` (2 x 512 bfloat16, in L1) just before its
 // tile load and used by every row; every group's tile sums are merged into acc, then stored with
 // the bias through `out` (the first row's row, column 16p). A tiles beyond two reuse registers 4-5.
-template <int rt, int pt, int kBits>
-void micro_kernel(const Layer& L, __m512i table, int64_t p, int64_t row0, const uint8_t* const* a, const int64_t* lda,
-                  uint16_t* buf, uint16_t* out, int64_t rows, int64_t cols) {
+template <int rt, int pt, int kBits, bool kScaled>
+void micro_kernel(const Layer& L, __m512i table, __m512 values, int64_t p, int64_t row0, const uint8_t* const* a,
+                  const int64_t* lda, uint16_t* buf, uint16_t* out, int64_t rows, int64_t cols) {
   static_assert(rt * pt <= 4, "four C tiles");
   alignas(64) float acc[4 * kTileRows][2 * kTileN];
   alignas(64) float tile[kTileRows * kTileN];
   for (int64_t g = 0; g < L.groups; ++g) {
-    _tile_zero(0);
-    if constexpr (rt * pt > 1) _tile_zero(1);
-    if constexpr (rt * pt > 2) _tile_zero(2);
-    if constexpr (rt * pt > 3) _tile_zero(3);
+    if (!kScaled || g == 0) {  // scaled weights: the tiles sum the whole K
+      _tile_zero(0);
+      if constexpr (rt * pt > 1) _tile_zero(1);
+      if constexpr (rt * pt > 2) _tile_zero(2);
+      if constexpr (rt * pt > 3) _tile_zero(3);
+    }
     const int64_t c1 = std::min(L.chunks, (g + 1) * L.chunks_per_group);
     for (int64_t c = g * L.chunks_per_group; c < c1; ++c) {
-      widen_chunk<kBits>(L.chunk<kBits>(p, c), buf, table);
+      widen_chunk<kBits, kScaled>(L, p, c, buf, table, values);
       _tile_loadd(6, buf, 64);
       if constexpr (pt == 2) {
-        widen_chunk<kBits>(L.chunk<kBits>(p + 1, c), buf + kChunkWeights, table);
+        widen_chunk<kBits, kScaled>(L, p + 1, c, buf + kChunkWeights, table, values);
         _tile_loadd(7, buf + kChunkWeights, 64);
       }
       _tile_loadd(4, a[0] + c * 64, lda[0]);
@@ -192,7 +224,9 @@ void micro_kernel(const Layer& L, __m512i table, int64_t p, int64_t row0, const 
         _tile_dpbf16ps(3, 5, 6);
       }
     }
-    // acc = fma(p, s, acc) (from zero at the first group), then the offset term.
+    // acc = fma(p, s, acc) (from zero at the first group), then the offset term; scaled: acc =
+    // the tiles, once they hold the whole K.
+    if (kScaled && g + 1 < L.groups) continue;
     for (int i = 0; i < rt; ++i) {
       const int64_t r_end = std::min<int64_t>(kTileRows, rows - i * kTileRows);
       for (int j = 0; j < pt; ++j) {
@@ -203,6 +237,10 @@ void micro_kernel(const Layer& L, __m512i table, int64_t p, int64_t row0, const 
         for (int64_t r = 0; r < r_end; ++r) {
           const int64_t row = i * kTileRows + r;
           float* dst = &acc[row][j * kTileN];
+          if constexpr (kScaled) {
+            _mm512_store_ps(dst, _mm512_load_ps(tile + r * kTileN));
+            continue;
+          }
           __m512 v = _mm512_fmadd_ps(_mm512_load_ps(tile + r * kTileN), s,
                                      g == 0 ? _mm512_setzero_ps() : _mm512_load_ps(dst));
           if (L.neg_offsets != nullptr)
@@ -232,9 +270,9 @@ void micro_kernel(const Layer& L, __m512i table, int64_t p, int64_t row0, const 
 // Rows [row0, row0 + rows) (at most 64) x the panel pair at p (pt panels): up to 32 rows take both
 // panels at once; more take one panel at a time with up to four A tiles, so that each chunk is
 // widened once for all 64 rows.
-template <int kBits>
-void row_group(const Layer& L, __m512i table, const ActivationTiles& tiles, int64_t p, int64_t pt, int64_t row0,
-               int64_t rows, uint16_t* buf, uint16_t* out, int64_t cols) {
+template <int kBits, bool kScaled>
+void row_group(const Layer& L, __m512i table, __m512 values, const ActivationTiles& tiles, int64_t p, int64_t pt,
+               int64_t row0, int64_t rows, uint16_t* buf, uint16_t* out, int64_t cols) {
   const uint8_t* a[4];
   int64_t lda[4];
   const int64_t rt = (rows + kTileRows - 1) / kTileRows;
@@ -243,17 +281,17 @@ void row_group(const Layer& L, __m512i table, const ActivationTiles& tiles, int6
     if (i % 2 == 1) a[i] += kTileRows * lda[i];
   }
   if (rt <= 2 && pt == 2) {
-    if (rt == 2) micro_kernel<2, 2, kBits>(L, table, p, row0, a, lda, buf, out, rows, cols);
-    else micro_kernel<1, 2, kBits>(L, table, p, row0, a, lda, buf, out, rows, cols);
+    if (rt == 2) micro_kernel<2, 2, kBits, kScaled>(L, table, values, p, row0, a, lda, buf, out, rows, cols);
+    else micro_kernel<1, 2, kBits, kScaled>(L, table, values, p, row0, a, lda, buf, out, rows, cols);
     return;
   }
   for (int64_t j = 0; j < pt; ++j) {
     const int64_t cj = std::min<int64_t>(kTileN, cols - j * kTileN);
     uint16_t* o = out + j * kTileN;
-    if (rt == 1) micro_kernel<1, 1, kBits>(L, table, p + j, row0, a, lda, buf, o, rows, cj);
-    else if (rt == 2) micro_kernel<2, 1, kBits>(L, table, p + j, row0, a, lda, buf, o, rows, cj);
-    else if (rt == 3) micro_kernel<3, 1, kBits>(L, table, p + j, row0, a, lda, buf, o, rows, cj);
-    else micro_kernel<4, 1, kBits>(L, table, p + j, row0, a, lda, buf, o, rows, cj);
+    if (rt == 1) micro_kernel<1, 1, kBits, kScaled>(L, table, values, p + j, row0, a, lda, buf, o, rows, cj);
+    else if (rt == 2) micro_kernel<2, 1, kBits, kScaled>(L, table, values, p + j, row0, a, lda, buf, o, rows, cj);
+    else if (rt == 3) micro_kernel<3, 1, kBits, kScaled>(L, table, values, p + j, row0, a, lda, buf, o, rows, cj);
+    else micro_kernel<4, 1, kBits, kScaled>(L, table, values, p + j, row0, a, lda, buf, o, rows, cj);
   }
 }
 
@@ -297,17 +335,20 @@ inline void pair_weights(const uint8_t* row, __m512 table, __m512& even, __m512&
   }
 }
 
-template <int kBits, int np>
+template <int kBits, int np, bool kScaled>
 void row_kernel(const Layer& L, const float* x, int64_t p0, uint16_t* out) {
   // Bytes between input pairs: int8 two rows, int4 one.
   constexpr int64_t pair_bytes = kBits == 8 ? 2 * block_cols(8) : block_cols(4);
   alignas(64) float values[16] = {};
   for (int i = 0; i < 16 && kBits == 4; ++i) values[i] = kvserve::nibble_value(i, L.minus8, L.codebook);
   const __m512 table4 = _mm512_load_ps(values);
-  __m512 acc[np];
+  __m512 acc[np], c[np];
   for (int64_t g = 0; g < L.groups; ++g) {
-    __m512 c[np];
-    for (int j = 0; j < np; ++j) c[j] = _mm512_setzero_ps();
+    __m512 scale[np];
+    for (int j = 0; j < np; ++j) {
+      if (!kScaled || g == 0) c[j] = _mm512_setzero_ps();  // scaled weights: one sum over the whole K
+      if constexpr (kScaled) scale[j] = _mm512_loadu_ps(L.scales + L.param<kBits>(p0 + j, g));
+    }
     const int64_t c1 = std::min(L.chunks, (g + 1) * L.chunks_per_group);
     for (int64_t ch = g * L.chunks_per_group; ch < c1; ++ch) {
       __m512 e[np], o[np];
@@ -325,13 +366,17 @@ void row_kernel(const Layer& L, const float* x, int64_t p0, uint16_t* out) {
         for (int j = 0; j < np; ++j) {
           __m512 we, wo;
           pair_weights<kBits>(base[j] + r * pair_bytes, table4, we, wo);
+          if constexpr (kScaled) {
+            we = _mm512_mul_ps(we, scale[j]);
+            wo = _mm512_mul_ps(wo, scale[j]);
+          }
           e[j] = _mm512_fmadd_ps(xe, we, e[j]);
           o[j] = _mm512_fmadd_ps(xo, wo, o[j]);
         }
       }
       for (int j = 0; j < np; ++j) c[j] = _mm512_add_ps(c[j], _mm512_add_ps(e[j], o[j]));
     }
-    for (int j = 0; j < np; ++j) {
+    for (int j = 0; j < np && !kScaled; ++j) {
       const int64_t at = L.param<kBits>(p0 + j, g);
       __m512 v = _mm512_fmadd_ps(c[j], _mm512_loadu_ps(L.scales + at), g == 0 ? _mm512_setzero_ps() : acc[j]);
       if (L.neg_offsets != nullptr) v = _mm512_fmadd_ps(_mm512_loadu_ps(L.neg_offsets + at), _mm512_set1_ps(L.xsum[g]), v);
@@ -341,13 +386,13 @@ void row_kernel(const Layer& L, const float* x, int64_t p0, uint16_t* out) {
   for (int j = 0; j < np; ++j) {
     const int64_t col0 = (p0 + j) * kTileN, cj = std::min<int64_t>(kTileN, L.N - col0);
     const __mmask16 valid = static_cast<__mmask16>((1u << cj) - 1);
-    __m512 v = acc[j];
+    __m512 v = kScaled ? c[j] : acc[j];
     if (L.bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid, L.bias + col0));
     _mm256_mask_storeu_epi16(out + col0, valid, round_to_bf16(v));
   }
 }
 
-template <int kBits>
+template <int kBits, bool kScaled>
 void run_row(const kvserve::BFloat16* x, uint16_t* out, const Layer& L) {
   const int64_t panels = (L.N + kTileN - 1) / kTileN;
   std::vector<float> row(static_cast<size_t>(L.chunks * kTileK), 0.f);  // as float32, zero-padded to whole chunks
@@ -358,15 +403,15 @@ void run_row(const kvserve::BFloat16* x, uint16_t* out, const Layer& L) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t p0 = item * kRowPanels;
       if (panels - p0 >= kRowPanels) {
-        row_kernel<kBits, kRowPanels>(L, row.data(), p0, out);
+        row_kernel<kBits, kRowPanels, kScaled>(L, row.data(), p0, out);
       } else {
-        for (int64_t p = p0; p < panels; ++p) row_kernel<kBits, 1>(L, row.data(), p, out);
+        for (int64_t p = p0; p < panels; ++p) row_kernel<kBits, 1, kScaled>(L, row.data(), p, out);
       }
     }
   });
 }
 
-template <int kBits>
+template <int kBits, bool kScaled>
 void run(const uint16_t* x, uint16_t* out, const Layer& L) {
   constexpr int64_t kGroupRows = 4 * kTileRows;
   const int64_t M = L.M, N = L.N;
@@ -378,6 +423,9 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
   const int64_t grain = std::max<int64_t>(1, items / (threads * 4));
   const ActivationTiles tiles(x, M, L.K);
   const __m512i table = nibble_table(L.minus8, L.codebook);
+  alignas(64) float doubled[16] = {};
+  for (int i = 0; i < 16 && kScaled; ++i) doubled[i] = kvserve::nibble_value(i, false, L.codebook);
+  const __m512 values = _mm512_load_ps(doubled);
   kvserve::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     const FlushDenormals flush;
     configure_tiles(M);
@@ -387,7 +435,7 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
       const int64_t p = pair * 2, pt = std::min<int64_t>(2, panels - p);
       const int64_t col0 = p * kTileN, cols = std::min<int64_t>(2 * kTileN, N - col0);
       const int64_t row0 = g * kGroupRows, rows = std::min(kGroupRows, M - row0);
-      row_group<kBits>(L, table, tiles, p, pt, row0, rows, buf, out + row0 * N + col0, cols);
+      row_group<kBits, kScaled>(L, table, values, tiles, p, pt, row0, rows, buf, out + row0 * N + col0, cols);
     }
     _tile_release();
   });
@@ -428,10 +476,13 @@ void amx_quant_linear(const BFloat16* x, BFloat16* out, int64_t M, int64_t K, co
   const Layer layer{w.packed, w.scales, w.neg_offsets, w.bias, has_offsets ? xsum.data() : nullptr, M, K, N, chunks,
                     groups, group_size == K ? chunks : group_size / kTileK, !has_offsets, w.codebook};
   uint16_t* o = reinterpret_cast<uint16_t*>(out);
-  if (M == 1 && w.bits == 8) run_row<8>(x, o, layer);
-  else if (M == 1) run_row<4>(x, o, layer);
-  else if (w.bits == 8) run<8>(xs, o, layer);
-  else run<4>(xs, o, layer);
+  const bool scaled = w.codebook == kE2M1;  // power-of-two scales, folded into the weights
+  if (M == 1 && w.bits == 8) run_row<8, false>(x, o, layer);
+  else if (M == 1 && scaled) run_row<4, true>(x, o, layer);
+  else if (M == 1) run_row<4, false>(x, o, layer);
+  else if (w.bits == 8) run<8, false>(xs, o, layer);
+  else if (scaled) run<4, true>(xs, o, layer);
+  else run<4, false>(xs, o, layer);
 #endif
 }
 
