@@ -5,7 +5,7 @@ gpt-oss chat output (``vllm/entrypoints/harmony_utils.py``, ``parse_chat_output`
 prompt that ends in ``<|start|>assistant``, the model writes a run of messages::
 
     <|channel|>analysis<|message|>Let me think...<|end|>
-    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>
+    <|start|>assistant<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>
 
     message := header <|message|> body (<|end|> | <|call|> | <|return|>)
     header  := [role] [to=RECIPIENT] <|channel|>CHANNEL [to=RECIPIENT] [[<|constrain|>]CONTENT_TYPE]
@@ -28,7 +28,7 @@ Reading never raises; on text that breaks the format it does its best:
 * a body also ends at ``<|start|>`` or ``<|channel|>`` (a new message whose ``<|end|>`` the model
   skipped); ``<|message|>`` and ``<|constrain|>`` inside a body are dropped;
 * text between a message's end and the next ``<|start|>`` is dropped, as is a header that the
-  text's end cut off;
+  text's end cut off; a ``<|message|>`` there opens a message without a header (content);
 * an output with no marker at all (a model not speaking harmony) is one message without a
   header: content.
 
@@ -73,9 +73,9 @@ def parse_header(text: str) -> Header:
     channel = _CHANNEL.search(text)
     rest = text[channel.end():] if channel else text
     words = _RECIPIENT.sub(" ", rest.replace(CONSTRAIN, " ")).split()
-    content_type = words[0] if words and channel else None
-    return Header(channel.group(1) or None if channel else None,
-                  recipient.group(1) if recipient else None, content_type)
+    return Header(channel=(channel.group(1) or None) if channel else None,
+                  recipient=recipient.group(1) if recipient else None,
+                  content_type=words[0] if words and channel else None)
 
 
 def message_kind(header: Header) -> str | None:
@@ -105,7 +105,7 @@ class HarmonyMessage:
 @dataclass
 class HarmonyReader:
     """Reads a growing output text into messages (module docstring); feed it the whole text each
-    time, the text only ever extended. Costs O(new text) per :meth:`feed`."""
+    time, the text only ever extended. Each :meth:`feed` scans only the new text."""
 
     text: str = ""
     messages: list[HarmonyMessage] = field(default_factory=list)

@@ -87,7 +87,7 @@ _QUANT = ("kvserve quantizes a float checkpoint at load (int8 per channel, int4 
           "implemented")
 _DIST = "kvserve has no distributed or disaggregated serving yet"
 _TOOL_PLUGIN = ("parser plugins are not supported; the built-in tool-call parsers are hermes, llama3_json, "
-                "mistral and pythonic (--tool-call-parser)")
+                "mistral, openai and pythonic (--tool-call-parser)")
 _POOL = "kvserve runs generative models only (no pooling, embedding or scoring)"
 _CFG = "edit the model folder's config.json instead"
 
@@ -141,8 +141,8 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--pt-load-map-location",), "LoadConfig", "kvserve reads no .pt files"),
     # StructuredOutputsConfig
     RefusedFlag(("--reasoning-parser-plugin",), "StructuredOutputsConfig",
-                "parser plugins are not supported; the built-in reasoning parsers are deepseek_r1 and qwen3 "
-                "(--reasoning-parser)"),
+                "parser plugins are not supported; the built-in reasoning parsers are deepseek_r1, qwen3 and "
+                "openai_gptoss (--reasoning-parser)"),
     RefusedFlag(("--guided-decoding-disable-fallback",), "StructuredOutputsConfig",
                 "backend fallback is chosen with --structured-outputs-config '{\"backend\": \"auto\"}'",
                 kind="bool"),

@@ -9,14 +9,20 @@ values independently:
     logprob of generated token k      = -(k + 1) / 10,   rank 1
     top alternatives of token t       = [t, t + 1, t + 2, ...] with logprobs -(k+1)/10 - j
     prompt logprob of prompt token p  = -p / 100 (position 0: None)
+
+``TextEngine`` writes a given text instead, cut into random token pieces and detokenized by the
+engine's own detokenizer (with the request's ``skip_special_tokens``), for tests of the parsers
+behind the chat endpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 
 from kvserve.engine.async_llm import EngineClient
+from kvserve.engine.detokenizer import IncrementalDetokenizer
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.input_processor import InputProcessor
 from kvserve.errors import RequestRejectedError
@@ -117,3 +123,36 @@ class ScriptedEngine(EngineClient):
             yield RequestOutput(request_id, prompt, list(prompt_ids), prompt_lps if step == 0 else None,
                                 outputs, finished=step + 1 == max(len(c) for c in choices),
                                 num_cached_tokens=3 if step == 0 else 0)
+
+
+class TextEngine(ScriptedEngine):
+    """Every choice writes ``text`` (then stops, as at EOS), 1-4 tokens per step in a pattern
+    seeded by the choice index, so each choice's stream is cut differently."""
+
+    def __init__(self, tokenizer, text: str):
+        super().__init__(tokenizer, max_model_len=4096)
+        self.text = text
+
+    async def _steps(self, prompt_ids, params, request_id, prompt) -> AsyncIterator[RequestOutput]:
+        ids = self.tokenizer.encode(self.text, add_special_tokens=False)
+        plans = []
+        for index in range(params.n):
+            rng, cuts, at = random.Random(index), [], 0
+            while at < len(ids):
+                cuts.append(ids[at:at + rng.randint(1, 4)])
+                at += len(cuts[-1])
+            plans.append(cuts)
+        detokenizers = [IncrementalDetokenizer(self.tokenizer, list(prompt_ids), params.skip_special_tokens)
+                        for _ in range(params.n)]
+        for step in range(max(len(p) for p in plans)):
+            await asyncio.sleep(0)
+            outputs = []
+            for index, plan in enumerate(plans):
+                if step < len(plan):
+                    last = step + 1 == len(plan)
+                    text = detokenizers[index].add_tokens(plan[step])
+                    text += detokenizers[index].flush() if last else ""
+                    outputs.append(CompletionOutput(index, text, plan[step], logprobs=None,
+                                                    finish_reason="stop" if last else None))
+            yield RequestOutput(request_id, prompt, list(prompt_ids), None, outputs,
+                                finished=step + 1 == max(len(p) for p in plans), num_cached_tokens=0)

@@ -133,3 +133,59 @@ def test_malformed_call_is_content_whole_and_in_a_stream_that_sent_none(tokenize
     assert whole(make(tokenizer, "qwen3", "auto"), text) == expected
     for cut in range(len(text) + 1):
         assert streamed(make(tokenizer, "qwen3", "auto"), [text[:cut], text[cut:]]) == expected
+
+
+# -- GPT-OSS harmony: openai_gptoss for the reasoning, the openai tool parser reads the whole text ------
+
+HARMONY_THINK = "The user wants Paris's weather. Café 😀"
+HARMONY_CALL = ("<|channel|>analysis<|message|>" + HARMONY_THINK + "<|end|>"
+                "<|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>"
+                "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+                + json.dumps(WEATHER, ensure_ascii=False) + "<|call|>"
+                '<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"tz": "UTC"}')
+HARMONY_FINAL = ("<|channel|>analysis<|message|>" + HARMONY_THINK + "<|end|>"
+                 "<|start|>assistant<|channel|>final<|message|>Sunny, 20 °C.")
+# (reasoning parser, tool parser, text, reasoning, content, calls)
+HARMONY_CASES = [
+    ("openai_gptoss", "openai", HARMONY_CALL, HARMONY_THINK, "Checking.",
+     [("get_weather", WEATHER), ("get_time", {"tz": "UTC"})]),
+    ("openai_gptoss", "openai", HARMONY_FINAL, HARMONY_THINK, "Sunny, 20 °C.", []),
+    ("openai_gptoss", None, HARMONY_CALL, HARMONY_THINK, "Checking.", []),
+    (None, "openai", HARMONY_CALL, None, "Checking.", [("get_weather", WEATHER), ("get_time", {"tz": "UTC"})]),
+    (None, "openai", HARMONY_FINAL, None, "Sunny, 20 °C.", []),  # the analysis is never content
+]
+
+
+@pytest.fixture(scope="module")
+def harmony_tokenizer():
+    from kvserve.testing.harmony_tokenizer import build_harmony_tokenizer
+
+    return build_harmony_tokenizer()
+
+
+def make_harmony(tokenizer, reasoning, tools, **kwargs) -> ChoiceOutput:
+    return ChoiceOutput(get_reasoning_parser(reasoning)(tokenizer) if reasoning else None,
+                        get_tool_parser(tools)(tokenizer) if tools else None, **kwargs)
+
+
+@pytest.mark.parametrize("reasoning_name,tool_name,text,reasoning,content,calls", HARMONY_CASES)
+def test_harmony_whole_and_streamed(harmony_tokenizer, reasoning_name, tool_name, text, reasoning, content, calls):
+    expected = whole(make_harmony(harmony_tokenizer, reasoning_name, tool_name), text)
+    assert expected[:2] == (reasoning, content)
+    assert [(name, json.loads(arguments)) for name, arguments in expected[2]] == calls
+    for cut in range(len(text) + 1):
+        output = make_harmony(harmony_tokenizer, reasoning_name, tool_name)
+        assert streamed(output, [text[:cut], text[cut:]]) == expected, cut
+    detokenizer = IncrementalDetokenizer(harmony_tokenizer, [], skip_special_tokens=False)
+    pieces = [detokenizer.add_tokens([t]) for t in harmony_tokenizer.encode(text, add_special_tokens=False)]
+    pieces.append(detokenizer.flush())
+    assert streamed(make_harmony(harmony_tokenizer, reasoning_name, tool_name), pieces) == expected
+
+
+def test_harmony_parallel_tool_calls_false_and_include_reasoning_false(harmony_tokenizer):
+    options = {"parallel_tool_calls": False, "include_reasoning": False}
+    expected = (None, "Checking.", [("get_weather", json.dumps(WEATHER, ensure_ascii=False))])
+    assert whole(make_harmony(harmony_tokenizer, "openai_gptoss", "openai", **options), HARMONY_CALL) == expected
+    output = make_harmony(harmony_tokenizer, "openai_gptoss", "openai", **options)
+    assert streamed(output, [HARMONY_CALL[i:i + 5] for i in range(0, len(HARMONY_CALL), 5)]) == expected
+    assert output.tools_called

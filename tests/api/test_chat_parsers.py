@@ -42,7 +42,7 @@ def test_tool_choice_defaults_and_the_auto_flags():
     assert plain.plan(request(tools=TOOLS, tool_choice="required")).forced
     with pytest.raises(ValueError, match="requires --tool-call-parser"):
         parsers(enable_auto_tool_choice=True)
-    with pytest.raises(ValueError, match="allowed: hermes, llama3_json, mistral, pythonic"):
+    with pytest.raises(ValueError, match="allowed: hermes, llama3_json, mistral, openai, pythonic"):
         parsers(tool_call_parser="qwen3_xml")
 
 
@@ -74,6 +74,22 @@ def test_special_tokens_are_kept_for_parsers_that_read_them():
     special = parsers(special_tags=True, reasoning_parser="qwen3")
     assert special.reasoning_tags_special
     assert special.plan(request()).sampling_params(base).skip_special_tokens is False
+
+
+def test_harmony_markers_are_kept_whatever_the_request_says():
+    from kvserve.testing.harmony_tokenizer import build_harmony_tokenizer
+
+    tokenizer = build_harmony_tokenizer()
+    gpt_oss = ChatParsers.from_settings(ServerSettings(reasoning_parser="openai_gptoss"), tokenizer)
+    assert gpt_oss.reasoning_tags_special
+    both = ChatParsers.from_settings(ServerSettings(reasoning_parser="openai_gptoss", enable_auto_tool_choice=True,
+                                                    tool_call_parser="openai"), tokenizer)
+    for skip in (True, False):
+        params = SamplingParams(skip_special_tokens=skip)
+        assert gpt_oss.plan(request()).sampling_params(params).skip_special_tokens is False
+        assert both.plan(request(tools=TOOLS)).sampling_params(params).skip_special_tokens is False
+    with pytest.raises(ValueError, match="needs harmony's markers"):
+        parsers(reasoning_parser="openai_gptoss")
 
 
 def test_template_variables_and_tools_shown():

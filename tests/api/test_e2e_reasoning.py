@@ -11,60 +11,22 @@ its older name), ``include_reasoning: false`` drops it and constrains from the f
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
-from collections.abc import AsyncIterator
 
 import httpx
 import jsonschema
 import pytest
 
 from kvserve.api.settings import ServerSettings
-from kvserve.engine.detokenizer import IncrementalDetokenizer
-from kvserve.outputs import CompletionOutput, RequestOutput
 from kvserve.testing.live_server import start_live_server
 from kvserve.testing.tool_checkpoint import build_tool_checkpoint, build_tool_tokenizer
 from kvserve.tokenizer import apply_chat_template
 from loopback import LoopbackServer
-from scripted_engine import ScriptedEngine
+from scripted_engine import ScriptedEngine, TextEngine
 
 THINK = "\nThe user asks for 2+2. 2+2 is 4. Café 😀.\n"
 ANSWER = "\n\nThe answer is **4**."
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
-
-
-class TextEngine(ScriptedEngine):
-    """Every choice writes ``text`` (then stops, as at EOS), 1-4 tokens per step in a pattern
-    seeded by the choice index, so each choice's stream is cut differently."""
-
-    def __init__(self, tokenizer, text: str):
-        super().__init__(tokenizer, max_model_len=4096)
-        self.text = text
-
-    async def _steps(self, prompt_ids, params, request_id, prompt) -> AsyncIterator[RequestOutput]:
-        ids = self.tokenizer.encode(self.text, add_special_tokens=False)
-        plans = []
-        for index in range(params.n):
-            rng, cuts, at = random.Random(index), [], 0
-            while at < len(ids):
-                cuts.append(ids[at:at + rng.randint(1, 4)])
-                at += len(cuts[-1])
-            plans.append(cuts)
-        detokenizers = [IncrementalDetokenizer(self.tokenizer, list(prompt_ids), params.skip_special_tokens)
-                        for _ in range(params.n)]
-        for step in range(max(len(p) for p in plans)):
-            await asyncio.sleep(0)
-            outputs = []
-            for index, plan in enumerate(plans):
-                if step < len(plan):
-                    last = step + 1 == len(plan)
-                    text = detokenizers[index].add_tokens(plan[step])
-                    text += detokenizers[index].flush() if last else ""
-                    outputs.append(CompletionOutput(index, text, plan[step], logprobs=None,
-                                                    finish_reason="stop" if last else None))
-            yield RequestOutput(request_id, prompt, list(prompt_ids), None, outputs,
-                                finished=step + 1 == max(len(p) for p in plans), num_cached_tokens=0)
 
 
 def serve(text: str, **settings) -> LoopbackServer:

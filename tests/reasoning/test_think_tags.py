@@ -130,5 +130,5 @@ def test_a_vocabulary_without_think_tokens_is_a_configuration_error():
     with pytest.raises(ValueError, match="needs <think> and </think>"):
         make(R1, plain, None)
     assert make(QWEN3, plain, {"enable_thinking": False}).extract_reasoning("a") == (None, "a")
-    with pytest.raises(ValueError, match="allowed: deepseek_r1, qwen3"):
+    with pytest.raises(ValueError, match="allowed: deepseek_r1, openai_gptoss, qwen3"):
         get_reasoning_parser("r1")

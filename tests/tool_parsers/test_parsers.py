@@ -231,5 +231,5 @@ def test_hermes_token_by_token_with_the_bpe_tokenizer():
 
 
 def test_unknown_parser_names_the_allowed_ones():
-    with pytest.raises(ValueError, match="allowed: hermes, llama3_json, mistral, pythonic"):
+    with pytest.raises(ValueError, match="allowed: hermes, llama3_json, mistral, openai, pythonic"):
         get_tool_parser("qwen")

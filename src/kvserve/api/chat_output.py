@@ -9,6 +9,10 @@ The text goes through at most two parsers, in this order::
                                       (the --tool-call-parser for tool_choice "auto";
                                        ForcedToolCallParser for "required" / a named function)
 
+A tool parser that ``reads_whole_output`` (``openai``: GPT-OSS's harmony channels say which
+message is reasoning, content or a call) reads the model text itself instead of the answer, and
+its content replaces the reasoning parser's; the reasoning parser then gives the reasoning only.
+
 Both parsers are split-invariant (``kvserve.reasoning.abstract``, ``kvserve.tool_parsers.abstract``):
 the answer a stream hands the tool parser is, concatenated, the whole answer, so a streamed choice
 adds up to the non-streamed message for every split of the text into pieces. One exception is
@@ -78,6 +82,10 @@ class ChoiceOutput:
         """Whether the stream has sent a tool call."""
         return self.tools is not None and self.tools.tools_called
 
+    @property
+    def _tools_read_whole_output(self) -> bool:
+        return self.tools is not None and self.tools.reads_whole_output
+
     def parse(self, text: str) -> ParsedMessage:
         """The message of the whole ``text`` (malformed calls are content, as vLLM)."""
         reasoning, content = None, text
@@ -85,8 +93,9 @@ class ChoiceOutput:
             reasoning, content = self.reasoning.extract_reasoning(text)
         calls: tuple[ToolCall, ...] = ()
         if self.tools is not None:
-            extracted = self.tools.extract_tool_calls(content or "")
-            if extracted.tools_called:
+            whole = self._tools_read_whole_output
+            extracted = self.tools.extract_tool_calls(text if whole else (content or ""))
+            if extracted.tools_called or whole:
                 calls = limit_tool_calls(extracted.tool_calls, self.parallel_tool_calls)
                 content = extracted.content
         if self.parses and not content:
@@ -106,6 +115,8 @@ class ChoiceOutput:
             else:
                 split = self.reasoning.extract_reasoning_streaming(previous, self.text, piece)
             reasoning, answer = (split.reasoning_content, split.content) if split else (None, None)
+        if self._tools_read_whole_output:
+            answer = piece  # the tool parser reads the model's text itself, and gives the content
         content, calls = self._answer_delta(answer or "", final)
         delta = MessageDelta(reasoning if self.include_reasoning else None, content, calls)
         return delta if delta else None

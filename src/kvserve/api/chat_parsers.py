@@ -74,8 +74,9 @@ class ChatParsers:
         enable_auto_tool_choice: ``--enable-auto-tool-choice``.
         exclude_tools_when_tool_choice_none: ``--exclude-tools-when-tool-choice-none``.
         reasoning_parser: the ``--reasoning-parser`` class, or None.
-        reasoning_tags_special: the think tags are special tokens of this tokenizer, so the
-            text must keep special tokens for the parser to see them.
+        reasoning_tags_special: the reasoning parser's markers (think tags, harmony's markers)
+            are special tokens of this tokenizer, so the text must keep special tokens for the
+            parser to see them.
         default_chat_template_kwargs: ``--default-chat-template-kwargs``.
     """
 
@@ -101,8 +102,7 @@ class ChatParsers:
         special = False
         if reasoning_parser is not None:
             probe = reasoning_parser(tokenizer)  # raises ValueError without the tags
-            tags = {getattr(probe, "start_token_id", None), getattr(probe, "end_token_id", None)} - {None}
-            special = bool(tags & _special_token_ids(tokenizer))
+            special = bool(probe.marker_token_ids() & _special_token_ids(tokenizer))
         return cls(tokenizer, tool_parser, settings.enable_auto_tool_choice,
                    settings.exclude_tools_when_tool_choice_none, reasoning_parser, special,
                    dict(settings.default_chat_template_kwargs or {}) or None)

@@ -202,7 +202,7 @@ def _add_tool_args(group) -> None:
     group.add_argument("--tool-call-parser", type=tool_call_parser_name, default=None,
                        metavar="{" + ",".join(tool_parser_names()) + "}",
                        help="the model's tool-call format: hermes (Qwen2.5/Qwen3/Hermes <tool_call>), llama3_json, "
-                            "mistral ([TOOL_CALLS]), pythonic")
+                            "mistral ([TOOL_CALLS]), openai (GPT-OSS's harmony to=functions.NAME), pythonic")
     group.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                        help="tool_choice \"none\" keeps the tools out of the prompt (default: the template shows them)")
     group.add_argument("--default-chat-template-kwargs", type=_json_object, default=None, metavar="JSON",
@@ -342,7 +342,7 @@ def _check_tls(keyfile: str | None, certfile: str | None) -> None:
 def _check_tool_flags(args: argparse.Namespace) -> None:
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser (the model's tool-call format: "
-                         "hermes, llama3_json, mistral or pythonic)")
+                         "hermes, llama3_json, mistral, openai or pythonic)")
     if args.tool_call_parser and not args.enable_auto_tool_choice:
         logger.warning("--tool-call-parser %s without --enable-auto-tool-choice: tool_choice \"auto\" (the "
                        "default when a request has tools) gets a 400, as in vLLM", args.tool_call_parser)

@@ -207,9 +207,9 @@ def _add_structured_output_args(group) -> None:
 
     group.add_argument("--reasoning-parser", type=reasoning_parser_name, default=None,
                        metavar="{" + ",".join(reasoning_parser_names()) + "}",
-                       help="kvserve serve: split the model's <think>...</think> into the chat message's "
-                            "reasoning (and reasoning_content); structured outputs and forced tool calls "
-                            "start after the reasoning")
+                       help="kvserve serve: split the model's <think>...</think> (openai_gptoss: GPT-OSS's "
+                            "harmony analysis channel) into the chat message's reasoning (and "
+                            "reasoning_content); structured outputs and forced tool calls start after the reasoning")
 
 
 def reasoning_parser_name(text: str) -> str | None:

@@ -2,7 +2,8 @@
 
 * :mod:`.abstract` — the :class:`ReasoningParser` interface, registry and split-invariant
   streaming, with interface notes for wiring it into chat serving and structured outputs;
-* :mod:`.think_tags` — ``deepseek_r1`` and ``qwen3`` (``<think>...</think>``).
+* :mod:`.think_tags` — ``deepseek_r1`` and ``qwen3`` (``<think>...</think>``);
+* :mod:`.gpt_oss` — ``openai_gptoss`` (GPT-OSS's harmony channels).
 """
 
 from kvserve.reasoning.abstract import (

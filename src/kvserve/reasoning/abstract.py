@@ -82,6 +82,12 @@ class ReasoningParser(ABC):
     def content_token_ids(self, token_ids: Sequence[int]) -> list[int]:
         """The ids after the end of the reasoning (``[]`` while it has not ended)."""
 
+    def marker_token_ids(self) -> frozenset[int]:
+        """The ids of the tokens that mark the reasoning off (``<think>``, ``</think>``; harmony's
+        markers). When one is a special token of the model, the chat text keeps special tokens so
+        that this parser sees it (``ChatPlan.sampling_params``)."""
+        return frozenset()
+
     def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
         """How many of an output's tokens are reasoning (``usage.completion_tokens_details.
         reasoning_tokens``); 0 unless a parser knows."""
@@ -118,6 +124,16 @@ class ReasoningParser(ABC):
         return ReasoningDelta(reasoning_content=reasoning, content=content)
 
 
+def vocabulary_token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of ``token`` as one vocabulary entry, or None (an unknown token maps to the unknown
+    id, whose text differs). Per request this is two lookups; ``get_vocab()`` copies the whole
+    vocabulary (about 200 ms for Tekken's 131,072 tokens)."""
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or tokenizer.convert_ids_to_tokens(token_id) != token:
+        return None
+    return token_id
+
+
 _REGISTRY: dict[str, type[ReasoningParser]] = {}
 
 
@@ -138,7 +154,7 @@ def get_reasoning_parser(name: str) -> type[ReasoningParser]:
     Raises:
         ValueError: an unknown name (a configuration error at start; lists the names).
     """
-    import kvserve.reasoning.think_tags  # noqa: F401  (registers the built-in parsers)
+    import kvserve.reasoning.parsers  # noqa: F401  (registers the built-in parsers)
 
     if name not in _REGISTRY:
         raise ValueError(
@@ -148,6 +164,6 @@ def get_reasoning_parser(name: str) -> type[ReasoningParser]:
 
 def reasoning_parser_names() -> list[str]:
     """The registered names (``--reasoning-parser`` choices)."""
-    import kvserve.reasoning.think_tags  # noqa: F401
+    import kvserve.reasoning.parsers  # noqa: F401
 
     return sorted(_REGISTRY)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvserve.reasoning.abstract import (ReasoningDelta, ReasoningParser, ReasoningState,
-                                        register_reasoning_parser)
+                                        register_reasoning_parser, vocabulary_token_id)
 
 START = "<think>"
 END = "</think>"
@@ -37,16 +37,6 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-def _token_id(tokenizer: Any, token: str) -> int | None:
-    """The id of ``token`` as one vocabulary entry, or None (an unknown token maps to the unknown
-    id, whose text differs). Per request this is two lookups; ``get_vocab()`` copies the whole
-    vocabulary (about 200 ms for Tekken's 131,072 tokens)."""
-    token_id = tokenizer.convert_tokens_to_ids(token)
-    if token_id is None or tokenizer.convert_ids_to_tokens(token_id) != token:
-        return None
-    return token_id
-
-
 class ThinkTagReasoningParser(ReasoningParser):
     """``<think>...</think>`` reasoning (see the module docstring)."""
 
@@ -56,8 +46,8 @@ class ThinkTagReasoningParser(ReasoningParser):
         super().__init__(tokenizer, chat_template_kwargs=chat_template_kwargs)
         self.thinking = not (self.honours_enable_thinking
                              and self.chat_template_kwargs.get("enable_thinking") is False)
-        self.start_token_id = _token_id(tokenizer, START)
-        self.end_token_id = _token_id(tokenizer, END)
+        self.start_token_id = vocabulary_token_id(tokenizer, START)
+        self.end_token_id = vocabulary_token_id(tokenizer, END)
         self._streamed = False  # a stream's text only grows: searches resume where they stopped
         self._end = -1  # where END was found in the stream (-1: not yet)
         self._searched = 0  # the stream's text before this holds no END
@@ -93,6 +83,9 @@ class ThinkTagReasoningParser(ReasoningParser):
             self._end = text.find(END, max(start, self._searched))
             self._searched = max(0, len(text) - len(END) + 1)
         return self._end
+
+    def marker_token_ids(self) -> frozenset[int]:
+        return frozenset({self.start_token_id, self.end_token_id} - {None})
 
     def is_reasoning_end(self, token_ids: Sequence[int]) -> bool:
         if not self.thinking:

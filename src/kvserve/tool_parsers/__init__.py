@@ -2,7 +2,8 @@
 
 * :mod:`.abstract` — the :class:`ToolParser` interface, its registry (``get_tool_parser``)
   and the split-invariant streaming it gives every parser;
-* :mod:`.hermes`, :mod:`.llama3_json`, :mod:`.mistral`, :mod:`.pythonic` — the formats;
+* :mod:`.hermes`, :mod:`.llama3_json`, :mod:`.mistral`, :mod:`.pythonic`, :mod:`.gpt_oss`
+  (``openai``: GPT-OSS's harmony) — the formats;
 * :mod:`.tool_choice` — ``tool_choice`` validation, the JSON schema that forces a call
   (``required`` / a named function), reading that output back, ``parallel_tool_calls``;
 * :mod:`.types` — OpenAI's tool-call shapes and vLLM-style ids;

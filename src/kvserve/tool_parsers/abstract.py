@@ -25,9 +25,10 @@ Rules shared by all parsers:
   started; then ``arguments`` is sent in pieces: the raw JSON text the model wrote (for
   ``pythonic``, the JSON of its Python literals). Non-streamed results carry the same text.
 * Malformed or truncated calls: the whole-text result falls back to content (``tools_called``
-  false, ``content`` the whole text, as vLLM); never an exception. A stream that had not sent a
-  call yet sends the held text as content at :meth:`finish_streaming`, so it ends equal to the
-  whole-text result; a stream that had already sent a call cannot take it back (it stays a call
+  false, ``content`` the whole text, as vLLM, or what :meth:`ToolParser.content_without_calls`
+  says for a format whose text is not all for the user); never an exception. A stream that had
+  not sent a call yet sends the held text as content at :meth:`finish_streaming`, so it ends
+  equal to the whole-text result; a stream that had already sent a call cannot take it back (it stays a call
   whose arguments stop at the last valid character; the lead may report an error for it).
 
 Interface note for the lead (chat serving): with ``--enable-auto-tool-choice
@@ -35,7 +36,9 @@ Interface note for the lead (chat serving): with ``--enable-auto-tool-choice
 (``get_tool_parser(NAME)(tokenizer)``), detokenize with ``skip_special_tokens=False`` when
 ``needs_special_tokens``, feed every delta, call ``finish_streaming`` with the final text, and
 set ``finish_reason: "tool_calls"`` when a call was made. Apply ``parallel_tool_calls: false``
-with :func:`kvserve.tool_parsers.tool_choice.limit_tool_calls` / ``limit_tool_call_deltas``.
+with :func:`kvserve.tool_parsers.tool_choice.limit_tool_calls` / ``limit_tool_call_deltas``. A
+parser that ``reads_whole_output`` (``openai``, harmony) gets the model's whole text, not the
+reasoning parser's answer, and its content replaces the reasoning parser's.
 """
 
 from __future__ import annotations
@@ -100,6 +103,9 @@ class ToolParser(ABC):
 
     name: str = ""
     needs_special_tokens: bool = True
+    #: reads the model's whole text, reasoning included, instead of the reasoning parser's
+    #: answer, and gives the content itself (harmony: the channels say what is content)
+    reads_whole_output: bool = False
 
     def __init__(self, tokenizer: Any = None, *, id_factory: Callable[[], str] | None = None):
         self.tokenizer = tokenizer
@@ -135,7 +141,7 @@ class ToolParser(ABC):
         """The tool calls of a whole output; malformed or truncated calls -> all content."""
         state = self.parse(text, final=True)
         if state.failed or not state.calls or not all(c.complete and c.name for c in state.calls):
-            return ExtractedToolCalls(False, (), text)
+            return ExtractedToolCalls(False, (), self.content_without_calls(state, text) or None)
         calls = tuple(ToolCall(id=self.make_id(), function=FunctionCall(c.name, c.arguments))
                       for c in state.calls)
         return ExtractedToolCalls(True, calls, state.content or None)
@@ -157,8 +163,13 @@ class ToolParser(ABC):
         self._text = text
         if not self._sent and (state.failed or not state.calls
                                or not all(c.complete and c.name for c in state.calls)):
-            state = ParseState(content=text)  # nothing sent as a call: all of it is content
+            state = ParseState(content=self.content_without_calls(state, text))  # nothing sent as a call
         return self._emit(state, text)
+
+    def content_without_calls(self, state: ParseState, text: str) -> str:
+        """The content of a text read as holding no calls (none, or malformed ones): the whole
+        text, as vLLM; a format whose text is not all for the user (harmony) says its own."""
+        return text
 
     @property
     def tools_called(self) -> bool:
@@ -171,7 +182,7 @@ class ToolParser(ABC):
 
     def _emit(self, state: ParseState, text: str) -> ToolCallDelta | None:
         content = None
-        if len(state.content) > self._sent_content and text.startswith(state.content):
+        if len(state.content) > self._sent_content:
             content = state.content[self._sent_content:]
             self._sent_content = len(state.content)
         deltas = []
