@@ -210,3 +210,13 @@ def sequential_block_tables(lengths: list[int], block_size: int, start: int = 0,
         tables.append(ids[::-1] if reverse else ids)
         next_block += num
     return tables
+
+
+def code_values(qt) -> torch.Tensor:
+    """float64 [N, K]: the numbers the kernels multiply by (q; q - 8 for symmetric int4; MXFP4's
+    doubled E2M1 values, written out here from the format: 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2)."""
+    if qt.codebook == "e2m1":
+        doubled = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12], dtype=torch.float64)
+        magnitude = doubled[(qt.q.long() & 7)]
+        return torch.where(qt.q >= 8, -magnitude, magnitude)
+    return qt.q.double() - (8 if qt.bits == 4 and qt.offsets is None else 0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_fixtures import code_values
 
 from kvserve.kernels import cpu_kernels, cpu_kernels_available
 from kvserve.model.invariant_linear import pack_amx_weight
@@ -22,16 +23,6 @@ pytestmark = pytest.mark.skipif(
     reason="this CPU (or OS) has no AMX-BF16 tiles: the layers use the vector kernel, tested elsewhere")
 
 KINDS = ["int8", "int4-symmetric", "int4-zero-points", "mxfp4"]
-
-
-def code_values(qt) -> torch.Tensor:
-    """float64 [N, K]: the numbers the kernels multiply by (q; q - 8 for symmetric int4; MXFP4's
-    doubled E2M1 values, written out here from the format: 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2)."""
-    if qt.codebook == "e2m1":
-        doubled = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12], dtype=torch.float64)
-        magnitude = doubled[(qt.q.long() & 7)]
-        return torch.where(qt.q >= 8, -magnitude, magnitude)
-    return qt.q.double() - (8 if qt.bits == 4 and qt.offsets is None else 0)
 
 
 def f32(t: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from model_fixtures import code_values
 from torch import nn
 
 from kvserve.kernels import cpu_kernels, cpu_kernels_available
@@ -117,16 +118,6 @@ def test_int4_matches_numpy_and_dequantizes_exactly(symmetric, group):
 
 
 # -- the kernel's sequence ---------------------------------------------------------------------
-
-def code_values(qt) -> torch.Tensor:
-    """float64 [N, K]: the numbers the kernels multiply by (q; q - 8 for symmetric int4; MXFP4's
-    doubled E2M1 values, written out here from the format: 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2)."""
-    if qt.codebook == "e2m1":
-        doubled = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12], dtype=torch.float64)
-        magnitude = doubled[(qt.q.long() & 7)]
-        return torch.where(qt.q >= 8, -magnitude, magnitude)
-    return qt.q.double() - (8 if qt.bits == 4 and qt.offsets is None else 0)
-
 
 def f32(t: torch.Tensor) -> torch.Tensor:
     """A float64 tensor rounded to float32 (and back to float64)."""

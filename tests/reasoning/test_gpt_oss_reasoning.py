@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from reasoning_streams import stream
 
 from kvserve.engine.detokenizer import IncrementalDetokenizer
 from kvserve.reasoning import get_reasoning_parser
@@ -54,20 +55,6 @@ def tokenizer():
 
 def make(tokenizer):
     return get_reasoning_parser(NAME)(tokenizer)
-
-
-def stream(parser, pieces):
-    text, reasoning, content = "", "", ""
-    deltas = []
-    for piece in pieces:
-        previous, text = text, text + piece
-        deltas.append(parser.extract_reasoning_streaming(previous, text, piece))
-    deltas.append(parser.finish_streaming(text))
-    for delta in deltas:
-        if delta is not None:
-            reasoning += delta.reasoning_content or ""
-            content += delta.content or ""
-    return reasoning, content
 
 
 @pytest.mark.parametrize("text,reasoning,content", CASES)

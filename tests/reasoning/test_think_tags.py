@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from reasoning_streams import stream
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
@@ -46,20 +47,6 @@ CASES = [
 
 def make(name, tokenizer, kwargs):
     return get_reasoning_parser(name)(tokenizer, chat_template_kwargs=kwargs)
-
-
-def stream(parser, pieces):
-    text, reasoning, content = "", "", ""
-    deltas = []
-    for piece in pieces:
-        previous, text = text, text + piece
-        deltas.append(parser.extract_reasoning_streaming(previous, text, piece))
-    deltas.append(parser.finish_streaming(text))
-    for delta in deltas:
-        if delta is not None:
-            reasoning += delta.reasoning_content or ""
-            content += delta.content or ""
-    return reasoning, content
 
 
 @pytest.mark.parametrize("name,kwargs,text,reasoning,content", CASES)

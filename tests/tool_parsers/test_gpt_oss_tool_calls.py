@@ -13,6 +13,7 @@ import random
 import re
 
 import pytest
+import tool_streams
 
 from kvserve.engine.detokenizer import IncrementalDetokenizer
 from kvserve.testing.harmony_tokenizer import build_harmony_tokenizer
@@ -59,25 +60,9 @@ MALFORMED = [  # (output, content, calls): best effort, never an exception
 
 
 def stream(parser, pieces):
-    """Feed ``pieces`` and finish; returns (content, [(name, arguments)], deltas)."""
-    text, content, calls, deltas = "", "", {}, []
-    for piece in pieces:
-        previous, text = text, text + piece
-        deltas.append(parser.extract_tool_calls_streaming(previous, text, piece))
-    deltas.append(parser.finish_streaming(text))
-    for delta in deltas:
-        if delta is None:
-            continue
-        content += delta.content or ""
-        for call in delta.tool_calls:
-            entry = calls.setdefault(call.index, {"name": None, "arguments": ""})
-            if call.function.name is not None:
-                assert entry["name"] is None, "a name is sent once"
-                entry["name"] = call.function.name
-            entry["arguments"] += call.function.arguments or ""
-    assert sorted(calls) == list(range(len(calls)))
-    return content or None, [(c["name"], c["arguments"]) for _, c in sorted(calls.items())], deltas
-
+    """Feed ``pieces`` and finish; returns (content or None, [(name, arguments)], deltas)."""
+    content, calls, deltas, _ = tool_streams.stream(parser, pieces)
+    return content or None, calls, deltas
 
 def whole(text):
     result = get_tool_parser("openai")().extract_tool_calls(text)
