@@ -83,8 +83,8 @@ _EAGER = "kvserve runs eagerly: it has no CUDA graphs and no torch.compile"
 _LOOKAHEAD = "lookahead slots are sized by --speculative-config (the draft model's num_speculative_tokens)"
 _QUANT = ("kvserve quantizes a float checkpoint at load (int8 per channel, int4 group-wise with "
           "--quantization-group-size) or loads 4-bit GPTQ and AWQ (GEMM) checkpoints, 8-bit symmetric GPTQ and "
-          "GPT-OSS's MXFP4 experts (detected from config.json); other methods (fp8, bitsandbytes, gguf, marlin repacks, ...) are not "
-          "implemented")
+          "GPT-OSS's MXFP4 experts (detected from config.json); other methods (fp8, bitsandbytes, gguf, marlin "
+          "repacks, ...) are not implemented")
 _DIST = "kvserve has no distributed or disaggregated serving yet"
 _TOOL_PLUGIN = ("parser plugins are not supported; the built-in tool-call parsers are hermes, llama3_json, "
                 "mistral, openai and pythonic (--tool-call-parser)")

@@ -1,7 +1,8 @@
 """The layers that talk to the other ranks: row-parallel linears (o_proj, down_proj), a mixture
-of experts whose ranks each give a partial sum, and the vocabulary-parallel embedding. Column-parallel layers (qkv_proj, gate_up_proj, the LM head) need
-no layer of their own: they are the model's usual ``MergedLinear`` / ``nn.Linear`` built with the
-rank's smaller sizes (``TensorParallelShard.local_arch``), loaded with the rank's rows.
+of experts whose ranks each give a partial sum, and the vocabulary-parallel embedding.
+Column-parallel layers (qkv_proj, gate_up_proj, the LM head) need no layer of their own: they
+are the model's usual ``MergedLinear`` / ``nn.Linear`` built with the rank's smaller sizes
+(``TensorParallelShard.local_arch``), loaded with the rank's rows.
 """
 
 from __future__ import annotations
@@ -77,9 +78,9 @@ def parallelize(model: nn.Module, shard: TensorParallelShard, communicator: Comm
     """Swap ``model``'s (a Llama-family model built from ``shard.local_arch()``, on any device,
     also ``meta``) row-parallel projections and embedding for the layers above, in place.
     Returns ``model``."""
-    arch = shard.arch
     from kvserve.model.moe import SparseMoeBlock
 
+    arch = shard.arch
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         attn.o_proj = _row_parallel(attn.o_proj, communicator)

@@ -57,8 +57,9 @@ class MoeLayer:
             biases = [(ctypes.c_void_p * experts)(*(ptr(b) for b in gate_up_bias)),
                       (ctypes.c_void_p * experts)(*(ptr(b) for b in down_bias))]
         handle = ctypes.c_void_p()
-        lib.call("kvserve_moe_create", num_experts, first_expert, experts, top_k, router.in_features, down[0].in_features, int(normalize),
-                 int(weights_float32), ROUTINGS[routing], ACTIVATIONS[activation], alpha, limit,
+        lib.call("kvserve_moe_create", num_experts, first_expert, experts, top_k, router.in_features,
+                 down[0].in_features, int(normalize), int(weights_float32), ROUTINGS[routing],
+                 ACTIVATIONS[activation], alpha, limit,
                  ctypes.byref(router), (LinearPart * experts)(*gate_up), (LinearPart * experts)(*down), *biases,
                  None if shared is None else (LinearPart * 3)(*shared), ctypes.byref(handle))
         self.handle = handle

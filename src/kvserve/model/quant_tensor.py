@@ -86,7 +86,8 @@ class QuantizedTensor:
         if self.offsets is not None and (self.bits != 4 or self.offsets.shape != self.scales.shape
                                          or self.offsets.dtype not in (self.scales.dtype, torch.float32)):
             raise ValueError("offsets are int4 only and must match the scales' shape (dtype: theirs or float32)")
-        if self.codebook not in ("int", "e2m1") or (self.codebook == "e2m1" and (self.bits != 4 or self.offsets is not None)):
+        e2m1_misused = self.codebook == "e2m1" and (self.bits != 4 or self.offsets is not None)
+        if self.codebook not in ("int", "e2m1") or e2m1_misused:
             raise ValueError(f"codebook {self.codebook!r}: 'int', or 'e2m1' for 4-bit weights without offsets")
 
     @property

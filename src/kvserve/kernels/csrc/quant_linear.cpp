@@ -151,8 +151,8 @@ void quant_linear_layout(int64_t isa, int64_t* width, int64_t* vectors) { layout
 
 // x: contiguous [M, K] float32 or bfloat16; w.packed: uint8 [P, K, row bytes]; w.scales (and
 // neg_offsets, int4 only): float32 [P, K / group_size, kNR]; bias: float32 [N] or nullptr; bits 8
-// or 4 (int4 without offsets is symmetric: q - 8; codebook kE2M1: MXFP4's values); isa: 0 (the best here) or the instruction set
-// the weights were packed for -> out [M, N] in x's dtype.
+// or 4 (int4 without offsets is symmetric: q - 8; codebook kE2M1: MXFP4's values); isa: 0 (the
+// best here) or the instruction set the weights were packed for -> out [M, N] in x's dtype.
 void quant_linear(DType dtype, const void* x, void* out, int64_t M, int64_t K, const QuantWeight& w, int64_t isa) {
   isa = resolve_quant_isa(isa);
   if (M == 0 || w.N == 0) return;
