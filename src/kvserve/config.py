@@ -54,6 +54,13 @@ class CheckpointQuantization:
         group = "channel" if self.group_size == -1 else f"g{self.group_size}"
         return f"{self.method}-int{self.bits}-{group}" + ("-act_order" if self.desc_act else "")
 
+    @property
+    def layout(self) -> str:
+        """The method and, where it differs, its packing, as the start-up line names the weights:
+        ``gptq``, ``gptq (gptq_v2)``, ``awq (gemm)``, ``mxfp4``."""
+        same = self.method == self.checkpoint_format
+        return self.method if same else f"{self.method} ({self.checkpoint_format})"
+
 
 @dataclass(frozen=True)
 class QuantizationConfig:

@@ -148,7 +148,7 @@ def test_checkpoint_loads_every_linear_exactly(prequantized, name):
             assert torch.equal(module.dequantized_weight(), expected), ours
         for ours in ("self_attn.o_proj", "mlp.down_proj"):
             assert torch.equal(layer.get_submodule(ours).dequantized_weight(), refs[f"{prefix}.{ours}"]), ours
-    assert loaded.weight_format.startswith(f"{spec.method} ({spec.checkpoint_format}): int{spec.bits} (")
+    assert loaded.weight_format.startswith(f"{spec.layout}: int{spec.bits} (")
     if spec.lm_head:
         assert torch.equal(model.lm_head.dequantized_weight(), refs["lm_head"])
         assert loaded.quantization.label == "gptq-int4-g64+lm_head"

@@ -120,7 +120,7 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
     weight_format = describe_weights(model, dtype)
     if spec is not None:
-        weight_format = f"{spec.method} ({spec.checkpoint_format}): {weight_format}"
+        weight_format = f"{spec.layout}: {weight_format}"
     return LoadedModel(model, arch, dtype, generation_config, str(model_dir), weight_format, quantization,
                        num_kv_heads=shard.num_kv_heads, shard=shard)
 

@@ -240,8 +240,7 @@ def load_model(
     generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
     weight_format = describe_weights(model, torch_dtype)
     if spec is not None:
-        label = spec.method if spec.method == spec.checkpoint_format else f"{spec.method} ({spec.checkpoint_format})"
-        weight_format = f"{label}: {weight_format}"
+        weight_format = f"{spec.layout}: {weight_format}"
     return LoadedModel(model, arch, torch_dtype, generation_config, str(model_dir), weight_format, quantization)
 
 
