@@ -14,7 +14,7 @@ from kvserve.kernels.tensors import code, ptr, require
 
 
 ROUTINGS = {"softmax_topk": 0, "topk_softmax": 1}  # csrc/moe.h: MoeRouting
-ACTIVATIONS = {"silu_and_mul": 0, "swiglu_clamped": 1}  # csrc/moe.h: MoeActivation
+ACTIVATIONS = {"silu": 0, "swiglu_clamped": 1}  # csrc/moe.h: MoeActivation; MoeConfig.activation's names
 
 
 class MoeLayer:
@@ -29,7 +29,7 @@ class MoeLayer:
     def __init__(self, lib, dtype: torch.dtype, top_k: int, normalize: bool, weights_float32: bool,
                  router: LinearPart, gate_up: Sequence[LinearPart], down: Sequence[LinearPart],
                  shared: Sequence[LinearPart] | None = None, routing: str = "softmax_topk",
-                 activation: str = "silu_and_mul", alpha: float = 0.0, limit: float = 0.0,
+                 activation: str = "silu", alpha: float = 0.0, limit: float = 0.0,
                  expert_biases: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]] | None = None,
                  first_expert: int = 0):
         num_experts = router.out_features

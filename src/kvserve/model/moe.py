@@ -156,13 +156,10 @@ class SparseMoeBlock(nn.Module):
         if self.moe.expert_bias:
             biases = tuple([getattr(e, name).detach().to(dtype).contiguous() for e in self.experts]
                            for name in ("gate_up_bias", "down_bias"))
-        clamped = self.moe.activation == "swiglu_clamped"
         return kernels.MoeLayer(dtype=dtype, top_k=self.moe.top_k, normalize=self.moe.norm_topk_prob,
                                 weights_float32=self.moe.routing_weights_float32, router=router, gate_up=gate_up,
-                                down=down, shared=shared, routing=self.moe.routing,
-                                activation="swiglu_clamped" if clamped else "silu_and_mul",
-                                alpha=self.moe.swiglu_alpha if clamped else 0.0,
-                                limit=self.moe.swiglu_limit if clamped else 0.0, expert_biases=biases,
+                                down=down, shared=shared, routing=self.moe.routing, activation=self.moe.activation,
+                                alpha=self.moe.swiglu_alpha, limit=self.moe.swiglu_limit, expert_biases=biases,
                                 first_expert=self.first_expert)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -93,11 +93,11 @@ inline void widen_int8(const uint8_t* src, uint16_t* dst) {
   }
 }
 
-// The bfloat16 bits of each nibble's value (q - 8, q or the doubled E2M1 value) in the 16 low words.
-inline __m512i nibble_table(bool minus8, int64_t codebook) {
+// The bfloat16 bits of each nibble's integer (q - 8 or q) in the 16 low words.
+inline __m512i nibble_table(bool minus8) {
   alignas(64) uint16_t words[32] = {};
   for (int i = 0; i < 16; ++i) {
-    const float value = kvserve::nibble_value(i, minus8, codebook);
+    const float value = kvserve::nibble_value(i, minus8, kvserve::kIntegers);
     uint32_t bits;
     std::memcpy(&bits, &value, sizeof(bits));
     words[i] = static_cast<uint16_t>(bits >> 16);  // exact: small integers
@@ -422,10 +422,8 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
   const int64_t items = row_groups * pairs;
   const int64_t grain = std::max<int64_t>(1, items / (threads * 4));
   const ActivationTiles tiles(x, M, L.K);
-  const __m512i table = nibble_table(L.minus8, L.codebook);
-  alignas(64) float doubled[16] = {};
-  for (int i = 0; i < 16 && kScaled; ++i) doubled[i] = kvserve::nibble_value(i, false, L.codebook);
-  const __m512 values = _mm512_load_ps(doubled);
+  const __m512i table = nibble_table(L.minus8);
+  const __m512 values = _mm512_load_ps(kvserve::kE2M1Doubled);
   kvserve::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     const FlushDenormals flush;
     configure_tiles(M);

@@ -68,10 +68,11 @@ void amx_linear(const BFloat16* x, const BFloat16* packed, const float* bias, BF
 // doubled (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, as integers 0 .. 12: the group's scale
 // carries the half), so every kernel multiplies by small integers, exact in bfloat16 and float32.
 enum Codebook : int64_t { kIntegers = 0, kE2M1 = 1 };
+// kE2M1's values by code, doubled (codes 8-15 are 0-7 negated).
+alignas(64) inline constexpr float kE2M1Doubled[16] = {0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f,
+                                                       -0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f};
 // The value of 4-bit code `code` (0 .. 15) in `codebook` (minus8: a symmetric int4 weight's q - 8).
 inline float nibble_value(int code, bool minus8, int64_t codebook) {
-  static constexpr float kE2M1Doubled[16] = {0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f,
-                                             -0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f};
   if (codebook == kE2M1) return kE2M1Doubled[code];
   return static_cast<float>(code - (minus8 ? 8 : 0));
 }

@@ -301,6 +301,14 @@ struct MoeHandle {
 
 }  // namespace
 
+namespace {
+
+void check_routing(int32_t routing) {
+  kvserve::check(routing == kvserve::kSoftmaxTopk || routing == kvserve::kTopkSoftmax, "moe: unknown routing");
+}
+
+}  // namespace
+
 extern "C" {
 
 // router: 1 part (num_experts outputs); gate_up, down: one part per held expert (local_experts,
@@ -315,7 +323,7 @@ KVSERVE_EXPORT int kvserve_moe_create(int64_t num_experts, int64_t first_expert,
                                       const void* const* gate_up_bias, const void* const* down_bias,
                                       const kvserve::LinearPart* shared, void** handle) {
   return kvserve::guarded([&] {
-    kvserve::check(routing == kvserve::kSoftmaxTopk || routing == kvserve::kTopkSoftmax, "moe: unknown routing");
+    check_routing(routing);
     kvserve::check(activation == kvserve::kSiluAndMul || activation == kvserve::kClampedSwiglu,
                    "moe: unknown activation");
     kvserve::check((gate_up_bias == nullptr) == (down_bias == nullptr), "moe: both expert biases or neither");
@@ -368,7 +376,7 @@ KVSERVE_EXPORT int kvserve_moe_forward(void* handle, int32_t dtype, const void* 
 KVSERVE_EXPORT int kvserve_moe_route(int32_t dtype, const void* logits, int64_t tokens, int64_t experts, int64_t top_k,
                                      int32_t normalize, int32_t routing, float* weights, int32_t* ids) {
   return kvserve::guarded([&] {
-    kvserve::check(routing == kvserve::kSoftmaxTopk || routing == kvserve::kTopkSoftmax, "moe: unknown routing");
+    check_routing(routing);
     kvserve::moe_route(static_cast<kvserve::DType>(dtype), logits, tokens, experts, top_k, normalize != 0,
                        static_cast<kvserve::MoeRouting>(routing), weights, ids);
   });

@@ -99,7 +99,7 @@ inline void load_weights(const uint8_t* b, vfloat (&out)[kNV]) {
     // A 16-entry table lookup gives the float of each nibble in one instruction: vpermps reads
     // only the low 4 bits of each index lane, so the low nibbles need no mask.
     const __m512 table = kTable == 1 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
-                         : kTable == 2 ? _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, -0.f, -1, -2, -3, -4, -6, -8, -12)
+                         : kTable == 2 ? _mm512_load_ps(kvserve::kE2M1Doubled)
                                        : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int g = 0; g < kNV / 2; ++g) {
       const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + g * kW)));
