@@ -117,6 +117,31 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "gemma2": ("Gemma2ForCausalLM", dict(head_dim=32, num_hidden_layers=3, query_pre_attn_scalar=16, sliding_window=5,
                                          attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
                                          tie_word_embeddings=True)),
+    # DeepSeek-V3 (kvserve.model.deepseek): latent attention with low-rank queries and interleaved
+    # rope under YaRN (mscale_all_dim scaling the softmax too), a dense first layer, then top 2 of
+    # 8 experts in the 2 best of 4 groups (sigmoid scores, correction bias), renormalised and
+    # scaled, one shared expert.
+    "deepseek_v3": ("DeepseekV3ForCausalLM", dict(
+        num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=16, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_group=4, topk_group=2, first_k_dense_replace=1, n_shared_experts=1, norm_topk_prob=True,
+        routed_scaling_factor=2.5, rope_parameters=dict(rope_type="yarn", factor=4.0, rope_theta=10000.0, mscale=0.8,
+                                                        mscale_all_dim=0.7, original_max_position_embeddings=64),
+        tie_word_embeddings=False)),
+    # Its switches the other way: one q_proj, rope in halves, one group, no shared expert, weights
+    # not renormalised.
+    "deepseek_v3_plain": ("DeepseekV3ForCausalLM", dict(
+        num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=8,
+        v_head_dim=16, n_routed_experts=6, num_experts_per_tok=3, moe_intermediate_size=24, n_group=1, topk_group=1,
+        first_k_dense_replace=0, n_shared_experts=0, norm_topk_prob=False, routed_scaling_factor=1.0,
+        rope_interleave=False, tie_word_embeddings=True)),
+    # DeepSeek-V2: group-limited greedy softmax routing (2 of 3 groups), two shared experts, the
+    # rotation in float32.
+    "deepseek_v2": ("DeepseekV2ForCausalLM", dict(
+        num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16,
+        v_head_dim=24, n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+        topk_method="group_limited_greedy", n_group=3, topk_group=2, first_k_dense_replace=0, n_shared_experts=2,
+        routed_scaling_factor=1.5, tie_word_embeddings=False)),
 }
 
 
@@ -124,6 +149,8 @@ def hf_config(architecture: str, overrides: dict):
     import transformers
 
     config_cls = {
+        "DeepseekV2ForCausalLM": transformers.DeepseekV2Config,
+        "DeepseekV3ForCausalLM": transformers.DeepseekV3Config,
         "Gemma2ForCausalLM": transformers.Gemma2Config,
         "Gemma3ForCausalLM": transformers.Gemma3TextConfig,
         "GptOssForCausalLM": transformers.GptOssConfig,
@@ -156,6 +183,9 @@ def build_hf_model(architecture: str, overrides: dict, seed: int = 0):
                 param.normal_(0.0, 0.2)
             elif name.endswith("sinks"):  # GPT-OSS: sinks of the scores' size take a share of every row
                 param.normal_(0.0, 1.0)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3: a bias that changes the choice
+                buffer.normal_(0.0, 0.2)
     return model.eval()
 
 

@@ -53,7 +53,8 @@ def hf_greedy(hf_model, prompt: list[int], max_tokens: int) -> list[int]:
 
 
 @pytest.mark.parametrize("variant", ["llama", "mistral_window", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe",
-                                     "granite", "smollm3", "olmo2", "phi3_longrope", "phi3_partial", "gemma3", "gemma3_capped", "gemma2", "gpt_oss", "qwen3_yarn"])
+                                     "granite", "smollm3", "olmo2", "phi3_longrope", "phi3_partial", "gemma3", "gemma3_capped", "gemma2", "gpt_oss", "qwen3_yarn",
+                                     "deepseek_v3", "deepseek_v3_plain", "deepseek_v2"])
 def test_float32_greedy_matches_transformers(tiny_checkpoint, variant):
     path, hf_model = tiny_checkpoint(variant)
     ours = generate(path, PROMPTS, max_tokens=16, block_size=4, ignore_eos=True)

@@ -26,7 +26,7 @@ import torch
 
 from kvserve.kernels import build
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 PACKAGED = Path(__file__).parent / "lib"
 
 # torch dtype -> the kernels' code (csrc/abi.h: DType).
@@ -55,6 +55,7 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "kvserve_top_p_rows": (_INT, [_I32, _P, _I64, _I64, _P, _I64, _P, _P]),
     "kvserve_silu_and_mul": (_INT, [_I32, _P, _P, _I64, _I64]),
     "kvserve_sigmoid": (_INT, [_I32, _P, _P, _I64]),
+    "kvserve_softmax_prefix_rows": (_INT, [_P, _P, _I64, _I64]),
     "kvserve_rotary_embedding": (_INT, [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _I64]),
     "kvserve_rms_norm": (_INT, [_I32, _P, _I64, _P, _P, _P, _P, _I64, _I64, _F64]),
     "kvserve_linear_panel_width": (_I64, []),

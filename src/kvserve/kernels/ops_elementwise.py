@@ -47,6 +47,20 @@ class ElementwiseOps:
         self._lib.call("kvserve_sigmoid", code(x.dtype), ptr(x), ptr(out), x.numel())
         return out
 
+    def softmax_prefix_rows(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """x float32 [R, S] contiguous, lengths int32 [R] in [1, S] -> x, each row softmaxed over
+        its first ``lengths[r]`` values in place, zeros after them; a value's bits depend only on
+        those values (not on S, R or the row's place)."""
+        require(x.dim() == 2 and x.is_contiguous() and x.dtype == torch.float32 and x.device.type == "cpu",
+                "softmax_prefix_rows: x float32 [R, S], contiguous, on the CPU")
+        require(lengths.dtype == torch.int32 and lengths.is_contiguous() and lengths.shape == (x.shape[0],),
+                "softmax_prefix_rows: lengths int32 [R], contiguous")
+        if x.shape[0]:
+            require(1 <= int(lengths.min()) and int(lengths.max()) <= x.shape[1],
+                    "softmax_prefix_rows: each length in [1, S]")
+            self._lib.call("kvserve_softmax_prefix_rows", ptr(x), ptr(lengths), x.shape[0], x.shape[1])
+        return x
+
     def rotary_embedding(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x bfloat16 [T, H, D] (unit stride in D), cos/sin bfloat16 [T, D] contiguous -> contiguous
         [T, H, D], bit-identical to RotaryEmbedding.apply's torch operators; D % 32 == 0."""

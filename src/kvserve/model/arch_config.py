@@ -68,8 +68,19 @@ class MoeConfig:
             (``decoder_sparse_step`` and ``mlp_only_layers``, as transformers builds them).
         routing_weights_float32: the routing weights multiply the experts' outputs in float32
             (Mixtral) rather than rounded to the model dtype first (Qwen2/Qwen3-MoE).
-        routing: ``softmax_topk`` (softmax over the experts, then the top k) or ``topk_softmax``
-            (the top k logits, then a softmax over them: GPT-OSS).
+        routing: ``softmax_topk`` (softmax over the experts, then the top k), ``topk_softmax``
+            (the top k logits, then a softmax over them: GPT-OSS), ``sigmoid_grouped`` (DeepSeek-V3:
+            sigmoid scores plus a correction bias choose the ``topk_group`` best of ``n_group``
+            groups, each group scored by its two best experts, then the top k within them; the
+            weights are the scores without the bias) or ``softmax_grouped`` (DeepSeek-V2: softmax
+            scores, groups scored by their best expert; ``greedy`` is one group).
+        n_group, topk_group: the grouped routers' expert groups and the groups a token may use.
+        routed_scaling_factor: the grouped routers' weights are multiplied by it (after
+            ``norm_topk_prob``'s renormalisation).
+        score_correction_bias: DeepSeek-V3's ``e_score_correction_bias`` (float32 [E]) is added
+            to the scores that choose the experts.
+        shared_expert_gated: Qwen2-MoE's shared expert is behind a sigmoid gate; DeepSeek's shared
+            experts (``n_shared_experts`` of them, as one wider MLP) are added as they are.
         router_bias, expert_bias: biases on the router and on each expert's two projections (GPT-OSS).
         activation: the experts' gate: ``silu`` (SwiGLU) or ``swiglu_clamped`` (GPT-OSS: gate
             clamped above at ``swiglu_limit``, up to +-limit, ``(up + 1) * gate * sigmoid(alpha * gate)``).
@@ -91,11 +102,57 @@ class MoeConfig:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     held_experts: tuple[int, int] | None = None
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    score_correction_bias: bool = False
+    shared_expert_gated: bool = True
+
+    @property
+    def grouped(self) -> bool:
+        """DeepSeek's routers: float32 logits of float32 inputs, grouped top-k (``routing``)."""
+        return self.routing in ("sigmoid_grouped", "softmax_grouped")
 
     @property
     def expert_range(self) -> range:
         """The experts this block holds (all, or a rank's share)."""
         return range(*(self.held_experts or (0, self.num_experts)))
+
+
+@dataclass(frozen=True)
+class MlaConfig:
+    """Multi-head latent attention (DeepSeek-AI 2024, "DeepSeek-V2", section 2.1;
+    ``kvserve.model.deepseek``): keys and values come from one compressed latent per token, which
+    is what the KV cache holds (``cache_width`` values per token and layer).
+
+    Attributes:
+        q_lora_rank: the queries' low-rank width (``q_a_proj`` -> norm -> ``q_b_proj``), or None:
+            one ``q_proj`` (DeepSeek-V2-Lite).
+        kv_lora_rank: the latent's width (``kv_a_proj_with_mqa`` -> norm; ``kv_b_proj`` expands it).
+        qk_nope_head_dim, qk_rope_head_dim: a query/key head's dimensions without and with rotary
+            embedding (the rotated key part is one per token, shared by all heads).
+        v_head_dim: a value head's dimensions.
+        softmax_scale: ``(nope + rope) ** -0.5``, times ``mscale(factor, mscale_all_dim) ** 2``
+            under YaRN scaling (transformers' ``yarn_apply_mscale``).
+        interleaved_rope: the rotated dimensions pair as (0, 1), (2, 3), ... (DeepSeek-V2; V3's
+            ``rope_interleave``, default true) rather than Llama's halves.
+        rope_float32: rotate in float32 and round once (DeepSeek-V2's complex product) rather than
+            in the model dtype with rounded cos/sin (V3).
+    """
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    softmax_scale: float
+    interleaved_rope: bool
+    rope_float32: bool
+
+    @property
+    def cache_width(self) -> int:
+        """Values one token caches per layer: the latent, then the rotated shared key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -132,6 +189,7 @@ class ModelArchConfig:
     partial_rotary_factor: float = 1.0  # the share of head_dim that is rotated (Phi-4-mini 0.75)
     hidden_act: str = "silu"  # the MLP's gate activation (SUPPORTED_ACTIVATIONS)
     local_rope_theta: float | None = None  # the sliding-window layers' own rope theta (Gemma 3), else None
+    mla: MlaConfig | None = None  # multi-head latent attention (DeepSeek-V2/V3), else None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # config.json, for family fields
 
     @property
@@ -235,6 +293,7 @@ class ModelArchConfig:
             partial_rotary_factor=partial,
             hidden_act=activation,
             local_rope_theta=local_rope_theta,
+            mla=_parse_mla(raw, architectures[0], source),
             raw=dict(raw),
         )
 
@@ -272,6 +331,8 @@ def with_family_defaults(raw: dict[str, Any]) -> dict[str, Any]:
     per-layer attention types of Gemma 2/3 when config.json does not list them."""
     model_type = raw.get("model_type")
     raw = {**_FAMILY_DEFAULTS.get(model_type, {}), **raw}
+    if raw.get("kv_lora_rank") and raw.get("qk_rope_head_dim"):  # MLA: the rotary embedding's width
+        raw = {**raw, "head_dim": int(raw["qk_rope_head_dim"])}
     pattern = {"gemma2": 2, "gemma3_text": int(raw.get("sliding_window_pattern") or 6)}.get(model_type)
     if pattern and not raw.get("layer_types") and raw.get("num_hidden_layers"):
         raw = {**raw, "layer_types": ["sliding_attention" if (i + 1) % pattern else "full_attention"
@@ -347,6 +408,8 @@ def _parse_moe(raw: dict[str, Any], architecture: str, num_layers: int, source: 
         CheckpointError: top_k outside [1, num_experts], an expert width missing, or a routing
             switch kvserve does not implement (named).
     """
+    if architecture in DEEPSEEK_ARCHITECTURES:
+        return _parse_deepseek_moe(raw, architecture, num_layers, source)
     mixtral = architecture == "MixtralForCausalLM"
     gpt_oss = architecture == "GptOssForCausalLM"
     experts = raw.get("num_experts") or raw.get("num_local_experts")  # transformers 5 writes the latter
@@ -383,6 +446,90 @@ def _parse_moe(raw: dict[str, Any], architecture: str, num_layers: int, source: 
                          swiglu_limit=float(limit))
     return MoeConfig(**common, norm_topk_prob=mixtral or bool(raw.get("norm_topk_prob", False)),
                      routing_weights_float32=mixtral)
+
+
+DEEPSEEK_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+
+
+def _parse_deepseek_moe(raw: dict[str, Any], architecture: str, num_layers: int, source: str) -> MoeConfig | None:
+    """DeepSeek-V2/V3's MoE: ``n_routed_experts`` experts from layer ``first_k_dense_replace`` on,
+    ``n_shared_experts`` shared ones, grouped routing (V3: sigmoid scores with the correction
+    bias, ``noaux_tc``; V2: softmax, ``greedy`` or ``group_limited_greedy``).
+
+    Raises:
+        CheckpointError: a routing switch kvserve does not implement, or inconsistent sizes (named).
+    """
+    experts = int(raw.get("n_routed_experts") or 0)
+    if not experts:
+        return None
+    v3 = architecture == "DeepseekV3ForCausalLM"
+    scoring, method = raw.get("scoring_func") or ("sigmoid" if v3 else "softmax"), raw.get("topk_method")
+    allowed = {"sigmoid": ("noaux_tc",)} if v3 else {"softmax": ("greedy", "group_limited_greedy")}
+    if scoring not in allowed:
+        raise CheckpointError(f"{source}: scoring_func {scoring!r} is not supported for {architecture}; "
+                              f"supported: {', '.join(allowed)}")
+    if method is not None and method not in allowed[scoring]:
+        raise CheckpointError(f"{source}: topk_method {method!r} is not supported for {architecture}; "
+                              f"supported: {', '.join(allowed[scoring])}")
+    if int(raw.get("moe_layer_freq") or 1) != 1:
+        raise CheckpointError(f"{source}: moe_layer_freq={raw['moe_layer_freq']!r} is not supported; supported: 1")
+    activation = raw.get("hidden_act") or "silu"
+    if activation != "silu":
+        raise CheckpointError(f"{source}: hidden_act {activation!r} is not supported for {architecture}; supported: silu")
+    grouped = v3 or method == "group_limited_greedy"
+    n_group = int(raw.get("n_group") or 1) if grouped else 1
+    topk_group = int(raw.get("topk_group") or 1) if grouped else 1
+    top_k = int(raw.get("num_experts_per_tok") or 0)
+    per_group = experts // n_group if n_group else 0
+    if experts % max(n_group, 1) or not 1 <= topk_group <= n_group or not 1 <= top_k <= topk_group * per_group \
+            or (v3 and per_group < 2):
+        raise CheckpointError(f"{source}: n_routed_experts={experts}, n_group={n_group}, topk_group={topk_group}, "
+                              f"num_experts_per_tok={top_k}: the groups must split the experts evenly (at least 2 "
+                              "per group for sigmoid scores), 1 <= topk_group <= n_group, and top_k must fit in "
+                              "the chosen groups")
+    width = raw.get("moe_intermediate_size")
+    if not width:
+        raise CheckpointError(f"{source} lacks the expert width 'moe_intermediate_size'")
+    first_dense = int(raw.get("first_k_dense_replace") or 0)
+    return MoeConfig(num_experts=experts, top_k=top_k, intermediate_size=int(width),
+                     norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+                     shared_expert_intermediate_size=int(width) * int(raw.get("n_shared_experts") or 0),
+                     sparse_layers=tuple(range(first_dense, num_layers)), routing_weights_float32=True,
+                     routing="sigmoid_grouped" if v3 else "softmax_grouped", n_group=n_group, topk_group=topk_group,
+                     routed_scaling_factor=float(raw.get("routed_scaling_factor") or 1.0), score_correction_bias=v3,
+                     shared_expert_gated=False)
+
+
+def _parse_mla(raw: dict[str, Any], architecture: str, source: str) -> MlaConfig | None:
+    """DeepSeek-V2/V3's latent attention, or None for another architecture.
+
+    Raises:
+        CheckpointError: a width missing or not positive (named).
+    """
+    if architecture not in DEEPSEEK_ARCHITECTURES:
+        return None
+    widths = {}
+    for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        value = raw.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise CheckpointError(f"{source}: {architecture} needs a positive integer {key!r}, got {value!r}")
+        widths[key] = value
+    if widths["qk_rope_head_dim"] % 2:
+        raise CheckpointError(f"{source}: qk_rope_head_dim ({widths['qk_rope_head_dim']}) must be even")
+    q_lora = raw.get("q_lora_rank")
+    scale = (widths["qk_nope_head_dim"] + widths["qk_rope_head_dim"]) ** -0.5
+    params: dict[str, Any] = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(raw.get(key), dict):
+            params.update(raw[key])
+    if params.get("rope_type", params.get("type", "default")) != "default" and params.get("mscale_all_dim"):
+        factor = float(params["factor"])
+        mscale = 1.0 if factor <= 1 else 0.1 * float(params["mscale_all_dim"]) * math.log(factor) + 1.0
+        scale *= mscale * mscale
+    v3 = architecture == "DeepseekV3ForCausalLM"
+    return MlaConfig(q_lora_rank=int(q_lora) if q_lora else None, softmax_scale=scale,
+                     interleaved_rope=bool(raw.get("rope_interleave", True)) if v3 else True, rope_float32=not v3,
+                     **widths)
 
 
 def _parse_longrope(raw: dict[str, Any], params: dict[str, Any], source: str) -> RopeScaling:

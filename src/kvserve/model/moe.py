@@ -17,6 +17,11 @@ added after its product, in the model dtype, as transformers adds them) and its 
 clamped: ``(clamp(up, -l, l) + 1) * g * sigmoid(alpha * g)`` with ``g = min(gate, l)``
 (``ClampedSwiGLU``).
 
+DeepSeek-V2/V3 route in float32 from float32 inputs and in groups (``grouped_route``), multiply
+the weights by ``routed_scaling_factor`` and add their shared experts ungated:
+``out += shared_experts(x)``. Their block runs in torch operators on every device (the C++ layer
+has no grouped router), on the same batch-invariant linears and sigmoid.
+
 with expert_e(x) = down_e(silu(gate_e(x)) * up_e(x)), each expert an ``nn.Linear`` pair like a
 dense MLP's (so the CPU kernels, int8/int4/MXFP4 weights and the loader's name mapping apply to
 experts as they do to any linear). On the CPU the block runs in one C++ call over the linears'
@@ -34,6 +39,8 @@ Checkpoint names (the per-expert tensors Hub checkpoints store)::
     ...mlp.shared_expert.{gate,up,down}_proj.weight, ...mlp.shared_expert_gate.weight   Qwen2-MoE
     ...mlp.router.{weight,bias}, ...mlp.experts.{gate_up_proj,down_proj}[_bias]          GPT-OSS
                                  (all experts in one tensor each: kvserve.model.gpt_oss splits them)
+    ...mlp.shared_experts.*, ...mlp.gate.e_score_correction_bias     DeepSeek (renamed at load,
+                                 kvserve.model.deepseek)
 """
 
 from __future__ import annotations
@@ -103,6 +110,65 @@ def route(logits: torch.Tensor, top_k: int, normalize: bool,
     return weights, ids
 
 
+def grouped_route(logits: torch.Tensor, moe: MoeConfig,
+                  correction: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights float32 [T, k], expert ids int64 [T, k]) of DeepSeek's float32 router logits
+    [T, E] (``MoeConfig.routing``): ``sigmoid_grouped`` scores ``sigmoid(logits)`` and chooses
+    by ``scores + correction``, a group scored by the sum of its two best choices, the others
+    out of the race at -inf; ``softmax_grouped`` scores and chooses by the softmax, a group by its
+    best expert, the others at 0. The ``topk_group`` best groups, then the k best experts in them
+    (stable sorts: of equal values the lowest group or expert); the weights are the scores,
+    renormalised (``norm_topk_prob``, over sum + 1e-20) and times ``routed_scaling_factor``."""
+    rows, experts = logits.shape
+    if moe.routing == "sigmoid_grouped":
+        scores = sigmoid(logits.contiguous())
+        choice = scores + correction
+        groups = choice.view(rows, moe.n_group, -1)
+        group_scores = torch.sort(groups, dim=-1, descending=True, stable=True).values[..., :2].sum(dim=-1)
+        out_of_race = float("-inf")
+    else:
+        scores = choice = torch.softmax(logits, dim=-1)
+        group_scores = choice.view(rows, moe.n_group, -1).amax(dim=-1)
+        out_of_race = 0.0
+    if moe.topk_group < moe.n_group:
+        best = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, : moe.topk_group]
+        kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        choice = choice.masked_fill(~kept.repeat_interleave(experts // moe.n_group, dim=1), out_of_race)
+    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, : moe.top_k]
+    weights = scores.gather(1, ids)
+    if moe.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * moe.routed_scaling_factor, ids
+
+
+class Float32Vector(nn.Module):
+    """A float32 vector that stays float32 when the model is cast (``model.to(bfloat16)``), as
+    transformers keeps DeepSeek-V3's ``e_score_correction_bias``: rounded, it would choose
+    other experts. ``value``: [n]."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.value = nn.Parameter(torch.zeros(n, dtype=torch.float32), requires_grad=False)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self.value.dtype != torch.float32:
+            self.value = nn.Parameter(self.value.detach().to(torch.float32), requires_grad=False)
+        return self
+
+
+def float32_router_logits(gate: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """DeepSeek's router logits, float32 [T, E]: ``F.linear(float32(x), float32(W))`` (the
+    batch-invariant linear, once installed, takes float32 inputs against its weight as is)."""
+    if isinstance(gate, nn.Linear):
+        return F.linear(x.float(), gate.weight.float(), None if gate.bias is None else gate.bias.float())
+    return gate(x.float())
+
+
+# Routers moe.cpp runs (kvserve.kernels.ops_moe.ROUTINGS); the grouped ones run in torch.
+_KERNEL_ROUTINGS = ("softmax_topk", "topk_softmax")
+
+
 class SparseMoeBlock(nn.Module):
     """The MoE feed-forward of one layer (module docstring): [T, hidden] -> [T, hidden] in the
     input's dtype."""
@@ -117,11 +183,12 @@ class SparseMoeBlock(nn.Module):
         self.experts = nn.ModuleList(ExpertMLP(arch.hidden_size, moe.intermediate_size, self._activation(moe),
                                                moe.expert_bias)
                                      for _ in moe.expert_range)
+        self.shared_expert = self.shared_expert_gate = None
         if moe.shared_expert_intermediate_size:
             self.shared_expert = ExpertMLP(arch.hidden_size, moe.shared_expert_intermediate_size)
-            self.shared_expert_gate = RouterLinear(arch.hidden_size, 1, bias=False)
-        else:
-            self.shared_expert = self.shared_expert_gate = None
+            if moe.shared_expert_gated:
+                self.shared_expert_gate = RouterLinear(arch.hidden_size, 1, bias=False)
+        self.score_correction = Float32Vector(moe.num_experts) if moe.score_correction_bias else None
         self._kernel_layers: dict[tuple, object] = {}
 
     @staticmethod
@@ -133,7 +200,7 @@ class SparseMoeBlock(nn.Module):
         activations on the CPU: made once the linears are on the kernels (after
         ``use_invariant_linears`` or quantization), or None (no kernels, other layers)."""
         kernels = cpu_kernels()
-        if kernels is None or dtype not in (torch.float32, torch.bfloat16):
+        if kernels is None or dtype not in (torch.float32, torch.bfloat16) or self.moe.routing not in _KERNEL_ROUTINGS:
             return None
         key = (dtype, id(self.gate), id(self.experts[0].gate_up_proj))  # new modules (quantized): a new layer
         if key not in self._kernel_layers:
@@ -171,7 +238,11 @@ class SparseMoeBlock(nn.Module):
     def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The block in torch operators (the module docstring's steps): the reference, and the
         path where the C++ layer does not apply."""
-        weights, ids = route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob, self.moe.routing)
+        if self.moe.grouped:
+            correction = None if self.score_correction is None else self.score_correction.value
+            weights, ids = grouped_route(float32_router_logits(self.gate, x), self.moe, correction)
+        else:
+            weights, ids = route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob, self.moe.routing)
         if not self.moe.routing_weights_float32:
             weights = weights.to(x.dtype)
         out = torch.zeros_like(x)
@@ -187,8 +258,10 @@ class SparseMoeBlock(nn.Module):
             rows = pairs // self.moe.top_k
             y = self.experts[expert - held.start](x.index_select(0, rows))
             out.index_add_(0, rows, (y * weights.flatten()[pairs, None]).to(x.dtype))
-        if self.shared_expert is not None:
+        if self.shared_expert_gate is not None:
             out = out + sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        elif self.shared_expert is not None:
+            out = out + self.shared_expert(x)
         return out
 
 

@@ -16,6 +16,7 @@ from kvserve.model.dense_families import (
     Phi3ForCausalLM,
     SmolLM3ForCausalLM,
 )
+from kvserve.model.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from kvserve.model.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from kvserve.model.gpt_oss import GptOssForCausalLM
 from kvserve.model.llama import LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM
@@ -24,6 +25,8 @@ from kvserve.model.qwen3 import Qwen3ForCausalLM
 from kvserve.model.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,

@@ -31,7 +31,7 @@ import torch
 
 from kvserve import huge_pages
 from kvserve.config import LoRAConfig
-from kvserve.errors import EngineDeadError
+from kvserve.errors import ConfigError, EngineDeadError
 from kvserve.faults import FaultInjector
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.input_batch import CachedRequestState, InputBatch, request_generator
@@ -55,17 +55,35 @@ logger = logging.getLogger(__name__)
 MAX_ISOLATED_FAILURES = 4
 
 
+def kv_cache_shape(arch: ModelArchConfig, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto",
+                   num_kv_heads: int | None = None) -> tuple[int, ...]:
+    """One layer's KV cache tensor: [2, num_blocks, block_size, num_kv_heads, row], a row being
+    ``head_dim`` values (a one-byte ``kv_cache_dtype``: ``head_dim + 4`` bytes,
+    ``kvserve.attention.kv_quant``); multi-head latent attention (DeepSeek) caches one latent row
+    per token, [1, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]
+    (``kvserve.attention.latent``). ``num_kv_heads``: the heads one process caches (a
+    tensor-parallel rank's share); default all of the model's.
+
+    Raises:
+        ConfigError: a one-byte ``kv_cache_dtype`` for latent attention (its cache holds the
+            model dtype).
+    """
+    if arch.mla is not None:
+        if kv_cache_dtype != "auto":
+            raise ConfigError(f"--kv-cache-dtype {kv_cache_dtype} is not supported for {arch.architecture}'s latent "
+                              "attention cache (already compressed); use auto")
+        return (1, num_blocks, block_size, 1, arch.mla.cache_width)
+    heads = arch.num_key_value_heads if num_kv_heads is None else num_kv_heads
+    return (2, num_blocks, block_size, heads, kv_row_size(arch.head_dim, kv_cache_dtype))
+
+
 def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype,
                              kv_cache_dtype: str = "auto", num_kv_heads: int | None = None) -> int:
-    """Bytes of K and V of one block over all layers:
-    ``2 * num_layers * block_size * num_kv_heads * row bytes``, a row being ``head_dim`` values
-    of ``dtype`` or, with a one-byte ``kv_cache_dtype`` (int8, fp8_e4m3, fp8_e5m2), ``head_dim + 4``
-    bytes (``kvserve.attention.kv_quant``). ``num_kv_heads``: the heads one process caches (a
-    tensor-parallel rank's share); default all of the model's."""
-    cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, dtype)
-    row = kv_row_size(arch.head_dim, kv_cache_dtype) * torch.empty((), dtype=cache_dtype).element_size()
-    heads = arch.num_key_value_heads if num_kv_heads is None else num_kv_heads
-    return 2 * arch.num_hidden_layers * block_size * heads * row
+    """Bytes of one block's cache over all layers (``kv_cache_shape`` without the block count:
+    K and V of every cached head, or MLA's latent rows) in ``dtype`` or the one-byte
+    ``kv_cache_dtype``."""
+    element = torch.empty((), dtype=kv_cache_torch_dtype(kv_cache_dtype, dtype)).element_size()
+    return arch.num_hidden_layers * math.prod(kv_cache_shape(arch, 1, block_size, kv_cache_dtype, num_kv_heads)) * element
 
 
 class _RowsResult:
@@ -83,8 +101,8 @@ class _RowsResult:
 class ModelRunner:
     """Runs a loaded model over paged KV blocks.
 
-    ``kv_caches`` holds one tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim]
-    in the model dtype (a one-byte ``kv_cache_dtype``: int8 or float8 [..., head_dim + 4], each
+    ``kv_caches`` holds one tensor per layer (``kv_cache_shape``), [2, num_blocks, block_size,
+    num_kv_heads, head_dim] in the model dtype (latent attention: one row per token) (a one-byte ``kv_cache_dtype``: int8 or float8 [..., head_dim + 4], each
     row's codes and float32 scale, ``kvserve.attention.kv_quant``), zero-initialised (the backends
     rely on padded slots being finite).
 
@@ -153,8 +171,7 @@ class ModelRunner:
         self._num_succeeded = 0
 
     def _init_kv_caches(self) -> list[torch.Tensor]:
-        row = kv_row_size(self.arch.head_dim, self.kv_cache_dtype)
-        shape = (2, self.num_blocks, self.block_size, self.num_kv_heads, row)
+        shape = kv_cache_shape(self.arch, self.num_blocks, self.block_size, self.kv_cache_dtype, self.num_kv_heads)
         dtype = kv_cache_torch_dtype(self.kv_cache_dtype, self.dtype)
         if self.device.type == "cpu":  # attention reads scattered blocks: huge pages spare the TLB
             return [huge_pages.zeros(shape, dtype) for _ in range(self.arch.num_hidden_layers)]

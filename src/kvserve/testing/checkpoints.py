@@ -31,6 +31,8 @@ from kvserve.testing.tokenizer_kinds import (
 )
 
 ARCHITECTURES: dict[str, str] = {
+    "DeepseekV2ForCausalLM": "DeepseekV2Config",
+    "DeepseekV3ForCausalLM": "DeepseekV3Config",
     "Gemma2ForCausalLM": "Gemma2Config",
     "Gemma3ForCausalLM": "Gemma3TextConfig",
     "GptOssForCausalLM": "GptOssConfig",
@@ -47,7 +49,15 @@ ARCHITECTURES: dict[str, str] = {
     "SmolLM3ForCausalLM": "SmolLM3Config",
 }
 # Tiny mixtures of experts (the defaults of transformers' configs are the full models').
+_TINY_MLA = {"num_key_value_heads": 4, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+             "v_head_dim": 16, "moe_intermediate_size": 32, "n_shared_experts": 1}
 MOE_DIMS: dict[str, dict[str, Any]] = {
+    "DeepseekV2ForCausalLM": {**_TINY_MLA, "q_lora_rank": None, "n_routed_experts": 6, "num_experts_per_tok": 2,
+                              "topk_method": "group_limited_greedy", "n_group": 3, "topk_group": 2,
+                              "first_k_dense_replace": 0},
+    "DeepseekV3ForCausalLM": {**_TINY_MLA, "q_lora_rank": 24, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                              "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1, "norm_topk_prob": True,
+                              "routed_scaling_factor": 2.5},
     "GptOssForCausalLM": {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64,
                           "swiglu_limit": 1.5},
     "MixtralForCausalLM": {"num_local_experts": 4, "num_experts_per_tok": 2},

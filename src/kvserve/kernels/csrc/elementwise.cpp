@@ -12,6 +12,10 @@
 //   rounds them: the same bits as RotaryEmbedding.apply's torch ops.
 // - sigmoid: elementwise, float32 or bfloat16 (Qwen2-MoE's shared-expert gate): torch's vector
 //   and scalar tails compute exp differently, so a value's bits depended on how many there were.
+// - softmax_prefix_rows: each float32 row's softmax over its first `length` values, zeros after
+//   them (multi-head latent attention's scores, kvserve.attention.latent): the max, exp(x - max)
+//   with vector_exp.h's exp (std::exp without AVX-512), their sum in 16 lanes and the quotients;
+//   a value's bits depend only on its row's first `length` values, not on how long the row is.
 // - rms_norm: RMSNorm of float32 or bfloat16 rows, optionally after a residual add (h = x + r
 //   rounded to the dtype, as torch's add rounds): statistics in float32, x * rsqrt(mean(x^2) +
 //   eps) rounded to the dtype, then times the weight and rounded, transformers' steps; the sum of
@@ -100,6 +104,40 @@ void sigmoid_values(const scalar_t* x, scalar_t* out, int64_t n) {
 #else
   for (int64_t i = 0; i < n; ++i) out[i] = from_float<scalar_t>(1.f / (1.f + std::exp(-to_float(x[i]))));
 #endif
+}
+
+// Row x[0, cols) in place: softmax of x[0, n), zeros in x[n, cols).
+void softmax_prefix_row(float* x, int64_t n, int64_t cols) {
+#if defined(__AVX512F__)
+  __m512 mv = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    mv = _mm512_mask_max_ps(mv, m, mv, load16(x + i, m));
+  }
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(m, kvserve::exp16(_mm512_sub_ps(load16(x + i, m), top)));
+    store16(x + i, e, m);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    store16(x + i, _mm512_div_ps(load16(x + i, m), total), m);
+  }
+#else
+  float top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) top = x[i] > top ? x[i] : top;
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - top);
+    sum += x[i];
+  }
+  for (int64_t i = 0; i < n; ++i) x[i] /= sum;
+#endif
+  for (int64_t i = n; i < cols; ++i) x[i] = 0.f;
 }
 
 // One bfloat16 row of `heads` heads (row stride `head_stride` elements) rotated into dst.
@@ -236,9 +274,23 @@ void sigmoid(DType dtype, const void* x, void* out, int64_t n) {
   }
 }
 
+// x: float32 [rows, cols] contiguous, in place; lengths[r] in [1, cols]: row r's softmax over its
+// first lengths[r] values, zeros after them.
+void softmax_prefix_rows(float* x, const int32_t* lengths, int64_t rows, int64_t cols) {
+  parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) softmax_prefix_row(x + r * cols, lengths[r], cols);
+  });
+}
+
 }  // namespace kvserve
 
 extern "C" {
+
+KVSERVE_EXPORT int kvserve_softmax_prefix_rows(void* x, const void* lengths, int64_t rows, int64_t cols) {
+  return kvserve::guarded([&] {
+    kvserve::softmax_prefix_rows(static_cast<float*>(x), static_cast<const int32_t*>(lengths), rows, cols);
+  });
+}
 
 KVSERVE_EXPORT int kvserve_sigmoid(int32_t dtype, const void* x, void* out, int64_t n) {
   return kvserve::guarded([&] { kvserve::sigmoid(static_cast<kvserve::DType>(dtype), x, out, n); });
