@@ -152,7 +152,7 @@ class ModelCost:
         weight_bytes: bytes of weights one step reads.
         body_params: weights of the linears other than the LM head (2 FLOPs per token each).
         lm_head_params: weights of the LM head (2 FLOPs per row that gets logits each).
-        kv_token_bytes: bytes of one token's K and V in one layer.
+        kv_token_bytes: bytes of one token's K and V in one layer (latent attention: its latent row).
         attention_flops: FLOPs of one (query, key) pair in one layer (q.K and P.V).
         layer_windows: each layer's sliding window (None = full attention).
         moe_layers, num_experts, top_k: the mixture of experts (0 for a dense model).
@@ -233,6 +233,7 @@ def model_cost(arch: ModelArchConfig, fmt: ServingFormat) -> ModelCost:
     from kvserve.model.layers import RMSNorm, UpcastRMSNorm  # noqa: PLC0415
     from kvserve.model.registry import get_model_class  # noqa: PLC0415
 
+    from kvserve.model.deepseek import LatentUpProjection  # noqa: PLC0415
     from kvserve.model.layers import RouterLinear  # noqa: PLC0415
     from kvserve.model.moe import SparseMoeBlock  # noqa: PLC0415
 
@@ -261,11 +262,17 @@ def model_cost(arch: ModelArchConfig, fmt: ServingFormat) -> ModelCost:
             body += 0 if module is head else params
         elif isinstance(module, (RMSNorm, UpcastRMSNorm)):  # Gemma's too
             weight_bytes += module.weight.numel() * size
+        elif isinstance(module, LatentUpProjection):  # MLA's kv_b_proj: in the dtype, never quantized
+            weight_bytes += module.weight.numel() * size
+            body += module.weight.numel()
     row = arch.head_dim + SCALE_BYTES if fmt.kv_cache_dtype in ONE_BYTE_KV else arch.head_dim * size
+    kv_token_bytes, attention_flops = 2 * arch.num_key_value_heads * row, 4 * arch.num_attention_heads * arch.head_dim
+    if arch.mla is not None:  # one latent row per token; each head's q.row and p.latent (absorbed)
+        kv_token_bytes = arch.mla.cache_width * size
+        attention_flops = 2 * arch.num_attention_heads * (arch.mla.cache_width + arch.mla.kv_lora_rank)
     return ModelCost(
         weight_bytes=weight_bytes, body_params=body, lm_head_params=head.out_features * head.in_features,
-        kv_token_bytes=2 * arch.num_key_value_heads * row,
-        attention_flops=4 * arch.num_attention_heads * arch.head_dim,
+        kv_token_bytes=kv_token_bytes, attention_flops=attention_flops,
         layer_windows=tuple(arch.layer_sliding_windows),
         moe_layers=len(blocks), num_experts=arch.moe.num_experts if blocks else 0,
         top_k=arch.moe.top_k if blocks else 0, expert_bytes=sum(b for b, _ in expert),

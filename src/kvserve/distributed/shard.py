@@ -181,6 +181,9 @@ def check_parallel_options(config) -> None:
     from kvserve.model.loader import load_arch_config
 
     model_arch = load_arch_config(config.model.model)
+    if model_arch.mla is not None:
+        raise ConfigError(f"--tensor-parallel-size {size}: {model_arch.architecture}'s latent attention (one "
+                          "compressed KV row per token for all heads) runs on one rank so far; serve it without -tp")
     if model_arch.moe is not None and model_arch.architecture == "GptOssForCausalLM":
         raise ConfigError(f"--tensor-parallel-size {size}: GPT-OSS (its experts stored in one tensor per layer) runs "
                           "on one rank so far; serve it without -tp")

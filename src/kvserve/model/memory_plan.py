@@ -21,13 +21,22 @@ class MemoryPlan:
             head once), as transformers counts them.
         active_params: the parameters one token runs through (its top-k experts only).
         weight_bytes: the weights in the serving format.
+        kv_bytes_per_token: one token's KV cache over all layers (K and V of every KV head, or
+            latent attention's compressed row), in the serving dtype.
     """
 
     total_params: int
     active_params: int
     weight_bytes: int
+    kv_bytes_per_token: int = 0
 
     def describe(self) -> str:
+        """e.g. ``30.5B parameters (3.4B active per token), 56.9 GiB of weights, 96.0 KiB of KV
+        cache per token``."""
+        kv = f", {self.kv_bytes_per_token / 2**10:.1f} KiB of KV cache per token" if self.kv_bytes_per_token else ""
+        return self.describe_weights() + kv
+
+    def describe_weights(self) -> str:
         """e.g. ``30.5B parameters (3.4B active per token), 56.9 GiB of weights``."""
         active = "" if self.active_params == self.total_params else f" ({_count(self.active_params)} active per token)"
         return f"{_count(self.total_params)} parameters{active}, {_size(self.weight_bytes)} of weights"
@@ -51,12 +60,13 @@ def memory_plan(arch: ModelArchConfig, dtype: str, quantization) -> MemoryPlan:
     idle = cost.moe_layers * (cost.num_experts - cost.top_k) * cost.expert_params
     return MemoryPlan(total_params=cost.all_params, active_params=cost.all_params - idle,
                       weight_bytes=int(cost.step_weight_bytes(0)) + cost.moe_layers * cost.num_experts * cost.expert_bytes
-                      + embedding * DTYPE_BYTES[dtype])
+                      + embedding * DTYPE_BYTES[dtype],
+                      kv_bytes_per_token=cost.kv_token_bytes * arch.num_hidden_layers)
 
 
 def check_fits(plan: MemoryPlan, available_bytes: int, model: str) -> None:
     """Raises ConfigError (one line, the numbers) when the weights alone exceed ``available_bytes``."""
     if plan.weight_bytes > available_bytes:
-        raise ConfigError(f"{model}: {plan.describe()} do not fit in the {_size(available_bytes)} of memory "
+        raise ConfigError(f"{model}: {plan.describe_weights()} do not fit in the {_size(available_bytes)} of memory "
                           "available here; use --quantization int8 or int4 (about 1/2 or 1/4 of bfloat16's bytes), "
                           "a smaller model, or a machine with more memory")
