@@ -1,6 +1,7 @@
 """Mixtures of experts through the engine: greedy tokens equal transformers' and do not depend on
 batching, chunked prefill, prefix caching or preemption (the tests of test_llm_equivalence.py,
-run here on Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS and DeepSeek-V2/V3 checkpoints), and in float32 and bfloat16 every
+run here on Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS and DeepSeek-V3 checkpoints; DeepSeek-V2 differs from V3 in its router and rotation only,
+which test_deepseek.py and the parity tests cover), and in float32 and bfloat16 every
 sampled logprob of a request is the same bits alone, in a busy batch and chunked."""
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from test_llm_equivalence import (  # noqa: F401 - collected here with this modu
 )
 
 MOE = {
-    "DeepseekV2ForCausalLM": dict(initializer_range=0.1),
     "DeepseekV3ForCausalLM": dict(initializer_range=0.1),
     "GptOssForCausalLM": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, swiglu_limit=1.5,
                               head_dim=32, sliding_window=6, initializer_range=0.1),

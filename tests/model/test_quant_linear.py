@@ -24,7 +24,8 @@ KINDS = ["int8", "int4-symmetric", "int4-zero-points", "mxfp4"]
 
 
 def isas() -> list[int]:
-    """Every instruction set of the kernel this CPU runs (1 portable, 2 AVX2, 3 AVX-512)."""
+    """Every instruction set of the kernel this CPU runs (1 portable, 2 AVX2, 3 AVX-512, 4 AVX-512
+    with AVX512-BF16)."""
     return list(range(1, cpu_kernels().quant_linear_isa() + 1))
 
 
@@ -124,11 +125,19 @@ def f32(t: torch.Tensor) -> torch.Tensor:
     return t.float().double()
 
 
-def sequence(x: torch.Tensor, layer_weight, bias: torch.Tensor | None) -> torch.Tensor:
+def ftz(t: torch.Tensor) -> torch.Tensor:
+    """Float32 values below the normal range flushed to (signed) zero, as vdpbf16ps does."""
+    return torch.where(t.abs() < 2.0**-126, t * 0, t)
+
+
+def sequence(x: torch.Tensor, layer_weight, bias: torch.Tensor | None, pairs: bool = False) -> torch.Tensor:
     """quant_linear.cpp's sequence: per group, p = fma(x, v, p) in k order; acc = fma(p, s, acc);
     with offsets acc = fma(-m, xsum, acc) (xsum a float32 running sum); then acc + b, in float32.
     A float32 product is exact in float64, so each float64 sum rounded to float32 is the fma
-    (up to double rounding on exact float64 ties: not met by these seeds)."""
+    (up to double rounding on exact float64 ties: not met by these seeds). ``pairs``: the
+    AVX512-BF16 sequence of bfloat16 activations, per pair (k, k + 1) vdpbf16ps's
+    p = round(p + x[k + 1] v[k + 1]) then p = round(p + x[k] v[k]), each flushed to zero below the
+    normal range."""
     qt = layer_weight
     n, k = qt.shape
     g_size = qt.group_size
@@ -140,7 +149,12 @@ def sequence(x: torch.Tensor, layer_weight, bias: torch.Tensor | None) -> torch.
         p = torch.zeros_like(acc)
         xsum = torch.zeros(x.shape[0], 1, dtype=torch.float64)
         for kk in range(g * g_size, (g + 1) * g_size):
-            p = f32(p + x64[:, kk:kk + 1] * v[None, :, kk])
+            if pairs:
+                if kk % 2 == 0:
+                    p = ftz(f32(p + x64[:, kk + 1:kk + 2] * v[None, :, kk + 1]))
+                    p = ftz(f32(p + x64[:, kk:kk + 1] * v[None, :, kk]))
+            else:
+                p = f32(p + x64[:, kk:kk + 1] * v[None, :, kk])
             xsum = f32(xsum + x64[:, kk:kk + 1])
         acc = f32(acc + p * scales[None, :, g])
         if qt.offsets is not None:
@@ -162,7 +176,25 @@ def test_bits_are_the_sequence_on_every_isa(kind, in_features, out_features, dty
     for isa in isas():
         out = QuantizedLinear(qt, bias, cpu_kernels(), isa=isa, amx=False)(x)
         assert out.dtype == dtype
-        assert torch.equal(out, expected), f"isa {isa}"
+        pairs = isa == 4 and dtype == torch.bfloat16  # AVX512-BF16: bfloat16 activations in pairs
+        assert torch.equal(out, sequence(x, qt, bias, pairs=True).to(dtype) if pairs else expected), f"isa {isa}"
+
+
+def test_each_isa_sums_in_its_documented_order():
+    """Four terms whose float32 sum depends on the order: (t0 + t1) + t2 rounds t2 away that
+    (t0 + t3) + t2 keeps. ISAs 1-3 add in k order (result 1 / 127), ISA 4's bfloat16 pairs add
+    x1 v1 then x0 v0 per pair (127 / 128 / 127): the two results differ in bfloat16."""
+    w = torch.zeros(16, 64)
+    w[0, :4] = 1.0  # int8 per channel: v = 127, scale 1 / 127
+    qt = quantize_int8(w)
+    x = torch.zeros(1, 64)
+    x[0, :4] = torch.tensor([2.0**17, 0.0, 2.0**-7, -(2.0**17)])
+    x = x.to(torch.bfloat16)
+    sequential, pairs = sequence(x, qt, None), sequence(x, qt, None, pairs=True)
+    assert sequential[0, 0].item() == pytest.approx(1 / 127) and pairs[0, 0].item() == pytest.approx(127 / 128 / 127)
+    for isa in isas():
+        out = QuantizedLinear(qt, None, cpu_kernels(), isa=isa, amx=False)(x)
+        assert torch.equal(out, (pairs if isa == 4 else sequential).to(torch.bfloat16)), f"isa {isa}"
 
 
 @pytest.mark.parametrize("kind", KINDS)

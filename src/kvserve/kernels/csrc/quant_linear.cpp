@@ -19,15 +19,29 @@
 //         with offsets:  acc = fma(-m[n][g], xsum[m][g], acc)   xsum = ((x_k0 + x_k1) + ...) in k order
 //     y[m][n] = round(acc + b[n])        (float32, then once to the activation dtype)
 //
+// On CPUs with AVX512-BF16 (instruction set 4) bfloat16 activations take a second sequence, when K
+// and G are even: the partial sum of a group runs over pairs of inputs with vdpbf16ps,
+//
+//         p = 0;   for k = k0, k0 + 2, ... in g:  p = round(p + x[m][k+1] * v[n][k+1]);
+//                                                 p = round(p + x[m][k] * v[n][k])
+//
+// (the instruction's order; each product is exact in float32, each sum rounded to nearest even
+// and flushed to zero below the normal range), then the same merges. It does half the
+// instructions of the float32 FMAs (two products per lane per instruction, the integers widened to
+// bfloat16 pairs rather than floats) and, the products having few significant bits, sums a group
+// exactly as often as the FMAs do; its bits may differ in the last place from the other ISAs',
+// never between batches.
+//
 // The weights are never dequantized to memory: the integers are widened in registers
 // (vpmovsxbd / vpmovzxbd, and/shift for the two nibbles, vcvtdq2ps) and each scale (and offset)
 // enters once per group. tests/model/test_quant_linear.py checks the bits against the sequence
 // emulated in float64, for every instruction set this CPU runs.
 //
-// Instruction set, chosen at run time (quant_linear_isa): AVX-512F (16-float vectors, 64-column
-// panels) where the CPU has it, else AVX2 + FMA (8-float vectors, 16-column panels), else portable
-// GCC vectors (4 floats). Each is this file's quant_linear_impl.h compiled in its own namespace
-// under `#pragma GCC target`; all compute the same sequence, so they give the same bits. Integer
+// Instruction set, chosen at run time (quant_linear_isa): AVX-512F with AVX512-BF16 (4) or without
+// (3) (16-float vectors, 64-column panels) where the CPU has it, else AVX2 + FMA (8-float vectors,
+// 16-column panels), else portable GCC vectors (4 floats). Each is this file's quant_linear_impl.h
+// compiled in its own namespace under `#pragma GCC target`; all compute the same sequence (ISA 4's
+// bfloat16 pairs aside), so they give the same bits. Integer
 // dot products (VNNI, AMX-INT8) would need int8 activations: another sequence and lower quality;
 // they are not used.
 //
@@ -80,6 +94,16 @@ struct QuantArgs {
 
 #if defined(KVSERVE_QUANT_X86)
 #pragma GCC push_options
+#pragma GCC target("avx512f,avx512bf16,avx2,fma")
+namespace kvserve_quant_avx512bf16 {
+using kvserve_quant::QuantArgs;
+#define QL_ISA 4
+#include "quant_linear_impl.h"
+#undef QL_ISA
+}  // namespace kvserve_quant_avx512bf16
+#pragma GCC pop_options
+
+#pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
 namespace kvserve_quant_avx512 {
 using kvserve_quant::QuantArgs;
@@ -111,10 +135,11 @@ using kvserve_quant::QuantArgs;
 
 namespace {
 
-// 1 portable, 2 AVX2 + FMA, 3 AVX-512F.
+// 1 portable, 2 AVX2 + FMA, 3 AVX-512F, 4 AVX-512F + AVX512-BF16.
 int64_t best_isa() {
 #if defined(KVSERVE_QUANT_X86)
   __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) return 4;
   if (__builtin_cpu_supports("avx512f")) return 3;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
 #endif
@@ -124,6 +149,7 @@ int64_t best_isa() {
 void layout_of(int64_t isa, int64_t* width, int64_t* vectors) {
   switch (isa) {
 #if defined(KVSERVE_QUANT_X86)
+    case 4: *width = kvserve_quant_avx512bf16::kW; *vectors = kvserve_quant_avx512bf16::kNV; return;
     case 3: *width = kvserve_quant_avx512::kW; *vectors = kvserve_quant_avx512::kNV; return;
     case 2: *width = kvserve_quant_avx2::kW; *vectors = kvserve_quant_avx2::kNV; return;
 #endif
@@ -143,7 +169,8 @@ int64_t resolve_quant_isa(int64_t isa) {
   return isa;
 }
 
-// The instruction set used when none is asked for: 1 portable, 2 AVX2 + FMA, 3 AVX-512F.
+// The instruction set used when none is asked for: 1 portable, 2 AVX2 + FMA, 3 AVX-512F, 4 AVX-512F
+// + AVX512-BF16.
 int64_t quant_linear_isa() { return resolve_quant_isa(0); }
 
 // (vector width in floats, vectors per panel) of instruction set `isa` (0: the best here).
@@ -163,6 +190,7 @@ void quant_linear(DType dtype, const void* x, void* out, int64_t M, int64_t K, c
   const bool bf16 = dtype == kBFloat16;
   switch (isa) {
 #if defined(KVSERVE_QUANT_X86)
+    case 4: kvserve_quant_avx512bf16::quant_linear(x, out, bf16, q); break;
     case 3: kvserve_quant_avx512::quant_linear(x, out, bf16, q); break;
     case 2: kvserve_quant_avx2::quant_linear(x, out, bf16, q); break;
 #endif

@@ -1,11 +1,12 @@
 // The quantized GEMM of quant_linear.cpp for one instruction set, included once per ISA inside its
 // own namespace and `#pragma GCC target` region, with QL_ISA set to 1 (portable vectors), 2 (AVX2 +
-// FMA) or 3 (AVX-512F). Nothing here includes system headers: quant_linear.cpp includes them first
+// FMA), 3 (AVX-512F) or 4 (AVX-512F with AVX512-BF16: ISA 3's layout and float32 kernels, and the
+// pair kernels for bfloat16 activations at the end of this file). Nothing here includes system headers: quant_linear.cpp includes them first
 // (bf16_convert.h, ours, is included inside each namespace).
 // The sequence of operations per output element, the layout and the kernels are described at the
 // top of quant_linear.cpp; this file only makes them fast.
 
-#if QL_ISA == 3
+#if QL_ISA >= 3
 constexpr int kW = 16;  // floats per vector
 constexpr int kNV = 4;  // vectors per panel row
 #elif QL_ISA == 2
@@ -23,7 +24,7 @@ typedef float vfloat __attribute__((vector_size(kW * sizeof(float))));
 typedef int32_t vint __attribute__((vector_size(kW * sizeof(int32_t))));
 
 inline vfloat broadcast(float value) {
-#if QL_ISA == 3
+#if QL_ISA >= 3
   return _mm512_set1_ps(value);
 #elif QL_ISA == 2
   return _mm256_set1_ps(value);
@@ -36,7 +37,7 @@ inline vfloat broadcast(float value) {
 
 // a * b + c with one rounding.
 inline vfloat fmadd(vfloat a, vfloat b, vfloat c) {
-#if QL_ISA == 3
+#if QL_ISA >= 3
   return _mm512_fmadd_ps(a, b, c);
 #elif QL_ISA == 2
   return _mm256_fmadd_ps(a, b, c);
@@ -59,7 +60,7 @@ inline void store_vector(float* p, vfloat v) { std::memcpy(p, &v, sizeof(v)); }
 // kW consecutive bytes widened to int32 lanes: sign-extended (int8) or zero-extended (int4 pairs).
 template <bool kSigned>
 inline vint widen(const uint8_t* p) {
-#if QL_ISA == 3
+#if QL_ISA >= 3
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return (vint)(kSigned ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
 #elif QL_ISA == 2
@@ -73,7 +74,7 @@ inline vint widen(const uint8_t* p) {
 }
 
 inline vfloat to_vfloat(vint v) {  // exact: |v| < 2^24
-#if QL_ISA == 3
+#if QL_ISA >= 3
   return _mm512_cvtepi32_ps((__m512i)v);
 #elif QL_ISA == 2
   return _mm256_cvtepi32_ps((__m256i)v);
@@ -95,7 +96,7 @@ inline void load_weights(const uint8_t* b, vfloat (&out)[kNV]) {
   } else if constexpr (kBits == 8) {
     for (int v = 0; v < kNV; ++v) out[v] = to_vfloat(widen<true>(b + v * kW));
   } else {
-#if QL_ISA == 3
+#if QL_ISA >= 3
     // A 16-entry table lookup gives the float of each nibble in one instruction: vpermps reads
     // only the low 4 bits of each index lane, so the low nibbles need no mask.
     const __m512 table = kTable == 1 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
@@ -390,6 +391,196 @@ void kernel(const act_t* x, act_t* out, const QuantArgs& q) {
   });
 }
 
+#if QL_ISA == 4
+// ---- bfloat16 activations on AVX512-BF16: pair products (quant_linear.cpp's second sequence) ----
+
+// Rows k and k + 1 of a packed panel as kNV vectors of bfloat16 pairs: lane j of vector v holds
+// (v[k][c], v[k + 1][c]) of column c = v * kW + j, k in the low half. The values are small
+// integers (or doubled E2M1 values), whose floats have zero low 16 bits: the halves are exact.
+template <int kBits, int kTable>
+inline void load_pairs(const uint8_t* b, __m512i (&out)[kNV]) {
+  vfloat w0[kNV], w1[kNV];
+  load_weights<kBits, kTable>(b, w0);
+  load_weights<kBits, kTable>(b + row_bytes(kBits), w1);
+  for (int v = 0; v < kNV; ++v) out[v] = _mm512_or_si512(_mm512_srli_epi32((__m512i)w0[v], 16), (__m512i)w1[v]);
+}
+
+constexpr int64_t kPairRowBytes = kNR * 4;  // a decoded pair row: kNR lanes of two bfloat16
+
+// Rows [0, kc) of a panel (kc even) decoded once into pair rows for the row groups of a larger M.
+template <int kBits, int kTable>
+inline void widen_pairs(int64_t kc, const uint8_t* __restrict b, uint8_t* __restrict out) {
+  for (int64_t k = 0; k < kc; k += 2) {
+    __m512i w[kNV];
+    load_pairs<kBits, kTable>(b + k * row_bytes(kBits), w);
+    for (int v = 0; v < kNV; ++v) _mm512_storeu_si512(out + k / 2 * kPairRowBytes + v * 64, w[v]);
+  }
+}
+
+// The kMR-row pair microkernel over one panel: p[i][:] (+)= vdpbf16ps over the pairs k < kc of
+// a ([k / 2][kMR] pairs of x) and the panel (packed rows, or decoded pair rows when kDecoded).
+template <int kBits, int kTable, bool kDecoded>
+inline void pair_micro_kernel(int64_t kc, const uint32_t* __restrict a, const uint8_t* __restrict b,
+                              float* __restrict p, bool accumulate) {
+  __m512 acc[kMR][kNV];
+  for (int i = 0; i < kMR; ++i)
+    for (int v = 0; v < kNV; ++v) acc[i][v] = accumulate ? _mm512_loadu_ps(p + i * kNR + v * kW) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; k += 2) {
+    __m512i w[kNV];
+    if constexpr (kDecoded) {
+      for (int v = 0; v < kNV; ++v) w[v] = _mm512_loadu_si512(b + k / 2 * kPairRowBytes + v * 64);
+    } else {
+      prefetch(b + k * row_bytes(kBits) + kPrefetchBytes);
+      load_pairs<kBits, kTable>(b + k * row_bytes(kBits), w);
+    }
+    for (int i = 0; i < kMR; ++i) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(a[k / 2 * kMR + i]));
+      for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)w[v], x);
+    }
+  }
+  for (int i = 0; i < kMR; ++i)
+    for (int v = 0; v < kNV; ++v) _mm512_storeu_ps(p + i * kNR + v * kW, acc[i][v]);
+}
+
+// The one-row pair kernel over np <= kNP panels (row_kernel's shape).
+template <int kBits, int kTable>
+inline void pair_row_kernel(int64_t kc, const uint32_t* __restrict a, const uint8_t* __restrict b,
+                            int64_t panel_stride, int np, float* __restrict p, bool accumulate) {
+  constexpr int64_t rb = row_bytes(kBits);
+  __m512 acc[kNP][kNV];
+  for (int j = 0; j < np; ++j)
+    for (int v = 0; v < kNV; ++v) acc[j][v] = accumulate ? _mm512_loadu_ps(p + j * kNR + v * kW) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; k += 2) {
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(a[k / 2 * kMR]));
+    for (int j = 0; j < np; ++j) {
+      const uint8_t* row = b + j * panel_stride + k * rb;
+      prefetch(row + kPrefetchBytes);
+      __m512i w[kNV];
+      load_pairs<kBits, kTable>(row, w);
+      for (int v = 0; v < kNV; ++v) acc[j][v] = _mm512_dpbf16_ps(acc[j][v], (__m512bh)w[v], x);
+    }
+  }
+  for (int j = 0; j < np; ++j)
+    for (int v = 0; v < kNV; ++v) _mm512_storeu_ps(p + j * kNR + v * kW, acc[j][v]);
+}
+
+// pack_rows for the pair kernels: x's rows as [row group][k / 2][kMR] pairs (x[k] low, x[k + 1]
+// high; rows past `rows` zero) and, with `sums`, the float32 input sums of pack_rows.
+inline void pack_row_pairs(const kvserve::BFloat16* x, int64_t K, int64_t row0, int64_t rows, int64_t k0, int64_t kc,
+                           int64_t G, bool sums, uint32_t* out, float* xsum) {
+  const int64_t groups = (rows + kMR - 1) / kMR, qgroups = (kc + G - 1) / G;
+  for (int64_t g = 0; g < groups; ++g) {
+    uint32_t* dst = out + g * (kc / 2) * kMR;
+    for (int r = 0; r < kMR; ++r) {
+      const int64_t row = g * kMR + r;
+      const kvserve::BFloat16* src = row < rows ? x + (row0 + row) * K + k0 : nullptr;
+      for (int64_t k = 0; k < kc; k += 2)
+        dst[k / 2 * kMR + r] = src == nullptr ? 0u : static_cast<uint32_t>(src[k].x) | static_cast<uint32_t>(src[k + 1].x) << 16;
+      if (!sums) continue;
+      for (int64_t q = 0; q < qgroups; ++q) {
+        float s = 0.f;
+        if (src != nullptr)
+          for (int64_t k = q * G; k < std::min(kc, (q + 1) * G); ++k) s += to_float(src[k]);
+        xsum[(g * qgroups + q) * kMR + r] = s;
+      }
+    }
+  }
+}
+
+// kernel() with the pair sequence: the same blocking, groups, merges and stores; K, G and every
+// K block even.
+template <int kBits, int kTable>
+void pair_kernel(const kvserve::BFloat16* x, kvserve::BFloat16* out, const QuantArgs& q) {
+  const int64_t M = q.M, K = q.K, N = q.N, G = q.G;
+  const int64_t panels = (N + kNR - 1) / kNR, ngroups = K / G;
+  constexpr int64_t rb = row_bytes(kBits);
+  const int64_t panel_bytes = K * rb;
+  const bool sums = q.neg_offsets != nullptr;
+  const int64_t threads = std::max<int64_t>(1, kvserve::num_threads());
+  Blocking blk = choose_blocking(M, K, G, panels, threads, M <= kMR ? rb : kPairRowBytes / 2, sums);
+  blk.k_block = std::max<int64_t>(2, blk.k_block - blk.k_block % 2);
+  const int64_t row_blocks = (M + blk.row_block - 1) / blk.row_block;
+  const int64_t panel_blocks = (panels + blk.panel_block - 1) / blk.panel_block;
+  const int64_t k_blocks = (K + blk.k_block - 1) / blk.k_block;
+  const int64_t tile = kMR * kNR;
+  kvserve::parallel_for(0, row_blocks * panel_blocks, 1, [&](int64_t begin, int64_t end) {
+    const int64_t row_groups = blk.row_block / kMR;
+    Scratch rows_packed = scratch(blk.row_block * blk.k_block / 2);
+    Scratch xsum = scratch(sums ? row_groups * ((blk.k_block + G - 1) / G) * kMR : 1);
+    Scratch decoded = scratch(M <= kMR ? 1 : std::min(blk.k_block, G) / 2 * kNR);
+    Scratch partial = scratch(row_groups * blk.panel_block * tile);
+    Scratch running = scratch(row_groups * blk.panel_block * tile);
+    const uint32_t* pairs = reinterpret_cast<const uint32_t*>(rows_packed.get());
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t row0 = item % row_blocks * blk.row_block;
+      const int64_t rows = std::min(blk.row_block, M - row0);
+      const int64_t groups = (rows + kMR - 1) / kMR;
+      const int64_t p0 = item / row_blocks * blk.panel_block;
+      const int64_t p1 = std::min(panels, p0 + blk.panel_block);
+      for (int64_t kb = 0; kb < k_blocks; ++kb) {
+        const int64_t k0 = kb * blk.k_block, kc = std::min(blk.k_block, K - k0);
+        const int64_t qgroups = (kc + G - 1) / G;
+        pack_row_pairs(x, K, row0, rows, k0, kc, G, sums, reinterpret_cast<uint32_t*>(rows_packed.get()), xsum.get());
+        const int64_t step = M == 1 ? kNP : 1;
+        for (int64_t p = p0; p < p1; p += step) {
+          const int np = static_cast<int>(std::min<int64_t>(step, p1 - p));
+          for (int64_t s0 = 0; s0 < kc;) {
+            const int64_t kabs = k0 + s0, group = kabs / G;
+            const int64_t s1 = std::min(kc, (group + 1) * G - k0);
+            const bool cont = kabs % G != 0, ends = k0 + s1 == (group + 1) * G;
+            const uint8_t* b = q.packed + p * panel_bytes + kabs * rb;
+            const uint8_t* widened = reinterpret_cast<const uint8_t*>(decoded.get());
+            if (M > kMR) widen_pairs<kBits, kTable>(s1 - s0, b, reinterpret_cast<uint8_t*>(decoded.get()));
+            for (int64_t g = 0; g < groups; ++g) {
+              const int64_t grows = std::min<int64_t>(kMR, rows - g * kMR);
+              const uint32_t* a = pairs + g * (kc / 2) * kMR + s0 / 2 * kMR;
+              float* part = partial.get() + (g * blk.panel_block + (p - p0)) * tile;
+              float* run = running.get() + (g * blk.panel_block + (p - p0)) * tile;
+              if (M == 1) {
+                pair_row_kernel<kBits, kTable>(s1 - s0, a, b, panel_bytes, np, part, cont);
+              } else if (M <= kMR) {
+                pair_micro_kernel<kBits, kTable, false>(s1 - s0, a, b, part, cont);
+              } else {
+                pair_micro_kernel<kBits, kTable, true>(s1 - s0, a, widened, part, cont);
+              }
+              if (!ends) continue;
+              const float* xs = sums ? xsum.get() + (g * qgroups + s0 / G) * kMR : nullptr;
+              for (int j = 0; j < np; ++j) {
+                const int64_t at = ((p + j) * ngroups + group) * kNR;
+                const int64_t off = M == 1 ? j * kNR : 0;
+                merge_group(static_cast<int>(grows), part + off, q.scales + at, sums ? q.neg_offsets + at : nullptr,
+                            xs, run + off, group == 0);
+              }
+            }
+            s0 = s1;
+          }
+          if (kb < k_blocks - 1) continue;
+          for (int64_t g = 0; g < groups; ++g) {
+            const int64_t grows = std::min<int64_t>(kMR, rows - g * kMR);
+            const float* run = running.get() + (g * blk.panel_block + (p - p0)) * tile;
+            for (int j = 0; j < np; ++j) {
+              const int64_t col0 = (p + j) * kNR, cols = std::min<int64_t>(kNR, N - col0);
+              store_tile(run + (M == 1 ? j * kNR : 0), q.bias == nullptr ? nullptr : q.bias + col0,
+                         out + (row0 + g * kMR) * N + col0, N, grows, cols);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// bfloat16 activations with K and the group size even take the pair sequence.
+inline bool takes_pairs(const QuantArgs& q) { return q.K % 2 == 0 && q.G % 2 == 0; }
+
+inline void run_pairs(const kvserve::BFloat16* x, kvserve::BFloat16* out, const QuantArgs& q) {
+  if (q.bits == 8) pair_kernel<8, 0>(x, out, q);
+  else if (q.codebook == kvserve::kE2M1) pair_kernel<4, 2>(x, out, q);
+  else if (q.neg_offsets == nullptr) pair_kernel<4, 1>(x, out, q);
+  else pair_kernel<4, 0>(x, out, q);
+}
+#endif
+
 template <typename act_t>
 void run(const act_t* x, act_t* out, const QuantArgs& q) {
   if (q.bits == 8) kernel<8, 0>(x, out, q);
@@ -399,6 +590,12 @@ void run(const act_t* x, act_t* out, const QuantArgs& q) {
 }
 
 void quant_linear(const void* x, void* out, bool bf16, const QuantArgs& q) {
+#if QL_ISA == 4
+  if (bf16 && takes_pairs(q)) {
+    run_pairs(static_cast<const kvserve::BFloat16*>(x), static_cast<kvserve::BFloat16*>(out), q);
+    return;
+  }
+#endif
   if (bf16) run(static_cast<const kvserve::BFloat16*>(x), static_cast<kvserve::BFloat16*>(out), q);
   else run(static_cast<const float*>(x), static_cast<float*>(out), q);
 }
