@@ -3,11 +3,15 @@
     python benchmarks/make_moe_shaped_model.py --shape qwen3-30b-a3b --layers 8    # -> /tmp/qwen3-30b-a3b-8l
     python benchmarks/make_moe_shaped_model.py --shape mixtral-8x7b --layers 4     # -> /tmp/mixtral-8x7b-4l
     python benchmarks/make_moe_shaped_model.py --shape gpt-oss-20b --layers 24     # -> /tmp/gpt-oss-20b-24l
+    python benchmarks/make_moe_shaped_model.py --shape deepseek-v2-lite --layers 8 # -> /tmp/deepseek-v2-lite-8l
 
 The shapes are the released models' config.json values (Qwen3-30B-A3B: hidden 2048, 32 query / 4
 KV heads of 128, 128 experts of width 768, top 8, norm_topk_prob; Mixtral-8x7B: hidden 4096, 32 / 8
 heads of 128, 8 experts of width 14,336, top 2; GPT-OSS-20B: hidden 2880, 64 / 8 heads of 64,
-sliding-window (128) and full layers alternating, 32 experts of width 2880, top 4, YaRN), cut to
+sliding-window (128) and full layers alternating, 32 experts of width 2880, top 4, YaRN;
+DeepSeek-V2-Lite: hidden 2048, 16 heads of latent attention (kv_lora_rank 512, 128 + 64 query/key
+dimensions, 128 value dimensions, one q_proj), a dense first layer, then 64 experts of width 1408,
+top 6, two shared experts), cut to
 ``--layers`` layers so that the weights fit in this machine's memory in bfloat16 (one Qwen3-30B-A3B
 layer is 1.2 GB, one Mixtral layer 2.8 GB). GPT-OSS's experts are written as the released
 checkpoints store them, in MXFP4 (uint8 blocks of 32 E2M1 values and a power-of-two scale each:
@@ -51,6 +55,18 @@ SHAPES: dict[str, dict] = {
         "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": False,
         "hidden_act": "silu", "sliding_window": None,
     },
+    "deepseek-v2-lite": {
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": 102400,
+        "hidden_size": 2048, "intermediate_size": 10944, "num_hidden_layers": 27, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "head_dim": 64, "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64, "num_experts_per_tok": 6,
+        "moe_intermediate_size": 1408, "n_shared_experts": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+        "topk_method": "greedy", "n_group": 1, "topk_group": 1, "norm_topk_prob": False, "routed_scaling_factor": 1.0,
+        "scoring_func": "softmax", "rms_norm_eps": 1e-6, "rope_theta": 10000, "max_position_embeddings": 163840,
+        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+        "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
+    },
     "gpt-oss-20b": {
         "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
         "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
@@ -81,6 +97,8 @@ def layer_tensors(config: dict, i: int, generator: torch.Generator) -> dict[str,
     p = f"model.layers.{i}."
     if config["model_type"] == "gpt_oss":
         return gpt_oss_layer_tensors(config, p, w, generator)
+    if config["model_type"] == "deepseek_v2":
+        return deepseek_layer_tensors(config, i, p, w)
     out = {p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
            p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
            p + "self_attn.q_proj.weight": w(heads * d, h), p + "self_attn.k_proj.weight": w(kv * d, h),
@@ -125,6 +143,36 @@ def gpt_oss_layer_tensors(config: dict, p: str, w, generator: torch.Generator) -
     out[q + "gate_up_proj_bias"] = w(experts, 2 * width)
     out[q + "down_proj_blocks"], out[q + "down_proj_scales"] = mxfp4(h, width)
     out[q + "down_proj_bias"] = w(experts, h)
+    return out
+
+
+def deepseek_layer_tensors(config: dict, i: int, p: str, w) -> dict[str, torch.Tensor]:
+    """One DeepSeek-V2 layer in the released checkpoints' names: latent attention (one q_proj),
+    then a dense MLP (layers before first_k_dense_replace) or the routed and shared experts."""
+    h, heads = config["hidden_size"], config["num_attention_heads"]
+    nope, rope, v, latent = (config[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    out = {p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
+           p + "self_attn.q_proj.weight": w(heads * (nope + rope), h),
+           p + "self_attn.kv_a_proj_with_mqa.weight": w(latent + rope, h),
+           p + "self_attn.kv_a_layernorm.weight": ones(latent),
+           p + "self_attn.kv_b_proj.weight": w(heads * (nope + v), latent),
+           p + "self_attn.o_proj.weight": w(h, heads * v)}
+
+    def mlp(prefix: str, width: int) -> None:
+        out[prefix + "gate_proj.weight"], out[prefix + "up_proj.weight"] = w(width, h), w(width, h)
+        out[prefix + "down_proj.weight"] = w(h, width)
+
+    if i < config["first_k_dense_replace"]:
+        mlp(p + "mlp.", config["intermediate_size"])
+        return out
+    out[p + "mlp.gate.weight"] = w(config["n_routed_experts"], h)
+    for e in range(config["n_routed_experts"]):
+        mlp(p + f"mlp.experts.{e}.", config["moe_intermediate_size"])
+    mlp(p + "mlp.shared_experts.", config["moe_intermediate_size"] * config["n_shared_experts"])
     return out
 
 
