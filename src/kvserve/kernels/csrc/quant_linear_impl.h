@@ -309,29 +309,63 @@ inline Scratch scratch(int64_t floats) {
   return Scratch(static_cast<float*>(std::aligned_alloc(64, bytes)));
 }
 
-template <int kBits, int kTable, typename act_t>
+// The float32-FMA sequence's steps for kernel(): activations as float32 [row group][k][kMR]; for
+// more than one row group a panel's K block widened once to float32 rows (kWideBytes per k).
+template <int kBits_, int kTable, typename act_t>
+struct FmaSteps {
+  using lane_t = float;
+  static constexpr int kBits = kBits_;
+  static constexpr int64_t kStep = 1;  // inputs per activation lane
+  static constexpr int64_t kWideBytes = kNR * 4;
+  static void pack(const act_t* x, int64_t K, int64_t row0, int64_t rows, int64_t k0, int64_t kc, int64_t G, bool sums,
+                   lane_t* out, float* xsum) {
+    pack_rows(x, K, row0, rows, k0, kc, G, sums, out, xsum);
+  }
+  static void widen(int64_t kc, const uint8_t* b, uint8_t* out) {
+    widen_rows<kBits, kTable>(kc, b, reinterpret_cast<float*>(out));
+  }
+  static void one_row(int64_t kc, const lane_t* a, const uint8_t* b, int64_t stride, int np, float* p, bool cont) {
+    row_kernel<kBits, kTable>(kc, a, b, stride, np, p, cont);
+  }
+  static void small(int64_t kc, const lane_t* a, const uint8_t* b, float* p, bool cont) {
+    micro_kernel<kBits, kTable>(kc, a, b, p, cont);
+  }
+  static void widened(int64_t kc, const lane_t* a, const uint8_t* w, float* p, bool cont) {
+    micro_kernel<32, false>(kc, a, w, p, cont);
+  }
+};
+
+// The GEMM of one sequence (Steps: FmaSteps, or PairSteps below): work items of row blocks x
+// panel blocks; per K block the rows packed once, per quantization group each row group's
+// partial sums merged into its running acc, stored after the last K block.
+template <class Steps, typename act_t>
 void kernel(const act_t* x, act_t* out, const QuantArgs& q) {
+  using lane_t = typename Steps::lane_t;
+  constexpr int64_t step_k = Steps::kStep;
   const int64_t M = q.M, K = q.K, N = q.N, G = q.G;
   const int64_t panels = (N + kNR - 1) / kNR, ngroups = K / G;
-  constexpr int64_t rb = row_bytes(kBits);
+  constexpr int64_t rb = row_bytes(Steps::kBits);
   const int64_t panel_bytes = K * rb;
   const bool sums = q.neg_offsets != nullptr;
   const int64_t threads = std::max<int64_t>(1, kvserve::num_threads());
-  // More than one row group: each K block of a panel is widened to float32 once and shared.
-  const Blocking blk = choose_blocking(M, K, G, panels, threads, M <= kMR ? rb : row_bytes(32), sums);
+  // More than one row group: each K block of a panel is widened once and shared.
+  Blocking blk = choose_blocking(M, K, G, panels, threads, M <= kMR ? rb : Steps::kWideBytes, sums);
+  blk.k_block = std::max(step_k, blk.k_block - blk.k_block % step_k);
   const int64_t row_blocks = (M + blk.row_block - 1) / blk.row_block;
   const int64_t panel_blocks = (panels + blk.panel_block - 1) / blk.panel_block;
   const int64_t k_blocks = (K + blk.k_block - 1) / blk.k_block;
   const int64_t tile = kMR * kNR;
   kvserve::parallel_for(0, row_blocks * panel_blocks, 1, [&](int64_t begin, int64_t end) {
     const int64_t row_groups = blk.row_block / kMR;
-    Scratch rows_packed = scratch(blk.row_block * blk.k_block);
+    Scratch rows_packed = scratch(blk.row_block * blk.k_block / step_k);  // lanes are 4 bytes
     Scratch xsum = scratch(sums ? row_groups * ((blk.k_block + G - 1) / G) * kMR : 1);
-    Scratch widened = scratch(M <= kMR ? 1 : std::min(blk.k_block, G) * kNR);
+    Scratch widened = scratch(M <= kMR ? 1 : std::min(blk.k_block, G) * Steps::kWideBytes / 4);
     // Per (row group, panel) of an item: the current group's partial sums and the running acc
     // (a one-row item keeps panel j's at j * kNR of its first panel's tile: kNP * kNR <= tile).
     Scratch partial = scratch(row_groups * blk.panel_block * tile);
     Scratch running = scratch(row_groups * blk.panel_block * tile);
+    lane_t* lanes = reinterpret_cast<lane_t*>(rows_packed.get());
+    uint8_t* wide = reinterpret_cast<uint8_t*>(widened.get());
     for (int64_t item = begin; item < end; ++item) {
       const int64_t row0 = item % row_blocks * blk.row_block;
       const int64_t rows = std::min(blk.row_block, M - row0);
@@ -341,7 +375,7 @@ void kernel(const act_t* x, act_t* out, const QuantArgs& q) {
       for (int64_t kb = 0; kb < k_blocks; ++kb) {
         const int64_t k0 = kb * blk.k_block, kc = std::min(blk.k_block, K - k0);
         const int64_t qgroups = (kc + G - 1) / G;
-        pack_rows(x, K, row0, rows, k0, kc, G, sums, rows_packed.get(), xsum.get());
+        Steps::pack(x, K, row0, rows, k0, kc, G, sums, lanes, xsum.get());
         const int64_t step = M == 1 ? kNP : 1;
         for (int64_t p = p0; p < p1; p += step) {
           const int np = static_cast<int>(std::min<int64_t>(step, p1 - p));
@@ -351,18 +385,18 @@ void kernel(const act_t* x, act_t* out, const QuantArgs& q) {
             const int64_t s1 = std::min(kc, (group + 1) * G - k0);
             const bool cont = kabs % G != 0, ends = k0 + s1 == (group + 1) * G;
             const uint8_t* b = q.packed + p * panel_bytes + kabs * rb;
-            if (M > kMR) widen_rows<kBits, kTable>(s1 - s0, b, widened.get());
+            if (M > kMR) Steps::widen(s1 - s0, b, wide);
             for (int64_t g = 0; g < groups; ++g) {
               const int64_t grows = std::min<int64_t>(kMR, rows - g * kMR);
-              const float* a = rows_packed.get() + g * kc * kMR + s0 * kMR;
+              const lane_t* a = lanes + g * (kc / step_k) * kMR + s0 / step_k * kMR;
               float* part = partial.get() + (g * blk.panel_block + (p - p0)) * tile;
               float* run = running.get() + (g * blk.panel_block + (p - p0)) * tile;
               if (M == 1) {
-                row_kernel<kBits, kTable>(s1 - s0, a, b, panel_bytes, np, part, cont);
+                Steps::one_row(s1 - s0, a, b, panel_bytes, np, part, cont);
               } else if (M <= kMR) {
-                micro_kernel<kBits, kTable>(s1 - s0, a, b, part, cont);
+                Steps::small(s1 - s0, a, b, part, cont);
               } else {
-                micro_kernel<32, false>(s1 - s0, a, reinterpret_cast<const uint8_t*>(widened.get()), part, cont);
+                Steps::widened(s1 - s0, a, wide, part, cont);
               }
               if (!ends) continue;
               const float* xs = sums ? xsum.get() + (g * qgroups + s0 / G) * kMR : nullptr;
@@ -487,115 +521,51 @@ inline void pack_row_pairs(const kvserve::BFloat16* x, int64_t K, int64_t row0, 
   }
 }
 
-// kernel() with the pair sequence: the same blocking, groups, merges and stores; K, G and every
-// K block even.
-template <int kBits, int kTable>
-void pair_kernel(const kvserve::BFloat16* x, kvserve::BFloat16* out, const QuantArgs& q) {
-  const int64_t M = q.M, K = q.K, N = q.N, G = q.G;
-  const int64_t panels = (N + kNR - 1) / kNR, ngroups = K / G;
-  constexpr int64_t rb = row_bytes(kBits);
-  const int64_t panel_bytes = K * rb;
-  const bool sums = q.neg_offsets != nullptr;
-  const int64_t threads = std::max<int64_t>(1, kvserve::num_threads());
-  Blocking blk = choose_blocking(M, K, G, panels, threads, M <= kMR ? rb : kPairRowBytes / 2, sums);
-  blk.k_block = std::max<int64_t>(2, blk.k_block - blk.k_block % 2);
-  const int64_t row_blocks = (M + blk.row_block - 1) / blk.row_block;
-  const int64_t panel_blocks = (panels + blk.panel_block - 1) / blk.panel_block;
-  const int64_t k_blocks = (K + blk.k_block - 1) / blk.k_block;
-  const int64_t tile = kMR * kNR;
-  kvserve::parallel_for(0, row_blocks * panel_blocks, 1, [&](int64_t begin, int64_t end) {
-    const int64_t row_groups = blk.row_block / kMR;
-    Scratch rows_packed = scratch(blk.row_block * blk.k_block / 2);
-    Scratch xsum = scratch(sums ? row_groups * ((blk.k_block + G - 1) / G) * kMR : 1);
-    Scratch decoded = scratch(M <= kMR ? 1 : std::min(blk.k_block, G) / 2 * kNR);
-    Scratch partial = scratch(row_groups * blk.panel_block * tile);
-    Scratch running = scratch(row_groups * blk.panel_block * tile);
-    const uint32_t* pairs = reinterpret_cast<const uint32_t*>(rows_packed.get());
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t row0 = item % row_blocks * blk.row_block;
-      const int64_t rows = std::min(blk.row_block, M - row0);
-      const int64_t groups = (rows + kMR - 1) / kMR;
-      const int64_t p0 = item / row_blocks * blk.panel_block;
-      const int64_t p1 = std::min(panels, p0 + blk.panel_block);
-      for (int64_t kb = 0; kb < k_blocks; ++kb) {
-        const int64_t k0 = kb * blk.k_block, kc = std::min(blk.k_block, K - k0);
-        const int64_t qgroups = (kc + G - 1) / G;
-        pack_row_pairs(x, K, row0, rows, k0, kc, G, sums, reinterpret_cast<uint32_t*>(rows_packed.get()), xsum.get());
-        const int64_t step = M == 1 ? kNP : 1;
-        for (int64_t p = p0; p < p1; p += step) {
-          const int np = static_cast<int>(std::min<int64_t>(step, p1 - p));
-          for (int64_t s0 = 0; s0 < kc;) {
-            const int64_t kabs = k0 + s0, group = kabs / G;
-            const int64_t s1 = std::min(kc, (group + 1) * G - k0);
-            const bool cont = kabs % G != 0, ends = k0 + s1 == (group + 1) * G;
-            const uint8_t* b = q.packed + p * panel_bytes + kabs * rb;
-            const uint8_t* widened = reinterpret_cast<const uint8_t*>(decoded.get());
-            if (M > kMR) widen_pairs<kBits, kTable>(s1 - s0, b, reinterpret_cast<uint8_t*>(decoded.get()));
-            for (int64_t g = 0; g < groups; ++g) {
-              const int64_t grows = std::min<int64_t>(kMR, rows - g * kMR);
-              const uint32_t* a = pairs + g * (kc / 2) * kMR + s0 / 2 * kMR;
-              float* part = partial.get() + (g * blk.panel_block + (p - p0)) * tile;
-              float* run = running.get() + (g * blk.panel_block + (p - p0)) * tile;
-              if (M == 1) {
-                pair_row_kernel<kBits, kTable>(s1 - s0, a, b, panel_bytes, np, part, cont);
-              } else if (M <= kMR) {
-                pair_micro_kernel<kBits, kTable, false>(s1 - s0, a, b, part, cont);
-              } else {
-                pair_micro_kernel<kBits, kTable, true>(s1 - s0, a, widened, part, cont);
-              }
-              if (!ends) continue;
-              const float* xs = sums ? xsum.get() + (g * qgroups + s0 / G) * kMR : nullptr;
-              for (int j = 0; j < np; ++j) {
-                const int64_t at = ((p + j) * ngroups + group) * kNR;
-                const int64_t off = M == 1 ? j * kNR : 0;
-                merge_group(static_cast<int>(grows), part + off, q.scales + at, sums ? q.neg_offsets + at : nullptr,
-                            xs, run + off, group == 0);
-              }
-            }
-            s0 = s1;
-          }
-          if (kb < k_blocks - 1) continue;
-          for (int64_t g = 0; g < groups; ++g) {
-            const int64_t grows = std::min<int64_t>(kMR, rows - g * kMR);
-            const float* run = running.get() + (g * blk.panel_block + (p - p0)) * tile;
-            for (int j = 0; j < np; ++j) {
-              const int64_t col0 = (p + j) * kNR, cols = std::min<int64_t>(kNR, N - col0);
-              store_tile(run + (M == 1 ? j * kNR : 0), q.bias == nullptr ? nullptr : q.bias + col0,
-                         out + (row0 + g * kMR) * N + col0, N, grows, cols);
-            }
-          }
-        }
-      }
-    }
-  });
-}
+// The pair sequence's steps for kernel(): activations as bfloat16 pairs [row group][k / 2][kMR];
+// K, G and every K block even (kStep).
+template <int kBits_, int kTable, typename act_t>
+struct PairSteps {
+  using lane_t = uint32_t;
+  static constexpr int kBits = kBits_;
+  static constexpr int64_t kStep = 2;
+  static constexpr int64_t kWideBytes = kPairRowBytes / 2;
+  static void pack(const kvserve::BFloat16* x, int64_t K, int64_t row0, int64_t rows, int64_t k0, int64_t kc,
+                   int64_t G, bool sums, lane_t* out, float* xsum) {
+    pack_row_pairs(x, K, row0, rows, k0, kc, G, sums, out, xsum);
+  }
+  static void widen(int64_t kc, const uint8_t* b, uint8_t* out) { widen_pairs<kBits, kTable>(kc, b, out); }
+  static void one_row(int64_t kc, const lane_t* a, const uint8_t* b, int64_t stride, int np, float* p, bool cont) {
+    pair_row_kernel<kBits, kTable>(kc, a, b, stride, np, p, cont);
+  }
+  static void small(int64_t kc, const lane_t* a, const uint8_t* b, float* p, bool cont) {
+    pair_micro_kernel<kBits, kTable, false>(kc, a, b, p, cont);
+  }
+  static void widened(int64_t kc, const lane_t* a, const uint8_t* w, float* p, bool cont) {
+    pair_micro_kernel<kBits, kTable, true>(kc, a, w, p, cont);
+  }
+};
 
 // bfloat16 activations with K and the group size even take the pair sequence.
 inline bool takes_pairs(const QuantArgs& q) { return q.K % 2 == 0 && q.G % 2 == 0; }
-
-inline void run_pairs(const kvserve::BFloat16* x, kvserve::BFloat16* out, const QuantArgs& q) {
-  if (q.bits == 8) pair_kernel<8, 0>(x, out, q);
-  else if (q.codebook == kvserve::kE2M1) pair_kernel<4, 2>(x, out, q);
-  else if (q.neg_offsets == nullptr) pair_kernel<4, 1>(x, out, q);
-  else pair_kernel<4, 0>(x, out, q);
-}
 #endif
 
-template <typename act_t>
+// The kernel of q's codes (int8, MXFP4, symmetric int4, int4 with offsets) in Steps' sequence.
+template <template <int, int, typename> class Steps, typename act_t>
 void run(const act_t* x, act_t* out, const QuantArgs& q) {
-  if (q.bits == 8) kernel<8, 0>(x, out, q);
-  else if (q.codebook == kvserve::kE2M1) kernel<4, 2>(x, out, q);
-  else if (q.neg_offsets == nullptr) kernel<4, 1>(x, out, q);
-  else kernel<4, 0>(x, out, q);
+  if (q.bits == 8) kernel<Steps<8, 0, act_t>>(x, out, q);
+  else if (q.codebook == kvserve::kE2M1) kernel<Steps<4, 2, act_t>>(x, out, q);
+  else if (q.neg_offsets == nullptr) kernel<Steps<4, 1, act_t>>(x, out, q);
+  else kernel<Steps<4, 0, act_t>>(x, out, q);
 }
 
 void quant_linear(const void* x, void* out, bool bf16, const QuantArgs& q) {
+  using kvserve::BFloat16;
 #if QL_ISA == 4
   if (bf16 && takes_pairs(q)) {
-    run_pairs(static_cast<const kvserve::BFloat16*>(x), static_cast<kvserve::BFloat16*>(out), q);
+    run<PairSteps>(static_cast<const BFloat16*>(x), static_cast<BFloat16*>(out), q);
     return;
   }
 #endif
-  if (bf16) run(static_cast<const kvserve::BFloat16*>(x), static_cast<kvserve::BFloat16*>(out), q);
-  else run(static_cast<const float*>(x), static_cast<float*>(out), q);
+  if (bf16) run<FmaSteps>(static_cast<const BFloat16*>(x), static_cast<BFloat16*>(out), q);
+  else run<FmaSteps>(static_cast<const float*>(x), static_cast<float*>(out), q);
 }
