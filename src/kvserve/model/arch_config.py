@@ -358,12 +358,24 @@ def _parse_layer_type_rope(raw: dict[str, Any], source: str) -> tuple[float, Rop
     return theta, scaling, None if local is None else float(local)
 
 
-def _parse_rope(raw: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
-    """Merge ``rope_theta``/``rope_scaling`` (classic) and ``rope_parameters`` (transformers 5)."""
+def _rope_params(raw: dict[str, Any]) -> dict[str, Any]:
+    """``rope_scaling`` (classic) and ``rope_parameters`` (transformers 5) merged, the latter first."""
     params: dict[str, Any] = {}
     for key in ("rope_scaling", "rope_parameters"):
         if isinstance(raw.get(key), dict):
             params.update(raw[key])
+    return params
+
+
+def _yarn_mscale(factor: float, m: float = 1.0) -> float:
+    """YaRN's magnitude scale ``0.1 * m * ln(factor) + 1`` (1 when factor <= 1): transformers'
+    ``get_mscale``."""
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+
+def _parse_rope(raw: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
+    """Merge ``rope_theta``/``rope_scaling`` (classic) and ``rope_parameters`` (transformers 5)."""
+    params = _rope_params(raw)
     theta = float(params.get("rope_theta", raw.get("rope_theta", _DEFAULT_ROPE_THETA)))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -518,14 +530,9 @@ def _parse_mla(raw: dict[str, Any], architecture: str, source: str) -> MlaConfig
         raise CheckpointError(f"{source}: qk_rope_head_dim ({widths['qk_rope_head_dim']}) must be even")
     q_lora = raw.get("q_lora_rank")
     scale = (widths["qk_nope_head_dim"] + widths["qk_rope_head_dim"]) ** -0.5
-    params: dict[str, Any] = {}
-    for key in ("rope_scaling", "rope_parameters"):
-        if isinstance(raw.get(key), dict):
-            params.update(raw[key])
+    params = _rope_params(raw)
     if params.get("rope_type", params.get("type", "default")) != "default" and params.get("mscale_all_dim"):
-        factor = float(params["factor"])
-        mscale = 1.0 if factor <= 1 else 0.1 * float(params["mscale_all_dim"]) * math.log(factor) + 1.0
-        scale *= mscale * mscale
+        scale *= _yarn_mscale(float(params["factor"]), float(params["mscale_all_dim"])) ** 2
     v3 = architecture == "DeepseekV3ForCausalLM"
     return MlaConfig(q_lora_rank=int(q_lora) if q_lora else None, softmax_scale=scale,
                      interleaved_rope=bool(raw.get("rope_interleave", True)) if v3 else True, rope_float32=not v3,
@@ -558,14 +565,10 @@ def _parse_yarn(raw: dict[str, Any], params: dict[str, Any], source: str) -> Rop
         raise CheckpointError(f"{source}: rope type 'yarn' lacks original_max_position_embeddings")
     factor = params.get("factor")
     factor = float(raw.get("max_position_embeddings", original) / original if factor is None else factor)
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     attention = params.get("attention_factor")
     if attention is None:
         m, m_all = params.get("mscale"), params.get("mscale_all_dim")
-        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+        attention = _yarn_mscale(factor, m) / _yarn_mscale(factor, m_all) if m and m_all else _yarn_mscale(factor)
     return RopeScaling("yarn", factor, original_max_position_embeddings=int(original),
                        attention_factor=float(attention), beta_fast=float(params.get("beta_fast") or 32),
                        beta_slow=float(params.get("beta_slow") or 1), truncate=bool(params.get("truncate", True)))

@@ -148,14 +148,8 @@ class MlaModel(LlamaModel):
     """The embedding, ``MlaDecoderLayer``s and the final norm; cos and sin in float32 where the
     attention rotates in float32 (V2)."""
 
-    def forward(self, input_ids, positions, kv_caches, attn_metadata):
-        hidden = self.embed(input_ids)
-        rope_dtype = torch.float32 if self.layers[0].self_attn.mla.rope_float32 else hidden.dtype
-        cos, sin = self.rotary_emb.cos_sin(positions, rope_dtype)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, attn_metadata)
-        return self.norm.add_and_norm(hidden, residual)[0]
+    def rope_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.float32 if self.layers[0].self_attn.mla.rope_float32 else dtype
 
 
 class DeepseekV3ForCausalLM(LlamaForCausalLM):

@@ -234,9 +234,13 @@ class LlamaModel(nn.Module):
         hidden = self.embed_tokens(input_ids)
         return hidden if self.embedding_multiplier == 1.0 else hidden * self.embedding_multiplier
 
+    def rope_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype of the cos and sin the layers get, for hidden states of ``dtype``: the same."""
+        return dtype
+
     def forward(self, input_ids, positions, kv_caches, attn_metadata):
         hidden = self.embed(input_ids)
-        cos, sin = self.rotary_emb.cos_sin(positions, hidden.dtype)
+        cos, sin = self.rotary_emb.cos_sin(positions, self.rope_dtype(hidden.dtype))
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(hidden, residual, cos, sin, kv_cache, attn_metadata)

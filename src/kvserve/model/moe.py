@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvserve.kernels import cpu_kernels
+from kvserve.kernels.ops_moe import ROUTINGS
 from kvserve.model.arch_config import ModelArchConfig, MoeConfig
 from kvserve.model.kernel_parts import linear_parts
 from kvserve.model.layers import MergedLinear, RouterLinear, SiluAndMul
@@ -165,10 +166,6 @@ def float32_router_logits(gate: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return gate(x.float())
 
 
-# Routers moe.cpp runs (kvserve.kernels.ops_moe.ROUTINGS); the grouped ones run in torch.
-_KERNEL_ROUTINGS = ("softmax_topk", "topk_softmax")
-
-
 class SparseMoeBlock(nn.Module):
     """The MoE feed-forward of one layer (module docstring): [T, hidden] -> [T, hidden] in the
     input's dtype."""
@@ -200,7 +197,7 @@ class SparseMoeBlock(nn.Module):
         activations on the CPU: made once the linears are on the kernels (after
         ``use_invariant_linears`` or quantization), or None (no kernels, other layers)."""
         kernels = cpu_kernels()
-        if kernels is None or dtype not in (torch.float32, torch.bfloat16) or self.moe.routing not in _KERNEL_ROUTINGS:
+        if kernels is None or dtype not in (torch.float32, torch.bfloat16) or self.moe.routing not in ROUTINGS:
             return None
         key = (dtype, id(self.gate), id(self.experts[0].gate_up_proj))  # new modules (quantized): a new layer
         if key not in self._kernel_layers:

@@ -101,8 +101,9 @@ class _RowsResult:
 class ModelRunner:
     """Runs a loaded model over paged KV blocks.
 
-    ``kv_caches`` holds one tensor per layer (``kv_cache_shape``), [2, num_blocks, block_size,
-    num_kv_heads, head_dim] in the model dtype (latent attention: one row per token) (a one-byte ``kv_cache_dtype``: int8 or float8 [..., head_dim + 4], each
+    ``kv_caches`` holds one tensor per layer (``kv_cache_shape``: latent attention caches one row
+    per token), [2, num_blocks, block_size, num_kv_heads, head_dim] in the model dtype (a one-byte
+    ``kv_cache_dtype``: int8 or float8 [..., head_dim + 4], each
     row's codes and float32 scale, ``kvserve.attention.kv_quant``), zero-initialised (the backends
     rely on padded slots being finite).
 
