@@ -1,7 +1,7 @@
 """DeepSeek-V2/V3 (``kvserve.model.deepseek``): grouped routing against a direct transcription of
-transformers' routers, the compressed cache's size, latent attention's batch invariance and its
-kernel path against the torch path, and the switches refused by name. Logits and greedy tokens
-against transformers are in test_model_numerics.py and test_generate.py (the ``deepseek_*``
+transformers' routers, the compressed cache's size, latent attention's batch invariance, its
+kernel's bits against the invariant GEMM's, its torch path, and the switches refused by name.
+Logits and greedy tokens against transformers are in test_model_numerics.py and test_generate.py (the ``deepseek_*``
 variants of model_fixtures.VARIANTS); the engine's batching, chunking, caching and preemption in
 tests/engine/test_moe_engine.py."""
 
@@ -146,8 +146,44 @@ def test_latent_attention_rows_do_not_depend_on_chunking_or_batch(dtype, monkeyp
     for i in range(n):
         steps.append(run(cache, [1], [i + 1], [table], query[i : i + 1], rows[i : i + 1]))
     assert torch.equal(torch.cat(steps), whole)
+    assert torch.equal(whole, invariant_gemm_attention(query * 0.3, rows.float(), latent))
     monkeypatch.setattr("kvserve.attention.latent.cpu_kernels", lambda: None)
     torch.testing.assert_close(run(fresh(), [n], [n], [table], query, rows), whole, rtol=1e-5, atol=1e-6)
+
+
+def invariant_gemm_attention(scaled: torch.Tensor, context: torch.Tensor, value_width: int) -> torch.Tensor:
+    """One request's causal latent attention (scaled queries [n, H, W], its rows [n, W] in
+    float32) composed of kvserve's invariant GEMM (the rows packed as its weight) and
+    softmax_prefix_rows: the sequences latent_attention.cpp documents, for its bits."""
+    kernels = cpu_kernels()
+    n, heads, width = scaled.shape
+    q = scaled.reshape(-1, width).contiguous()
+    scores = kernels.invariant_linear(q, kernels.pack_linear_weight(context.contiguous()), None, n)
+    lengths = torch.arange(1, n + 1, dtype=torch.int32).repeat_interleave(heads)
+    probs = kernels.softmax_prefix_rows(scores, lengths)
+    values = kernels.pack_linear_weight(context[:, :value_width].t().contiguous())
+    return kernels.invariant_linear(probs, values, None, value_width).view(n, heads, value_width)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_latent_attention_kernel_at_deepseek_shapes(dtype):
+    """DeepSeek-V2-Lite's widths (16 heads, 512 + 64) and 20 heads (a partial vector of heads and
+    of a head group): a 70-token prompt in blocks of 16 gives the invariant-GEMM composition's
+    bits, and a decode row of another request beside it changes nothing."""
+    torch.manual_seed(1)
+    for heads in (16, 20):
+        width, latent, block_size, n = 576, 512, 16, 70
+        rows, query = torch.randn(n, width).to(dtype), torch.randn(n, heads, width) * 0.05
+        table = [3, 0, 6, 1, 4]
+        cache = torch.zeros(1, 8, block_size, 1, width, dtype=dtype)
+        out = latent_attention(query, rows, cache, _metadata([n], [n], block_size, [table]), scale=0.1,
+                               value_width=latent)
+        assert torch.equal(out, invariant_gemm_attention(query * 0.1, rows.float(), latent))
+        beside = latent_attention(torch.cat([query[n - 1 :], torch.randn(1, heads, width)]),
+                                  torch.cat([rows[n - 1 :], torch.randn(1, width).to(dtype)]), cache,
+                                  _metadata([1, 1], [n, 1], block_size, [table, [7]]), scale=0.1, value_width=latent)
+        assert torch.equal(beside[0], out[n - 1])
 
 
 @needs_kernels
@@ -194,3 +230,28 @@ def test_v2_routers_and_the_refusals_of_tp(tiny_checkpoint):
     config.model = type("Model", (), {"model": str(path)})()
     with pytest.raises(ConfigError, match="DeepseekV2ForCausalLM's latent attention .* runs on one rank so far"):
         check_parallel_options(config)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant", ["deepseek_v3", "deepseek_v2"])
+def test_the_cpp_block_takes_the_grouped_routing_and_gives_the_torch_bits(variant, dtype):
+    """On the CPU the grouped router's weights and ids go to the C++ layer (moe.cpp), which runs
+    the experts and the ungated shared experts: the torch path's bits, for a batch and for each
+    token alone."""
+    from kvserve.model.invariant_linear import use_invariant_linears
+    from kvserve.model.moe import SparseMoeBlock
+
+    arch = arch_of(variant)
+    torch.manual_seed(0)
+    block = SparseMoeBlock(arch, arch.moe).eval()
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    block.to(dtype)
+    use_invariant_linears(block)
+    x = torch.randn(7, arch.hidden_size).to(dtype)
+    with torch.no_grad():
+        assert block.kernel_layer(dtype) is not None and block.shared_expert is not None
+        out = block(x)
+        assert torch.equal(out, block.torch_forward(x))
+        assert all(torch.equal(block(x[t : t + 1])[0], out[t]) for t in range(7))

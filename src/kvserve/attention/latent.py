@@ -21,13 +21,12 @@ head whose keys are the whole rows and whose values are their first L values. Th
 absorbs and projects (``kvserve.model.deepseek.LatentUpProjection``); this module writes the new
 rows and attends, in float32.
 
-On the CPU every step is batch-invariant by construction: the scores and the weighted sum are
-kvserve's invariant GEMM (``invariant_linear``: each value one fixed sequence of fused
-multiply-adds over its inputs, the cached rows packed as its weight), and the softmax runs
-over each query row's causal prefix only (``softmax_prefix_rows``), so a query row's result
-depends on its position and the cached values alone, not on the batch, its chunk or whether its
-context came from the prefix cache. Elsewhere (no kernels, other devices) the same steps run as
-torch matmuls and a masked softmax.
+On the CPU the attention is one kernel call (``latent_attention.cpp``) over the cached rows in
+place: the scores and the weighted sums are the sequences of kvserve's invariant GEMM (each value
+one fixed sequence of fused multiply-adds over its inputs), the softmax runs over each query row's
+causal prefix only, so a query row's result depends on its position and the cached values alone,
+not on the batch, its chunk or whether its context came from the prefix cache. Elsewhere (no
+kernels, other devices) the same steps run per request as torch matmuls and a masked softmax.
 """
 
 from __future__ import annotations
@@ -60,11 +59,14 @@ def latent_attention(query: torch.Tensor, rows: torch.Tensor, kv_cache: torch.Te
         float32 [T, H, value_width]: each head's softmax-weighted sum of the cached latents.
     """
     write_latent_rows(rows, kv_cache, metadata.slot_mapping)
+    scaled = query * scale
     kernels = cpu_kernels() if query.device.type == "cpu" else None
+    if kernels is not None:
+        return kernels.latent_attention(scaled.contiguous(), kv_cache, metadata.block_tables, metadata.seq_lens,
+                                        metadata.query_start_loc, value_width)
     tokens, heads, width = query.shape
     cache = kv_cache.view(kv_cache.shape[1], kv_cache.shape[2], width)
     block_size = cache.shape[1]
-    scaled = query * scale
     out = torch.empty((tokens, heads, value_width), dtype=torch.float32, device=query.device)
     starts = metadata.query_start_loc_cpu.tolist()
     for r, seq_len in enumerate(metadata.seq_lens_cpu.tolist()):
@@ -75,21 +77,8 @@ def latent_attention(query: torch.Tensor, rows: torch.Tensor, kv_cache: torch.Te
         context = cache[blocks].reshape(-1, width)[:seq_len].float()  # [S, width]
         q = scaled[start:end].reshape(-1, width)  # [q_len * H, width], query-major
         first = seq_len - (end - start) + 1  # the first query row sees this many positions
-        lengths = torch.arange(first, seq_len + 1, dtype=torch.int32).repeat_interleave(heads)
-        out[start:end] = _attend(q, context, lengths, value_width, kernels).view(end - start, heads, value_width)
+        visible = torch.arange(seq_len, device=q.device)[None, :] < torch.arange(
+            first, seq_len + 1, device=q.device).repeat_interleave(heads)[:, None]
+        probs = torch.softmax((q @ context.t()).masked_fill(~visible, float("-inf")), dim=-1)
+        out[start:end] = (probs @ context[:, :value_width]).view(end - start, heads, value_width)
     return out
-
-
-def _attend(q: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor, value_width: int, kernels) -> torch.Tensor:
-    """q float32 [R, width] against context float32 [S, width]; row i sees positions
-    [0, lengths[i]) -> [R, value_width]."""
-    seq_len = context.shape[0]
-    if kernels is not None:
-        scores = kernels.invariant_linear(q.contiguous(), kernels.pack_linear_weight(context), None, seq_len)
-        probs = kernels.softmax_prefix_rows(scores, lengths)
-        values = kernels.pack_linear_weight(context[:, :value_width].t().contiguous())
-        return kernels.invariant_linear(probs, values, None, value_width)
-    scores = q @ context.t()
-    visible = torch.arange(seq_len, device=q.device)[None, :] < lengths.to(q.device)[:, None]
-    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
-    return probs @ context[:, :value_width]

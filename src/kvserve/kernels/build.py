@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("abi.cpp", "thread_pool.cpp", "paged_attention.cpp", "argmax.cpp", "sample.cpp", "top_p.cpp",
-           "elementwise.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp", "amx_quant_linear.cpp",
+SOURCES = ("abi.cpp", "thread_pool.cpp", "paged_attention.cpp", "latent_attention.cpp", "argmax.cpp", "sample.cpp",
+           "top_p.cpp", "elementwise.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp", "amx_quant_linear.cpp",
            "bitmask.cpp", "lora.cpp", "projection.cpp", "moe.cpp", "decoder.cpp")
 COMMON_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
                 "-fno-strict-aliasing", "-fvisibility=hidden")

@@ -26,7 +26,7 @@ import torch
 
 from kvserve.kernels import build
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 PACKAGED = Path(__file__).parent / "lib"
 
 # torch dtype -> the kernels' code (csrc/abi.h: DType).
@@ -49,6 +49,7 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "kvserve_pool_self_check": (_INT, [_I64, _I64, _I64, _I64, _P]),
     "kvserve_paged_attention": (_INT, [_P, _P, _I32, _P, _I32, _P, _P, _P] + [_I64] * 8 + [_F64, _I64, _I64, _I64, _F64,
                                                                                         _P]),
+    "kvserve_latent_attention": (_INT, [_P, _P, _I32, _P, _P, _P, _P] + [_I64] * 8),
     "kvserve_write_kv_cache": (_INT, [_P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _P, _I64, _P]),
     "kvserve_argmax_rows": (_INT, [_I32, _P, _I64, _I64, _P]),
     "kvserve_sample_rows": (_INT, [_I32, _P, _I64, _I64, _P, _I64, _P, _P, _P]),
@@ -73,9 +74,10 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "kvserve_decoder_destroy": (None, [_P]),
     "kvserve_decoder_add_layer": (_INT, [_P, _I64, _P, _P, _P, _P, _P, _P, _P]),
     "kvserve_moe_create": (_INT, [_I64, _I64, _I64, _I64, _I64, _I64, _I32, _I32, _I32, _I32, _F32, _F32, _P, _P, _P,
-                                  _P, _P, _P, _P]),
+                                  _P, _P, _P, _I32, _P]),
     "kvserve_moe_destroy": (None, [_P]),
     "kvserve_moe_forward": (_INT, [_P, _I32, _P, _P, _I64]),
+    "kvserve_moe_forward_routed": (_INT, [_P, _I32, _P, _P, _P, _P, _I64]),
     "kvserve_moe_route": (_INT, [_I32, _P, _I64, _I64, _I64, _I32, _I32, _P, _P]),
     "kvserve_decoder_forward": (_INT, [_P, _P, _P, _I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64]),
 }

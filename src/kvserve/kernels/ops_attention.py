@@ -1,4 +1,5 @@
-"""Paged attention and the KV-cache write (``csrc/paged_attention.cpp``)."""
+"""Paged attention and the KV-cache write (``csrc/paged_attention.cpp``); latent attention over the
+compressed cache (``csrc/latent_attention.cpp``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ _ONE_BYTE = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 class AttentionOps:
-    """``paged_attention`` and ``write_kv_cache`` (the shapes are ``paged_attention.cpp``'s)."""
+    """``paged_attention``, ``write_kv_cache`` (the shapes are ``paged_attention.cpp``'s) and
+    ``latent_attention``."""
 
     def paged_attention(self, out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
@@ -64,3 +66,29 @@ class AttentionOps:
         self._lib.call("kvserve_write_kv_cache", ptr(key), key.stride(0), key.stride(1), ptr(value), value.stride(0),
                        value.stride(1), tokens, heads, dim, key.element_size(), ptr(kv_cache),
                        kv_cache.shape[1] * kv_cache.shape[2], ptr(slot_mapping))
+
+    def latent_attention(self, query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, value_width: int) -> torch.Tensor:
+        """query float32 [T, H, W] (absorbed, times the softmax scale); kv_cache [1, num_blocks,
+        block_size, 1, W] float32 or bfloat16; block_tables int32 [B', table_width] (B' >= B),
+        seq_lens int32 [B], query_start_loc int32 [B + 1] -> float32 [T, H, value_width]: each
+        head's softmax-weighted sum of the first ``value_width`` values of the rows its token
+        sees (``latent_attention.cpp``)."""
+        require(query.dim() == 3 and query.dtype == torch.float32 and query.is_contiguous(),
+                "latent_attention: query float32 [T, H, W], contiguous")
+        require(kv_cache.dim() == 5 and kv_cache.shape[0] == 1 and kv_cache.shape[3] == 1
+                and kv_cache.shape[4] == query.shape[2] and kv_cache.dtype in (torch.float32, torch.bfloat16)
+                and kv_cache.is_contiguous(), "latent_attention: kv_cache [1, num_blocks, block_size, 1, W], "
+                "float32 or bfloat16, contiguous")
+        seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
+        require(block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32 and query_start_loc.dtype == torch.int32
+                and block_tables.is_contiguous() and block_tables.dim() == 2 and seq_lens.dim() == 1
+                and query_start_loc.numel() == seq_lens.numel() + 1 and block_tables.shape[0] >= seq_lens.numel(),
+                "latent_attention: int32 block_tables [B, W], seq_lens [B] and query_start_loc [B + 1]")
+        require(0 < value_width <= query.shape[2], "latent_attention: 0 < value_width <= W")
+        tokens, heads, width = query.shape
+        out = torch.empty((tokens, heads, value_width), dtype=torch.float32)
+        self._lib.call("kvserve_latent_attention", ptr(out), ptr(query), code(kv_cache.dtype), ptr(kv_cache),
+                       ptr(block_tables), ptr(seq_lens), ptr(query_start_loc), tokens, heads, width, value_width,
+                       kv_cache.shape[2], kv_cache.shape[1], seq_lens.numel(), block_tables.shape[1])
+        return out

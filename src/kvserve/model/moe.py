@@ -19,8 +19,8 @@ clamped: ``(clamp(up, -l, l) + 1) * g * sigmoid(alpha * g)`` with ``g = min(gate
 
 DeepSeek-V2/V3 route in float32 from float32 inputs and in groups (``grouped_route``), multiply
 the weights by ``routed_scaling_factor`` and add their shared experts ungated:
-``out += shared_experts(x)``. Their block runs in torch operators on every device (the C++ layer
-has no grouped router), on the same batch-invariant linears and sigmoid.
+``out += shared_experts(x)``. Their router runs in torch operators on every device (on the
+batch-invariant linear and sigmoid) and hands its weights and ids to the C++ layer on the CPU.
 
 with expert_e(x) = down_e(silu(gate_e(x)) * up_e(x)), each expert an ``nn.Linear`` pair like a
 dense MLP's (so the CPU kernels, int8/int4/MXFP4 weights and the loader's name mapping apply to
@@ -197,7 +197,8 @@ class SparseMoeBlock(nn.Module):
         activations on the CPU: made once the linears are on the kernels (after
         ``use_invariant_linears`` or quantization), or None (no kernels, other layers)."""
         kernels = cpu_kernels()
-        if kernels is None or dtype not in (torch.float32, torch.bfloat16) or self.moe.routing not in ROUTINGS:
+        if kernels is None or dtype not in (torch.float32, torch.bfloat16) or not (self.moe.grouped
+                                                                                  or self.moe.routing in ROUTINGS):
             return None
         key = (dtype, id(self.gate), id(self.experts[0].gate_up_proj))  # new modules (quantized): a new layer
         if key not in self._kernel_layers:
@@ -213,7 +214,9 @@ class SparseMoeBlock(nn.Module):
         gate_up, down = [one(e.gate_up_proj) for e in self.experts], [one(e.down_proj) for e in self.experts]
         shared = None
         if self.shared_expert is not None:
-            shared = [one(self.shared_expert.gate_up_proj), one(self.shared_expert.down_proj), one(self.shared_expert_gate)]
+            shared = [one(self.shared_expert.gate_up_proj), one(self.shared_expert.down_proj)]
+            if self.shared_expert_gate is not None:
+                shared.append(one(self.shared_expert_gate))
         if router is None or any(p is None for p in (*gate_up, *down, *(shared or ()))):
             return None
         biases = None
@@ -222,22 +225,26 @@ class SparseMoeBlock(nn.Module):
                            for name in ("gate_up_bias", "down_bias"))
         return kernels.MoeLayer(dtype=dtype, top_k=self.moe.top_k, normalize=self.moe.norm_topk_prob,
                                 weights_float32=self.moe.routing_weights_float32, router=router, gate_up=gate_up,
-                                down=down, shared=shared, routing=self.moe.routing, activation=self.moe.activation,
+                                down=down, shared=shared, routing="external" if self.moe.grouped else self.moe.routing,
+                                activation=self.moe.activation,
                                 alpha=self.moe.swiglu_alpha, limit=self.moe.swiglu_limit, expert_biases=biases,
                                 first_expert=self.first_expert)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layer = self.kernel_layer(x.dtype) if x.device.type == "cpu" and x.dim() == 2 else None
         if layer is not None:
-            return layer.forward(x.contiguous())
+            return layer.forward(x.contiguous(), *(self._grouped_route(x) if self.moe.grouped else ()))
         return self.torch_forward(x)
+
+    def _grouped_route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        correction = None if self.score_correction is None else self.score_correction.value
+        return grouped_route(float32_router_logits(self.gate, x), self.moe, correction)
 
     def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The block in torch operators (the module docstring's steps): the reference, and the
         path where the C++ layer does not apply."""
         if self.moe.grouped:
-            correction = None if self.score_correction is None else self.score_correction.value
-            weights, ids = grouped_route(float32_router_logits(self.gate, x), self.moe, correction)
+            weights, ids = self._grouped_route(x)
         else:
             weights, ids = route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob, self.moe.routing)
         if not self.moe.routing_weights_float32:

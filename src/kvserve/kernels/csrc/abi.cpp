@@ -19,7 +19,7 @@ KVSERVE_EXPORT const char* kvserve_last_error() { return last_error.c_str(); }
 
 // The ABI version Python expects (kvserve/kernels/library.py: ABI_VERSION); a library of another
 // version (an old build left in a cache) is not loaded.
-KVSERVE_EXPORT int64_t kvserve_abi_version() { return 8; }
+KVSERVE_EXPORT int64_t kvserve_abi_version() { return 9; }
 
 // The instruction-set variant this library was compiled for (build.py: VARIANTS).
 KVSERVE_EXPORT const char* kvserve_variant() {

@@ -106,40 +106,6 @@ void sigmoid_values(const scalar_t* x, scalar_t* out, int64_t n) {
 #endif
 }
 
-// Row x[0, cols) in place: softmax of x[0, n), zeros in x[n, cols).
-void softmax_prefix_row(float* x, int64_t n, int64_t cols) {
-#if defined(__AVX512F__)
-  __m512 mv = _mm512_set1_ps(-INFINITY);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    mv = _mm512_mask_max_ps(mv, m, mv, load16(x + i, m));
-  }
-  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 e = _mm512_maskz_mov_ps(m, kvserve::exp16(_mm512_sub_ps(load16(x + i, m), top)));
-    store16(x + i, e, m);
-    sum = _mm512_add_ps(sum, e);
-  }
-  const __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    store16(x + i, _mm512_div_ps(load16(x + i, m), total), m);
-  }
-#else
-  float top = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) top = x[i] > top ? x[i] : top;
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - top);
-    sum += x[i];
-  }
-  for (int64_t i = 0; i < n; ++i) x[i] /= sum;
-#endif
-  for (int64_t i = n; i < cols; ++i) x[i] = 0.f;
-}
-
 // One bfloat16 row of `heads` heads (row stride `head_stride` elements) rotated into dst.
 void rotary_row(const kvserve::BFloat16* x, int64_t heads, int64_t head_stride, const kvserve::BFloat16* cos,
                 const kvserve::BFloat16* sin, kvserve::BFloat16* dst, int64_t dim) {
@@ -216,6 +182,40 @@ void rms_norm_rows(const scalar_t* x, int64_t x_stride, const scalar_t* res, sca
 }  // namespace
 
 namespace kvserve {
+
+// Row x[0, cols) in place: softmax of x[0, n), zeros in x[n, cols).
+void softmax_prefix_row(float* x, int64_t n, int64_t cols) {
+#if defined(__AVX512F__)
+  __m512 mv = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    mv = _mm512_mask_max_ps(mv, m, mv, load16(x + i, m));
+  }
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(m, kvserve::exp16(_mm512_sub_ps(load16(x + i, m), top)));
+    store16(x + i, e, m);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    store16(x + i, _mm512_div_ps(load16(x + i, m), total), m);
+  }
+#else
+  float top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) top = x[i] > top ? x[i] : top;
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - top);
+    sum += x[i];
+  }
+  for (int64_t i = 0; i < n; ++i) x[i] /= sum;
+#endif
+  for (int64_t i = n; i < cols; ++i) x[i] = 0.f;
+}
 
 // x: [T, 2 * d] contiguous, float32 or bfloat16 -> out [T, d] = silu(x[:, :d]) * x[:, d:].
 void silu_and_mul(DType dtype, const void* x, void* out, int64_t rows, int64_t d) {

@@ -27,6 +27,16 @@ void write_kv_cache(const void* key, int64_t key_token_stride, int64_t key_head_
                     int64_t value_token_stride, int64_t value_head_stride, int64_t tokens, int64_t heads, int64_t dim,
                     int64_t element_size, void* kv_cache, int64_t num_slots, const int64_t* slot_mapping);
 
+// latent_attention.cpp. out float32 [T, H, value_width]; query float32 [T, H, width] (absorbed and
+// scaled); kv_cache [num_blocks, block_size, width] (cache_dtype float32 or bfloat16); block_tables
+// int32 [num_seqs, table_width], seq_lens int32 [num_seqs], query_start_loc int32 [num_seqs + 1].
+struct LatentShape {
+  int64_t num_tokens, num_heads, width, value_width, block_size, num_blocks, num_seqs, table_width;
+};
+void latent_attention(float* out, const float* query, DType cache_dtype, const void* kv_cache,
+                      const int32_t* block_tables, const int32_t* seq_lens, const int32_t* query_start_loc,
+                      const LatentShape& shape);
+
 // argmax.cpp: logits [rows, vocab] float32 or bfloat16 -> out int64 [rows].
 void argmax_rows(DType dtype, const void* logits, int64_t rows, int64_t vocab, int64_t* out);
 
@@ -43,6 +53,8 @@ void top_p_rows(DType dtype, void* logits, int64_t num_rows, int64_t vocab, cons
 // elementwise.cpp.
 void silu_and_mul(DType dtype, const void* x, void* out, int64_t rows, int64_t d);  // x [rows, 2d] -> [rows, d]
 void sigmoid(DType dtype, const void* x, void* out, int64_t n);                     // n values, elementwise
+// Row x[0, cols) in place: the softmax of x[0, n) (16 float32 lanes; vector_exp.h's exp), zeros after it.
+void softmax_prefix_row(float* x, int64_t n, int64_t cols);
 // x bfloat16 [T, H, D] with strides (row, head) and unit stride in D; cos, sin [T, D] -> out [T, H, D].
 void rotary_embedding(const BFloat16* x, int64_t row_stride, int64_t head_stride, const BFloat16* cos,
                       const BFloat16* sin, BFloat16* out, int64_t rows, int64_t heads, int64_t dim);

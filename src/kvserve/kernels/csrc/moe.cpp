@@ -9,6 +9,10 @@
 //   for each hit expert e, increasing:  y = down_e(act(gate_up_e(x[tokens of e])))
 //                                       acc[t] = round(acc[t] + round(y[t] * w[t, e]))
 //   acc = round(acc + round(sigmoid(shared_gate(x)) * shared_expert(x)))   (Qwen2-MoE)
+//   acc = round(acc + shared_expert(x))                                      (DeepSeek: ungated)
+//
+// DeepSeek's grouped routers run in the caller (kvserve.model.moe.grouped_route), which passes
+// the weights and ids (moe_forward_routed, routing kExternal); the rest is the same.
 //
 // act is SwiGLU (silu_and_mul) or GPT-OSS's clamped SwiGLU, whose experts also add a bias after
 // each product (round(y + b), as torch adds a bias tensor).
@@ -226,6 +230,10 @@ void shared_expert(const MoeLayer& layer, DType dtype, const void* x, float* acc
                     s.projection);
   void* y = s.shared_y.get<char>(tokens * hidden * es);
   run_projection(layer.shared_down, dtype, act, y, tokens, s.projection);
+  if (!layer.shared_gated) {
+    for (int64_t i = 0; i < tokens * hidden; ++i) acc[i] = rounded(acc[i] + load(y, dtype, i), dtype);
+    return;
+  }
   void* gate = s.shared_gate.get<char>(tokens * es);
   run_projection(layer.shared_gate, dtype, x, gate, tokens, s.projection);
   sigmoid(dtype, gate, gate, tokens);
@@ -238,13 +246,12 @@ void shared_expert(const MoeLayer& layer, DType dtype, const void* x, float* acc
 
 }  // namespace
 
-void moe_forward(const MoeLayer& layer, DType dtype, const void* x, void* out, int64_t tokens, MoeScratch& s) {
+namespace {
+
+// The experts and the shared expert of routed tokens (weights, ids: the scratch's, [T, k]).
+void run_experts(const MoeLayer& layer, DType dtype, const void* x, float* weights, const int32_t* ids, void* out,
+                 int64_t tokens, MoeScratch& s) {
   const int64_t E = layer.num_experts, k = layer.top_k, hidden = layer.hidden, es = dtype == kFloat32 ? 4 : 2;
-  void* logits = s.logits.get<char>(tokens * E * es);
-  run_projection(layer.router, dtype, x, logits, tokens, s.projection);
-  float* weights = s.weights.get<float>(tokens * k);
-  int32_t* ids = s.ids.get<int32_t>(tokens * k);
-  moe_route(dtype, logits, tokens, E, k, layer.normalize, layer.routing, weights, ids);
   if (!layer.weights_float32)
     for (int64_t i = 0; i < tokens * k; ++i) weights[i] = rounded(weights[i], dtype);
   // (token, slot) pairs grouped by expert, each expert's in increasing token order.
@@ -287,6 +294,31 @@ void moe_forward(const MoeLayer& layer, DType dtype, const void* x, void* out, i
   }
 }
 
+}  // namespace
+
+void moe_forward(const MoeLayer& layer, DType dtype, const void* x, void* out, int64_t tokens, MoeScratch& s) {
+  check(layer.routing != kExternal, "moe: this layer's routing is the caller's (moe_forward_routed)");
+  const int64_t E = layer.num_experts, k = layer.top_k, es = dtype == kFloat32 ? 4 : 2;
+  void* logits = s.logits.get<char>(tokens * E * es);
+  run_projection(layer.router, dtype, x, logits, tokens, s.projection);
+  float* weights = s.weights.get<float>(tokens * k);
+  int32_t* ids = s.ids.get<int32_t>(tokens * k);
+  moe_route(dtype, logits, tokens, E, k, layer.normalize, layer.routing, weights, ids);
+  run_experts(layer, dtype, x, weights, ids, out, tokens, s);
+}
+
+void moe_forward_routed(const MoeLayer& layer, DType dtype, const void* x, const float* weights, const int32_t* ids,
+                        void* out, int64_t tokens, MoeScratch& s) {
+  const int64_t k = layer.top_k;
+  for (int64_t i = 0; i < tokens * k; ++i)
+    check(ids[i] >= 0 && ids[i] < layer.num_experts, "moe: an expert id outside [0, num_experts)");
+  float* w = s.weights.get<float>(tokens * k);
+  int32_t* routed = s.ids.get<int32_t>(tokens * k);
+  std::memcpy(w, weights, tokens * k * sizeof(float));
+  std::memcpy(routed, ids, tokens * k * sizeof(int32_t));
+  run_experts(layer, dtype, x, w, routed, out, tokens, s);
+}
+
 }  // namespace kvserve
 
 #pragma GCC pop_options
@@ -303,16 +335,19 @@ struct MoeHandle {
 
 namespace {
 
-void check_routing(int32_t routing) {
-  kvserve::check(routing == kvserve::kSoftmaxTopk || routing == kvserve::kTopkSoftmax, "moe: unknown routing");
+void check_routing(int32_t routing, bool external_allowed) {
+  kvserve::check(routing == kvserve::kSoftmaxTopk || routing == kvserve::kTopkSoftmax ||
+                     (external_allowed && routing == kvserve::kExternal),
+                 "moe: unknown routing");
 }
 
 }  // namespace
 
 extern "C" {
 
-// router: 1 part (num_experts outputs); gate_up, down: one part per held expert (local_experts,
-// from first_expert); shared: nullptr, or [gate_up, down, gate];
+// router: 1 part (num_experts outputs; with kExternal routing only its shape is used); gate_up,
+// down: one part per held expert (local_experts, from first_expert); shared: nullptr, or
+// [gate_up, down, gate] (shared_gated) or [gate_up, down];
 // routing, activation: MoeRouting, MoeActivation (alpha, limit: kClampedSwiglu's); gate_up_bias
 // [2 * intermediate], down_bias [hidden]: one pointer per expert in the dtype, or both nullptr.
 KVSERVE_EXPORT int kvserve_moe_create(int64_t num_experts, int64_t first_expert, int64_t local_experts,
@@ -321,9 +356,9 @@ KVSERVE_EXPORT int kvserve_moe_create(int64_t num_experts, int64_t first_expert,
                                       float alpha, float limit, const kvserve::LinearPart* router,
                                       const kvserve::LinearPart* gate_up, const kvserve::LinearPart* down,
                                       const void* const* gate_up_bias, const void* const* down_bias,
-                                      const kvserve::LinearPart* shared, void** handle) {
+                                      const kvserve::LinearPart* shared, int32_t shared_gated, void** handle) {
   return kvserve::guarded([&] {
-    check_routing(routing);
+    check_routing(routing, true);
     kvserve::check(activation == kvserve::kSiluAndMul || activation == kvserve::kClampedSwiglu,
                    "moe: unknown activation");
     kvserve::check((gate_up_bias == nullptr) == (down_bias == nullptr), "moe: both expert biases or neither");
@@ -354,10 +389,11 @@ KVSERVE_EXPORT int kvserve_moe_create(int64_t num_experts, int64_t first_expert,
       }
     }
     layer.shared = shared != nullptr;
+    layer.shared_gated = layer.shared && shared_gated != 0;
     if (layer.shared) {
       layer.shared_gate_up = kvserve::make_projection(shared, 1);
       layer.shared_down = kvserve::make_projection(shared + 1, 1);
-      layer.shared_gate = kvserve::make_projection(shared + 2, 1);
+      if (layer.shared_gated) layer.shared_gate = kvserve::make_projection(shared + 2, 1);
     }
     *handle = moe.release();
   });
@@ -373,10 +409,20 @@ KVSERVE_EXPORT int kvserve_moe_forward(void* handle, int32_t dtype, const void* 
   });
 }
 
+KVSERVE_EXPORT int kvserve_moe_forward_routed(void* handle, int32_t dtype, const void* x, const float* weights,
+                                              const int32_t* ids, void* out, int64_t tokens) {
+  return kvserve::guarded([&] {
+    auto* moe = static_cast<MoeHandle*>(handle);
+    std::lock_guard<std::mutex> lock(moe->mutex);
+    kvserve::moe_forward_routed(moe->layer, static_cast<kvserve::DType>(dtype), x, weights, ids, out, tokens,
+                                moe->scratch);
+  });
+}
+
 KVSERVE_EXPORT int kvserve_moe_route(int32_t dtype, const void* logits, int64_t tokens, int64_t experts, int64_t top_k,
                                      int32_t normalize, int32_t routing, float* weights, int32_t* ids) {
   return kvserve::guarded([&] {
-    check_routing(routing);
+    check_routing(routing, false);
     kvserve::moe_route(static_cast<kvserve::DType>(dtype), logits, tokens, experts, top_k, normalize != 0,
                        static_cast<kvserve::MoeRouting>(routing), weights, ids);
   });

@@ -9,7 +9,9 @@
 
 namespace kvserve {
 
-enum MoeRouting { kSoftmaxTopk = 0, kTopkSoftmax = 1 };  // softmax then top k; top k then softmax (GPT-OSS)
+// softmax then top k; top k then softmax (GPT-OSS); given by the caller (DeepSeek's grouped routers,
+// moe_forward_routed)
+enum MoeRouting { kSoftmaxTopk = 0, kTopkSoftmax = 1, kExternal = 2 };
 enum MoeActivation { kSiluAndMul = 0, kClampedSwiglu = 1 };
 
 struct MoeLayer {
@@ -26,7 +28,8 @@ struct MoeLayer {
   std::vector<Projection> gate_up, down;  // one each per expert
   // per expert, in the dtype, or empty: added after each product, rounded (GPT-OSS)
   std::vector<const void*> gate_up_bias, down_bias;
-  bool shared;                            // Qwen2-MoE's shared expert
+  bool shared;                            // a shared expert (Qwen2-MoE, DeepSeek)
+  bool shared_gated;                      // its output times sigmoid(shared_gate(x)) (Qwen2-MoE)
   Projection shared_gate_up, shared_down, shared_gate;
 };
 
@@ -43,8 +46,12 @@ struct MoeScratch {
 void moe_route(DType dtype, const void* logits, int64_t tokens, int64_t experts, int64_t top_k, bool normalize,
                MoeRouting routing, float* weights, int32_t* ids);
 
-// x [T, hidden] -> out [T, hidden], both in dtype (moe.cpp's file comment).
+// x [T, hidden] -> out [T, hidden], both in dtype (moe.cpp's file comment); the layer routes.
 void moe_forward(const MoeLayer& layer, DType dtype, const void* x, void* out, int64_t tokens, MoeScratch& scratch);
+// The same with the routing given: weights float32 [T, top_k] (rounded to the dtype here unless
+// weights_float32), ids [T, top_k] in [0, num_experts).
+void moe_forward_routed(const MoeLayer& layer, DType dtype, const void* x, const float* weights, const int32_t* ids,
+                        void* out, int64_t tokens, MoeScratch& scratch);
 
 // The layer of a handle made by kvserve_moe_create.
 const MoeLayer* moe_layer_of(const void* handle);
