@@ -23,8 +23,9 @@ class MoeLayer:
     ``activation`` name ``ROUTINGS`` and ``ACTIVATIONS`` (``alpha``, ``limit``: the clamped
     SwiGLU's); with ``routing="external"`` the caller routes (``forward(x, weights, ids)``; the
     router part gives the number of experts only). ``shared``: the shared expert's [gate_up, down,
-    gate] (its output times the sigmoid of the gate) or [gate_up, down] (added as it is); ``expert_biases``: per expert ([2 * intermediate] for gate_up, [hidden] for down) in
-    the dtype, or None. ``gate_up``/``down`` may be a share of the router's experts, from
+    gate] (its output times the sigmoid of the gate) or [gate_up, down] (added as it is);
+    ``expert_biases``: per expert ([2 * intermediate] for gate_up, [hidden] for down) in the dtype,
+    or None. ``gate_up``/``down`` may be a share of the router's experts, from
     ``first_expert`` (expert parallelism): tokens routed elsewhere add nothing here. Holds the
     parts and tensors it was given."""
 
