@@ -250,3 +250,18 @@ def code_values(qt) -> torch.Tensor:
         magnitude = doubled[(qt.q.long() & 7)]
         return torch.where(qt.q >= 8, -magnitude, magnitude)
     return qt.q.double() - (8 if qt.bits == 4 and qt.offsets is None else 0)
+
+
+def random_moe_block(arch, dtype):
+    """A SparseMoeBlock of ``arch`` with N(0, 0.2) weights (seed 0) in ``dtype`` on the invariant
+    linears: the MoE kernel tests' block."""
+    from kvserve.model.invariant_linear import use_invariant_linears
+    from kvserve.model.moe import SparseMoeBlock
+
+    torch.manual_seed(0)
+    block = SparseMoeBlock(arch, arch.moe).eval()
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    block.to(dtype)
+    use_invariant_linears(block)
+    return block

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from model_fixtures import VARIANTS, hf_config
+from model_fixtures import VARIANTS, hf_config, random_moe_block
 
 from kvserve.attention.backend import AttentionMetadata
 from kvserve.attention.latent import latent_attention
@@ -239,16 +239,8 @@ def test_the_cpp_block_takes_the_grouped_routing_and_gives_the_torch_bits(varian
     """On the CPU the grouped router's weights and ids go to the C++ layer (moe.cpp), which runs
     the experts and the ungated shared experts: the torch path's bits, for a batch and for each
     token alone."""
-    from kvserve.model.invariant_linear import use_invariant_linears
-    from kvserve.model.moe import SparseMoeBlock
-
     arch = arch_of(variant)
-    torch.manual_seed(0)
-    block = SparseMoeBlock(arch, arch.moe).eval()
-    for p in block.parameters():
-        torch.nn.init.normal_(p, std=0.2)
-    block.to(dtype)
-    use_invariant_linears(block)
+    block = random_moe_block(arch, dtype)
     x = torch.randn(7, arch.hidden_size).to(dtype)
     with torch.no_grad():
         assert block.kernel_layer(dtype) is not None and block.shared_expert is not None

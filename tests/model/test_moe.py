@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from model_fixtures import VARIANTS, flat_prompt_logits, relative_error, sequential_block_tables
+from model_fixtures import VARIANTS, flat_prompt_logits, random_moe_block, relative_error, sequential_block_tables
 
 from kvserve.config import QuantizationConfig
 from kvserve.errors import CheckpointError, ConfigError
@@ -95,16 +95,9 @@ def test_the_block_sums_each_tokens_experts_in_expert_order(family, dtype):
     that token alone, expert by expert in increasing expert id (the linears batch-invariant):
     Qwen3-MoE's softmax-then-top-k and SwiGLU; GPT-OSS's top-k-then-softmax, router and expert
     biases and clamped SwiGLU (each operation rounded as the torch path rounds it)."""
-    from kvserve.model.invariant_linear import use_invariant_linears
-
     config = {**QWEN3_MOE, "norm_topk_prob": True} if family == "qwen3_moe" else GPT_OSS
     arch = ModelArchConfig.from_dict(config)
-    torch.manual_seed(0)
-    block = SparseMoeBlock(arch, arch.moe).eval()
-    for p in block.parameters():
-        torch.nn.init.normal_(p, std=0.2)
-    block.to(dtype)
-    use_invariant_linears(block)
+    block = random_moe_block(arch, dtype)
     x = torch.randn(5, 64).to(dtype)
     kernels = cpu_kernels()
     with torch.no_grad():
