@@ -1,11 +1,14 @@
 """Mixtures of experts under tensor parallelism (``kvserve.distributed``): every expert's width
 split over the ranks as a dense MLP's, or with expert parallelism (``--enable-expert-parallel``)
 each rank holding whole experts of its own; the router whole on every rank, a shared expert split
-by its width, one all-reduce per MoE layer. TP 1 on the same checkpoint is the reference (itself
+by its width, one all-reduce per MoE layer; GPT-OSS's fused (and MXFP4) experts and sinks,
+DeepSeek's latent attention split by heads. TP 1 on the same checkpoint is the reference (itself
 checked against transformers in tests/model): float32 logits within 1e-5, 64 greedy tokens equal;
 bfloat16 within bfloat16 error and batch-invariant; the ranks' shares; refusals by name."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 import torch
@@ -15,21 +18,49 @@ from kvserve.engine.llm import LLM
 from kvserve.errors import ConfigError
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.moe import SparseMoeBlock
+from kvserve.model.quant_linear import QuantizedLinear
+from kvserve.testing.checkpoints import store_experts_as_mxfp4
 from tp_workload import COMMON, PROMPTS, greedy
 
 # Qwen2-MoE: 6 experts, a shared expert (48 wide) behind its gate, layer 1 dense; Qwen3-MoE: top 3
-# of 8; Mixtral: top 2 of 4 with a sliding window (testing/checkpoints.py's MOE_DIMS).
+# of 8; Mixtral: top 2 of 4 with a sliding window; GPT-OSS: top 2 of 4 with biases, sinks and a
+# window smaller than the prompts, its experts in one tensor per layer, in float32 or MXFP4;
+# DeepSeek-V3: latent attention with low-rank queries, a dense first layer, 2 of 8 experts in 2 of
+# 4 groups, a shared expert; DeepSeek-V2: one q_proj, 2 of 6 in 2 of 3 groups (testing/checkpoints.py's
+# MOE_DIMS; biases, sinks and V3's correction bias drawn at random).
 FAMILIES = {"qwen2_moe": ("Qwen2MoeForCausalLM", dict(num_hidden_layers=3, mlp_only_layers=[1])),
             "qwen3_moe": ("Qwen3MoeForCausalLM", dict(head_dim=32)),
-            "mixtral": ("MixtralForCausalLM", dict(sliding_window=6))}
+            "mixtral": ("MixtralForCausalLM", dict(sliding_window=6)),
+            "gpt_oss": ("GptOssForCausalLM", dict(sliding_window=6)),
+            "gpt_oss_mxfp4": ("GptOssForCausalLM", dict(sliding_window=6)),
+            "deepseek_v3": ("DeepseekV3ForCausalLM", {}),
+            "deepseek_v2": ("DeepseekV2ForCausalLM", {})}
 
 
 @pytest.fixture(scope="module")
-def moe_checkpoint(checkpoint_factory):
+def moe_checkpoint(checkpoint_factory, tmp_path_factory):
     def build(family: str, dtype: str = "float32"):
         architecture, fields = FAMILIES[family]
-        return checkpoint_factory(architecture, dtype=dtype, initializer_range=0.1, **fields)
+        path = checkpoint_factory(architecture, dtype=dtype, initializer_range=0.1, **fields)
+        if family.startswith(("gpt_oss", "deepseek")):
+            path = with_random_biases_and_sinks(shutil.copytree(path, tmp_path_factory.mktemp(family),
+                                                                dirs_exist_ok=True))
+        return store_experts_as_mxfp4(path) if family.endswith("_mxfp4") else path
     return build
+
+
+def with_random_biases_and_sinks(folder):
+    """The folder with its biases and GPT-OSS's sinks drawn at random (transformers initialises them
+    to zero, which would hide a bias added on every rank or a sink read from another rank's head)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    for name, tensor in sorted(tensors.items()):
+        if name.endswith(("bias", "sinks")):
+            tensors[name] = torch.randn(tensor.shape, generator=generator).mul(0.5).to(tensor.dtype)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
 
 
 def make(model_dir, tp: int, **kwargs) -> LLM:
@@ -63,6 +94,8 @@ def test_tp2_with_and_without_expert_parallelism_matches_tp1(moe_checkpoint, fam
         arch = ModelArchConfig.from_file(model_dir / "config.json")
         held = arch.moe.num_experts // 2 if expert_parallel else arch.moe.num_experts
         assert blocks and all(len(b.experts) == held and b.first_expert == 0 for b in blocks)  # rank 0's
+        if family.endswith("_mxfp4"):
+            assert all(type(e.down_proj) is QuantizedLinear for b in blocks for e in b.experts)
         assert relative_error(got_logits, want_logits) < 1e-5, expert_parallel
         for (got_ids, got_lps), (want_ids, want_lps) in zip(got_tokens, want_tokens, strict=True):
             assert got_ids == want_ids and len(got_ids) == 64
@@ -111,11 +144,17 @@ def test_the_shards_of_experts():
     check_tensor_parallel(narrow, 2, expert_parallel=True)  # whole experts: their width need not split
 
 
-def test_gpt_oss_under_tp_is_refused_by_name(checkpoint_factory):
+def test_mxfp4_experts_split_by_width_only_in_whole_groups(moe_checkpoint, tmp_path):
+    """An MXFP4 down projection's inputs come in groups of 32 scaled together: a width whose
+    rank share is not whole groups is refused by name, with the way out (whole experts)."""
     from kvserve.distributed.shard import check_parallel_options
     from kvserve.engine.arg_utils import engine_config_from_kwargs
 
-    path = checkpoint_factory("GptOssForCausalLM")
-    config = engine_config_from_kwargs(str(path), tensor_parallel_size=2)
-    with pytest.raises(ConfigError, match=r"--tensor-parallel-size 2: GPT-OSS .* runs on one rank so far"):
+    folder = tmp_path / "narrow"
+    shutil.copytree(moe_checkpoint("gpt_oss_mxfp4"), folder)
+    config = engine_config_from_kwargs(str(folder), tensor_parallel_size=4)
+    with pytest.raises(ConfigError, match=r"an mxfp4 checkpoint with --tensor-parallel-size 4: each rank would take "
+                                          r"16 of an expert's 64 inputs, not whole groups of 32; add "
+                                          r"--enable-expert-parallel"):
         check_parallel_options(config)
+    check_parallel_options(engine_config_from_kwargs(str(folder), tensor_parallel_size=4, enable_expert_parallel=True))

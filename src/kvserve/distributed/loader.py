@@ -12,6 +12,11 @@ columns, never the whole model. Name mapping as ``kvserve.model.loader``, plus::
     ...mlp.experts.{e}.down_proj[:, the same columns]     -> ...mlp.block.experts.{e}.down_proj
         (expert parallelism: the rank's experts whole, expert e as its local e - first; the
         other experts' tensors are not read; a shared expert split as a dense MLP)
+    ...mlp.experts.{gate_up_proj,down_proj}[_bias|_blocks|_scales] (all experts in one tensor:
+        GPT-OSS) -> cut into whole experts by the model's ``split_checkpoint_tensor``, then the
+        rank's parts as above (``kvserve.distributed.expert_pieces``)
+    ...self_attn.sinks[rank's q heads]          -> ...self_attn.sinks
+    ...self_attn.{q_proj,q_b_proj,kv_b_proj}[rank's heads' rows] (latent attention, DeepSeek)
     model.embed_tokens.weight[rank's vocab rows] -> model.embed_tokens.weight (zero-padded rows)
     lm_head.weight[rank's vocab rows]           -> lm_head.weight
 
@@ -38,9 +43,10 @@ from kvserve.attention.backend import AttentionBackend
 from kvserve.checkpoint_quantization import resolve_quantization
 from kvserve.config import CheckpointQuantization, QuantizationConfig
 from kvserve.distributed.communicator import Communicator
+from kvserve.distributed.expert_pieces import rank_pieces
 from kvserve.distributed.layers import RowParallelLinear, VocabParallelEmbedding, parallelize
 from kvserve.distributed.prequantized import PackedSplit, read_packed_slice
-from kvserve.distributed.shard import TensorParallelShard
+from kvserve.distributed.shard import LATENT_COLUMN_PARALLEL, TensorParallelShard
 from kvserve.errors import CheckpointError, ConfigError
 from kvserve.kernels import cpu_kernels
 from kvserve.model.arch_config import ModelArchConfig
@@ -49,7 +55,7 @@ from kvserve.model.layers import MergedLinear
 from kvserve.model.loader import (LoadedModel, _is_ignorable, _renamed, _safetensors_files, _tensor_names,
                                   check_all_loaded)
 from kvserve.model.prequantized import (PACKED_TENSORS, drop_float_weights, install_quantized_linears,
-                                        plan_quantized_linears)
+                                        plan_mxfp4_linears, plan_quantized_linears)
 from kvserve.model.quant_linear import quantize_linears
 from kvserve.model.quant_summary import describe_weights
 from kvserve.model.registry import get_model_class
@@ -100,13 +106,14 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     with torch.device("meta"):
         model = model_cls(shard.local_arch(), backend)
         parallelize(model, shard, communicator)
-    plan = {} if spec is None else plan_quantized_linears(model, _tensor_names(files), spec, _row_parallel_names(model))
-    packed = _Packed({s: {} for shards in plan.values() for s in shards}, _packed_splits(model, plan, shard), spec)
+    plan = _quantized_plan(model, _tensor_names(files), spec, shard)
+    splits = {} if spec is None or spec.method == "mxfp4" else _packed_splits(model, plan, shard)
+    packed = _Packed({s: {} for shards in plan.values() for s in shards}, splits, spec)
     drop_float_weights(model, plan)
     model = model.to(dtype=dtype).to_empty(device=device)
     if arch.tie_word_embeddings and "lm_head" not in plan:
         model.lm_head.weight = model.model.embed_tokens.weight
-    _load_slices(model, files, shard, packed, model_cls.checkpoint_renames)
+    _load_slices(model, files, shard, packed, model_cls)
     if spec is not None:
         install_quantized_linears(model, plan, packed.tensors, spec, cpu_kernels(), device)
     elif quantization.method is not None:
@@ -151,6 +158,18 @@ class _Packed(NamedTuple):
     tensors: dict[str, dict[str, torch.Tensor]]
     splits: dict[str, PackedSplit]
     spec: CheckpointQuantization | None
+
+
+def _quantized_plan(model: nn.Module, names: list[str], spec: CheckpointQuantization | None,
+                    shard: TensorParallelShard) -> dict[str, list[str]]:
+    """The rank's linears a pre-quantized checkpoint fills (``plan_quantized_linears``' form): an
+    MXFP4 expert linear from its expert's tensors in the whole model (``_checkpoint_module``)."""
+    if spec is None:
+        return {}
+    if spec.method == "mxfp4":
+        stored = [name.replace(".mlp.experts.", ".mlp.block.experts.") for name in names]
+        return {name: [_checkpoint_module(name, shard)] for name in plan_mxfp4_linears(model, stored)}
+    return plan_quantized_linears(model, names, spec, _row_parallel_names(model))
 
 
 def _row_parallel_names(model: nn.Module) -> dict[str, str]:
@@ -229,6 +248,12 @@ def _slice_targets(model: nn.Module, shard: TensorParallelShard) -> dict[str, _S
         elif isinstance(parent, RowParallelLinear) and module is parent.linear:
             columns = slice(*shard.rows_of(parent_name.rpartition(".")[2]))
             targets[f"{parent_name}.{attr}"] = _SliceTarget(param, 0, param.shape[0], (slice(None), columns))
+        elif shard.arch.mla is not None and module_name.rpartition(".")[2] in LATENT_COLUMN_PARALLEL:
+            heads = slice(*shard.rows_of(module_name.rpartition(".")[2]))
+            targets[name] = _SliceTarget(param, 0, param.shape[0], (heads,))
+        elif attr == "sinks":
+            heads = slice(*shard.rows_of("sinks"))
+            targets[name] = _SliceTarget(param, 0, param.shape[0], (heads,))
         elif isinstance(module, VocabParallelEmbedding) or name == "lm_head.weight":
             start, end = shard.vocab_rows
             targets[name] = _SliceTarget(param, 0, end - start, (slice(start, end),))
@@ -240,10 +265,12 @@ def _slice_targets(model: nn.Module, shard: TensorParallelShard) -> dict[str, _S
 
 @torch.no_grad()
 def _load_slices(model: nn.Module, files: list[Path], shard: TensorParallelShard, packed: _Packed,
-                 renames: tuple[tuple[str, str], ...] = ()) -> None:
+                 model_cls) -> None:
     """Copy the rank's slice of each checkpoint tensor (its name as the model class renames it,
-    ``checkpoint_renames``) into its parameter; the packed tensors of pre-quantized linears go
-    (sliced) into ``packed.tensors`` instead."""
+    ``checkpoint_renames``; those it ignores, ``checkpoint_ignored``, unread) into its parameter;
+    the packed tensors of pre-quantized linears go (sliced) into ``packed.tensors`` instead. A
+    tensor the class splits (``split_checkpoint_tensor``: a layer's experts stored in one tensor,
+    GPT-OSS) goes in the rank's parts of its pieces (``kvserve.distributed.expert_pieces``)."""
     targets = _slice_targets(model, shard)
     for target in targets.values():
         if target.row_end - target.row_start < target.param.shape[0]:
@@ -253,7 +280,16 @@ def _load_slices(model: nn.Module, files: list[Path], shard: TensorParallelShard
     for path in files:
         with safe_open(str(path), framework="pt") as f:
             for stored in f.keys():
-                name = _renamed(stored, renames)
+                if stored.startswith(model_cls.checkpoint_ignored):
+                    continue
+                name = _renamed(stored, model_cls.checkpoint_renames)
+                pieces = model_cls.split_checkpoint_tensor(name, lambda: f.get_tensor(stored))
+                if pieces is not None:
+                    for piece, whole in pieces:
+                        for part_name, part in rank_pieces(piece, whole, shard):
+                            _load_piece(part_name, part, targets, packed, f"{stored} ({piece})", path.name, shard)
+                            loaded.add(part_name)
+                    continue
                 target = targets.get(name)
                 if target is None and _is_other_ranks_expert(name, shard):
                     continue
@@ -269,15 +305,33 @@ def _load_slices(model: nn.Module, files: list[Path], shard: TensorParallelShard
                     if _is_ignorable(name, tied):
                         continue
                     raise CheckpointError(f"unexpected tensor {stored!r} in {path.name}; this model has no such weight")
-                tensor = f.get_slice(stored)[target.index]
-                dest = target.param.data[target.row_start : target.row_end]
-                if tuple(tensor.shape) != tuple(dest.shape):
-                    raise CheckpointError(f"tensor {stored!r} in {path.name}: its slice {target.index} for "
-                                          f"tensor-parallel rank {shard.rank} has shape {tuple(tensor.shape)}, "
-                                          f"expected {tuple(dest.shape)}")
-                dest.copy_(tensor)
+                _copy_slice(target, f.get_slice(stored), stored, path.name, shard)
                 loaded.add(name)
     check_all_loaded(targets, loaded)
+
+
+def _load_piece(name: str, tensor: torch.Tensor, targets: dict[str, _SliceTarget], packed: _Packed, stored: str,
+                file: str, shard: TensorParallelShard) -> None:
+    """One of the rank's expert tensors cut from a fused checkpoint tensor ``stored``: into its
+    parameter (the target's slice), or into ``packed.tensors`` (MXFP4 blocks and scales)."""
+    module, _, kind = name.rpartition(".")
+    if module in packed.tensors and kind in PACKED_TENSORS:
+        packed.tensors[module][kind] = tensor.contiguous()
+        return
+    target = targets.get(name)
+    if target is None:
+        raise CheckpointError(f"tensor {stored!r} in {file} holds {name!r}; this model has no such weight")
+    _copy_slice(target, tensor, stored, file, shard)
+
+
+def _copy_slice(target: _SliceTarget, source, stored: str, file: str, shard: TensorParallelShard) -> None:
+    """``source[target.index]`` (a tensor or a safetensors slice) into the target's rows."""
+    tensor = source[target.index]
+    dest = target.param.data[target.row_start : target.row_end]
+    if tuple(tensor.shape) != tuple(dest.shape):
+        raise CheckpointError(f"tensor {stored!r} in {file}: its slice {target.index} for tensor-parallel rank "
+                              f"{shard.rank} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+    dest.copy_(tensor)
 
 
 def shard_dtype(model_dir: str | Path, dtype: str, device: torch.device) -> torch.dtype:

@@ -3,7 +3,11 @@
 
 For ``N`` ranks and rank ``r``::
 
-    q heads        [r*H/N, (r+1)*H/N)                       column-parallel (qkv_proj rows)
+    q heads        [r*H/N, (r+1)*H/N)                       column-parallel (qkv_proj rows; a
+                                                            sink logit per head, GPT-OSS)
+    latent heads   the same heads' q_proj / q_b_proj and    DeepSeek: the compressed latent,
+                   kv_b_proj rows, o_proj columns           its projection and norm whole (the
+                                                            cache replicated on every rank)
     kv heads       [r*Hkv/N, (r+1)*Hkv/N)    when Hkv >= N
                    {r // (N/Hkv)} (one, replicated)  when Hkv < N (N a multiple of Hkv)
     gate, up rows  [r*I/N, (r+1)*I/N)                       column-parallel (gate_up_proj rows)
@@ -47,7 +51,7 @@ def check_tensor_parallel(arch: ModelArchConfig, size: int, expert_parallel: boo
     if arch.num_attention_heads % size:
         raise ConfigError(f"{flag}: num_attention_heads ({arch.num_attention_heads}) is not a multiple of {size}")
     kv = arch.num_key_value_heads
-    if kv % size and size % kv:
+    if arch.mla is None and kv % size and size % kv:
         raise ConfigError(f"{flag}: num_key_value_heads ({kv}) is neither a multiple nor a divisor of {size}")
     moe = arch.moe
     dense_layers = moe is None or len(moe.sparse_layers) < arch.num_hidden_layers
@@ -63,6 +67,17 @@ def check_tensor_parallel(arch: ModelArchConfig, size: int, expert_parallel: boo
     if moe.shared_expert_intermediate_size % size:
         raise ConfigError(f"{flag}: shared_expert_intermediate_size ({moe.shared_expert_intermediate_size}) is not a "
                           f"multiple of {size}")
+
+
+# Latent attention's column-parallel projections (their rows per head below).
+LATENT_COLUMN_PARALLEL = ("q_proj", "q_b_proj", "kv_b_proj")
+# Latent attention's per-head rows (DeepSeek): q_proj / q_b_proj rows and kv_b_proj rows per
+# head, o_proj input columns per head. The compressed projections (q_a_proj, kv_a_proj_with_mqa)
+# and their norms are whole on every rank, and so is the cache (one latent row per token).
+_MLA_HEAD_ROWS = {"q_proj": lambda m: m.qk_nope_head_dim + m.qk_rope_head_dim,
+                  "q_b_proj": lambda m: m.qk_nope_head_dim + m.qk_rope_head_dim,
+                  "kv_b_proj": lambda m: m.qk_nope_head_dim + m.v_head_dim,
+                  "o_proj": lambda m: m.v_head_dim}
 
 
 @dataclass(frozen=True)
@@ -121,7 +136,8 @@ class TensorParallelShard:
         return self.rank * share, (self.rank + 1) * share
 
     def rows_of(self, shard_name: str, module: str = "") -> tuple[int, int]:
-        """Rows of checkpoint projection ``shard_name`` (q/k/v/gate/up_proj) this rank holds;
+        """Rows of checkpoint projection ``shard_name`` (q/k/v/gate/up_proj; ``sinks``: the
+        rank's query heads) this rank holds;
         for o_proj and down_proj the same ranges index input columns. ``module``: the projection's
         parent (``...mlp.experts.3``, ``...mlp.shared_expert``), whose width splits an expert's
         rows (all of them under expert parallelism)."""
@@ -137,8 +153,12 @@ class TensorParallelShard:
                 width = self.arch.intermediate_size
             part = width // self.size
             return self.rank * part, (self.rank + 1) * part
+        if shard_name == "sinks":
+            return self.rank * self.num_heads, (self.rank + 1) * self.num_heads
         head_dim = self.arch.head_dim
-        if shard_name in ("q_proj", "o_proj"):
+        if self.arch.mla is not None and shard_name in _MLA_HEAD_ROWS:
+            head_dim = _MLA_HEAD_ROWS[shard_name](self.arch.mla)
+        if shard_name in ("q_proj", "o_proj", "q_b_proj", "kv_b_proj"):
             start = self.rank * self.num_heads * head_dim
             return start, start + self.num_heads * head_dim
         if shard_name in ("k_proj", "v_proj"):
@@ -166,8 +186,8 @@ class TensorParallelShard:
 
 def check_parallel_options(config) -> None:
     """The engine options that do not combine with ``-tp > 1``, refused by name: a GPTQ/AWQ
-    checkpoint whose groups do not split over the ranks (a GGUF file's blocks are checked as
-    the ranks load it).
+    checkpoint whose groups do not split over the ranks, MXFP4 experts whose width does not
+    (a GGUF file's blocks are checked as the ranks load it).
 
     Args:
         config: the ``kvserve.config.EngineConfig``.
@@ -181,25 +201,35 @@ def check_parallel_options(config) -> None:
     from kvserve.model.loader import load_arch_config
 
     model_arch = load_arch_config(config.model.model)
-    if model_arch.mla is not None:
-        raise ConfigError(f"--tensor-parallel-size {size}: {model_arch.architecture}'s latent attention (one "
-                          "compressed KV row per token for all heads) runs on one rank so far; serve it without -tp")
-    if model_arch.moe is not None and model_arch.architecture == "GptOssForCausalLM":
-        raise ConfigError(f"--tensor-parallel-size {size}: GPT-OSS (its experts stored in one tensor per layer) runs "
-                          "on one rank so far; serve it without -tp")
-    if model_arch.moe is not None and config.model.quantization.checkpoint is not None:
-        raise ConfigError(f"--tensor-parallel-size {size}: a pre-quantized mixture-of-experts checkpoint runs on one "
-                          "rank so far; serve it without -tp")
+    stored = config.model.quantization.checkpoint
+    if model_arch.moe is not None and stored is not None and stored.method != "mxfp4":
+        raise ConfigError(f"--tensor-parallel-size {size}: a {stored.label} mixture-of-experts checkpoint runs on "
+                          "one rank so far; serve it without -tp")
     from kvserve.model.registry import get_model_class
 
     if get_model_class(model_arch.architecture).attention_options(model_arch).qk_norm == "full":
         raise ConfigError(f"--tensor-parallel-size {size}: {model_arch.architecture}'s q/k norms over all heads at once "
                           "span the ranks and run on one rank so far; serve it without -tp")
-    quant = config.model.quantization
-    if quant.checkpoint is not None:
+    if stored is not None and stored.method == "mxfp4":
+        _check_mxfp4_split(model_arch, size, config.parallel.enable_expert_parallel)
+    elif stored is not None:
         from pathlib import Path
 
         from kvserve.distributed.prequantized import check_prequantized_split
 
         arch = ModelArchConfig.from_file(Path(config.model.model) / "config.json")
-        check_prequantized_split(arch, quant.checkpoint, size)
+        check_prequantized_split(arch, stored, size)
+
+
+def _check_mxfp4_split(arch: ModelArchConfig, size: int, expert_parallel: bool) -> None:
+    """MXFP4 experts (GPT-OSS) split by their width only in whole groups of 32 inputs of the
+    down projection; whole experts per rank always split.
+
+    Raises:
+        ConfigError: one line naming the flags, the width and the way out.
+    """
+    width = arch.moe.intermediate_size
+    if not expert_parallel and (width // size) % 32:
+        raise ConfigError(f"an mxfp4 checkpoint with --tensor-parallel-size {size}: each rank would take "
+                          f"{width // size} of an expert's {width} inputs, not whole groups of 32; add "
+                          "--enable-expert-parallel")

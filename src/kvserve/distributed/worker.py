@@ -152,10 +152,11 @@ class TensorParallelWorker:
                 raise TypeError(f"unknown message {type(message).__name__}")
 
     def _allocate_kv_caches(self, message: InitKVCache) -> list[torch.Tensor]:
-        from kvserve.attention.kv_quant import kv_cache_torch_dtype, kv_row_size
+        from kvserve.attention.kv_quant import kv_cache_torch_dtype
+        from kvserve.model.runner import kv_cache_shape
 
         arch = self.loaded.arch
-        shape = (2, message.num_blocks, message.block_size, self.loaded.cached_kv_heads,
-                 kv_row_size(arch.head_dim, message.kv_cache_dtype))
+        shape = kv_cache_shape(arch, message.num_blocks, message.block_size, message.kv_cache_dtype,
+                               self.loaded.cached_kv_heads)
         dtype = kv_cache_torch_dtype(message.kv_cache_dtype, self.loaded.dtype)
         return [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(arch.num_hidden_layers)]

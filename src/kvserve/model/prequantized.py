@@ -250,7 +250,7 @@ def install_quantized_linears(model: nn.Module, plan: dict[str, list[str]],
     for name, shards in plan.items():
         module = model.get_submodule(name)
         if spec.method == "mxfp4":
-            tensors = packed.pop(name)
+            tensors = packed.pop(shards[0])
             try:
                 weight = from_mxfp4(tensors["blocks"], tensors["scales"])
             except KeyError as exc:
