@@ -5,10 +5,15 @@ passes over 8 weight copies (about 80 MB: past the last-level cache, as a decode
 its experts).
 
     python benchmarks/bench_quant_isa.py
+    python benchmarks/bench_quant_isa.py --amx    # the AMX tile kernel instead (where the CPU has it)
+
+``--amx`` times the layer as the engine runs it on an AMX host (tiles from 2 rows, the one-row
+vector kernel at 1); to compare two builds of the kernels, run it at each commit, alternating.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
@@ -32,17 +37,23 @@ def best_ms(layers: list[QuantizedLinear], x: torch.Tensor, passes: int = 5) -> 
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--amx", action="store_true", help="time the AMX tile kernel")
+    amx = parser.parse_args().amx
     kernels = cpu_kernels()
-    isas = [isa for isa in (3, 4) if isa <= kernels.quant_linear_isa()]
+    isas = ["amx"] if amx else [isa for isa in (3, 4) if isa <= kernels.quant_linear_isa()]
     torch.manual_seed(0)
     for name, (n, k) in SHAPES.items():
         weights = [quantize_mxfp4(torch.randn(n, k) * 0.02) for _ in range(8)]
-        layers = {isa: [QuantizedLinear(w, None, kernels, isa=isa, amx=False) for w in weights] for isa in isas}
+        layers = {isa: [QuantizedLinear(w, None, kernels, **({} if amx else dict(isa=isa, amx=False))) for w in weights]
+                  for isa in isas}
+        if amx and not layers["amx"][0].amx:
+            raise SystemExit("--amx: this CPU (or process) has no AMX tiles")
         for rows in ROWS:
             x = torch.randn(rows, k).to(torch.bfloat16)
             times = {isa: best_ms(layers[isa], x) for isa in isas}
-            cells = "  ".join(f"isa {isa} {ms:.3f} ms" for isa, ms in times.items())
-            ratio = f"  ratio {times[3] / times[4]:.2f}x" if len(times) == 2 else ""
+            cells = "  ".join(f"{isa if amx else f'isa {isa}'} {ms:.3f} ms" for isa, ms in times.items())
+            ratio = f"  ratio {times[3] / times[4]:.2f}x" if len(times) == 2 and not amx else ""
             print(f"{name} {rows:3d} rows: {cells}{ratio}", flush=True)
 
 

@@ -8,6 +8,7 @@ bfloat16 within bfloat16 error and batch-invariant; the ranks' shares; refusals 
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -24,17 +25,15 @@ from tp_workload import COMMON, PROMPTS, greedy
 
 # Qwen2-MoE: 6 experts, a shared expert (48 wide) behind its gate, layer 1 dense; Qwen3-MoE: top 3
 # of 8; Mixtral: top 2 of 4 with a sliding window; GPT-OSS: top 2 of 4 with biases, sinks and a
-# window smaller than the prompts, its experts in one tensor per layer, in float32 or MXFP4;
-# DeepSeek-V3: latent attention with low-rank queries, a dense first layer, 2 of 8 experts in 2 of
-# 4 groups, a shared expert; DeepSeek-V2: one q_proj, 2 of 6 in 2 of 3 groups (testing/checkpoints.py's
-# MOE_DIMS; biases, sinks and V3's correction bias drawn at random).
+# window smaller than the prompts, its experts in one tensor per layer in MXFP4 (float32 ones:
+# test_the_ranks_parts_of_fused_experts); DeepSeek-V3: latent attention with low-rank queries, a
+# dense first layer, 2 of 8 experts in 2 of 4 groups, a shared expert (testing/checkpoints.py's
+# MOE_DIMS; biases, sinks and the correction bias drawn at random).
 FAMILIES = {"qwen2_moe": ("Qwen2MoeForCausalLM", dict(num_hidden_layers=3, mlp_only_layers=[1])),
             "qwen3_moe": ("Qwen3MoeForCausalLM", dict(head_dim=32)),
             "mixtral": ("MixtralForCausalLM", dict(sliding_window=6)),
-            "gpt_oss": ("GptOssForCausalLM", dict(sliding_window=6)),
             "gpt_oss_mxfp4": ("GptOssForCausalLM", dict(sliding_window=6)),
-            "deepseek_v3": ("DeepseekV3ForCausalLM", {}),
-            "deepseek_v2": ("DeepseekV2ForCausalLM", {})}
+            "deepseek_v3": ("DeepseekV3ForCausalLM", {})}
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +141,35 @@ def test_the_shards_of_experts():
     with pytest.raises(ConfigError, match=r"--tensor-parallel-size 4: the experts' width \(30\) is not a multiple"):
         check_tensor_parallel(narrow, 4)
     check_tensor_parallel(narrow, 2, expert_parallel=True)  # whole experts: their width need not split
+
+
+def test_the_ranks_parts_of_fused_experts(moe_checkpoint):
+    """GPT-OSS's float32 experts as split_checkpoint_tensor cuts them ([gate | up] rows): each
+    rank's gate and up rows of its width share, its bias parts, the down bias on rank 0 only; under
+    expert parallelism the rank's experts whole and nothing of the others'."""
+    from kvserve.distributed.expert_pieces import rank_pieces
+
+    arch = ModelArchConfig.from_file(moe_checkpoint("gpt_oss_mxfp4") / "config.json")  # I = 64, 4 experts
+    expert = "model.layers.1.mlp.experts.3"
+    gate_up, bias = torch.arange(128 * 4.0).view(128, 4), torch.arange(128.0)
+    width1 = TensorParallelShard(1, 2, arch)
+    (gate_name, gate), (up_name, up) = rank_pieces(f"{expert}.gate_up_proj.weight", gate_up, width1)
+    assert (gate_name, up_name) == (f"{expert}.gate_proj.weight", f"{expert}.up_proj.weight")
+    assert torch.equal(gate, gate_up[:64]) and torch.equal(up, gate_up[64:])  # the loader takes rows 32:64 of each
+    assert width1.rows_of("gate_proj", expert) == (32, 64)
+    [(_, part)] = rank_pieces(f"{expert}.gate_up_bias", bias, width1)
+    assert torch.equal(part, torch.cat([bias[32:64], bias[96:128]]))
+    assert not rank_pieces(f"{expert}.down_bias", bias[:64], width1)[0][1].any()
+    assert torch.equal(rank_pieces(f"{expert}.down_bias", bias[:64], TensorParallelShard(0, 2, arch))[0][1], bias[:64])
+    held = TensorParallelShard(1, 2, arch, expert_parallel=True)  # experts 2 and 3
+    assert torch.equal(rank_pieces(f"{expert}.gate_up_bias", bias, held)[0][1], bias)
+    assert torch.equal(rank_pieces(f"{expert}.down_bias", bias[:64], held)[0][1], bias[:64])
+    assert rank_pieces("model.layers.1.mlp.experts.1.gate_up_bias", bias, held) == []
+    # DeepSeek-V2's one q_proj: each head's nope + rope rows
+    v2 = ModelArchConfig.from_dict({**json.loads((moe_checkpoint("deepseek_v3") / "config.json").read_text()),
+                                    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+                                    "q_lora_rank": None})
+    assert TensorParallelShard(1, 2, v2).rows_of("q_proj") == (64, 128)  # heads 2-3 of 32 rows
 
 
 def test_mxfp4_experts_split_by_width_only_in_whole_groups(moe_checkpoint, tmp_path):

@@ -56,8 +56,11 @@ def tile_sequence(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | Non
     g_size = qt.group_size
     v = code_values(qt)
     if qt.codebook == "e2m1":
-        scaled = f32(v * qt.scales.double().repeat_interleave(g_size, dim=1))
-        assert torch.equal(scaled, v * qt.scales.double().repeat_interleave(g_size, dim=1))  # exact
+        scales = qt.scales.double().repeat_interleave(g_size, dim=1)
+        scales[scales < 2.0 ** -126] = 0  # denormal scales and weights read as zero (DAZ)
+        scaled = f32(v * scales)
+        assert torch.equal(scaled, v * scales)  # exact
+        scaled[scaled.abs() < 2.0 ** -126] = 0
         acc = tile_sums(x, scaled, 0, k)
         return (acc if bias is None else f32(acc + bias.double())).float().to(torch.bfloat16)
     acc = torch.zeros(x.shape[0], n, dtype=torch.float64)
@@ -119,6 +122,29 @@ def test_bits_are_the_tile_sequence_for_one_row_and_many(kind, in_features, out_
     expected = tile_sequence(x.float(), qt, bias)
     assert torch.equal(layer(x), expected)                                          # tiles
     assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(20)]), expected)  # one-row kernel
+
+
+@pytest.mark.parametrize(("scales", "inputs"), [
+    ((2.0 ** -100, 2.0 ** -126, 2.0 ** -127, 2.0 ** -128), 2.0 ** 115),  # the smallest in range; denormal ones
+    ((2.0 ** -2, 2.0 ** 124, 2.0 ** 123, 2.0 ** 124), 2.0 ** -10),       # the largest in range
+])
+def test_mxfp4_scales_at_the_ends_of_the_exact_exponent_range(scales, inputs):
+    """The tiles take MXFP4 weights with the scale's exponent added to theirs where every weight
+    of a chunk's 16 columns is a normal number, and multiply otherwise: columns at the given
+    scales (stored, halved: 2^-126 and 2^124 are the ends of that range) give the tile sequence's
+    bits, scales and weights below the smallest normal counting as zero; inputs scaled to keep the
+    sums normal and finite."""
+    qt = quantized("mxfp4", 80, 128, seed=11)
+    stored = qt.scales.clone()
+    stored[:], stored[16:32], stored[32:48], stored[48:64] = scales
+    qt = QuantizedTensor(qt.q, stored, None, 4, qt.group_size, "e2m1")
+    bias = torch.randn(80, generator=torch.Generator().manual_seed(12))
+    layer = QuantizedLinear(qt, bias, cpu_kernels())
+    x = (torch.randn(20, 128, generator=torch.Generator().manual_seed(13)) * inputs).to(torch.bfloat16)
+    expected = tile_sequence(x.float(), qt, bias)
+    assert torch.isfinite(expected.float()).all()
+    assert not torch.equal(expected[:, 16:64], bias[16:64].expand(20, -1).to(torch.bfloat16))
+    assert torch.equal(layer(x), expected)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -38,9 +38,13 @@
 // tile's pair-interleaved form; the one-row kernel reads the rows as they are. scales float32
 // [blocks][K/G][block columns]; negated offsets the same (int4 with offsets only).
 //
-// Work: items of up to 64 rows x a pair of 16-column panels, split between threads (never K). Each
-// chunk is widened just before its tile load into 1-2 KB of L1 and used by all the item's rows:
-// up to 32 rows take both panels at once (4 C tiles of 16 x 16), up to 64 one panel at a time.
+// Work: items of up to 64 rows x four (up to 16 rows) or two 16-column panels, split between
+// threads (never K). Each chunk is widened just before its tile load into 1-4 KB of L1 and used by
+// all the item's rows: up to 16 rows take four panels at once and up to 32 two (4 C tiles of
+// 16 x 16), up to 64 one panel at a time.
+#include <cmath>
+#include <cstring>
+
 #include "abi.h"
 #include "kernels.h"
 #include "amx_tiles.h"
@@ -132,6 +136,49 @@ inline void widen_e2m1(const uint8_t* src, uint16_t* dst, __m512 values, __m512 
   }
 }
 
+// MXFP4 in fewer instructions (six per 32 weights against widen_e2m1's nine): a weight is a
+// doubled E2M1 value D (0 .. 12, exponent 0 .. 3) times its column's stored scale S = 2^s, whose
+// product has two significant bits, so its bfloat16 bits are D's with s added to the exponent
+// field. The table holds the bits of D * 2^kE2M1Bias for each nibble (zero for the codes of 0 and
+// -0: +0 and -0 weights give the same sums, which start at +0), and a saturating subtraction of
+// d = (kE2M1Bias - s) << 7 per column moves every nonzero one to D * 2^s and leaves zeros at zero.
+// Exact, and the same bits as widen_e2m1, when every result is a normal number: 1 <= s + 127 <= 251
+// (the stored scale's exponent field; checked per chunk, widen_e2m1 otherwise).
+constexpr int kE2M1Bias = 124;  // D * 2^124 <= 1.5 * 2^127: a normal float32
+
+// The table, indexed by the low 5 bits of a word (the 5th ignored: entries 16-31 repeat 0-15).
+inline __m512i e2m1_biased_table() {
+  alignas(64) uint16_t words[32];
+  for (int i = 0; i < 32; ++i) {
+    const float value = std::ldexp(kvserve::kE2M1Doubled[i % 16], kE2M1Bias);
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    words[i] = i % 8 == 0 ? 0 : static_cast<uint16_t>(bits >> 16);  // exact: two significant bits
+  }
+  return _mm512_load_si512(words);
+}
+
+// d per column (both words of its 32-bit lane) from the 16 stored scales, and whether all of them
+// are in the exact range.
+inline bool e2m1_exponent_steps(__m512 scale, __m512i& steps) {
+  const __m512i field = _mm512_srli_epi32(_mm512_castps_si512(scale), 23);
+  const __mmask16 in_range = _mm512_cmple_epu32_mask(_mm512_sub_epi32(field, _mm512_set1_epi32(1)),
+                                                     _mm512_set1_epi32(250));
+  const __m512i d = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(251), field), 7);
+  steps = _mm512_or_si512(d, _mm512_slli_epi32(d, 16));
+  return in_range == 0xFFFF;
+}
+
+// The 16 rows of widen_e2m1 through the table: a byte b's low nibble indexes the low word of its
+// lane (b | b << 12 keeps b's low 5 bits there) and its high nibble the high word.
+inline void widen_e2m1_biased(const uint8_t* src, uint16_t* dst, __m512i table, __m512i steps) {
+  for (int r = 0; r < 16; ++r) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * block_cols(4))));
+    const __m512i words = _mm512_or_si512(b, _mm512_slli_epi32(b, 12));
+    _mm512_storeu_si512(dst + r * 32, _mm512_subs_epu16(_mm512_permutexvar_epi16(words, table), steps));
+  }
+}
+
 struct Layer {
   const uint8_t* packed;
   const float* scales;
@@ -157,12 +204,14 @@ struct Layer {
 };
 
 // Chunk c of panel p widened into dst: integers as they are, or (kScaled) E2M1 values times their
-// scale.
+// scale (table: e2m1_biased_table's).
 template <int kBits, bool kScaled>
 inline void widen_chunk(const Layer& L, int64_t p, int64_t c, uint16_t* dst, __m512i table, __m512 values) {
   if constexpr (kScaled) {
-    widen_e2m1(L.chunk<kBits>(p, c), dst, values,
-               _mm512_loadu_ps(L.scales + L.param<kBits>(p, c / L.chunks_per_group)));
+    const __m512 scale = _mm512_loadu_ps(L.scales + L.param<kBits>(p, c / L.chunks_per_group));
+    __m512i steps;
+    if (e2m1_exponent_steps(scale, steps)) widen_e2m1_biased(L.chunk<kBits>(p, c), dst, table, steps);
+    else widen_e2m1(L.chunk<kBits>(p, c), dst, values, scale);
   } else if constexpr (kBits == 8) {
     widen_int8(L.chunk<kBits>(p, c), dst);
   } else {
@@ -178,15 +227,18 @@ inline void store_c_tile(int t, float* tile) {
   else _tile_stored(3, tile, 64);
 }
 
-// rt A tiles (16 rows each: a[i], row stride lda[i] bytes) x pt panels (p, p + 1) of the layer,
-// rt * pt <= 4 C tiles: each chunk is widened into `buf` (2 x 512 bfloat16, in L1) just before its
-// tile load and used by every row; every group's tile sums are merged into acc, then stored with
-// the bias through `out` (the first row's row, column 16p). A tiles beyond two reuse registers 4-5.
+// rt A tiles (16 rows each: a[i], row stride lda[i] bytes) x pt panels (p, p + 1, ...) of the
+// layer, rt * pt <= 4 C tiles: each chunk is widened into `buf` (pt x 512 bfloat16, in L1) just
+// before its tile load and used by every row; every group's tile sums are merged into acc, then
+// stored with the bias through `out` (the first row's row, column 16p). A tiles beyond two reuse
+// registers 4-5; one A tile with four panels takes B tiles in 6, 7, 5, 6 (four independent
+// accumulation chains: at up to 16 rows the chunk loop is bound by each C tile's chain of
+// TDPBF16PS, not by widening).
 template <int rt, int pt, int kBits, bool kScaled>
 void micro_kernel(const Layer& L, __m512i table, __m512 values, int64_t p, int64_t row0, const uint8_t* const* a,
                   const int64_t* lda, uint16_t* buf, uint16_t* out, int64_t rows, int64_t cols) {
-  static_assert(rt * pt <= 4, "four C tiles");
-  alignas(64) float acc[4 * kTileRows][2 * kTileN];
+  static_assert(rt * pt <= 4 && (pt < 4 || rt == 1), "four C tiles");
+  alignas(64) float acc[rt * kTileRows][pt * kTileN];
   alignas(64) float tile[kTileRows * kTileN];
   for (int64_t g = 0; g < L.groups; ++g) {
     if (!kScaled || g == 0) {  // scaled weights: the tiles sum the whole K
@@ -199,13 +251,21 @@ void micro_kernel(const Layer& L, __m512i table, __m512 values, int64_t p, int64
     for (int64_t c = g * L.chunks_per_group; c < c1; ++c) {
       widen_chunk<kBits, kScaled>(L, p, c, buf, table, values);
       _tile_loadd(6, buf, 64);
-      if constexpr (pt == 2) {
+      if constexpr (pt >= 2) {
         widen_chunk<kBits, kScaled>(L, p + 1, c, buf + kChunkWeights, table, values);
         _tile_loadd(7, buf + kChunkWeights, 64);
       }
       _tile_loadd(4, a[0] + c * 64, lda[0]);
       _tile_dpbf16ps(0, 4, 6);
-      if constexpr (pt == 2) _tile_dpbf16ps(1, 4, 7);
+      if constexpr (pt >= 2) _tile_dpbf16ps(1, 4, 7);
+      if constexpr (pt == 4) {
+        widen_chunk<kBits, kScaled>(L, p + 2, c, buf + 2 * kChunkWeights, table, values);
+        _tile_loadd(5, buf + 2 * kChunkWeights, 64);
+        _tile_dpbf16ps(2, 4, 5);
+        widen_chunk<kBits, kScaled>(L, p + 3, c, buf + 3 * kChunkWeights, table, values);
+        _tile_loadd(6, buf + 3 * kChunkWeights, 64);
+        _tile_dpbf16ps(3, 4, 6);
+      }
       if constexpr (rt >= 2) {
         _tile_loadd(5, a[1] + c * 64, lda[1]);
         if constexpr (pt == 2) {
@@ -267,9 +327,9 @@ void micro_kernel(const Layer& L, __m512i table, __m512 values, int64_t p, int64
   }
 }
 
-// Rows [row0, row0 + rows) (at most 64) x the panel pair at p (pt panels): up to 32 rows take both
-// panels at once; more take one panel at a time with up to four A tiles, so that each chunk is
-// widened once for all 64 rows.
+// Rows [row0, row0 + rows) (at most 64) x the pt panels at p (up to four when rows <= 16, else two):
+// up to 16 rows take four panels at once, up to 32 two; more take one panel at a time with up to
+// four A tiles, so that each chunk is widened once for all 64 rows.
 template <int kBits, bool kScaled>
 void row_group(const Layer& L, __m512i table, __m512 values, const ActivationTiles& tiles, int64_t p, int64_t pt,
                int64_t row0, int64_t rows, uint16_t* buf, uint16_t* out, int64_t cols) {
@@ -279,6 +339,10 @@ void row_group(const Layer& L, __m512i table, __m512 values, const ActivationTil
   for (int64_t i = 0; i < rt; ++i) {
     a[i] = tiles.group((row0 + i * kTileRows) / (2 * kTileRows), &lda[i]);
     if (i % 2 == 1) a[i] += kTileRows * lda[i];
+  }
+  if (rt == 1 && pt == 4) {
+    micro_kernel<1, 4, kBits, kScaled>(L, table, values, p, row0, a, lda, buf, out, rows, cols);
+    return;
   }
   if (rt <= 2 && pt == 2) {
     if (rt == 2) micro_kernel<2, 2, kBits, kScaled>(L, table, values, p, row0, a, lda, buf, out, rows, cols);
@@ -416,22 +480,23 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
   constexpr int64_t kGroupRows = 4 * kTileRows;
   const int64_t M = L.M, N = L.N;
   const int64_t panels = (N + kTileN - 1) / kTileN;
-  const int64_t pairs = (panels + 1) / 2;
+  const int64_t width = M <= kTileRows ? 4 : 2;  // panels per item (row_group)
+  const int64_t spans = (panels + width - 1) / width;
   const int64_t row_groups = (M + kGroupRows - 1) / kGroupRows;
   const int64_t threads = std::max<int64_t>(1, kvserve::num_threads());
-  const int64_t items = row_groups * pairs;
+  const int64_t items = row_groups * spans;
   const int64_t grain = std::max<int64_t>(1, items / (threads * 4));
   const ActivationTiles tiles(x, M, L.K);
-  const __m512i table = nibble_table(L.minus8);
+  const __m512i table = kScaled ? e2m1_biased_table() : nibble_table(L.minus8);
   const __m512 values = _mm512_load_ps(kvserve::kE2M1Doubled);
   kvserve::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     const FlushDenormals flush;
-    configure_tiles(M);
-    alignas(64) uint16_t buf[2 * kChunkWeights];
+    configure_tiles(M, width == 4 ? 5 : 6);  // four panels: tile 5 holds a B tile
+    alignas(64) uint16_t buf[4 * kChunkWeights];
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t pair = item % pairs, g = item / pairs;
-      const int64_t p = pair * 2, pt = std::min<int64_t>(2, panels - p);
-      const int64_t col0 = p * kTileN, cols = std::min<int64_t>(2 * kTileN, N - col0);
+      const int64_t span = item % spans, g = item / spans;
+      const int64_t p = span * width, pt = std::min<int64_t>(width, panels - p);
+      const int64_t col0 = p * kTileN, cols = std::min<int64_t>(pt * kTileN, N - col0);
       const int64_t row0 = g * kGroupRows, rows = std::min(kGroupRows, M - row0);
       row_group<kBits, kScaled>(L, table, values, tiles, p, pt, row0, rows, buf, out + row0 * N + col0, cols);
     }

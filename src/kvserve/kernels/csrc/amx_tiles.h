@@ -71,13 +71,14 @@ struct TileConfig {
 
 // `rows` (1-16) rows in the A and C tiles: fewer than 16 when the layer has fewer rows, so that a
 // decode row does not load and multiply 15 rows of zeros (each row's sums are independent of the
-// others', so the count never changes a bit).
-inline void configure_tiles(int64_t rows) {
+// others', so the count never changes a bit). Tiles from `first_b_tile` on (6: two A tiles, 4-5)
+// hold 16-row B tiles.
+inline void configure_tiles(int64_t rows, int first_b_tile = 6) {
   TileConfig config;
   std::memset(&config, 0, sizeof(config));
   config.palette_id = 1;
   for (int t = 0; t < 8; ++t) {
-    config.rows[t] = t < 6 ? static_cast<uint8_t>(std::min<int64_t>(rows, kTileRows)) : kTileRows;
+    config.rows[t] = t < first_b_tile ? static_cast<uint8_t>(std::min<int64_t>(rows, kTileRows)) : kTileRows;
     config.colsb[t] = 64;
   }
   // ldtilecfg through asm with the configuration as a memory operand: GCC 12's
