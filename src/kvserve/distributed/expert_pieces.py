@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from kvserve.distributed.shard import TensorParallelShard
-from kvserve.errors import ConfigError
-
-MXFP4_GROUP = 32
+from kvserve.distributed.shard import TensorParallelShard, check_mxfp4_split
+from kvserve.model.quant_tensor import MXFP4_GROUP
 
 
 def rank_pieces(name: str, tensor: torch.Tensor, shard: TensorParallelShard) -> list[tuple[str, torch.Tensor]]:
@@ -33,7 +31,8 @@ def rank_pieces(name: str, tensor: torch.Tensor, shard: TensorParallelShard) -> 
     stored tensor).
 
     Raises:
-        ConfigError: an MXFP4 down projection whose rank columns are not whole 32-input groups.
+        ConfigError: an MXFP4 down projection whose rank columns are not whole 32-input groups
+            (``check_mxfp4_split``).
     """
     if ".mlp.experts." not in name:
         return [(name, tensor)]
@@ -49,10 +48,7 @@ def rank_pieces(name: str, tensor: torch.Tensor, shard: TensorParallelShard) -> 
         half = tensor.shape[0] // 2
         return [(name, torch.cat([tensor[start:end], tensor[half + start : half + end]]))]
     if kind in ("down_proj.blocks", "down_proj.scales"):
-        if start % MXFP4_GROUP or end % MXFP4_GROUP:
-            raise ConfigError(f"an mxfp4 checkpoint with --tensor-parallel-size {shard.size}: each rank takes "
-                              f"{end - start} of an expert's inputs, not whole groups of {MXFP4_GROUP}; add "
-                              "--enable-expert-parallel")
+        check_mxfp4_split(shard.arch, shard.size, held is not None)
         return [(name, tensor[:, start // MXFP4_GROUP : end // MXFP4_GROUP])]
     if kind == "down_bias" and held is None and shard.rank != 0:
         return [(name, torch.zeros_like(tensor))]

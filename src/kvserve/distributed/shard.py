@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from kvserve.errors import ConfigError
 from kvserve.model.arch_config import ModelArchConfig
+from kvserve.model.quant_tensor import MXFP4_GROUP
 
 
 def check_tensor_parallel(arch: ModelArchConfig, size: int, expert_parallel: bool = False) -> None:
@@ -136,11 +137,11 @@ class TensorParallelShard:
         return self.rank * share, (self.rank + 1) * share
 
     def rows_of(self, shard_name: str, module: str = "") -> tuple[int, int]:
-        """Rows of checkpoint projection ``shard_name`` (q/k/v/gate/up_proj; ``sinks``: the
-        rank's query heads) this rank holds;
-        for o_proj and down_proj the same ranges index input columns. ``module``: the projection's
-        parent (``...mlp.experts.3``, ``...mlp.shared_expert``), whose width splits an expert's
-        rows (all of them under expert parallelism)."""
+        """Rows of checkpoint projection ``shard_name`` (q/k/v/gate/up_proj, latent attention's
+        q_b_proj/kv_b_proj; ``sinks``: the rank's query heads) this rank holds; for o_proj and
+        down_proj the same ranges index input columns. ``module``: the projection's parent
+        (``...mlp.experts.3``, ``...mlp.shared_expert``), whose width splits an expert's rows (all
+        of them under expert parallelism)."""
         moe = self.arch.moe
         if moe is not None and ".mlp." in f"{module}." and shard_name in ("gate_proj", "up_proj", "down_proj"):
             if ".shared_expert" in module:
@@ -211,7 +212,7 @@ def check_parallel_options(config) -> None:
         raise ConfigError(f"--tensor-parallel-size {size}: {model_arch.architecture}'s q/k norms over all heads at once "
                           "span the ranks and run on one rank so far; serve it without -tp")
     if stored is not None and stored.method == "mxfp4":
-        _check_mxfp4_split(model_arch, size, config.parallel.enable_expert_parallel)
+        check_mxfp4_split(model_arch, size, config.parallel.enable_expert_parallel)
     elif stored is not None:
         from pathlib import Path
 
@@ -221,7 +222,7 @@ def check_parallel_options(config) -> None:
         check_prequantized_split(arch, stored, size)
 
 
-def _check_mxfp4_split(arch: ModelArchConfig, size: int, expert_parallel: bool) -> None:
+def check_mxfp4_split(arch: ModelArchConfig, size: int, expert_parallel: bool) -> None:
     """MXFP4 experts (GPT-OSS) split by their width only in whole groups of 32 inputs of the
     down projection; whole experts per rank always split.
 
@@ -229,7 +230,7 @@ def _check_mxfp4_split(arch: ModelArchConfig, size: int, expert_parallel: bool) 
         ConfigError: one line naming the flags, the width and the way out.
     """
     width = arch.moe.intermediate_size
-    if not expert_parallel and (width // size) % 32:
+    if not expert_parallel and (width // size) % MXFP4_GROUP:
         raise ConfigError(f"an mxfp4 checkpoint with --tensor-parallel-size {size}: each rank would take "
-                          f"{width // size} of an expert's {width} inputs, not whole groups of 32; add "
+                          f"{width // size} of an expert's {width} inputs, not whole groups of {MXFP4_GROUP}; add "
                           "--enable-expert-parallel")
