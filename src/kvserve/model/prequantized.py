@@ -45,6 +45,7 @@ from torch import nn
 
 from kvserve.config import CheckpointQuantization
 from kvserve.errors import CheckpointError
+from kvserve.heap import HeapTrimmer, trim
 from kvserve.model.layers import MergedLinear
 from kvserve.model.quant_linear import QuantizedLinear
 from kvserve.model.quant_tensor import QuantizedTensor, from_mxfp4
@@ -246,8 +247,12 @@ def install_quantized_linears(model: nn.Module, plan: dict[str, list[str]],
                               packed: dict[str, dict[str, torch.Tensor]], spec: CheckpointQuantization,
                               kernels, device: torch.device | str) -> None:
     """Replace each planned linear by a ``QuantizedLinear`` read from ``packed`` (checkpoint
-    module name -> its ``PACKED_TENSORS``), keeping its loaded bias; ``packed`` is emptied."""
+    module name -> its ``PACKED_TENSORS``), keeping its loaded bias; ``packed`` is emptied, the
+    heap trimmed as it goes (``kvserve.heap``: the checkpoint's tensors, freed as their linears are
+    packed, would otherwise stay resident beside them)."""
+    trimmer = HeapTrimmer()
     for name, shards in plan.items():
+        trimmer.freed(sum(t.numel() * t.element_size() for shard in shards for t in packed.get(shard, {}).values()))
         module = model.get_submodule(name)
         if spec.method == "mxfp4":
             tensors = packed.pop(shards[0])
@@ -270,3 +275,4 @@ def install_quantized_linears(model: nn.Module, plan: dict[str, list[str]],
         parent, _, child = name.rpartition(".")
         layer = QuantizedLinear(weight.to(device), module.bias, kernels, input_perm=perm)
         setattr(model.get_submodule(parent) if parent else model, child, layer)
+    trim()
