@@ -231,9 +231,9 @@ inline void store_c_tile(int t, float* tile) {
 // layer, rt * pt <= 4 C tiles: each chunk is widened into `buf` (pt x 512 bfloat16, in L1) just
 // before its tile load and used by every row; every group's tile sums are merged into acc, then
 // stored with the bias through `out` (the first row's row, column 16p). A tiles beyond two reuse
-// registers 4-5; one A tile with four panels takes B tiles in 6, 7, 5, 6 (four independent
-// accumulation chains: at up to 16 rows the chunk loop is bound by each C tile's chain of
-// TDPBF16PS, not by widening).
+// registers 4-5; one A tile with four panels takes B tiles in 6, 7, 5, 6 (four accumulation
+// chains in flight instead of two; with the cheaper MXFP4 widening, 1.1-1.5x on a batch-64
+// GPT-OSS step, docs/benchmarks.md section 30).
 template <int rt, int pt, int kBits, bool kScaled>
 void micro_kernel(const Layer& L, __m512i table, __m512 values, int64_t p, int64_t row0, const uint8_t* const* a,
                   const int64_t* lda, uint16_t* buf, uint16_t* out, int64_t rows, int64_t cols) {
