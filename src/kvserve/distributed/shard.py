@@ -70,8 +70,6 @@ def check_tensor_parallel(arch: ModelArchConfig, size: int, expert_parallel: boo
                           f"multiple of {size}")
 
 
-# Latent attention's column-parallel projections (their rows per head below).
-LATENT_COLUMN_PARALLEL = ("q_proj", "q_b_proj", "kv_b_proj")
 # Latent attention's per-head rows (DeepSeek): q_proj / q_b_proj rows and kv_b_proj rows per
 # head, o_proj input columns per head. The compressed projections (q_a_proj, kv_a_proj_with_mqa)
 # and their norms are whole on every rank, and so is the cache (one latent row per token).
@@ -79,6 +77,8 @@ _MLA_HEAD_ROWS = {"q_proj": lambda m: m.qk_nope_head_dim + m.qk_rope_head_dim,
                   "q_b_proj": lambda m: m.qk_nope_head_dim + m.qk_rope_head_dim,
                   "kv_b_proj": lambda m: m.qk_nope_head_dim + m.v_head_dim,
                   "o_proj": lambda m: m.v_head_dim}
+# Its column-parallel projections (o_proj is row-parallel).
+LATENT_COLUMN_PARALLEL = tuple(name for name in _MLA_HEAD_ROWS if name != "o_proj")
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ class TensorParallelShard:
         head_dim = self.arch.head_dim
         if self.arch.mla is not None and shard_name in _MLA_HEAD_ROWS:
             head_dim = _MLA_HEAD_ROWS[shard_name](self.arch.mla)
-        if shard_name in ("q_proj", "o_proj", "q_b_proj", "kv_b_proj"):
+        if shard_name in ("q_proj", "o_proj") or shard_name in _MLA_HEAD_ROWS:
             start = self.rank * self.num_heads * head_dim
             return start, start + self.num_heads * head_dim
         if shard_name in ("k_proj", "v_proj"):
