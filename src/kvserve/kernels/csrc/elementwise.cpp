@@ -40,33 +40,9 @@ namespace {
 #include "bf16_convert.h"
 
 #if defined(__AVX512F__)
-// Masked loads and stores only for a row's last, partial vector.
-inline __m512 load16(const float* p, __mmask16 m) {
-  return m == 0xFFFF ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
-}
-inline __m512 load16(const kvserve::BFloat16* p, __mmask16 m) {
-  const __m256i raw = m == 0xFFFF ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(m, p);
-  return kvserve::widen_bf16(raw);
-}
-// float32 rounded to the nearest bfloat16 (ties to even) with c10's arithmetic, kept as float32
-// (low 16 bits zero); NaN -> 0x7fc0. No flushing of subnormals, unlike vcvtneps2bf16.
-inline __m512i round_bf16_word(__m512 v) {
-  const __m512i w = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(w, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(w, _mm512_set1_epi32(0x7fff)), lsb),
-                                     _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
-  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc00000));
-}
-inline __m512 round_to(float, __m512 v) { return v; }
-inline __m512 round_to(kvserve::BFloat16, __m512 v) { return _mm512_castsi512_ps(round_bf16_word(v)); }
-inline void store16(float* p, __m512 v, __mmask16 m) {
-  if (m == 0xFFFF) _mm512_storeu_ps(p, v); else _mm512_mask_storeu_ps(p, m, v);
-}
-inline void store16(kvserve::BFloat16* p, __m512 v, __mmask16 m) {
-  const __m256i bits = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_word(v), 16));
-  if (m == 0xFFFF) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits); else _mm256_mask_storeu_epi16(p, m, bits);
-}
-
+using kvserve::load16;
+using kvserve::round_to;
+using kvserve::store16;
 #endif
 
 template <typename scalar_t>
@@ -77,7 +53,7 @@ void silu_and_mul_rows(const scalar_t* x, scalar_t* out, int64_t rows, int64_t d
     scalar_t* dst = out + t * d;
 #if defined(__AVX512F__)
     for (int64_t i = 0; i < d; i += 16) {
-      const __mmask16 m = d - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (d - i)) - 1);
+      const __mmask16 m = kvserve::lanes(d - i);
       const __m512 silu = kvserve::silu16(load16(gate + i, m));
       store16(dst + i, _mm512_mul_ps(round_to(scalar_t{}, silu), load16(up + i, m)), m);
     }
@@ -97,9 +73,8 @@ template <typename scalar_t>
 void sigmoid_values(const scalar_t* x, scalar_t* out, int64_t n) {
 #if defined(__AVX512F__)
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 e = kvserve::exp16(_mm512_sub_ps(_mm512_setzero_ps(), load16(x + i, m)));
-    store16(out + i, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), e)), m);
+    const __mmask16 m = kvserve::lanes(n - i);
+    store16(out + i, kvserve::sigmoid16(load16(x + i, m)), m);
   }
 #else
   for (int64_t i = 0; i < n; ++i) out[i] = from_float<scalar_t>(1.f / (1.f + std::exp(-to_float(x[i]))));
@@ -115,7 +90,7 @@ void rotary_row(const kvserve::BFloat16* x, int64_t heads, int64_t head_stride, 
     kvserve::BFloat16* o = dst + h * dim;
 #if defined(__AVX512F__)
     for (int64_t i = 0; i < dim; i += 16) {
-      const __mmask16 m = dim - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (dim - i)) - 1);
+      const __mmask16 m = kvserve::lanes(dim - i);
       // lanes i .. i + 15 lie in one half when half % 16 == 0 (checked by the caller)
       const bool first = i < half;
       __m512 rot = load16(src + (first ? i + half : i - half), m);
@@ -146,7 +121,7 @@ void rms_norm_rows(const scalar_t* x, int64_t x_stride, const scalar_t* res, sca
       scalar_t* h = sum_out + t * n;
 #if defined(__AVX512F__)
       for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+        const __mmask16 m = kvserve::lanes(n - i);
         store16(h + i, _mm512_add_ps(load16(src + i, m), load16(r + i, m)), m);
       }
 #else
@@ -158,14 +133,14 @@ void rms_norm_rows(const scalar_t* x, int64_t x_stride, const scalar_t* res, sca
 #if defined(__AVX512F__)
     __m512 ss = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+      const __mmask16 m = kvserve::lanes(n - i);
       const __m512 v = load16(src + i, m);
       ss = _mm512_fmadd_ps(v, v, ss);
     }
     const float inv = 1.f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(n) + eps);
     const __m512 inv_v = _mm512_set1_ps(inv);
     for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+      const __mmask16 m = kvserve::lanes(n - i);
       const __m512 y = round_to(scalar_t{}, _mm512_mul_ps(load16(src + i, m), inv_v));
       store16(dst + i, _mm512_mul_ps(load16(w + i, m), y), m);
     }
@@ -188,20 +163,20 @@ void softmax_prefix_row(float* x, int64_t n, int64_t cols) {
 #if defined(__AVX512F__)
   __m512 mv = _mm512_set1_ps(-INFINITY);
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = kvserve::lanes(n - i);
     mv = _mm512_mask_max_ps(mv, m, mv, load16(x + i, m));
   }
   const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
   __m512 sum = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = kvserve::lanes(n - i);
     const __m512 e = _mm512_maskz_mov_ps(m, kvserve::exp16(_mm512_sub_ps(load16(x + i, m), top)));
     store16(x + i, e, m);
     sum = _mm512_add_ps(sum, e);
   }
   const __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = kvserve::lanes(n - i);
     store16(x + i, _mm512_div_ps(load16(x + i, m), total), m);
   }
 #else

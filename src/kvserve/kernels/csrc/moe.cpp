@@ -56,7 +56,7 @@ inline float rounded(float v, DType dtype) { return dtype == kFloat32 ? v : to_f
 void exp_shifted(const float* v, float m, float* out, int64_t n) {
 #if defined(__AVX512F__)
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 mask = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 mask = kvserve::lanes(n - i);
     const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, v + i), _mm512_set1_ps(m));
     _mm512_mask_storeu_ps(out + i, mask, exp16(x));
   }
@@ -130,27 +130,42 @@ inline float as_dtype(float v, BFloat16) {
   return out;
 }
 
-// acc[row] = round(acc[row] + round(y[i] * w)) for each of `count` rows (y in scalar_t, acc
-// float32 holding values of the dtype).
+// acc[row] = round(acc[row] + round(y'[i] * w)) for each of `count` rows, y' = y or, with a bias,
+// round(y + bias) (y and bias in scalar_t, acc float32 holding values of the dtype): the down
+// projection's bias and the weighted sum in one pass.
 template <typename scalar_t>
-void accumulate_rows(float* acc, const scalar_t* y, const int64_t* rows, const float* w, int64_t count, int64_t hidden) {
+void accumulate_rows(float* acc, const scalar_t* y, const scalar_t* bias, const int64_t* rows, const float* w,
+                     int64_t count, int64_t hidden) {
   parallel_for(0, count, std::max<int64_t>(1, 4096 / hidden), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float* __restrict dst = acc + rows[i] * hidden;
       const scalar_t* __restrict src = y + i * hidden;
-      const float weight = w[i];
-      for (int64_t h = 0; h < hidden; ++h)
-        dst[h] = as_dtype(dst[h] + as_dtype(to_float(src[h]) * weight, scalar_t{}), scalar_t{});
+#if defined(__AVX512F__)
+      const __m512 weight = _mm512_set1_ps(w[i]);
+      for (int64_t h = 0; h < hidden; h += 16) {
+        const __mmask16 m = lanes(hidden - h);
+        __m512 v = load16(src + h, m);
+        if (bias != nullptr) v = round_to(scalar_t{}, _mm512_add_ps(v, load16(bias + h, m)));
+        v = round_to(scalar_t{}, _mm512_mul_ps(v, weight));
+        store16(dst + h, round_to(scalar_t{}, _mm512_add_ps(load16(dst + h, m), v)), m);
+      }
+#else
+      for (int64_t h = 0; h < hidden; ++h) {
+        float v = to_float(src[h]);
+        if (bias != nullptr) v = as_dtype(v + to_float(bias[h]), scalar_t{});
+        dst[h] = as_dtype(dst[h] + as_dtype(v * w[i], scalar_t{}), scalar_t{});
+      }
+#endif
     }
   });
 }
 
-void accumulate(float* acc, const void* y, DType dtype, const int64_t* rows, const float* w, int64_t count,
-                int64_t hidden) {
+void accumulate(float* acc, const void* y, const void* bias, DType dtype, const int64_t* rows, const float* w,
+                int64_t count, int64_t hidden) {
   if (dtype == kFloat32) {
-    accumulate_rows(acc, static_cast<const float*>(y), rows, w, count, hidden);
+    accumulate_rows(acc, static_cast<const float*>(y), static_cast<const float*>(bias), rows, w, count, hidden);
   } else {
-    accumulate_rows(acc, static_cast<const BFloat16*>(y), rows, w, count, hidden);
+    accumulate_rows(acc, static_cast<const BFloat16*>(y), static_cast<const BFloat16*>(bias), rows, w, count, hidden);
   }
 }
 
@@ -172,27 +187,52 @@ void add_bias(DType dtype, void* y, const void* bias, int64_t rows, int64_t widt
   }
 }
 
-// GPT-OSS's gate over both = [gate | up] [rows, 2d] -> act [rows, d], each operation rounded to
-// scalar_t as torch rounds it (kvserve.model.moe.ClampedSwiGLU):
-//   g = min(gate, limit); u = clamp(up, -limit, limit); act = (u + 1) * (g * sigmoid(g * alpha))
+// GPT-OSS's gate over both = [gate | up] [rows, 2d] (plus its bias [2d], or nullptr) -> act
+// [rows, d] in one pass, each operation rounded to scalar_t as torch rounds it
+// (kvserve.model.moe.ExpertMLP and ClampedSwiGLU):
+//   gate, up = both + bias;  g = min(gate, limit);  u = clamp(up, -limit, limit)
+//   act = (u + 1) * (g * sigmoid(g * alpha))          (sigmoid: elementwise.cpp's, the same bits)
+// NaN passes through the clamps as torch's clamp passes it.
 template <typename scalar_t>
-void clamped_swiglu_rows(DType dtype, const scalar_t* both, scalar_t* act, int64_t rows, int64_t d, float alpha,
-                         float limit) {
-  const int64_t grain = std::max<int64_t>(1, 4096 / d);
-  parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      for (int64_t c = 0; c < d; ++c)
-        act[r * d + c] = from_float<scalar_t>(std::min(to_float(both[r * 2 * d + c]), limit) * alpha);
-  });
-  sigmoid(dtype, act, act, rows * d);  // the kernel the torch path calls: the same bits
-  parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      for (int64_t c = 0; c < d; ++c) {
-        const float g = std::min(to_float(both[r * 2 * d + c]), limit);
-        const float u = std::min(std::max(to_float(both[r * 2 * d + d + c]), -limit), limit);
-        const float glu = to_float(from_float<scalar_t>(g * to_float(act[r * d + c])));
-        act[r * d + c] = from_float<scalar_t>(to_float(from_float<scalar_t>(u + 1.f)) * glu);
+void clamped_swiglu_rows(const scalar_t* both, const scalar_t* bias, scalar_t* act, int64_t rows, int64_t d,
+                         float alpha, float limit) {
+  parallel_for(0, rows, std::max<int64_t>(1, 4096 / d), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const scalar_t* gate = both + r * 2 * d;
+      const scalar_t* up = gate + d;
+      scalar_t* dst = act + r * d;
+#if defined(__AVX512F__)
+      const scalar_t t{};
+      const __m512 high = _mm512_set1_ps(limit), low = _mm512_set1_ps(-limit), one = _mm512_set1_ps(1.f);
+      for (int64_t c = 0; c < d; c += 16) {
+        const __mmask16 m = lanes(d - c);
+        __m512 x = load16(gate + c, m), y = load16(up + c, m);
+        if (bias != nullptr) {
+          x = round_to(t, _mm512_add_ps(x, load16(bias + c, m)));
+          y = round_to(t, _mm512_add_ps(y, load16(bias + d + c, m)));
+        }
+        const __m512 g = round_to(t, _mm512_min_ps(high, x));  // min_ps(a, b): b when either is NaN
+        const __m512 u = round_to(t, _mm512_min_ps(high, _mm512_max_ps(low, y)));
+        const __m512 sig = round_to(t, sigmoid16(round_to(t, _mm512_mul_ps(g, _mm512_set1_ps(alpha)))));
+        const __m512 glu = round_to(t, _mm512_mul_ps(g, sig));
+        store16(dst + c, _mm512_mul_ps(round_to(t, _mm512_add_ps(u, one)), glu), m);
       }
+#else
+      for (int64_t c = 0; c < d; ++c) {
+        float x = to_float(gate[c]), y = to_float(up[c]);
+        if (bias != nullptr) {
+          x = to_float(from_float<scalar_t>(x + to_float(bias[c])));
+          y = to_float(from_float<scalar_t>(y + to_float(bias[d + c])));
+        }
+        const float g = to_float(from_float<scalar_t>(std::min(x, limit)));
+        const float u = to_float(from_float<scalar_t>(std::min(std::max(y, -limit), limit)));
+        const float s = to_float(from_float<scalar_t>(g * alpha));
+        const float sig = to_float(from_float<scalar_t>(1.f / (1.f + std::exp(-s))));
+        const float glu = to_float(from_float<scalar_t>(g * sig));
+        dst[c] = from_float<scalar_t>(to_float(from_float<scalar_t>(u + 1.f)) * glu);
+      }
+#endif
+    }
   });
 }
 
@@ -210,15 +250,15 @@ void expert_activation(const MoeLayer& layer, const Projection& gate_up, const v
   }
   void* both = projected.get<char>(rows * 2 * intermediate * (dtype == kFloat32 ? 4 : 2));
   run_projection(gate_up, dtype, x, both, rows, scratch);
-  if (bias != nullptr) add_bias(dtype, both, bias, rows, 2 * intermediate);
   if (layer.activation == kSiluAndMul) {
+    if (bias != nullptr) add_bias(dtype, both, bias, rows, 2 * intermediate);
     silu_and_mul(dtype, both, act, rows, intermediate);
   } else if (dtype == kFloat32) {
-    clamped_swiglu_rows(dtype, static_cast<const float*>(both), static_cast<float*>(act), rows, intermediate,
-                        layer.alpha, layer.limit);
+    clamped_swiglu_rows(static_cast<const float*>(both), static_cast<const float*>(bias), static_cast<float*>(act),
+                        rows, intermediate, layer.alpha, layer.limit);
   } else {
-    clamped_swiglu_rows(dtype, static_cast<const BFloat16*>(both), static_cast<BFloat16*>(act), rows, intermediate,
-                        layer.alpha, layer.limit);
+    clamped_swiglu_rows(static_cast<const BFloat16*>(both), static_cast<const BFloat16*>(bias),
+                        static_cast<BFloat16*>(act), rows, intermediate, layer.alpha, layer.limit);
   }
 }
 
@@ -282,8 +322,7 @@ void run_experts(const MoeLayer& layer, DType dtype, const void* x, float* weigh
                       count, layer.intermediate, s.gate_up, s.projection);
     void* y = s.y.get<char>(count * hidden * es);
     run_projection(layer.down[local], dtype, act, y, count, s.projection);
-    if (biased) add_bias(dtype, y, layer.down_bias[local], count, hidden);
-    accumulate(acc, y, dtype, rows, w.data(), count, hidden);
+    accumulate(acc, y, biased ? layer.down_bias[local] : nullptr, dtype, rows, w.data(), count, hidden);
   }
   if (layer.shared) shared_expert(layer, dtype, x, acc, tokens, s);
   if (dtype == kFloat32) {

@@ -709,7 +709,7 @@ void attend_tile_bf16(const Tile& tile, int64_t kv_head, const kvserve::BFloat16
         // The maximum 16 lanes at a time (exact, so the same value as a scalar scan).
         __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
         for (int64_t t = 0; t < n; t += 16) {
-          const __mmask16 mask = n - t >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - t)) - 1);
+          const __mmask16 mask = kvserve::lanes(n - t);
           vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, mask, row + t));
         }
         const float chunk_max = _mm512_reduce_max_ps(vmax);

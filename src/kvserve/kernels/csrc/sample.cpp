@@ -43,15 +43,8 @@ inline float widen(float v) { return v; }
 inline float widen(kvserve::BFloat16 v) { return static_cast<float>(v); }
 
 #if defined(__AVX512F__)
-inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load16(const kvserve::BFloat16* p, __mmask16 m) {
-  return kvserve::widen_bf16(_mm256_maskz_loadu_epi16(m, p));
-}
-
-
-inline __mmask16 tail_mask(int64_t left) {
-  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
-}
+using kvserve::lanes;
+using kvserve::load16;
 #endif
 
 // e_j of the positions [begin, end) into out (float32), from y = x / T - m.
@@ -60,7 +53,7 @@ void block_exps(const scalar_t* x, int64_t begin, int64_t end, float temperature
 #if defined(__AVX512F__)
   const __m512 t = _mm512_set1_ps(temperature), mv = _mm512_set1_ps(m);
   for (int64_t i = begin; i < end; i += 16) {
-    const __mmask16 mask = tail_mask(end - i);
+    const __mmask16 mask = lanes(end - i);
     __m512 y = load16(x + i, mask);
     if (temperature != 1.f) y = _mm512_div_ps(y, t);
     _mm512_mask_storeu_ps(out + (i - begin), mask, kvserve::exp16(_mm512_sub_ps(y, mv)));
@@ -83,7 +76,7 @@ float row_max(const scalar_t* x, int64_t n, float temperature) {
   __m512 vbest = _mm512_set1_ps(best);
   __mmask16 nans = 0;
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 mask = tail_mask(n - i);
+    const __mmask16 mask = lanes(n - i);
     const __m512 v = load16(x + i, mask);
     nans |= _mm512_mask_cmp_ps_mask(mask, v, v, _CMP_UNORD_Q);
     vbest = _mm512_mask_max_ps(vbest, mask, vbest, v);
@@ -105,7 +98,7 @@ float row_max(const scalar_t* x, int64_t n, float temperature) {
 float block_sum(const float* e, int64_t len) {
 #if defined(__AVX512F__)
   __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < len; i += 16) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(tail_mask(len - i), e + i));
+  for (int64_t i = 0; i < len; i += 16) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(lanes(len - i), e + i));
   return _mm512_reduce_add_ps(acc);
 #else
   float lanes[16] = {};

@@ -1,5 +1,6 @@
-// 16-lane float32 helpers of the elementwise kernels (elementwise.cpp, sample.cpp, top_p.cpp and
-// amx_linear.cpp's gate-up store): the bfloat16 widening; exp: x = n ln2 + r, |r| <= ln2 / 2,
+// 16-lane float32 helpers of the elementwise kernels (elementwise.cpp, moe.cpp, sample.cpp,
+// top_p.cpp and amx_linear.cpp's gate-up store): the bfloat16 widening, masked loads and stores of
+// float32 or bfloat16 with rounding to the dtype; exp: x = n ln2 + r, |r| <= ln2 / 2,
 // 2^n * p(r) with p the degree-6 Taylor polynomial (within a few float32 ulp), scalef giving 0
 // below about -104 and infinity above about 88.7; and SiLU. AVX-512F builds (or regions) only.
 #pragma once
@@ -8,11 +9,44 @@
 #if defined(__AVX512F__) || defined(KVSERVE_AVX512_REGION)
 #include <immintrin.h>
 
+#include "abi.h"
+
 namespace kvserve {
 
-// 16 bfloat16 bit patterns -> float32 (exact: a bfloat16 is a float32's upper half). The widening
-// of elementwise.cpp, sample.cpp, top_p.cpp and amx_linear.cpp.
+// 16 bfloat16 bit patterns -> float32 (exact: a bfloat16 is a float32's upper half).
 inline __m512 widen_bf16(__m256i bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)); }
+
+// The lanes of a vector starting `left` values before the end of a row: all 16, or the first few.
+inline __mmask16 lanes(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// Masked loads and stores only for a row's last, partial vector.
+inline __m512 load16(const float* p, __mmask16 m) {
+  return m == 0xFFFF ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
+}
+inline __m512 load16(const BFloat16* p, __mmask16 m) {
+  const __m256i raw = m == 0xFFFF ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(m, p);
+  return widen_bf16(raw);
+}
+// float32 rounded to the nearest bfloat16 (ties to even) with c10's arithmetic, kept as float32
+// (low 16 bits zero); NaN -> 0x7fc0. No flushing of subnormals, unlike vcvtneps2bf16.
+inline __m512i round_bf16_word(__m512 v) {
+  const __m512i w = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(w, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(w, _mm512_set1_epi32(0x7fff)), lsb),
+                                     _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc00000));
+}
+inline __m512 round_to(float, __m512 v) { return v; }
+inline __m512 round_to(BFloat16, __m512 v) { return _mm512_castsi512_ps(round_bf16_word(v)); }
+inline void store16(float* p, __m512 v, __mmask16 m) {
+  if (m == 0xFFFF) _mm512_storeu_ps(p, v); else _mm512_mask_storeu_ps(p, m, v);
+}
+inline void store16(BFloat16* p, __m512 v, __mmask16 m) {
+  const __m256i bits = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_word(v), 16));
+  if (m == 0xFFFF) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits); else _mm256_mask_storeu_epi16(p, m, bits);
+}
 
 inline __m512 exp16(__m512 x) {
   x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(100.f)), _mm512_set1_ps(-110.f));
@@ -38,6 +72,12 @@ inline __m512 silu16(__m512 g) {
   __m512 inv = _mm512_rcp14_ps(den);
   inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(den, inv, _mm512_set1_ps(2.f)));
   return _mm512_mul_ps(g, inv);
+}
+
+// sigmoid(x) = 1 / (1 + exp(-x)) in float32 (a division: elementwise.cpp's sigmoid and GPT-OSS's
+// gate in moe.cpp, the same bits).
+inline __m512 sigmoid16(__m512 x) {
+  return _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
 }
 
 }  // namespace kvserve
