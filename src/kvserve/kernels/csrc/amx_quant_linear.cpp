@@ -39,8 +39,8 @@
 // [blocks][K/G][block columns]; negated offsets the same (int4 with offsets only).
 //
 // Work: items of up to 64 rows x four (up to 16 rows) or two 16-column panels, split between
-// threads (never K). Each chunk is widened just before its tile load into 1-4 KB of L1 and used by
-// all the item's rows: up to 16 rows take four panels at once and up to 32 two (4 C tiles of
+// threads (never K). Each chunk is widened one chunk ahead of its tile loads into 1-4 KB of L1
+// (micro_kernel) and used by all the item's rows: up to 16 rows take four panels at once and up to 32 two (4 C tiles of
 // 16 x 16), up to 64 one panel at a time.
 #include <cmath>
 #include <cstring>
@@ -228,18 +228,26 @@ inline void store_c_tile(int t, float* tile) {
 }
 
 // rt A tiles (16 rows each: a[i], row stride lda[i] bytes) x pt panels (p, p + 1, ...) of the
-// layer, rt * pt <= 4 C tiles: each chunk is widened into `buf` (pt x 512 bfloat16, in L1) just
-// before its tile load and used by every row; every group's tile sums are merged into acc, then
-// stored with the bias through `out` (the first row's row, column 16p). A tiles beyond two reuse
-// registers 4-5; one A tile with four panels takes B tiles in 6, 7, 5, 6 (four accumulation
-// chains in flight instead of two; with the cheaper MXFP4 widening, 1.1-1.5x on a batch-64
-// GPT-OSS step, docs/benchmarks.md section 30).
+// layer, rt * pt <= 4 C tiles: each chunk is widened into `buf` (two halves of pt x 512 bfloat16,
+// in L1) and used by every row; every group's tile sums are merged into acc, then stored with the
+// bias through `out` (the first row's row, column 16p). A tiles beyond two reuse registers 4-5;
+// one A tile with four panels takes B tiles in 6, 7, 5, 6 (four accumulation chains in flight
+// instead of two; with the cheaper MXFP4 widening, 1.1-1.5x on a batch-64 GPT-OSS step,
+// docs/benchmarks.md section 30).
+//
+// Chunk c + 1 is widened into the other half, panel by panel between chunk c's tile products: a
+// tile load reads only stores that have left the store buffer, which they do in program order
+// after the instructions before them retire, so a chunk widened just before its own tile load
+// waited for the previous chunk's products, and widening and tiles never overlapped (measured at
+// 8 rows: their times added up; ahead, an expert's gate-up at 8 rows took 0.75-1.02 ms instead of
+// 1.09-1.24, docs/benchmarks.md section 31).
 template <int rt, int pt, int kBits, bool kScaled>
 void micro_kernel(const Layer& L, __m512i table, __m512 values, int64_t p, int64_t row0, const uint8_t* const* a,
                   const int64_t* lda, uint16_t* buf, uint16_t* out, int64_t rows, int64_t cols) {
   static_assert(rt * pt <= 4 && (pt < 4 || rt == 1), "four C tiles");
   alignas(64) float acc[rt * kTileRows][pt * kTileN];
   alignas(64) float tile[kTileRows * kTileN];
+  for (int j = 0; j < pt; ++j) widen_chunk<kBits, kScaled>(L, p + j, 0, buf + j * kChunkWeights, table, values);
   for (int64_t g = 0; g < L.groups; ++g) {
     if (!kScaled || g == 0) {  // scaled weights: the tiles sum the whole K
       _tile_zero(0);
@@ -249,22 +257,25 @@ void micro_kernel(const Layer& L, __m512i table, __m512 values, int64_t p, int64
     }
     const int64_t c1 = std::min(L.chunks, (g + 1) * L.chunks_per_group);
     for (int64_t c = g * L.chunks_per_group; c < c1; ++c) {
-      widen_chunk<kBits, kScaled>(L, p, c, buf, table, values);
-      _tile_loadd(6, buf, 64);
-      if constexpr (pt >= 2) {
-        widen_chunk<kBits, kScaled>(L, p + 1, c, buf + kChunkWeights, table, values);
-        _tile_loadd(7, buf + kChunkWeights, 64);
-      }
+      const bool ahead = c + 1 < L.chunks;
+      const uint16_t* b = buf + (c & 1) * pt * kChunkWeights;
+      uint16_t* next = buf + ((c + 1) & 1) * pt * kChunkWeights;
+      _tile_loadd(6, b, 64);
+      if constexpr (pt >= 2) _tile_loadd(7, b + kChunkWeights, 64);
       _tile_loadd(4, a[0] + c * 64, lda[0]);
       _tile_dpbf16ps(0, 4, 6);
-      if constexpr (pt >= 2) _tile_dpbf16ps(1, 4, 7);
+      if (ahead) widen_chunk<kBits, kScaled>(L, p, c + 1, next, table, values);
+      if constexpr (pt >= 2) {
+        _tile_dpbf16ps(1, 4, 7);
+        if (ahead) widen_chunk<kBits, kScaled>(L, p + 1, c + 1, next + kChunkWeights, table, values);
+      }
       if constexpr (pt == 4) {
-        widen_chunk<kBits, kScaled>(L, p + 2, c, buf + 2 * kChunkWeights, table, values);
-        _tile_loadd(5, buf + 2 * kChunkWeights, 64);
+        _tile_loadd(5, b + 2 * kChunkWeights, 64);
         _tile_dpbf16ps(2, 4, 5);
-        widen_chunk<kBits, kScaled>(L, p + 3, c, buf + 3 * kChunkWeights, table, values);
-        _tile_loadd(6, buf + 3 * kChunkWeights, 64);
+        if (ahead) widen_chunk<kBits, kScaled>(L, p + 2, c + 1, next + 2 * kChunkWeights, table, values);
+        _tile_loadd(6, b + 3 * kChunkWeights, 64);
         _tile_dpbf16ps(3, 4, 6);
+        if (ahead) widen_chunk<kBits, kScaled>(L, p + 3, c + 1, next + 3 * kChunkWeights, table, values);
       }
       if constexpr (rt >= 2) {
         _tile_loadd(5, a[1] + c * 64, lda[1]);
@@ -492,7 +503,7 @@ void run(const uint16_t* x, uint16_t* out, const Layer& L) {
   kvserve::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     const FlushDenormals flush;
     configure_tiles(M, width == 4 ? 5 : 6);  // four panels: tile 5 holds a B tile
-    alignas(64) uint16_t buf[4 * kChunkWeights];
+    alignas(64) uint16_t buf[2 * 4 * kChunkWeights];  // two chunks of up to four panels
     for (int64_t item = begin; item < end; ++item) {
       const int64_t span = item % spans, g = item / spans;
       const int64_t p = span * width, pt = std::min<int64_t>(width, panels - p);
