@@ -152,11 +152,7 @@ class TensorParallelWorker:
                 raise TypeError(f"unknown message {type(message).__name__}")
 
     def _allocate_kv_caches(self, message: InitKVCache) -> list[torch.Tensor]:
-        from kvserve.attention.kv_quant import kv_cache_torch_dtype
-        from kvserve.model.runner import kv_cache_shape
+        from kvserve.model.runner import allocate_kv_caches
 
-        arch = self.loaded.arch
-        shape = kv_cache_shape(arch, message.num_blocks, message.block_size, message.kv_cache_dtype,
-                               self.loaded.cached_kv_heads)
-        dtype = kv_cache_torch_dtype(message.kv_cache_dtype, self.loaded.dtype)
-        return [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(arch.num_hidden_layers)]
+        return allocate_kv_caches(self.loaded.arch, message.num_blocks, message.block_size, message.kv_cache_dtype,
+                                  self.loaded.dtype, self.device, self.loaded.cached_kv_heads)

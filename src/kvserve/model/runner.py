@@ -77,6 +77,18 @@ def kv_cache_shape(arch: ModelArchConfig, num_blocks: int, block_size: int, kv_c
     return (2, num_blocks, block_size, heads, kv_row_size(arch.head_dim, kv_cache_dtype))
 
 
+def allocate_kv_caches(arch: ModelArchConfig, num_blocks: int, block_size: int, kv_cache_dtype: str,
+                       dtype: torch.dtype, device: torch.device, num_kv_heads: int | None = None) -> list[torch.Tensor]:
+    """One zeroed ``kv_cache_shape`` tensor per layer, in ``kv_cache_dtype`` (``auto``: the model's
+    ``dtype``); on the CPU in huge pages (attention reads scattered blocks: they spare the TLB).
+    The engine's runner and each tensor-parallel worker allocate theirs here."""
+    shape = kv_cache_shape(arch, num_blocks, block_size, kv_cache_dtype, num_kv_heads)
+    cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, dtype)
+    if device.type == "cpu":
+        return [huge_pages.zeros(shape, cache_dtype) for _ in range(arch.num_hidden_layers)]
+    return [torch.zeros(shape, dtype=cache_dtype, device=device) for _ in range(arch.num_hidden_layers)]
+
+
 def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype,
                              kv_cache_dtype: str = "auto", num_kv_heads: int | None = None) -> int:
     """Bytes of one block's cache over all layers (``kv_cache_shape`` without the block count:
@@ -172,11 +184,8 @@ class ModelRunner:
         self._num_succeeded = 0
 
     def _init_kv_caches(self) -> list[torch.Tensor]:
-        shape = kv_cache_shape(self.arch, self.num_blocks, self.block_size, self.kv_cache_dtype, self.num_kv_heads)
-        dtype = kv_cache_torch_dtype(self.kv_cache_dtype, self.dtype)
-        if self.device.type == "cpu":  # attention reads scattered blocks: huge pages spare the TLB
-            return [huge_pages.zeros(shape, dtype) for _ in range(self.arch.num_hidden_layers)]
-        return [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.arch.num_hidden_layers)]
+        return allocate_kv_caches(self.arch, self.num_blocks, self.block_size, self.kv_cache_dtype, self.dtype,
+                                  self.device, self.num_kv_heads)
 
     # -- the step ----------------------------------------------------------------------------------
 
