@@ -107,6 +107,23 @@ def test_shapes_and_mixed_dtypes(dtype, amx):
     assert torch.equal(mixed, fma_chain(x.to(other).reshape(10, 40), linear.weight, linear.bias).to(other).reshape(2, 5, 24))
 
 
+@pytest.mark.parametrize(("out_features", "in_features"), [(37, 53), (130, 300), (64, 64)])
+def test_amx_packing_in_slices_is_the_documented_layout(monkeypatch, out_features, in_features):
+    """pack_amx_weight's tiles[p, c, r, 2j + h] = W[16p + j, 32c + 2r + h] (zero padding), also
+    when it packs a panel at a time (the slices of a large weight)."""
+    w = torch.randn(out_features, in_features).to(torch.bfloat16)
+    panels, chunks = -(-out_features // 16), -(-in_features // 32)
+    padded = torch.zeros(panels * 16, chunks * 32, dtype=torch.bfloat16)
+    padded[:out_features, :in_features] = w
+    want = torch.empty(panels, chunks, 16, 32, dtype=torch.bfloat16)
+    for j in range(16):
+        for h in range(2):
+            want[:, :, :, 2 * j + h] = padded[j::16, h::2].reshape(panels, chunks, 16)
+    assert torch.equal(invariant_linear.pack_amx_weight(w), want)
+    monkeypatch.setattr(invariant_linear, "PACK_SLICE_BYTES", 1)  # one panel per slice
+    assert torch.equal(invariant_linear.pack_amx_weight(w), want)
+
+
 def test_replaces_float32_and_bfloat16_cpu_linears_only():
     model = nn.Sequential(nn.Linear(8, 8), MergedLinear(8, [4, 4], ["a", "b"], bias=False))
     assert use_invariant_linears(model) == 2

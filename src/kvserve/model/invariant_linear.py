@@ -35,16 +35,28 @@ from kvserve.heap import HeapTrimmer, trim
 from kvserve.kernels import cpu_kernels
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+PACK_SLICE_BYTES = 64 << 20  # pack_amx_weight's slices
 
 
 def pack_amx_weight(weight: torch.Tensor) -> torch.Tensor:
     """A bfloat16 weight [N, K] as ``amx_linear.cpp``'s B tiles [ceil(N/16), ceil(K/32), 16, 32]:
     panel p, chunk c, tile row r holds, for each column j, the input pair (2r, 2r + 1) of the
-    chunk, ``tiles[p, c, r, 2j + h] = W[16p + j, 32c + 2r + h]``; N and K padded with zeros."""
+    chunk, ``tiles[p, c, r, 2j + h] = W[16p + j, 32c + 2r + h]``; N and K padded with zeros.
+
+    Written into huge pages (``huge_pages.empty``) a slice of panels at a time, so that packing
+    holds one slice besides the weight and its packed copy: a whole-tensor pad and permute made two
+    more copies of the largest weight (GPT-OSS-20B's LM head: 1.2 GB each, a 2.3 GB transient at
+    start)."""
     n, k = weight.shape
     panels, chunks = -(-n // 16), -(-k // 32)
-    padded = F.pad(weight, (0, chunks * 32 - k, 0, panels * 16 - n))
-    return padded.view(panels, 16, chunks, 16, 2).permute(0, 2, 3, 1, 4).reshape(panels, chunks, 16, 32).contiguous()
+    out = huge_pages.empty((panels, chunks, 16, 32), weight.dtype)
+    step = max(1, PACK_SLICE_BYTES // (16 * chunks * 32 * weight.element_size()))
+    for p0 in range(0, panels, step):
+        p1 = min(panels, p0 + step)
+        rows = weight[16 * p0: 16 * p1]
+        padded = F.pad(rows, (0, chunks * 32 - k, 0, 16 * (p1 - p0) - rows.shape[0]))
+        out[p0:p1] = padded.view(p1 - p0, 16, chunks, 16, 2).permute(0, 2, 3, 1, 4).reshape(p1 - p0, chunks, 16, 32)
+    return out
 
 
 class InvariantLinear(nn.Module):
@@ -73,7 +85,7 @@ class InvariantLinear(nn.Module):
             raise ValueError("AMX tiles need a bfloat16 weight and a CPU (and OS) that provides AMX-BF16")
         self.amx = available if amx is None else amx
         weight = linear.weight.detach()
-        self.packed = huge_pages.place(pack_amx_weight(weight) if self.amx else kernels.pack_linear_weight(weight))
+        self.packed = pack_amx_weight(weight) if self.amx else huge_pages.place(kernels.pack_linear_weight(weight))
         self.bias = None if linear.bias is None else linear.bias.detach().to(torch.float32).contiguous()
         self._vector_packed: torch.Tensor | None = None  # an AMX layer's panels for float32 inputs
 
