@@ -147,6 +147,33 @@ def test_mxfp4_scales_at_the_ends_of_the_exact_exponent_range(scales, inputs):
     assert torch.equal(layer(x), expected)
 
 
+def test_one_row_mxfp4_scales_the_chains_only_where_that_is_exact():
+    """The one-row kernel multiplies a chunk's chains by its power-of-two scale instead of each
+    weight only where every partial value stays normal and finite both ways (its ScaleFields);
+    rows built so that it would not: a tiny term beside a larger one in a chain (the scaled
+    product is a denormal the tiles flush, the unscaled one is not), values near the largest
+    float, and all of it at several scales. Each row alone equals its row among many (the tiles)."""
+    qt = quantized("mxfp4", 64, 256, seed=21)
+    scales = qt.scales.clone()
+    scales[:16], scales[16:32], scales[32:48] = 2.0 ** -1, 2.0 ** -20, 2.0 ** 30
+    qt = QuantizedTensor(qt.q, scales, None, 4, qt.group_size, "e2m1")
+    layer = QuantizedLinear(qt, None, cpu_kernels())
+    gen = torch.Generator().manual_seed(22)
+    x = torch.zeros(24, 256)
+    for row, (tiny, large) in enumerate([(2.0 ** -125, 2.0 ** -119), (2.0 ** -110, 2.0 ** -104),
+                                         (2.0 ** -100, 2.0 ** -94), (2.0 ** -30, 2.0 ** -24)]):
+        x[row, 0::4], x[row, 2::4] = tiny, large  # even chains: a tiny term, then a larger one
+        x[row + 4, :] = torch.randn(256, generator=gen) * tiny
+    x[8:12] = torch.randn(4, 256, generator=gen) * 2.0 ** 100
+    x[12:16] = torch.randn(4, 256, generator=gen) * 2.0 ** 110
+    x[16:] = torch.randn(8, 256, generator=gen)
+    x = x.to(torch.bfloat16)
+    many = layer(x).view(torch.int16)  # bits: the overflowing rows hold infinities and NaN
+    assert torch.isfinite(many[16:].view(torch.bfloat16)).all() and not torch.isfinite(many[8:16].view(torch.bfloat16)).all()
+    for row in range(24):
+        assert torch.equal(layer(x[row:row + 1]).view(torch.int16), many[row:row + 1]), row
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_rows_do_not_depend_on_the_batch(kind):
     """Row counts 1..70 (the one-row kernel, 1-4 A tiles, partial tiles) at several positions, of
