@@ -43,8 +43,8 @@
 //
 // Work: items of up to 64 rows x four (up to 16 rows) or two 16-column panels, split between
 // threads (never K). Each chunk is widened one chunk ahead of its tile loads into 1-4 KB of L1
-// (micro_kernel) and used by all the item's rows: up to 16 rows take four panels at once and up to 32 two (4 C tiles of
-// 16 x 16), up to 64 one panel at a time.
+// (micro_kernel) and used by all the item's rows: up to 16 rows take four panels at once and up
+// to 32 two (4 C tiles of 16 x 16), up to 64 one panel at a time.
 #include <cmath>
 #include <cstring>
 
@@ -498,7 +498,8 @@ void row_kernel(const Layer& L, const float* x, int64_t p0, uint16_t* out, Scale
       for (int j = 0; j < np; ++j) base[j] = L.chunk<kBits>(p0 + j, ch);
       if (after) {
         chunk_chains<kBits, np, false>(base, x, ch, table4, scale, e, o);
-        for (int j = 0; j < np; ++j) c[j] = _mm512_add_ps(c[j], _mm512_mul_ps(_mm512_add_ps(e[j], o[j]), scale[j]));
+        for (int j = 0; j < np; ++j)
+          c[j] = _mm512_add_ps(c[j], _mm512_mul_ps(_mm512_add_ps(e[j], o[j]), scale[j]));
       } else {
         chunk_chains<kBits, np, kScaled>(base, x, ch, table4, scale, e, o);
         for (int j = 0; j < np; ++j) c[j] = _mm512_add_ps(c[j], _mm512_add_ps(e[j], o[j]));

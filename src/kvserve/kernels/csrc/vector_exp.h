@@ -77,7 +77,8 @@ inline __m512 silu16(__m512 g) {
 // sigmoid(x) = 1 / (1 + exp(-x)) in float32 (a division: elementwise.cpp's sigmoid and GPT-OSS's
 // gate in moe.cpp, the same bits).
 inline __m512 sigmoid16(__m512 x) {
-  return _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+  return _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), e));
 }
 
 }  // namespace kvserve
