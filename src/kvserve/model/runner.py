@@ -152,7 +152,8 @@ class ModelRunner:
         self.vocab_size = loaded.arch.vocab_size
         self.num_kv_heads = loaded.cached_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
-        self.kv_caches = self._init_kv_caches()
+        self.kv_caches = allocate_kv_caches(self.arch, num_blocks, block_size, self.kv_cache_dtype, self.dtype,
+                                            self.device, self.num_kv_heads)
         # CPU: float32/bf16 linears through kvserve's batch-invariant GEMM (weights packed once).
         on_cpu = self.device.type == "cpu"
         self.num_prepacked_linears = use_invariant_linears(self.model) if on_cpu and prepack_linears else 0
@@ -182,10 +183,6 @@ class ModelRunner:
         self._step_uniforms: dict[str, list[float]] = {}
         self._spec_tokens: dict[str, list[int]] = {}
         self._num_succeeded = 0
-
-    def _init_kv_caches(self) -> list[torch.Tensor]:
-        return allocate_kv_caches(self.arch, self.num_blocks, self.block_size, self.kv_cache_dtype, self.dtype,
-                                  self.device, self.num_kv_heads)
 
     # -- the step ----------------------------------------------------------------------------------
 

@@ -18,6 +18,8 @@
 #include <immintrin.h>
 #endif
 
+#include "vector_exp.h"
+
 namespace {
 
 inline float load_one(const float* p) { return *p; }
@@ -38,23 +40,17 @@ int64_t argmax_scalar(const scalar_t* row, int64_t n) {
 }
 
 #if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const kvserve::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
 template <typename scalar_t>
 int64_t argmax_avx512(const scalar_t* row, int64_t n) {
   const int64_t full = n / 16 * 16;
   if (full == 0) return argmax_scalar(row, n);
-  __m512 best = load16(row);
+  __m512 best = kvserve::load16(row, 0xFFFF);
   __m512i best_index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   __m512i index = best_index;
   const __m512i step = _mm512_set1_epi32(16);
   __mmask16 nan = _mm512_cmp_ps_mask(best, best, _CMP_UNORD_Q);
   for (int64_t i = 16; i < full; i += 16) {
-    const __m512 v = load16(row + i);
+    const __m512 v = kvserve::load16(row + i, 0xFFFF);
     index = _mm512_add_epi32(index, step);
     const __mmask16 greater = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);  // strict: keeps the first
     best = _mm512_mask_blend_ps(greater, best, v);

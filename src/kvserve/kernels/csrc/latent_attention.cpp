@@ -31,6 +31,8 @@
 #include <immintrin.h>
 #endif
 
+#include "vector_exp.h"
+
 #pragma GCC push_options
 #pragma GCC optimize("no-fast-math", "fp-contract=off")
 
@@ -92,17 +94,12 @@ void value_block(const char* const* row_ptrs, DType dtype, int64_t n, const floa
                  int64_t c0, int64_t latent, float* out) {
   const int64_t cols = std::min(kLanes, latent - c0);
 #if defined(__AVX512F__)
-  const __mmask16 mask = cols == kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 mask = lanes(cols);
   __m512 acc[NH];
   for (int64_t hh = 0; hh < NH; ++hh) acc[hh] = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {
-    __m512 v;
-    if (dtype == kFloat32) {
-      v = _mm512_maskz_loadu_ps(mask, reinterpret_cast<const float*>(row_ptrs[j]) + c0);
-    } else {
-      const __m256i raw = _mm256_maskz_loadu_epi16(mask, reinterpret_cast<const BFloat16*>(row_ptrs[j]) + c0);
-      v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    }
+    const __m512 v = dtype == kFloat32 ? load16(reinterpret_cast<const float*>(row_ptrs[j]) + c0, mask)
+                                       : load16(reinterpret_cast<const BFloat16*>(row_ptrs[j]) + c0, mask);
     for (int64_t hh = 0; hh < NH; ++hh) acc[hh] = _mm512_fmadd_ps(_mm512_set1_ps(probs[(h0 + hh) * stride + j]), v, acc[hh]);
   }
   for (int64_t hh = 0; hh < NH; ++hh) _mm512_mask_storeu_ps(out + (h0 + hh) * latent + c0, mask, acc[hh]);

@@ -1,8 +1,9 @@
-// 16-lane float32 helpers of the elementwise kernels (elementwise.cpp, moe.cpp, sample.cpp,
-// top_p.cpp and amx_linear.cpp's gate-up store): the bfloat16 widening, masked loads and stores of
-// float32 or bfloat16 with rounding to the dtype; exp: x = n ln2 + r, |r| <= ln2 / 2,
-// 2^n * p(r) with p the degree-6 Taylor polynomial (within a few float32 ulp), scalef giving 0
-// below about -104 and infinity above about 88.7; and SiLU. AVX-512F builds (or regions) only.
+// 16-lane float32 helpers of the kernels (elementwise.cpp, moe.cpp, sample.cpp, argmax.cpp,
+// latent_attention.cpp, top_p.cpp and amx_linear.cpp's gate-up store): the bfloat16 widening,
+// masked loads and stores of float32 or bfloat16 with rounding to the dtype; exp: x = n ln2 + r,
+// |r| <= ln2 / 2, 2^n * p(r) with p the degree-6 Taylor polynomial (within a few float32 ulp),
+// scalef giving 0 below about -104 and infinity above about 88.7; SiLU and sigmoid. AVX-512F
+// builds (or regions) only.
 #pragma once
 // KVSERVE_AVX512_REGION: the includer is inside a `#pragma GCC target("avx512f...")` region
 // (amx_linear.cpp), where the intrinsics are usable on a host whose default flags lack AVX-512.
