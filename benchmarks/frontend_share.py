@@ -18,7 +18,6 @@ from kvserve import SamplingParams
 from kvserve.builtin import builtin_model_path
 from kvserve.engine.arg_utils import engine_config_from_kwargs
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.request import RequestStatus
 
 
 def run(args: argparse.Namespace) -> None:
@@ -36,11 +35,7 @@ def run(args: argparse.Namespace) -> None:
         middle = time.perf_counter()
         processed = engine.output_processor.process_outputs(result.outputs)
         end = time.perf_counter()
-        if processed.to_stop:
-            engine.core.finish_requests(processed.to_stop, RequestStatus.FINISHED_STOPPED)
-        for delta in processed.request_outputs:
-            if delta.finished:
-                engine.output_processor.remove(delta.request_id)
+        processed.finish_in(engine.core)
         if result.stats is not None and result.stats.num_decode_tokens == args.num_prompts:
             core_times.append(middle - start)
             front_times.append(end - middle)

@@ -38,7 +38,6 @@ from kvserve.bench.provenance import collect_provenance
 from kvserve.bench.roofline import decode_step_bound, model_cost
 from kvserve.bench.roofline_report import engine_from_facts, probe_for
 from kvserve.engine.llm import LLM
-from kvserve.engine.llm_engine import serving_facts
 from kvserve.testing.spec_decode import ForcedProposer, reference_drafts
 
 
@@ -173,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
                     if base is None:
                         continue
                     mapping = {tuple(pr): out for (pr, _), out in zip(prompts, base)}
-                    llm.llm_engine.core.runner.proposer = ForcedProposer(
+                    llm.llm_engine.core.proposer = ForcedProposer(
                         reference_drafts(mapping, args.oracle_k, name.removeprefix("oracle-"), seed=rnd))
                 run = run_closed_loop(llm, prompts, batch, f"b{batch}r{rnd}")
                 if rnd:
@@ -183,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
             point = {"batch": batch, **summarize(name, name_runs, None if name == args.config[0] else base)}
             result["points"].append(point)
             print(json.dumps(point), flush=True)
-    engine = engine_from_facts(serving_facts(first.llm_engine), first.llm_engine.config.model.model)
+    engine = engine_from_facts(first.llm_engine.core.serving_facts(), first.llm_engine.config.model.model)
     peaks = probe_for(engine)
     bound = decode_step_bound(model_cost(engine.arch, engine.format), peaks, engine.format.dtype, [256])
     result["roofline"] = {"peaks": peaks.to_dict(), "batch1_bound_ms": 1e3 * bound.bound_s}

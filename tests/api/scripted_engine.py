@@ -25,6 +25,7 @@ from kvserve.engine.async_llm import EngineClient
 from kvserve.engine.detokenizer import IncrementalDetokenizer
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.input_processor import InputProcessor
+from kvserve.engine.request_stream import RequestStream
 from kvserve.errors import RequestRejectedError
 from kvserve.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from kvserve.sampling_params import SamplingParams
@@ -63,36 +64,46 @@ class ScriptedEngine(EngineClient):
         self.calls: list[tuple[str, list[int], SamplingParams, dict]] = []
         self.aborted: list[str] = []
         self.running: set[str] = set()
+        self._tasks: dict[str, asyncio.Task] = {}
 
     @property
     def is_ready(self) -> bool:
         return self.ready
 
     async def abort(self, request_id: str) -> None:
+        self._abort_now(request_id)
+
+    def _abort_now(self, request_id: str) -> None:
         self.aborted.append(request_id)
         self.running.discard(request_id)
+        task = self._tasks.pop(request_id, None)
+        if task is not None:
+            task.cancel()
 
     def choice_token_ids(self, index: int, max_tokens: int) -> list[int]:
         """The token ids choice ``index`` generates (the script shifted by ``index``)."""
         ids = self.script_ids[index:]
         return ids[:max_tokens]
 
-    async def add_requests(self, requests: list[EngineRequest]) -> list:
+    async def add_requests(self, requests: list[EngineRequest]) -> RequestStream:
         if self.reject_reason is not None:
             raise RequestRejectedError(f"rejected: {self.reject_reason}", self.reject_reason)
-        for r in requests:
+        stream = RequestStream(requests, asyncio.get_running_loop(), self._abort_now)
+        for index, r in enumerate(requests):
             self.calls.append((r.request_id, list(r.prompt_token_ids), r.sampling_params,
                                {"prompt": r.prompt, "priority": r.priority, "cache_salt": r.cache_salt}))
-        return [self._stream(r) for r in requests]
+            self.running.add(r.request_id)
+            self._tasks[r.request_id] = asyncio.ensure_future(self._feed(r, stream.sink(index)))
+        return stream
 
-    async def _stream(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        self.running.add(request.request_id)
+    async def _feed(self, request: EngineRequest, sink) -> None:
         try:
             async for output in self._steps(request.prompt_token_ids, request.sampling_params, request.request_id,
                                             request.prompt):
-                yield output
+                sink(output)
         finally:
             self.running.discard(request.request_id)
+            self._tasks.pop(request.request_id, None)
 
     async def _steps(self, prompt_ids, params, request_id, prompt) -> AsyncIterator[RequestOutput]:
         n, k = params.n, params.logprobs

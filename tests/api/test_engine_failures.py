@@ -35,7 +35,7 @@ def post(server, body, request_id=None, **kwargs) -> httpx.Response:
 
 
 def faults(server, stage):
-    engine = server.engine.engine
+    engine = server.engine
     return engine.output_processor.faults if stage == "detokenize" else engine.core.runner.faults
 
 

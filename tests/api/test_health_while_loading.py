@@ -13,7 +13,7 @@ from kvserve.api.settings import ServerSettings
 from kvserve.engine.arg_utils import engine_config_from_kwargs
 from kvserve.engine.async_llm import AsyncLLM
 from kvserve.engine.input_processor import InputProcessor
-from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.core import EngineCore
 from kvserve.testing.live_server import free_port
 from kvserve.tokenizer import load_tokenizer
 
@@ -42,9 +42,9 @@ def _deferred(model_dir, factory) -> AsyncLLM:
 def test_health_503_until_loaded_then_200(tiny_llama):
     release = threading.Event()
 
-    def slow_factory() -> LLMEngine:
+    def slow_factory() -> EngineCore:
         release.wait(30)
-        return LLMEngine(engine_config_from_kwargs(str(tiny_llama), max_model_len=256, num_gpu_blocks_override=64))
+        return EngineCore(engine_config_from_kwargs(str(tiny_llama), max_model_len=256, num_gpu_blocks_override=64))
 
     async_llm = _deferred(tiny_llama, slow_factory)
     async_llm.start()
@@ -66,8 +66,8 @@ def test_health_503_until_loaded_then_200(tiny_llama):
 
 
 def test_failed_load_stays_503(tiny_llama, tmp_path):
-    def broken_factory() -> LLMEngine:
-        return LLMEngine(engine_config_from_kwargs(str(tmp_path)))  # no config.json there
+    def broken_factory() -> EngineCore:
+        return EngineCore(engine_config_from_kwargs(str(tmp_path)))  # no config.json there
 
     async_llm = _deferred(tiny_llama, broken_factory)
     async_llm.start()

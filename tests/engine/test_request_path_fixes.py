@@ -14,7 +14,7 @@ import torch
 from kvserve import LLM, SamplingParams
 from kvserve.errors import ConfigError
 from kvserve.model.arch_config import ModelArchConfig
-from kvserve.model.runner import kv_cache_bytes_per_block
+from kvserve.model.kv_cache_layout import kv_cache_bytes_per_block
 from kvserve.testing.live_server import start_live_server
 
 

@@ -22,7 +22,7 @@ from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.loader import load_model
 from kvserve.model.memory_plan import memory_plan
 from kvserve.model.moe import grouped_route
-from kvserve.model.runner import kv_cache_bytes_per_block, kv_cache_shape
+from kvserve.model.kv_cache_layout import kv_cache_bytes_per_block, kv_cache_shape
 
 needs_kernels = pytest.mark.skipif(not cpu_kernels_available(), reason="the C++ kernels do not build here")
 

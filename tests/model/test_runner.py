@@ -10,7 +10,8 @@ from model_fixtures import flat_prompt_logits
 
 from kvserve.model.loader import load_model
 from kvserve.model.model_inputs import make_flat_batch
-from kvserve.model.runner import ModelRunner, kv_cache_bytes_per_block
+from kvserve.model.kv_cache_layout import kv_cache_bytes_per_block
+from kvserve.model.runner import ModelRunner
 from kvserve.sampling_params import SamplingParams
 from kvserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 

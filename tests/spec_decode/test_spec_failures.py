@@ -10,7 +10,7 @@ import pytest
 
 from kvserve import SamplingParams
 from kvserve.faults import SPECULATIVE_STAGES, STAGES
-from kvserve.spec_decode.rejection_sampler import RejectionSampler
+from kvserve.sample.rejection_sampler import RejectionSampler
 from kvserve.testing.spec_decode import ForcedProposer, check_kv_integrity, reference_drafts
 from spec_helpers import NGRAM, copy_prompts, make_llm, results, spec_stats
 
@@ -28,7 +28,7 @@ def reference(tiny_llama):
 def speculating_llm(model_dir, ref):
     llm = make_llm(model_dir, speculative_config=NGRAM)
     mapping = {tuple(p): r[0][0] for p, r in zip(PROMPTS, ref)}
-    llm.llm_engine.core.runner.proposer = ForcedProposer(reference_drafts(mapping, 4, "prefix", seed=1))
+    llm.llm_engine.core.proposer = ForcedProposer(reference_drafts(mapping, 4, "prefix", seed=1))
     return llm
 
 
@@ -68,7 +68,7 @@ def test_a_verification_failing_after_accepted_drafts_takes_them_back(tiny_llama
     request: they are taken back, the halves are run again, and only "3" fails."""
     expected = reference[0]
     llm = speculating_llm(tiny_llama, expected)
-    llm.llm_engine.core.runner.proposer = ForcedProposer(
+    llm.llm_engine.core.proposer = ForcedProposer(
         reference_drafts({tuple(p): r[0][0] for p, r in zip(PROMPTS, expected)}, 4, "all"))
     llm.generate(PROMPTS[:1], PARAMS[0])
     batch = llm.llm_engine.core.runner.input_batch

@@ -57,7 +57,7 @@ def test_draft_model_greedy_equals_plain(tiny_llama, checkpoint_factory, referen
 @pytest.mark.parametrize("mode", ["all", "none", "prefix"])
 def test_forced_proposals(tiny_llama, reference, mode):
     llm = make_llm(tiny_llama, speculative_config=NGRAM)
-    llm.llm_engine.core.runner.proposer = ForcedProposer(reference_drafts(reference_map(PROMPTS, reference), 4, mode))
+    llm.llm_engine.core.proposer = ForcedProposer(reference_drafts(reference_map(PROMPTS, reference), 4, mode))
     assert results(generate_checked(llm, PROMPTS, GREEDY)) == reference
     stats = spec_stats(llm)
     assert stats.num_draft_tokens > 0
@@ -88,7 +88,7 @@ def test_mixed_batch_with_every_feature(tiny_llama):
 
 def test_preemption_on_a_tiny_kv_cache(tiny_llama, reference):
     llm = make_llm(tiny_llama, num_gpu_blocks_override=9, speculative_config=NGRAM)
-    llm.llm_engine.core.runner.proposer = ForcedProposer(reference_drafts(reference_map(PROMPTS, reference), 4, "prefix"))
+    llm.llm_engine.core.proposer = ForcedProposer(reference_drafts(reference_map(PROMPTS, reference), 4, "prefix"))
     assert results(generate_checked(llm, PROMPTS, GREEDY)) == reference
     assert llm.llm_engine.core.scheduler.num_preemptions > 0
     draft = make_llm(tiny_llama, num_gpu_blocks_override=9,
@@ -119,7 +119,7 @@ def test_prefix_caching_and_chunked_prefill(tiny_llama, kwargs, method):
 
 def test_max_tokens_is_never_exceeded(tiny_llama, reference):
     llm = make_llm(tiny_llama, speculative_config=NGRAM)
-    llm.llm_engine.core.runner.proposer = ForcedProposer(reference_drafts(reference_map(PROMPTS, reference), 4))
+    llm.llm_engine.core.proposer = ForcedProposer(reference_drafts(reference_map(PROMPTS, reference), 4))
     for max_tokens in range(1, 8):
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
         got = results(llm.generate(PROMPTS, params))
@@ -132,7 +132,7 @@ def test_stop_strings_and_stop_token_ids_inside_accepted_drafts(tiny_llama, refe
     completed by a token in the middle of them ends the output there, as without speculation."""
     plain_llm = make_llm(tiny_llama)
     llm = make_llm(tiny_llama, speculative_config=NGRAM)
-    llm.llm_engine.core.runner.proposer = ForcedProposer(reference_drafts(reference_map(PROMPTS, reference), 4))
+    llm.llm_engine.core.proposer = ForcedProposer(reference_drafts(reference_map(PROMPTS, reference), 4))
     for i, prompt in enumerate(PROMPTS[:3]):
         tokens, _, _, text = reference[i][0]
         stop_text = text[len(text) // 2 : len(text) // 2 + 3]

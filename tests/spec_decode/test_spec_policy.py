@@ -45,12 +45,12 @@ def test_batch_switch_and_rejected_drafts_in_the_engine(tiny_llama):
     plain = results(make_llm(tiny_llama).generate(PROMPTS, GREEDY))
     mapping = {tuple(p): r[0][0] for p, r in zip(PROMPTS, plain)}
     big = make_llm(tiny_llama, speculative_config={**NGRAM, "disable_by_batch_size": 3})
-    big.llm_engine.core.runner.proposer = ForcedProposer(reference_drafts(mapping, 4, "all"))
+    big.llm_engine.core.proposer = ForcedProposer(reference_drafts(mapping, 4, "all"))
     assert results(big.generate(PROMPTS, GREEDY)) == plain
     assert spec_stats(big).num_drafts == 0  # four running > 3: nobody proposed
     assert results(big.generate(PROMPTS[:3], GREEDY)) == plain[:3] and spec_stats(big).num_drafts > 0
     wrong = make_llm(tiny_llama, speculative_config={**NGRAM, "min_acceptance_rate": 0.5})
-    wrong.llm_engine.core.runner.proposer = ForcedProposer(reference_drafts(mapping, 4, "none"))
+    wrong.llm_engine.core.proposer = ForcedProposer(reference_drafts(mapping, 4, "none"))
     assert results(wrong.generate(PROMPTS[:1], GREEDY)) == plain[:1]
     stats = spec_stats(wrong)
     # 40 tokens, one per step: 3 rejected drafts pause it for 8 steps, 3 more for 16: about 8 drafts

@@ -54,7 +54,7 @@ def test_processed_requests_equal_plain_with_forced_drafts(engines, case, temper
     mapping = {tuple(p): r[0][0] for p, r in zip(PROMPTS, reference)}
     for mode in ("all", "prefix"):
         before = spec_stats(llm)
-        llm.llm_engine.core.runner.proposer = ForcedProposer(reference_drafts(mapping, 4, mode, seed=3))
+        llm.llm_engine.core.proposer = ForcedProposer(reference_drafts(mapping, 4, mode, seed=3))
         got = generate_checked(llm, PROMPTS, params) if mode == "prefix" else llm.generate(PROMPTS, params)
         assert results(got) == reference, mode
         stats = spec_stats(llm).minus(before)

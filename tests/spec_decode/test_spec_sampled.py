@@ -42,7 +42,7 @@ def reference_map(ref) -> dict:
 @pytest.mark.parametrize("mode", ["all", "prefix", "none"])
 def test_seeded_requests_give_their_plain_tokens_whatever_the_drafts(tiny_llama, reference, mode):
     llm = make_llm(tiny_llama, speculative_config=NGRAM)
-    llm.llm_engine.core.runner.proposer = ForcedProposer(reference_drafts(reference_map(reference), 4, mode))
+    llm.llm_engine.core.proposer = ForcedProposer(reference_drafts(reference_map(reference), 4, mode))
     got = results(generate_checked(llm, PROMPTS, SEEDED))
     assert [r[:1] for r in got] == [r[:1] for r in reference]  # the choice the drafts follow
     assert got == reference  # and the n = 2 sibling
@@ -112,7 +112,7 @@ def test_joint_distribution_equals_plain_sampling(tiny_llama, drafts):
     expected = num_requests * _sequence_probabilities(llm, prompt, allowed, temperature, length)
     first = expected.reshape(3, -1).sum(axis=1)
     forced = [allowed[int(np.argmax(first) if drafts == "likely" else np.argmin(first))]] * length
-    llm.llm_engine.core.runner.proposer = ForcedProposer(lambda p, out: forced[len(out):])
+    llm.llm_engine.core.proposer = ForcedProposer(lambda p, out: forced[len(out):])
     params = SamplingParams(temperature=temperature, max_tokens=length, ignore_eos=True, allowed_token_ids=allowed)
     index = {seq: i for i, seq in enumerate(itertools.product(allowed, repeat=length))}
     for engine, label in ((llm, "speculative"), (make_llm(tiny_llama, **options), "plain")):

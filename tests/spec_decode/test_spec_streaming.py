@@ -29,7 +29,7 @@ def server(tiny_llama, plain):
     srv = start_live_server(str(tiny_llama), max_model_len=256, block_size=16, num_gpu_blocks_override=128,
                             dtype="float32", seed=0, speculative_config=NGRAM)
     mapping = {tuple(p): r[0][0] for p, r in zip(PROMPTS, plain)}
-    srv.core.runner.proposer = ForcedProposer(reference_drafts(mapping, 4, "prefix", seed=2))
+    srv.core.proposer = ForcedProposer(reference_drafts(mapping, 4, "prefix", seed=2))
     yield srv
     srv.stop()
 

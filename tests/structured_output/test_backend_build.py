@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from kvserve.engine.arg_utils import engine_config_from_kwargs
-from kvserve.engine.llm_engine import build_input_processor
+from kvserve.engine.input_processor import build_input_processor
 from kvserve.structured_output import manager as manager_module
 from kvserve.structured_output.errors import StructuredOutputError
 from kvserve.structured_output.manager import StructuredOutputManager

@@ -6,7 +6,6 @@
     server.py              build_app(engine, settings) -> FastAPI: the routes
     serving_completion.py  /v1/completions        serving_chat.py  /v1/chat/completions
     serving_base.py        shared state, model/context checks, admission, disconnect watch
-    engine_stream.py       one engine request: started before the response, always cleaned up
     logprobs.py            TokenLogprobs in the completions and chat formats
     tokenization.py        prompts, chat templates, token strings/bytes
     sse.py                 server-sent events and a disconnect-aware streaming response

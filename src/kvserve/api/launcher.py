@@ -176,7 +176,8 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
            progress: StartProgress) -> int:
     from kvserve.engine.arg_utils import engine_config_from_args
     from kvserve.engine.async_llm import AsyncLLM
-    from kvserve.engine.llm_engine import LLMEngine, build_input_processor
+    from kvserve.engine.core import EngineCore
+    from kvserve.engine.input_processor import build_input_processor
     from kvserve.metrics.log_format import configure_logging
     from kvserve.metrics.wiring import build_stats_consumers, install_metrics, observability_config_from_args
     from kvserve.tokenizer import load_tokenizer
@@ -200,7 +201,7 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
 
     publisher = _kv_event_publisher(args, config)
     async_engine = AsyncLLM.deferred(
-        failure.wrap(lambda: LLMEngine(config, settings.chat_template, input_processor)), served_name,
+        failure.wrap(lambda: EngineCore(config)), served_name,
         input_processor=input_processor, sampling_defaults=config.model.sampling_defaults,
         stats_consumers=consumers, on_dead=on_dead, kv_event_publisher=publisher,
         quantization=config.model.quantization.label,
@@ -301,7 +302,7 @@ def check_model(config):
     """
     from kvserve.engine.core import resolve_device, resolve_max_model_len
     from kvserve.model.loader import default_dtype_for_device, load_arch_config, resolve_dtype
-    from kvserve.model.runner import kv_cache_bytes_per_block
+    from kvserve.model.kv_cache_layout import kv_cache_bytes_per_block
     from kvserve.startup_checks import check_architecture, check_kv_budget, check_weights
 
     device = resolve_device(config.model.device)  # fail before serving when the device is missing

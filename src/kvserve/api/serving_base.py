@@ -1,31 +1,35 @@
 """What the completion and chat handlers share: server state, model checks, admission (rate
-limits, shutdown), usage, and waiting for a result while watching for disconnect. Request values
-are validated by the engine's input processor, not here.
+limits, shutdown), usage, the admitted call (``GenerationCall``: SSE chunks or one body), and
+waiting for a result while watching for disconnect. Request values are validated by the engine's
+input processor, not here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
+from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 
 from kvserve.api.chat_parsers import ChatParsers
-from kvserve.api.engine_stream import start_streams
-from kvserve.api.errors import APIError
+from kvserve.api.errors import APIError, to_api_error
 from kvserve.api.rate_limit import RateLimiter
 from kvserve.api.responses import CompletionTokensDetails, PromptTokensDetails, UsageInfo
 from kvserve.api.settings import ServerSettings
-from kvserve.api.sse import SSEResponse
+from kvserve.api.sse import SSE_DONE, SSEResponse, format_sse
 from kvserve.api.tokenization import TokenText, make_token_text, token_id_text
 from kvserve.engine.engine_request import EngineRequest
+from kvserve.engine.request_stream import RequestStream
 from kvserve.errors import InvalidRequestError
 from kvserve.generation_config import SamplingDefaults
 from kvserve.lora.request import LoRARequest
+from kvserve.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from kvserve.api.protocol import SamplingRequest
@@ -173,22 +177,91 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> tuple[bool, 
     return True, task.result()
 
 
-async def respond(state: ServingState, api_key: str, requests: list[EngineRequest], make_call: Callable,
-                  stream: bool, raw_request: Request) -> Response:
+class GenerationCall(ABC):
+    """One admitted call of a generation endpoint: its ``RequestStream``'s deltas become the
+    endpoint's SSE chunks (:meth:`stream`) or one response body (:meth:`aggregate`). Both end the
+    call (abort what is unfinished, release the admission) on every exit path.
+
+    Subclasses say what a delta adds (``_stream_choices``, ``_absorb``) and how their chunks,
+    usage and body look (``_chunk``, ``_usage``, ``_response``).
+    """
+
+    def __init__(self, state: ServingState, request: Any, request_id: str, stream: RequestStream):
+        self.state = state
+        self.request = request
+        self.request_id = request_id
+        self.request_stream = stream
+
+    @abstractmethod
+    def _stream_choices(self, index: int, output: RequestOutput) -> Iterator[BaseModel]:
+        """Apply prompt ``index``'s delta; the chunk choices it sends (each in a chunk of its own)."""
+
+    @abstractmethod
+    def _absorb(self, index: int, output: RequestOutput) -> None:
+        """Apply prompt ``index``'s delta to the whole response."""
+
+    @abstractmethod
+    def _chunk(self, choices: list[BaseModel], usage: UsageInfo | None) -> BaseModel:
+        """A stream chunk."""
+
+    @abstractmethod
+    def _usage(self) -> UsageInfo:
+        """The call's usage so far."""
+
+    @abstractmethod
+    def _response(self) -> BaseModel:
+        """The non-streamed body, after every delta was absorbed."""
+
+    def _close(self, api_key: str) -> None:
+        self.request_stream.close()
+        self.state.finish(api_key)
+
+    async def stream(self, api_key: str) -> AsyncIterator[str]:
+        """SSE events: a chunk per choice delta, the usage chunk if asked, ``[DONE]``. With
+        ``continuous_usage_stats`` every chunk carries the call's running usage. An error after
+        the headers went out is reported in-band, as vLLM does."""
+        exclude = None if self.request.include_usage else {"usage"}
+        try:
+            async for index, output in self.request_stream.outputs():
+                for choice in self._stream_choices(index, output):
+                    usage = self._usage() if self.request.continuous_usage else None
+                    yield format_sse(self._chunk([choice], usage).model_dump(mode="json", exclude=exclude))
+            if self.request.include_usage:
+                yield format_sse(self._chunk([], self._usage()))
+        except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
+            yield format_sse(to_api_error(exc).body())
+        finally:
+            self._close(api_key)
+        yield SSE_DONE
+
+    async def aggregate(self, api_key: str) -> BaseModel:
+        """The non-streamed response: all deltas joined."""
+        try:
+            async for index, output in self.request_stream.outputs():
+                self._absorb(index, output)
+        finally:
+            self._close(api_key)
+        return self._response()
+
+
+async def respond(state: ServingState, api_key: str, requests: list[EngineRequest],
+                  make_call: Callable[[RequestStream], GenerationCall], stream: bool, raw_request: Request) -> Response:
     """Admit a call (rate limits charged its prompt tokens plus ``n * max_tokens`` per prompt),
     queue its engine requests (all or none), and answer with an SSE stream or, non-streamed, one
     JSON body (499 if the client left first).
 
-    ``make_call(streams)`` builds the endpoint's call object; it has ``stream(api_key)`` and
-    ``aggregate(api_key)``, which release the admission when done.
+    ``make_call(stream)`` builds the endpoint's ``GenerationCall`` from the call's ``RequestStream``.
+
+    Raises:
+        InvalidRequestError, RequestRejectedError: nothing was queued (``add_requests``).
     """
     state.admit(api_key, sum(len(r.prompt_token_ids) + r.n * r.max_tokens for r in requests))
     try:
-        streams = await start_streams(state.engine, requests)
+        request_stream = await state.engine.add_requests(requests)
     except BaseException:
         state.finish(api_key)
         raise
-    call = make_call(streams)
+    call = make_call(request_stream)
     if stream:
         return SSEResponse(call.stream(api_key))
     finished, body = await until_disconnect(raw_request, call.aggregate(api_key))

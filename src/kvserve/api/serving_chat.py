@@ -17,24 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 
 from fastapi import Request
 from starlette.responses import Response
 
 from kvserve.api.chat_output import ChoiceOutput, MessageDelta
 from kvserve.api.chat_parsers import ChatPlan
-from kvserve.api.engine_stream import RequestStream
-from kvserve.api.errors import to_api_error
 from kvserve.api.logprobs import chat_logprobs, prompt_logprobs_json
 from kvserve.api.protocol import ChatCompletionRequest, tools_for_template
 from kvserve.api.responses import (ChatChoiceLogprobs, ChatCompletionChoice, ChatCompletionResponse,
                                    ChatCompletionStreamChoice, ChatCompletionStreamResponse,
-                                   ChatLogprobToken, ChatResponseMessage, DeltaMessage)
-from kvserve.api.serving_base import ServingState, make_usage, new_request_id, respond
-from kvserve.api.sse import SSE_DONE, format_sse
+                                   ChatLogprobToken, ChatResponseMessage, DeltaMessage, UsageInfo)
+from kvserve.api.serving_base import GenerationCall, ServingState, make_usage, new_request_id, respond
 from kvserve.api.tokenization import render_chat
+from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.input_processor import FieldNames
+from kvserve.engine.request_stream import RequestStream
+from kvserve.lora.request import LoRARequest
 from kvserve.outputs import CompletionOutput, RequestOutput
 
 
@@ -85,44 +85,51 @@ class ChatServing:
         Raises:
             InvalidRequestError, APIError, RequestRejectedError: mapped to 4xx/503 by the app.
         """
-        state, engine = self.state, self.state.engine
+        state = self.state
         state.check_ready()
         lora_request = state.check_model(request.model)
         request.check_http_fields()
         plan = state.chat_parsers.plan(request)
-        prompt_ids = await asyncio.to_thread(render_messages, state, request, plan)  # templates can be slow
+        request_id = new_request_id("chatcmpl", raw_request)
+        engine_request = await asyncio.to_thread(self._prepare, request, plan, request_id, lora_request)
+        return await respond(
+            state, api_key, [engine_request],
+            lambda stream: _ChatCall(state, request, plan, request_id, stream), request.stream, raw_request,
+        )
+
+    def _prepare(self, request: ChatCompletionRequest, plan: ChatPlan, request_id: str,
+                 lora_request: LoRARequest | None) -> EngineRequest:
+        """The input stage, on a worker thread (templates, tokenizers and grammars can be slow):
+        render the messages, then validate (``InputProcessor.process``)."""
+        state = self.state
+        prompt_ids = render_messages(state, request, plan)
         params = request.to_sampling_params(max_tokens=request.requested_max_tokens, logprobs=request.num_logprobs,
                                             defaults=state.sampling_defaults)
         params = plan.sampling_params(params)
         fields = FieldNames(prompt="messages", logprobs="top_logprobs",
                             max_tokens="max_completion_tokens" if request.max_completion_tokens is not None
                             else "max_tokens")
-        request_id = new_request_id("chatcmpl", raw_request)
-        engine_request = await engine.process_inputs(request_id, {"prompt_token_ids": prompt_ids}, params,
-                                                     priority=request.priority, cache_salt=request.cache_salt,
-                                                     fields=fields, reasoning=plan.grammar_reasoning(params),
-                                                     lora_request=lora_request)
-        return await respond(
-            state, api_key, [engine_request],
-            lambda streams: _ChatCall(state, request, plan, request_id, streams[0]), request.stream, raw_request,
-        )
+        return state.engine.input_processor.process(
+            request_id, {"prompt_token_ids": prompt_ids}, params, priority=request.priority,
+            cache_salt=request.cache_salt, fields=fields, reasoning=plan.grammar_reasoning(params),
+            lora_request=lora_request)
 
 
-class _ChatCall:
+class _ChatCall(GenerationCall):
     """One admitted chat call: turns engine deltas into choices and chunks."""
 
     def __init__(self, state: ServingState, request: ChatCompletionRequest, plan: ChatPlan, request_id: str,
                  stream: RequestStream):
-        self.state = state
-        self.request = request
+        super().__init__(state, request, request_id, stream)
         self.plan = plan
-        self.request_id = request_id
-        self.request_stream = stream
-        self.model_name = state.response_model_name(stream.request.lora_request)
-        self.choices = [_Choice(i, plan.choice_output(stream.request.sampling_params)) for i in range(request.n)]
+        self.engine_request = stream.requests[0]
+        self.sent_roles = False
+        self.model_name = state.response_model_name(self.engine_request.lora_request)
+        self.choices = [_Choice(i, plan.choice_output(self.engine_request.sampling_params))
+                        for i in range(request.n)]
         self.cached_tokens = 0
         self.prompt_logprobs = None
-        self.reasoning_counter = plan.reasoning_counter(stream.request.sampling_params)
+        self.reasoning_counter = plan.reasoning_counter(self.engine_request.sampling_params)
         # vLLM: with the reasoning left out, logprobs (which would show it) are left out too.
         self.logprobs = request.logprobs and not (plan.parsers.reasoning_parser is not None
                                                    and not plan.include_reasoning)
@@ -190,58 +197,33 @@ class _ChatCall:
         reasoning = None
         if self.reasoning_counter is not None:
             reasoning = sum(self.reasoning_counter(c.token_ids) for c in self.choices)
-        return make_usage(len(self.request_stream.request.prompt_token_ids),
+        return make_usage(len(self.engine_request.prompt_token_ids),
                           sum(c.num_tokens for c in self.choices), self.cached_tokens, reasoning)
 
-    def _chunk(self, choices: list[ChatCompletionStreamChoice], exclude) -> str:
-        usage = self._usage() if self.request.continuous_usage else None
-        chunk = ChatCompletionStreamResponse(id=self.request_id, model=self.model_name,
-                                             choices=choices, usage=usage)
-        return format_sse(chunk.model_dump(mode="json", exclude=exclude))
+    def _chunk(self, choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None
+               ) -> ChatCompletionStreamResponse:
+        return ChatCompletionStreamResponse(id=self.request_id, model=self.model_name, choices=choices, usage=usage)
 
-    async def _close(self, api_key: str) -> None:
-        await self.request_stream.close()
-        self.state.finish(api_key)
+    def _stream_choices(self, index: int, output: RequestOutput) -> Iterator[ChatCompletionStreamChoice]:
+        """A role delta per choice first (sent with the first engine output, as vLLM, so they
+        carry its prefix-cache hits; 0 completion tokens in a running usage), then the content
+        deltas."""
+        self._note_prompt(output)
+        if not self.sent_roles:
+            self.sent_roles = True
+            for choice in self.choices:
+                yield ChatCompletionStreamChoice(index=choice.index, delta=DeltaMessage(role=self._role(), content=""))
+        for delta in output.outputs:
+            choice = self._delta(delta)
+            if choice is not None:
+                yield choice
 
-    async def stream(self, api_key: str) -> AsyncIterator[str]:
-        """SSE events: a role delta per choice (sent with the first engine output, as vLLM, so
-        they carry its prefix-cache hits), content deltas, usage chunk if asked, ``[DONE]``.
-        With ``continuous_usage_stats`` every chunk carries the running usage (all choices so
-        far; 0 completion tokens on the role chunks)."""
-        exclude = None if self.request.include_usage else {"usage"}
-        first = True
-        try:
-            async for output in self.request_stream.outputs():
-                self._note_prompt(output)
-                if first:
-                    first = False
-                    for choice in self.choices:
-                        role = ChatCompletionStreamChoice(index=choice.index,
-                                                          delta=DeltaMessage(role=self._role(), content=""))
-                        yield self._chunk([role], exclude)
-                for delta in output.outputs:
-                    choice = self._delta(delta)
-                    if choice is not None:
-                        yield self._chunk([choice], exclude)
-            if self.request.include_usage:
-                chunk = ChatCompletionStreamResponse(id=self.request_id, model=self.model_name,
-                                                     choices=[], usage=self._usage())
-                yield format_sse(chunk)
-        except Exception as exc:  # headers are sent: report in-band, as vLLM does
-            yield format_sse(to_api_error(exc).body())
-        finally:
-            await self._close(api_key)
-        yield SSE_DONE
+    def _absorb(self, index: int, output: RequestOutput) -> None:
+        self._note_prompt(output)
+        for delta in output.outputs:
+            self._apply(delta)
 
-    async def aggregate(self, api_key: str) -> ChatCompletionResponse:
-        """The non-streamed response: all deltas joined per choice."""
-        try:
-            async for output in self.request_stream.outputs():
-                self._note_prompt(output)
-                for delta in output.outputs:
-                    self._apply(delta)
-        finally:
-            await self._close(api_key)
+    def _response(self) -> ChatCompletionResponse:
         choices = []
         for c in self.choices:
             message, finish_reason = self._message(c)
@@ -252,7 +234,7 @@ class _ChatCall:
         prompt_logprobs = None
         if self.request.prompt_logprobs is not None:
             prompt_logprobs = prompt_logprobs_json(self.state.token_text,
-                                                   self.request_stream.request.prompt_token_ids,
+                                                   self.engine_request.prompt_token_ids,
                                                    self.prompt_logprobs)
         return ChatCompletionResponse(id=self.request_id, model=self.model_name, choices=choices,
                                       usage=self._usage(), prompt_logprobs=prompt_logprobs)

@@ -2,7 +2,7 @@
 
 Each prompt is one engine request with ``n`` choices; the response numbers choices
 ``prompt_index * n + choice_index``, as the OpenAI API does for a list of prompts. All prompts
-of a call are admitted together (``start_streams``): a list too long for the waiting queue is
+of a call are admitted together (``AsyncLLM.add_requests``): a list too long for the waiting queue is
 refused whole (429, or 400 when it could never fit), with nothing queued.
 
 ``echo`` with ``max_tokens=0`` scores the prompt without generating (lm-eval-harness's
@@ -12,22 +12,21 @@ refused whole (429, or 400 when it could never fit), with nothing queued.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 
 from fastapi import Request
 from starlette.responses import Response
 
-from kvserve.api.engine_stream import RequestStream, merge_outputs
-from kvserve.api.errors import to_api_error
 from kvserve.api.logprobs import (CompletionLogprobsBuilder, merge_completion_logprobs,
                                   prompt_logprobs_json)
 from kvserve.api.protocol import CompletionRequest
 from kvserve.api.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
-                                   CompletionStreamResponse)
-from kvserve.api.serving_base import ServingState, make_usage, new_request_id, respond
-from kvserve.api.sse import SSE_DONE, format_sse
+                                   CompletionStreamResponse, UsageInfo)
+from kvserve.api.serving_base import GenerationCall, ServingState, make_usage, new_request_id, respond
 from kvserve.engine.engine_request import EngineRequest
+from kvserve.engine.request_stream import RequestStream
 from kvserve.outputs import CompletionOutput, RequestOutput
 
 
@@ -74,37 +73,35 @@ class CompletionServing:
         if request.echo and request.logprobs is not None:
             params = dataclasses.replace(params, prompt_logprobs=max(request.logprobs, request.prompt_logprobs or 0))
         request_id = new_request_id("cmpl", raw_request)
-        engine = self.state.engine
         prompts = [{"prompt": p, "add_special_tokens": request.add_special_tokens} if isinstance(p, str)
                    else {"prompt_token_ids": p} for p in _prompt_inputs(request)]
-        engine_requests = [
-            await engine.process_inputs(f"{request_id}-{i}", prompt, params, priority=request.priority,
-                                        cache_salt=request.cache_salt, lora_request=lora_request)
-            for i, prompt in enumerate(prompts)
-        ]
+        process = self.state.engine.input_processor.process
+
+        def prepare() -> list[EngineRequest]:  # the input stage, on a worker thread (tokenizers can be slow)
+            return [process(f"{request_id}-{i}", prompt, params, priority=request.priority,
+                            cache_salt=request.cache_salt, lora_request=lora_request)
+                    for i, prompt in enumerate(prompts)]
+
+        engine_requests = await asyncio.to_thread(prepare)
         return await respond(
             self.state, api_key, engine_requests,
-            lambda streams: _Call(self.state, request, request_id, streams), request.stream, raw_request,
+            lambda stream: _Call(self.state, request, request_id, stream), request.stream, raw_request,
         )
 
 
-class _Call:
+class _Call(GenerationCall):
     """One admitted completions call: turns engine deltas into choices and chunks."""
 
-    def __init__(self, state: ServingState, request: CompletionRequest, request_id: str,
-                 streams: list[RequestStream]):
-        self.state = state
-        self.request = request
-        self.request_id = request_id
-        self.streams = streams
-        self.prompts: list[EngineRequest] = [s.request for s in streams]
+    def __init__(self, state: ServingState, request: CompletionRequest, request_id: str, stream: RequestStream):
+        super().__init__(state, request, request_id, stream)
+        self.prompts: list[EngineRequest] = stream.requests
         self.model_name = state.response_model_name(self.prompts[0].lora_request)
         n = request.n
         self.choices = [_Choice(i, None if request.logprobs is None else
                                 CompletionLogprobsBuilder(state.logprob_token_text(request), request.logprobs))
-                        for i in range(len(streams) * n)]
-        self.cached_tokens = [0] * len(streams)
-        self.prompt_logprobs: list[list | None] = [None] * len(streams)
+                        for i in range(len(self.prompts) * n)]
+        self.cached_tokens = [0] * len(self.prompts)
+        self.prompt_logprobs: list[list | None] = [None] * len(self.prompts)
 
     def _note_prompt(self, prompt_index: int, output: RequestOutput) -> None:
         """The first delta of a prompt carries its prefix-cache hits and prompt logprobs."""
@@ -150,46 +147,22 @@ class _Call:
         prompt_tokens = sum(len(p.prompt_token_ids) for p in self.prompts)
         return make_usage(prompt_tokens, sum(c.num_tokens for c in self.choices), sum(self.cached_tokens))
 
-    async def _close(self, api_key: str) -> None:
-        for stream in self.streams:
-            await stream.close()
-        self.state.finish(api_key)
+    def _chunk(self, choices: list[CompletionChoice], usage: UsageInfo | None) -> CompletionStreamResponse:
+        return CompletionStreamResponse(id=self.request_id, model=self.model_name, choices=choices, usage=usage)
 
-    async def stream(self, api_key: str) -> AsyncIterator[str]:
-        """SSE events: one chunk per choice delta, the usage chunk if asked, ``[DONE]``. With
-        ``continuous_usage_stats`` every chunk carries the call's running usage (all prompts and
-        choices so far), so the last choice chunk's equals the usage chunk's."""
-        model = self.model_name
-        exclude = None if self.request.include_usage else {"usage"}
-        try:
-            async for prompt_index, output in merge_outputs(self.streams):
-                self._note_prompt(prompt_index, output)
-                for delta in output.outputs:
-                    choice = self._delta(prompt_index, delta)
-                    if choice is not None:
-                        usage = self._usage() if self.request.continuous_usage else None
-                        chunk = CompletionStreamResponse(id=self.request_id, model=model, choices=[choice],
-                                                         usage=usage)
-                        yield format_sse(chunk.model_dump(mode="json", exclude=exclude))
-            if self.request.include_usage:
-                chunk = CompletionStreamResponse(id=self.request_id, model=model, choices=[],
-                                                 usage=self._usage())
-                yield format_sse(chunk)
-        except Exception as exc:  # headers are sent: report in-band, as vLLM does
-            yield format_sse(to_api_error(exc).body())
-        finally:
-            await self._close(api_key)
-        yield SSE_DONE
+    def _stream_choices(self, index: int, output: RequestOutput) -> Iterator[CompletionChoice]:
+        self._note_prompt(index, output)
+        for delta in output.outputs:
+            choice = self._delta(index, delta)
+            if choice is not None:
+                yield choice
 
-    async def aggregate(self, api_key: str) -> CompletionResponse:
-        """The non-streamed response: all deltas joined per choice."""
-        try:
-            async for prompt_index, output in merge_outputs(self.streams):
-                self._note_prompt(prompt_index, output)
-                for delta in output.outputs:
-                    self._delta(prompt_index, delta)
-        finally:
-            await self._close(api_key)
+    def _absorb(self, index: int, output: RequestOutput) -> None:
+        self._note_prompt(index, output)
+        for delta in output.outputs:
+            self._delta(index, delta)
+
+    def _response(self) -> CompletionResponse:
         choices = []
         for choice in self.choices:
             logprobs = merge_completion_logprobs(choice.logprob_parts) if choice.logprobs else None

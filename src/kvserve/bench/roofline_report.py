@@ -122,7 +122,7 @@ def not_computed(reason: str, elapsed_s: float, output_tokens: int) -> RooflineR
 
 
 def engine_from_facts(facts: dict[str, Any], model_dir: str, assumed: Sequence[str] = ()) -> RunEngine:
-    """A :class:`RunEngine` from ``kvserve.engine.llm_engine.serving_facts``' dict (also the
+    """A :class:`RunEngine` from ``EngineCore.serving_facts``' dict (also the
     ``engine`` object of a kvserve server's ``/version``).
 
     Raises:

@@ -108,9 +108,7 @@ def run_throughput(model: str, samples: Sequence[SampleRequest], engine_kwargs: 
     result = summarize(samples, outputs, elapsed, load_s)
     core = getattr(getattr(llm, "llm_engine", None), "core", None)  # None: a stand-in engine (tests)
     if core is not None:
-        from kvserve.engine.llm_engine import serving_facts
-
-        result = dataclasses.replace(result, engine=serving_facts(llm.llm_engine))
+        result = dataclasses.replace(result, engine=core.serving_facts())
     spec = None if core is None else core.scheduler.make_stats().spec_decoding
     if spec is None or not spec.num_drafts:
         return result

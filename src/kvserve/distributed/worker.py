@@ -152,7 +152,7 @@ class TensorParallelWorker:
                 raise TypeError(f"unknown message {type(message).__name__}")
 
     def _allocate_kv_caches(self, message: InitKVCache) -> list[torch.Tensor]:
-        from kvserve.model.runner import allocate_kv_caches
+        from kvserve.model.kv_cache_layout import allocate_kv_caches
 
         return allocate_kv_caches(self.loaded.arch, message.num_blocks, message.block_size, message.kv_cache_dtype,
                                   self.loaded.dtype, self.device, self.loaded.cached_kv_heads)

@@ -7,23 +7,30 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kvserve.attention import get_attention_backend
 from kvserve.config import EngineConfig
+from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.kv_sizing import KVCachePlan, available_host_memory_bytes, plan_kv_cache
 from kvserve.errors import ConfigError, EngineDeadError
 from kvserve.kv_cache.events import KVCacheEvent
 from kvserve.kv_cache.manager import KVCacheManager
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.loader import LoadedModel, default_dtype_for_device, load_model
-from kvserve.model.runner import ModelRunner, kv_cache_bytes_per_block
+from kvserve.model.kv_cache_layout import kv_cache_bytes_per_block
+from kvserve.model.runner import ModelRunner
 from kvserve.outputs import EngineCoreOutput
 from kvserve.request import Request, RequestStatus
 from kvserve.scheduler.admission import check_kv_fit
 from kvserve.scheduler.scheduler import Scheduler
 from kvserve.scheduler.stats import SchedulerStats
+from kvserve.spec_decode.proposer import build_proposer, propose_drafts
+
+if TYPE_CHECKING:
+    from kvserve.lora.registry import LoRARegistry
 
 logger = logging.getLogger(__name__)
 
@@ -130,10 +137,11 @@ class EngineCore:
                                    max_loras=self.config.lora.max_loras if self.config.lora else 0)
         self.runner = ModelRunner(self.loaded, self.kv_plan.num_blocks, self.kv_plan.block_size, self.device,
                                   max_num_reqs=self.config.scheduler.max_num_seqs, max_model_len=self.max_model_len,
-                                  seed=config.model.seed, proposer=self._build_proposer(),
+                                  seed=config.model.seed,
                                   lora_config=self.config.lora,
                                   kv_cache_dtype=self.config.cache.kv_cache_dtype,
                                   enforce_eager=self.config.model.enforce_eager)
+        self.proposer = self._build_proposer()  # speculative decoding's drafts, or None
         if self.tensor_parallel is not None:
             self.tensor_parallel.init_kv_cache(self.kv_plan.num_blocks, self.kv_plan.block_size,
                                                self.config.cache.kv_cache_dtype)
@@ -236,8 +244,6 @@ class EngineCore:
         spec = self.config.speculative
         if spec is None:
             return None
-        from kvserve.spec_decode.proposer import build_proposer
-
         return build_proposer(spec, max_model_len=self.max_model_len, draft=self.draft,
                               num_blocks=self.kv_plan.num_blocks, block_size=self.kv_plan.block_size,
                               enforce_eager=self.config.model.enforce_eager)
@@ -270,11 +276,13 @@ class EngineCore:
         it finishes at once, with ``length`` and no token."""
         return request.max_tokens == 0 and request.sampling_params.prompt_logprobs is None
 
-    def add_requests(self, requests: list[Request], capacity_param: str | None = None) -> None:
-        """Queue the choices of one call, all or none (``Scheduler.add_requests`` raises before
-        anything is queued; ``capacity_param`` names the field to blame when they could never fit
+    def add_requests(self, call: list[EngineRequest]) -> None:
+        """Queue the choices of one call's requests, all or none (``Scheduler.add_requests``
+        raises before anything is queued, blaming ``prompt`` or ``n`` when they could never fit
         the queue). A request with no work (:meth:`has_no_work`) is checked the same way but
         never queued."""
+        requests = [child for request in call for child in request.make_requests()]
+        capacity_param = "prompt" if len(call) > 1 else "n"
         no_work = [r for r in requests if self.has_no_work(r)]
         for request in no_work:
             check_kv_fit(request, self.kv_cache_manager)
@@ -317,6 +325,9 @@ class EngineCore:
         runner_output = self.runner.execute_model(scheduler_output)
         if scheduler_output.is_empty:
             return StepResult(finished_on_admission, None, self.kv_cache_manager.take_events())
+        if self.proposer is not None and scheduler_output.propose_draft_req_ids:
+            propose_drafts(self.proposer, self.runner.input_batch, scheduler_output.propose_draft_req_ids,
+                           self.runner.faults, runner_output)
         self._count_failed_steps(scheduler_output, runner_output)
         num_prefill = sum(n for req_id, n in scheduler_output.num_scheduled_tokens.items()
                           if self.scheduler.requests[req_id].num_computed_tokens
@@ -350,3 +361,21 @@ class EngineCore:
 
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
+
+    def serving_facts(self) -> dict[str, Any]:
+        """What a benchmark needs to compute the roofline of a run against this engine
+        (``kvserve.bench.roofline``) and ``/version`` reports: the model folder, the dtype it runs
+        in, the weights' quantization (``QuantizationConfig.label``), the KV cache dtype, how many
+        requests run at once and the device."""
+        config = self.config
+        return {"model": config.model.model, "dtype": str(self.loaded.dtype).removeprefix("torch."),
+                "quantization": config.model.quantization.label, "kv_cache_dtype": config.cache.kv_cache_dtype,
+                "max_num_seqs": config.scheduler.max_num_seqs, "device": str(self.device)}
+
+    def lora_registry(self) -> LoRARegistry | None:
+        """A new registry of the adapters this engine can run (``--enable-lora``), else None."""
+        if self.config.lora is None:
+            return None
+        from kvserve.lora.registry import LoRARegistry
+
+        return LoRARegistry(self.config.lora, self.loaded.arch)

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
-from kvserve.engine.engine_request import EngineRequest
+from kvserve.engine.request_stream import RequestStream
 
 
 @dataclass(frozen=True)
 class AddRequests:
-    """Queue ``requests`` (all or none). ``streams[i]`` receives the deltas of ``requests[i]``;
-    ``done`` is resolved (or gets the admission error) on the requester's event loop."""
+    """Queue ``stream.requests`` (all or none); their deltas go to ``stream``. ``done`` is
+    resolved (or gets the admission error) on the requester's event loop."""
 
-    requests: list[EngineRequest]
-    streams: list[Any]
+    stream: RequestStream
     done: asyncio.Future
 
 

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvserve.config import EngineConfig
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.param_validation import validate_sampling_params
 from kvserve.errors import InvalidRequestError
@@ -28,7 +29,7 @@ from kvserve.sample.bad_words import tokenize_bad_words
 from kvserve.sampling_params import SamplingParams
 from kvserve.structured_output.grammar_request import GrammarRequest
 from kvserve.structured_output.manager import StructuredOutputManager
-from kvserve.tokenizer import require_valid_unicode
+from kvserve.tokenizer import eos_token_ids, require_valid_unicode
 
 PromptInput = str | list[int] | dict[str, Any]
 
@@ -52,6 +53,19 @@ class FieldNames:
 
 
 DEFAULT_FIELDS = FieldNames()
+
+
+def build_input_processor(config: EngineConfig, tokenizer: Any, vocab_size: int, max_model_len: int,
+                          build_backend_now: bool = False) -> InputProcessor:
+    """The input processor of a model, with its structured-output backend (built in the
+    background from now on with ``build_backend_now``, else at the first constrained request)."""
+    eos = eos_token_ids(config.model.model, tokenizer)
+    return InputProcessor(tokenizer, vocab_size, max_model_len, eos,
+                          priority_scheduling=config.scheduler.policy == "priority",
+                          lora_enabled=config.lora is not None,
+                          structured_outputs=StructuredOutputManager(tokenizer, vocab_size, eos,
+                                                                     config.structured_outputs,
+                                                                     build_now=build_backend_now))
 
 
 class InputProcessor:

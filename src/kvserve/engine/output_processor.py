@@ -1,15 +1,19 @@
 """Turns the engine core's per-step token outputs into per-request delta ``RequestOutput``s:
 merges the choices of ``n > 1`` requests, detokenizes incrementally, and finds stop strings
 (asking the core to finish the request, as vLLM's front end does). A choice whose
-detokenization fails finishes with ``error`` alone (the core is asked to finish it too)."""
+detokenization fails finishes with ``error`` alone (the core is asked to finish it too).
+
+It is the one loop over a step's outputs: each request's delta goes to its sink (the server's
+``RequestStream``) in the same pass, and a finished request is dropped after its last delta.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from kvserve.engine.detokenizer import IncrementalDetokenizer
@@ -18,6 +22,7 @@ from kvserve.engine.stop_strings import StopStringMatcher
 from kvserve.faults import FaultInjector
 from kvserve.metrics.stats import IterationStats
 from kvserve.outputs import CompletionOutput, EngineCoreOutput, RequestOutput, TokenLogprobs
+from kvserve.request import RequestStatus
 from kvserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -31,12 +36,22 @@ class ProcessedOutputs(NamedTuple):
         to_stop: child ids that hit a stop string: the core must finish them (``stop``).
         to_fail: child ids whose front-end processing failed: the core must finish them (``error``).
         iteration: what the step delivered to clients (metrics).
+        finished: the state of each request that finished in this step (all its choices); they
+            are no longer in ``OutputProcessor.requests``.
     """
 
     request_outputs: list[RequestOutput]
     to_stop: list[str]
     to_fail: list[str]
     iteration: IterationStats
+    finished: list[RequestState]
+
+    def finish_in(self, core: Any) -> None:
+        """Ask the engine core to finish what the front end stopped or failed."""
+        if self.to_stop:
+            core.finish_requests(self.to_stop, RequestStatus.FINISHED_STOPPED)
+        if self.to_fail:
+            core.finish_requests(self.to_fail, RequestStatus.FINISHED_ERROR)
 
 
 @dataclass
@@ -80,6 +95,7 @@ class RequestState:
     error: str | None = None
     client_error: bool = False  # the error is the request's own fault (HTTP 400)
     lora_name: str | None = None  # the adapter it runs with (metrics and logs), None: the base model
+    sink: Callable[[RequestOutput], None] | None = None  # where its deltas go (a server's stream)
 
     @property
     def finished(self) -> bool:
@@ -99,8 +115,16 @@ class OutputProcessor:
         self._parent_of: dict[str, str] = {}
         self.faults = FaultInjector()
 
-    def add_request(self, request: EngineRequest) -> RequestState:
-        """Register ``request`` and its choices (``request.child_ids``, in index order)."""
+    def check_new(self, requests: list[EngineRequest]) -> None:
+        """Raises ValueError: a request id already in use or given twice."""
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids) or any(i in self.requests for i in ids):
+            raise ValueError(f"request ids must be new and distinct, got {ids}")
+
+    def add_request(self, request: EngineRequest, sink: Callable[[RequestOutput], None] | None = None
+                    ) -> RequestState:
+        """Register ``request`` and its choices (``request.child_ids``, in index order); its
+        deltas go to ``sink`` as well as into ``process_outputs``' result."""
         params = request.sampling_params
         choices = {}
         for index, child_id in enumerate(request.child_ids):
@@ -109,7 +133,7 @@ class OutputProcessor:
             choices[child_id] = ChoiceState(index, detok, matcher, times=RequestTimes(request.arrival_time))
             self._parent_of[child_id] = request.request_id
         state = RequestState(request.request_id, request.prompt, request.prompt_token_ids, params, choices,
-                             RequestTimes(request.arrival_time))
+                             RequestTimes(request.arrival_time), sink=sink)
         if request.lora_request is not None:
             state.lora_name = request.lora_request.lora_name
         if params.prompt_logprobs is not None:
@@ -117,15 +141,14 @@ class OutputProcessor:
         self.requests[request.request_id] = state
         return state
 
-    def child_ids(self, request_id: str) -> list[str]:
-        state = self.requests.get(request_id)
-        return list(state.choices) if state else []
-
-    def remove(self, request_id: str) -> None:
+    def remove(self, request_id: str) -> list[str]:
+        """Forget ``request_id``; returns its choices' ids (the core's), [] if unknown."""
         state = self.requests.pop(request_id, None)
-        if state:
-            for child_id in state.choices:
-                self._parent_of.pop(child_id, None)
+        if state is None:
+            return []
+        for child_id in state.choices:
+            self._parent_of.pop(child_id, None)
+        return list(state.choices)
 
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
         """Apply one step's outputs (see :class:`ProcessedOutputs`)."""
@@ -162,13 +185,18 @@ class OutputProcessor:
                 delta = deltas[parent_id] = self._new_delta(state, out)
             if completion is not None:
                 delta.outputs.append(completion)
+        finished = []
         for parent_id, delta in deltas.items():
             state = self.requests[parent_id]
             delta.finished = state.finished
             delta.error, delta.client_error = state.error, state.client_error
+            if state.sink is not None:
+                state.sink(delta)
             if delta.finished:
                 state.times.finished = now
-        return ProcessedOutputs(list(deltas.values()), to_stop, to_fail, iteration)
+                finished.append(state)
+                self.remove(parent_id)
+        return ProcessedOutputs(list(deltas.values()), to_stop, to_fail, iteration, finished)
 
     @staticmethod
     def _fail_choice(state: RequestState, choice: ChoiceState, error: str,

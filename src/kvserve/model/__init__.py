@@ -11,7 +11,8 @@ from kvserve.model.arch_config import ModelArchConfig, RopeScaling
 from kvserve.model.loader import LoadedModel, load_model
 from kvserve.model.registry import get_model_class, supported_architectures
 from kvserve.model.model_inputs import ModelInputs
-from kvserve.model.runner import ModelRunner, kv_cache_bytes_per_block
+from kvserve.model.kv_cache_layout import kv_cache_bytes_per_block
+from kvserve.model.runner import ModelRunner
 
 __all__ = [
     "LoadedModel",

@@ -5,10 +5,11 @@
     _update_states   apply the scheduler's deltas to the persistent batch (new requests once,
                      new block ids and computed counts after; rows of unscheduled requests leave)
     _run_rows        flat batch (``model_inputs``) -> forward -> logits of the sampling rows
-                     -> prompt logprobs -> logits processors + sampler, position by position
-                     for requests verifying draft tokens (``spec_decode.rejection_sampler``)
+                     -> prompt logprobs -> logits processors + sampler (position by position
+                     when requests verify draft tokens: ``sample.rejection_sampler``)
     _commit          append sampled tokens to the batch; fill the output
-    propose_drafts   speculative decoding: the proposer's drafts for the next step
+
+The drafts for the next step are the engine core's to propose (``spec_decode.proposer``).
 
 Failure isolation: if running a group of requests raises, the runner runs each half of the
 group again (recursively) and finishes only a request that fails alone (``ModelRunnerOutput
@@ -29,73 +30,27 @@ import math
 import numpy as np
 import torch
 
-from kvserve import huge_pages
 from kvserve.config import LoRAConfig
-from kvserve.errors import ConfigError, EngineDeadError
+from kvserve.errors import EngineDeadError
 from kvserve.faults import FaultInjector
-from kvserve.model.arch_config import ModelArchConfig
-from kvserve.model.input_batch import CachedRequestState, InputBatch, request_generator
-from kvserve.attention.kv_quant import kv_cache_torch_dtype, kv_row_size
-from kvserve.model.invariant_linear import use_invariant_linears
-from kvserve.model.loader import LoadedModel
 from kvserve.model.fused_decoder import FusedDecoder, model_hidden
+from kvserve.model.input_batch import CachedRequestState, InputBatch, request_generator
+from kvserve.model.invariant_linear import use_invariant_linears
+from kvserve.model.kv_cache_layout import allocate_kv_caches
+from kvserve.model.loader import LoadedModel
 from kvserve.model.model_inputs import make_flat_batch, to_model_inputs
 from kvserve.outputs import ModelRunnerOutput, PromptLogprobsChunk, TokenLogprobs
 from kvserve.sample.logits_processor import build_logits_processors
 from kvserve.sample.logprobs import prompt_logprobs_from_logits
+from kvserve.sample.rejection_sampler import RejectionSampler, VerifiedTokens
 from kvserve.sample.sampler import NoTokenAllowedError, Sampler, draw_uniforms
 from kvserve.scheduler.output import NewRequestData, SchedulerOutput
-from kvserve.spec_decode.proposer import Proposer, propose_drafts
-from kvserve.spec_decode.rejection_sampler import RejectionSampler
 
 logger = logging.getLogger(__name__)
 
 # Requests failing alone, in one step and before any succeeded, after which the failure is
 # taken as the batch's, not a request's (bisecting further would only repeat it).
 MAX_ISOLATED_FAILURES = 4
-
-
-def kv_cache_shape(arch: ModelArchConfig, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto",
-                   num_kv_heads: int | None = None) -> tuple[int, ...]:
-    """One layer's KV cache tensor: [2, num_blocks, block_size, num_kv_heads, row], a row being
-    ``head_dim`` values (a one-byte ``kv_cache_dtype``: ``head_dim + 4`` bytes,
-    ``kvserve.attention.kv_quant``); multi-head latent attention (DeepSeek) caches one latent row
-    per token, [1, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]
-    (``kvserve.attention.latent``). ``num_kv_heads``: the heads one process caches (a
-    tensor-parallel rank's share); default all of the model's.
-
-    Raises:
-        ConfigError: a one-byte ``kv_cache_dtype`` for latent attention (its cache holds the
-            model dtype).
-    """
-    if arch.mla is not None:
-        if kv_cache_dtype != "auto":
-            raise ConfigError(f"--kv-cache-dtype {kv_cache_dtype} is not supported for {arch.architecture}'s latent "
-                              "attention cache (already compressed); use auto")
-        return (1, num_blocks, block_size, 1, arch.mla.cache_width)
-    heads = arch.num_key_value_heads if num_kv_heads is None else num_kv_heads
-    return (2, num_blocks, block_size, heads, kv_row_size(arch.head_dim, kv_cache_dtype))
-
-
-def allocate_kv_caches(arch: ModelArchConfig, num_blocks: int, block_size: int, kv_cache_dtype: str,
-                       dtype: torch.dtype, device: torch.device, num_kv_heads: int | None = None) -> list[torch.Tensor]:
-    """One zeroed ``kv_cache_shape`` tensor per layer, in ``kv_cache_dtype`` (``auto``: the model's
-    ``dtype``); on the CPU in huge pages (attention reads scattered blocks: they spare the TLB).
-    The engine's runner and each tensor-parallel worker allocate theirs here."""
-    shape = kv_cache_shape(arch, num_blocks, block_size, kv_cache_dtype, num_kv_heads)
-    cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, dtype)
-    if device.type == "cpu":
-        return [huge_pages.zeros(shape, cache_dtype) for _ in range(arch.num_hidden_layers)]
-    return [torch.zeros(shape, dtype=cache_dtype, device=device) for _ in range(arch.num_hidden_layers)]
-
-
-def kv_cache_bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype,
-                             kv_cache_dtype: str = "auto", num_kv_heads: int | None = None) -> int:
-    """Bytes of one block's cache over all layers (``kv_cache_shape`` without the block count:
-    K and V of every cached head, or MLA's latent rows) in ``dtype`` or the one-byte
-    ``kv_cache_dtype``."""
-    element = torch.empty((), dtype=kv_cache_torch_dtype(kv_cache_dtype, dtype)).element_size()
-    return arch.num_hidden_layers * math.prod(kv_cache_shape(arch, 1, block_size, kv_cache_dtype, num_kv_heads)) * element
 
 
 class _RowsResult:
@@ -130,7 +85,6 @@ class ModelRunner:
         seed: seed of the generator shared by requests without their own ``seed``.
         prepack_linears: on the CPU, swap the model's float32/bf16 linears for kvserve's
             batch-invariant GEMM (``kvserve.model.invariant_linear.use_invariant_linears``).
-        proposer: speculative decoding's proposer (``kvserve.spec_decode.proposer``), or None.
         lora_config: LoRA serving (``--enable-lora``): the projections get adapter slots
             (``kvserve.lora.manager``); None = no adapters.
         kv_cache_dtype: ``auto`` (the model's dtype), ``int8``, ``fp8_e4m3`` or ``fp8_e5m2``
@@ -141,7 +95,7 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str | torch.device = "cpu",
                  *, max_num_reqs: int = 256, max_model_len: int | None = None, seed: int = 0,
-                 prepack_linears: bool = True, proposer: Proposer | None = None,
+                 prepack_linears: bool = True,
                  lora_config: LoRAConfig | None = None, kv_cache_dtype: str = "auto", enforce_eager: bool = False):
         self.model = loaded.model
         self.arch = loaded.arch
@@ -178,7 +132,6 @@ class ModelRunner:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler(self.sampler)
-        self.proposer = proposer
         self.faults = FaultInjector()
         self._step_uniforms: dict[str, list[float]] = {}
         self._spec_tokens: dict[str, list[int]] = {}
@@ -208,9 +161,6 @@ class ModelRunner:
         self._execute_rows(rows, num_scheduled, output)
         if len(rows) > 1 and all(self.input_batch.req_ids[row] in output.errors for row in rows.tolist()):
             raise EngineDeadError(f"every request of the step failed alone: {next(iter(output.errors.values()))}")
-        if self.proposer is not None and scheduler_output.propose_draft_req_ids:
-            propose_drafts(self.proposer, self.input_batch, scheduler_output.propose_draft_req_ids, self.faults,
-                           output)
         return output
 
     def _execute_rows(self, rows: np.ndarray, num_scheduled: np.ndarray, output: ModelRunnerOutput) -> None:
@@ -266,9 +216,17 @@ class ModelRunner:
             return _RowsResult(rows, sampling_rows, [], [], prompt_logprobs)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         self.faults.check("sample", [batch.req_ids[row] for row in sampling_rows.tolist()])
-        verified = self.rejection_sampler(logits, sampling_rows, [d for d, s in zip(drafts, samples) if s], batch,
-                                          self._uniforms)
+        verified = self._sample(logits, sampling_rows, [d for d, s in zip(drafts, samples) if s])
         return _RowsResult(rows, sampling_rows, verified.token_ids, verified.logprobs, prompt_logprobs)
+
+    def _sample(self, logits: torch.Tensor, rows: np.ndarray, drafts: list[list[int]]) -> VerifiedTokens:
+        """One token per row from the sampler, or, when a row verifies drafts, the rejection
+        sampler's tokens for every row."""
+        if any(drafts):
+            return self.rejection_sampler(logits, rows, drafts, self.input_batch, self._uniforms)
+        sampled = self.sampler(logits, self.input_batch.sampling_metadata(rows, self._uniforms(rows, 0)))
+        return VerifiedTokens([[token_id] for token_id in sampled.sampled_token_ids.tolist()],
+                              [[logprobs] for logprobs in sampled.logprobs])
 
     def _adapters(self, rows: np.ndarray, num_scheduled: np.ndarray):
         """The rows' adapters for the forward inside the ``with`` (nothing without LoRA)."""

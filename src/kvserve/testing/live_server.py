@@ -16,8 +16,10 @@ from kvserve.api.run import make_server
 from kvserve.api.settings import ServerSettings
 from kvserve.engine.arg_utils import engine_config_from_kwargs
 from kvserve.engine.async_llm import AsyncLLM
-from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.core import EngineCore
+from kvserve.engine.input_processor import build_input_processor
 from kvserve.metrics.wiring import install_metrics
+from kvserve.tokenizer import load_tokenizer
 
 
 def free_port() -> int:
@@ -51,7 +53,7 @@ class LiveServer:
 
     @property
     def core(self):
-        return self.engine.engine.core
+        return self.engine.core
 
     def engine_stats(self) -> dict[str, float]:
         return self.engine.engine_stats()
@@ -82,8 +84,15 @@ def start_live_server(
     Raises:
         RuntimeError: the server did not become healthy in time.
     """
-    engine = LLMEngine(engine_config_from_kwargs(model_dir, **engine_kwargs))
-    async_llm = AsyncLLM(engine, served_model_name, stats_consumers=stats_consumers)
+    config = engine_config_from_kwargs(model_dir, **engine_kwargs)
+    core = EngineCore(config)
+    try:
+        tokenizer = load_tokenizer(config.model.tokenizer or config.model.model)
+        processor = build_input_processor(config, tokenizer, core.vocab_size, core.max_model_len)
+    except BaseException:
+        core.shutdown()
+        raise
+    async_llm = AsyncLLM(core, processor, served_model_name, stats_consumers=stats_consumers)
     install_metrics(async_llm)
     async_llm.start()
     port = free_port()

@@ -5,7 +5,7 @@ Install a forced proposer on an engine built with a ``--speculative-config`` (so
 schedules drafts)::
 
     llm = LLM(model, speculative_config={"method": "ngram", "num_speculative_tokens": 4})
-    llm.llm_engine.core.runner.proposer = ForcedProposer(reference_drafts(reference, k=4))
+    llm.llm_engine.core.proposer = ForcedProposer(reference_drafts(reference, k=4))
 """
 
 from __future__ import annotations
