@@ -8,7 +8,8 @@ import sys
 import time
 
 from kvserve import __version__
-from kvserve.engine.arg_utils import add_engine_args, engine_config_from_args, positive_int
+from kvserve.engine.arg_types import positive_int
+from kvserve.engine.arg_utils import add_engine_args, engine_config_from_args
 from kvserve.errors import KVServeError
 
 logger = logging.getLogger("kvserve")

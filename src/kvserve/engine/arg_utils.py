@@ -4,121 +4,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import re
 
-from kvserve.config import (INT4_GROUP_SIZES, CacheConfig, EngineConfig, LoRAConfig, ModelConfig, ParallelConfig,
-                            QuantizationConfig, SchedulerConfig)
-from kvserve.errors import ConfigError
-from kvserve.structured_output.config import StructuredOutputsConfig
-from kvserve.generation_config import MODES, default_sampling_values, parse_override
+from kvserve.config import (CacheConfig, EngineConfig, ModelConfig, ParallelConfig, QuantizationConfig,
+                            SchedulerConfig)
+from kvserve.engine.arg_types import (byte_size, device_name, dtype_name, fraction, generation_config_mode,
+                                      human_readable_positive_int, int4_group_size, non_negative_int,
+                                      positive_int)
+from kvserve.engine.feature_args import (add_lora_args, add_structured_output_args, lora_config_from_args,
+                                         structured_outputs_config_from_args)
+from kvserve.generation_config import default_sampling_values, parse_override
 from kvserve.vllm_compat import REFUSED_FLAGS, add_refused_flags, check_refused_kwargs
-
-
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30}
-
-
-def human_readable_int(text: str) -> int:
-    """argparse type for token counts, as vLLM parses them: ``4k`` = 4,000, ``4K`` = 4,096,
-    ``25.6k`` = 25,600, ``1m`` = 1,000,000, ``1M`` = 1,048,576, ``g``/``G`` likewise; decimals
-    only with the lower-case (decimal) suffixes; otherwise a plain integer."""
-    value = text.strip()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG])", value)
-    if match is None:
-        try:
-            return int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected an integer such as 4096, 4k (4,000) or 4K (4,096), got {text!r}") from None
-    number, suffix = match.groups()
-    if suffix in _DECIMAL:
-        return int(float(number) * _DECIMAL[suffix])
-    if "." in number:
-        raise argparse.ArgumentTypeError(
-            f"decimals are not allowed with the binary suffix {suffix} in {text!r}; did you mean {number}{suffix.lower()}?")
-    return int(number) * _BINARY[suffix]
-
-
-def human_readable_positive_int(text: str) -> int:
-    value = human_readable_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _parse_bytes(text: str) -> int:
-    """``4GiB``, ``512MiB``, ``2e9``, a plain integer, or vLLM's ``4G`` (GiB) / ``4g`` (10^9)."""
-    if re.fullmatch(r"\s*\d+(?:\.\d+)?[kKmMgG]\s*", text):
-        return human_readable_int(text)
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
-    lowered = text.strip().lower()
-    for suffix, factor in units.items():
-        if lowered.endswith(suffix):
-            return int(float(lowered[: -len(suffix)]) * factor)
-    return int(float(lowered))
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
-    return value
-
-
-def fraction(text: str) -> float:
-    """argparse type: a number in (0, 1]."""
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
-
-
-def device_name(text: str) -> str:
-    if text not in ("auto", "cpu") and not text.startswith("cuda"):
-        raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
-    return text
-
-
-_DTYPE_ALIASES = {"half": "float16", "float": "float32"}
-
-
-def dtype_name(text: str) -> str:
-    """argparse type for ``--dtype``: vLLM's names, ``half``/``float`` as aliases."""
-    name = _DTYPE_ALIASES.get(text, text)
-    if name not in ("auto", "float32", "bfloat16", "float16"):
-        raise argparse.ArgumentTypeError(f"must be auto, float32 (float), bfloat16 or float16 (half), got {text!r}")
-    return name
-
-
-def int4_group_size(text: str) -> int:
-    """argparse type of ``--quantization-group-size``: 32, 64 or 128."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value not in INT4_GROUP_SIZES:
-        raise argparse.ArgumentTypeError(f"{text!r} is not supported; use one of {', '.join(map(str, INT4_GROUP_SIZES))}")
-    return value
-
-
-def generation_config_mode(text: str) -> str:
-    """argparse type for ``--generation-config``: ``auto``, ``vllm`` or a folder."""
-    if text in MODES:
-        return text
-    from pathlib import Path
-
-    if not Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"must be 'auto', 'vllm' or a folder holding generation_config.json, got {text!r}")
-    return text
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -151,106 +46,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     _add_parallel_args(groups["ParallelConfig"])
     _add_cache_args(groups["CacheConfig"])
     _add_scheduler_args(groups["SchedulerConfig"])
-    _add_structured_output_args(groups["StructuredOutputsConfig"])
-    _add_lora_args(groups["LoRAConfig"])
+    add_structured_output_args(groups["StructuredOutputsConfig"])
+    add_lora_args(groups["LoRAConfig"])
     add_refused_flags(groups, parser)
-
-
-def _add_lora_args(group) -> None:
-    group.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=False,
-                       help="serve LoRA adapters over the base model (requests name one as `model`; "
-                            "docs/lora.md)")
-    group.add_argument("--max-loras", type=positive_int, default=1,
-                       help="most distinct adapters in one batch (default 1, as vLLM)")
-    group.add_argument("--max-lora-rank", type=positive_int, default=16,
-                       help="largest adapter rank accepted (default 16); every adapter slot is this wide")
-    group.add_argument("--max-cpu-loras", type=positive_int, default=None,
-                       help="adapters kept loaded in CPU memory, least recently used dropped beyond it "
-                            "(default: --max-loras)")
-    group.add_argument("--lora-dtype", type=lora_dtype_name, default="auto",
-                       help="dtype of adapter weights: auto (the model's), float32, bfloat16, float16")
-
-
-def lora_dtype_name(text: str) -> str:
-    """argparse type of ``--lora-dtype``: ``auto`` or a dtype name (``half``/``float`` aliases)."""
-    name = _DTYPE_ALIASES.get(text, text).removeprefix("torch.")
-    if name not in ("auto", "float32", "bfloat16", "float16"):
-        raise argparse.ArgumentTypeError(f"must be auto, float32, bfloat16 or float16, got {text!r}")
-    return name
-
-
-def lora_config_from_args(args: argparse.Namespace) -> LoRAConfig | None:
-    """``--enable-lora`` and its flags (None without ``--enable-lora``).
-
-    Raises:
-        ConfigError: inconsistent values (``--max-cpu-loras`` below ``--max-loras``).
-    """
-    if not getattr(args, "enable_lora", False):
-        return None
-    return LoRAConfig(max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
-                      max_cpu_loras=args.max_cpu_loras, lora_dtype=args.lora_dtype)
-
-
-def _add_structured_output_args(group) -> None:
-    group.add_argument("--structured-outputs-config", default=None, metavar="JSON",
-                       help="vLLM's JSON, e.g. '{\"backend\": \"guidance\"}': backend (xgrammar, the default; "
-                            "guidance = llguidance; auto), disable_any_whitespace, disable_additional_properties, "
-                            "and kvserve's compile_timeout_s (a slower compile is a 400), max_compile_workers, "
-                            "cache_size")
-    group.add_argument("--guided-decoding-backend", default=None, metavar="NAME",
-                       help="vLLM's older flag: the same as --structured-outputs-config '{\"backend\": NAME}'")
-    group.add_argument("--guided-decoding-disable-any-whitespace", action="store_true", default=None,
-                       help="vLLM's older flag: disable_any_whitespace")
-    group.add_argument("--guided-decoding-disable-additional-properties", action="store_true", default=None,
-                       help="vLLM's older flag: disable_additional_properties")
-    from kvserve.reasoning import reasoning_parser_names
-
-    group.add_argument("--reasoning-parser", type=reasoning_parser_name, default=None,
-                       metavar="{" + ",".join(reasoning_parser_names()) + "}",
-                       help="kvserve serve: split the model's <think>...</think> (openai_gptoss: GPT-OSS's "
-                            "harmony analysis channel) into the chat message's reasoning (and "
-                            "reasoning_content); structured outputs and forced tool calls start after the reasoning")
-
-
-def reasoning_parser_name(text: str) -> str | None:
-    """argparse type of ``--reasoning-parser``: a registered parser name (``""``: none, as vLLM)."""
-    from kvserve.reasoning import get_reasoning_parser
-
-    if not text:
-        return None
-    try:
-        get_reasoning_parser(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def structured_outputs_config_from_args(args: argparse.Namespace) -> StructuredOutputsConfig:
-    """``--structured-outputs-config`` (a JSON object or a dict from the offline ``LLM``) and
-    vLLM's older ``--guided-decoding-*`` flags laid over it.
-
-    Raises:
-        ConfigError: not JSON, an unknown key, or a value out of range.
-    """
-    raw = args.structured_outputs_config
-    try:
-        values = dict(json.loads(raw) if isinstance(raw, str) else (raw or {}))
-    except (json.JSONDecodeError, TypeError, ValueError) as exc:
-        raise ConfigError(f"--structured-outputs-config must be a JSON object: {exc}") from None
-    for flag, key in (("guided_decoding_backend", "backend"),
-                      ("guided_decoding_disable_any_whitespace", "disable_any_whitespace"),
-                      ("guided_decoding_disable_additional_properties", "disable_additional_properties")):
-        if getattr(args, flag, None) is not None:
-            values[key] = getattr(args, flag)
-    known = {f.name for f in dataclasses.fields(StructuredOutputsConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"--structured-outputs-config: unknown key {unknown[0]!r}; "
-                          f"known: {', '.join(sorted(known))}")
-    try:
-        return StructuredOutputsConfig(**values)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"--structured-outputs-config: {exc}") from None
 
 
 def _add_model_args(model) -> None:
@@ -352,7 +150,7 @@ def parallel_config_from_args(args: argparse.Namespace) -> ParallelConfig:
 
 def _add_cache_args(cache) -> None:
     cache.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
-    cache.add_argument("--kv-cache-memory-bytes", type=_parse_bytes, default=None,
+    cache.add_argument("--kv-cache-memory-bytes", type=byte_size, default=None,
                        help="KV cache size (e.g. 2GiB, 2G, 2e9); default on CPU: 25%% of available RAM")
     cache.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
                        help="share of GPU memory the engine may use (default 0.9)")

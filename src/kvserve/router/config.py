@@ -21,7 +21,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
-from kvserve.engine.arg_utils import non_negative_int, positive_int
+from kvserve.engine.arg_types import non_negative_int, positive_int
 
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "least_load")
 
