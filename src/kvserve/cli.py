@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(docs/vllm_compat.md lists them).")
     _model_arg(serve)
     add_engine_args(serve)
-    from kvserve.api.settings import add_server_args
+    from kvserve.api.server_args import add_server_args
 
     add_server_args(serve)
     _add_log_args(serve)

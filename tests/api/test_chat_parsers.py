@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kvserve.api.chat_parsers import AUTO_NEEDS_FLAGS, ChatParsers
-from kvserve.api.protocol import ChatCompletionRequest
+from kvserve.api.chat_protocol import ChatCompletionRequest
 from kvserve.api.settings import ServerSettings
 from kvserve.errors import InvalidRequestError
 from kvserve.sampling_params import SamplingParams

@@ -10,7 +10,8 @@ from starlette.requests import Request
 
 from kvserve.api.auth import ANONYMOUS_KEY, authenticate
 from kvserve.api.errors import APIError
-from kvserve.api.settings import ServerSettings, add_server_args, parse_api_keys, settings_from_args
+from kvserve.api.server_args import add_server_args
+from kvserve.api.settings import ServerSettings, parse_api_keys, settings_from_args
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

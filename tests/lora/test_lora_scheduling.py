@@ -7,7 +7,8 @@ import argparse
 
 import pytest
 
-from kvserve.api.settings import add_server_args, settings_from_args
+from kvserve.api.server_args import add_server_args
+from kvserve.api.settings import settings_from_args
 from kvserve.config import LoRAConfig, SchedulerConfig
 from kvserve.engine.arg_utils import add_engine_args, engine_config_from_args
 from kvserve.errors import ConfigError

@@ -51,7 +51,7 @@ from kvserve.tool_parsers import (ForcedToolCallParser, ToolParser, forced_tool_
                                   validate_tool_choice)
 
 if TYPE_CHECKING:
-    from kvserve.api.protocol import ChatCompletionRequest
+    from kvserve.api.chat_protocol import ChatCompletionRequest
     from kvserve.api.settings import ServerSettings
 
 AUTO_NEEDS_FLAGS = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'

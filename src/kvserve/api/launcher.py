@@ -144,7 +144,7 @@ def run_server(args: argparse.Namespace, progress: StartProgress | None = None) 
 
     ``args`` comes from the ``serve`` sub-command's parser (engine flags from
     ``kvserve.engine.arg_utils.add_engine_args``, server flags from
-    ``kvserve.api.settings.add_server_args``, observability flags from
+    ``kvserve.api.server_args.add_server_args``, observability flags from
     ``kvserve.metrics.wiring.add_observability_args``, optional positional ``model``).
 
     Raises:

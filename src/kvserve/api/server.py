@@ -31,8 +31,9 @@ import kvserve
 from kvserve.api.auth import authenticate
 from kvserve.api.errors import APIError, install_error_handlers
 from kvserve.api.middleware import RequestGuardMiddleware, RequestIdMiddleware
-from kvserve.api.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                  LoadLoRAAdapterRequest, TokenizeRequest, UnloadLoRAAdapterRequest)
+from kvserve.api.chat_protocol import ChatCompletionRequest
+from kvserve.api.protocol import (CompletionRequest, DetokenizeRequest, LoadLoRAAdapterRequest, TokenizeRequest,
+                                  UnloadLoRAAdapterRequest)
 from kvserve.api.rate_limit import RateLimiter
 from kvserve.api.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
 from kvserve.api.serving_base import ServingState, check_token_ids
