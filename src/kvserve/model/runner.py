@@ -41,7 +41,7 @@ from kvserve.model.loader import LoadedModel
 from kvserve.model.model_inputs import make_flat_batch, to_model_inputs
 from kvserve.outputs import ModelRunnerOutput, PromptLogprobsChunk, TokenLogprobs
 from kvserve.sample.logits_processor import build_logits_processors
-from kvserve.sample.logprobs import prompt_logprobs_from_logits
+from kvserve.sample.logprobs import batch_prompt_logprobs
 from kvserve.sample.rejection_sampler import RejectionSampler, VerifiedTokens
 from kvserve.sample.sampler import NoTokenAllowedError, Sampler, draw_uniforms
 from kvserve.scheduler.output import NewRequestData, SchedulerOutput
@@ -210,7 +210,7 @@ class ModelRunner:
         self.faults.check("forward", req_ids)
         with self._adapters(rows, num_scheduled):
             hidden = model_hidden(self.model, self.fused_decoder, inputs, self.kv_caches)
-        prompt_logprobs = self._prompt_logprobs(rows, req_ids, hidden, flat.query_start_loc)
+        prompt_logprobs = batch_prompt_logprobs(self.model, batch, rows, req_ids, hidden, flat.query_start_loc)
         sampling_rows = rows[samples]
         if len(sampling_rows) == 0:
             return _RowsResult(rows, sampling_rows, [], [], prompt_logprobs)
@@ -284,26 +284,6 @@ class ModelRunner:
                 drawn.setdefault(req_ids[i], []).append(u)
         values = [0.0 if g else drawn[req_id][position] for req_id, g in zip(req_ids, greedy)]
         return torch.tensor(values, dtype=torch.float64, device=self.device)
-
-    def _prompt_logprobs(self, rows: np.ndarray, req_ids: list[str], hidden: torch.Tensor,
-                         query_start_loc: np.ndarray) -> dict[str, PromptLogprobsChunk]:
-        """Logits row i of a request computing tokens ``[c, c + n)`` scores prompt token
-        ``c + i + 1``; a recompute after preemption scores positions again (the scheduler passes
-        each position on once)."""
-        result = {}
-        batch = self.input_batch
-        for i, (row, req_id) in enumerate(zip(rows.tolist(), req_ids)):
-            state = batch.states[row]
-            k = state.sampling_params.prompt_logprobs
-            start = int(batch.num_computed_tokens[row])
-            num_prompt = len(state.prompt_token_ids)
-            if k is None or start >= num_prompt - 1:
-                continue
-            end = min(start + int(query_start_loc[i + 1] - query_start_loc[i]), num_prompt - 1)
-            logits = self.model.compute_logits(hidden[query_start_loc[i] : query_start_loc[i] + end - start])
-            targets = state.prompt_token_ids[start + 1 : end + 1]
-            result[req_id] = PromptLogprobsChunk(start + 1, prompt_logprobs_from_logits(logits, targets, k))
-        return result
 
     # -- persistent batch ----------------------------------------------------------------------------
 

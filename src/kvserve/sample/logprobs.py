@@ -4,9 +4,12 @@ temperature), which is what vLLM returns by default."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 
-from kvserve.outputs import TokenLogprobs
+from kvserve.outputs import PromptLogprobsChunk, TokenLogprobs
 
 
 def gather_logprobs(
@@ -68,3 +71,24 @@ def prompt_logprobs_from_logits(
         raise ValueError(f"token_ids has shape {tuple(token_ids.shape)}, expected ({logits.shape[0]},)")
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     return gather_logprobs(logprobs, token_ids, [k] * logits.shape[0])
+
+
+def batch_prompt_logprobs(model: Any, batch: Any, rows: np.ndarray, req_ids: list[str], hidden: torch.Tensor,
+                          query_start_loc: np.ndarray) -> dict[str, PromptLogprobsChunk]:
+    """The prompt logprobs a step computes for ``rows`` of the runner's ``InputBatch``: logits
+    row i of a request computing tokens ``[c, c + n)`` scores prompt token ``c + i + 1`` (through
+    ``model.compute_logits`` of its ``hidden`` rows); a recompute after preemption scores positions
+    again (the scheduler passes each position on once)."""
+    result = {}
+    for i, (row, req_id) in enumerate(zip(rows.tolist(), req_ids)):
+        state = batch.states[row]
+        k = state.sampling_params.prompt_logprobs
+        start = int(batch.num_computed_tokens[row])
+        num_prompt = len(state.prompt_token_ids)
+        if k is None or start >= num_prompt - 1:
+            continue
+        end = min(start + int(query_start_loc[i + 1] - query_start_loc[i]), num_prompt - 1)
+        logits = model.compute_logits(hidden[query_start_loc[i] : query_start_loc[i] + end - start])
+        targets = state.prompt_token_ids[start + 1 : end + 1]
+        result[req_id] = PromptLogprobsChunk(start + 1, prompt_logprobs_from_logits(logits, targets, k))
+    return result

@@ -33,7 +33,8 @@ import numpy as np
 from kvserve.bench.client import RequestFuncInput, send_request
 from kvserve.bench.compare.engine_process import EngineProcess
 from kvserve.bench.compare.probe_client import Canary, read_gauges, stream_and_drop, wait_first_token
-from kvserve.bench.compare.spec import STOP_START, ProbesSpec
+from kvserve.bench.compare.probe_spec import ProbesSpec
+from kvserve.bench.compare.spec import STOP_START
 from kvserve.bench.prompts import ExactLengthPrompter
 from kvserve.bench.stream import RequestFuncOutput
 
