@@ -181,19 +181,7 @@ inline float exp_nonpositive(float x) {
 #if defined(__AVX512F__)
 // AVX-512 inner loops for head_dim % 16 == 0 (every model here): one K/V row is head_dim / 16
 // registers, converted once and used by every query head of the group.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const kvserve::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-inline __m512 load16(const kvserve::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-// 16 int8 values times the row's scale (float32(q) * s, one rounding).
-inline __m512 load16(const int8_t* p, __m512 scale) {
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))),
-                       scale);
-}
+using kvserve::load16;
 template <typename cache_t>
 inline void load_row16(const cache_t* row, int64_t nvec, int64_t dim, __m512* out) {
   if constexpr (std::is_same_v<cache_t, int8_t>) {

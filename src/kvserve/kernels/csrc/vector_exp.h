@@ -1,6 +1,7 @@
 // 16-lane float32 helpers of the kernels (elementwise.cpp, moe.cpp, sample.cpp, argmax.cpp,
-// latent_attention.cpp, top_p.cpp and amx_linear.cpp's gate-up store): the bfloat16 widening,
-// masked loads and stores of float32 or bfloat16 with rounding to the dtype; exp: x = n ln2 + r,
+// latent_attention.cpp, paged_attention.cpp, top_p.cpp and amx_linear.cpp's gate-up store): the
+// bfloat16 widening, whole loads of float32, bfloat16, float16 or scaled int8, masked loads and
+// stores of float32 or bfloat16 with rounding to the dtype; exp: x = n ln2 + r,
 // |r| <= ln2 / 2, 2^n * p(r) with p the degree-6 Taylor polynomial (within a few float32 ulp),
 // scalef giving 0 below about -104 and infinity above about 88.7; SiLU and sigmoid. AVX-512F
 // builds (or regions) only.
@@ -20,6 +21,16 @@ inline __m512 widen_bf16(__m256i bits) { return _mm512_castsi512_ps(_mm512_slli_
 // The lanes of a vector starting `left` values before the end of a row: all 16, or the first few.
 inline __mmask16 lanes(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// Whole 16-value loads widened to float32: float32, bfloat16, float16, and int8 times a scale
+// (float32(q) * s, one rounding).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const BFloat16* p) { return widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 load16(const Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 load16(const int8_t* p, __m512 scale) {
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))),
+                       scale);
 }
 
 // Masked loads and stores only for a row's last, partial vector.
