@@ -90,3 +90,51 @@ def test_http_and_offline_decide_alike(server, llm, prompt, fields):
     if isinstance(prompt, list) and "allowed_token_ids" in fields and not fields["allowed_token_ids"]:
         fields["allowed_token_ids"] = None if len(prompt) % 2 else []  # also the empty list
     assert over_http(server, prompt, fields) == offline(llm, prompt, fields)
+
+
+# One request per check the input processor makes (engine/param_validation.py and
+# engine/input_processor.py; docs/architecture.md lists where each lives): (prompt, fields, param).
+LONG = list(range(1, MAX_MODEL_LEN + 1))
+CHECKS = {
+    "n >= 1": ([1, 2], {"n": 0}, "n"),
+    "n <= 128": ([1, 2], {"n": 129, "temperature": 1.0}, "n"),
+    "top_k": ([1, 2], {"top_k": -2}, "top_k"),
+    "max_tokens >= 0": ([1, 2], {"max_tokens": -1}, "max_tokens"),
+    "min_tokens >= 0": ([1, 2], {"min_tokens": -1}, "min_tokens"),
+    "min_tokens <= max_tokens": ([1, 2], {"min_tokens": 5, "max_tokens": 3}, "min_tokens"),
+    "min_tokens <= what the context leaves": (list(range(1, 61)), {"min_tokens": 10, "max_tokens": 20}, "min_tokens"),
+    "truncate_prompt_tokens >= 1 or -1": ([1, 2], {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    "truncate_prompt_tokens <= context": ([1, 2], {"truncate_prompt_tokens": MAX_MODEL_LEN + 1},
+                                          "truncate_prompt_tokens"),
+    "temperature >= 0": ([1, 2], {"temperature": -0.5}, "temperature"),
+    "temperature fits float32": ([1, 2], {"temperature": 1e39}, "temperature"),
+    "top_p in (0, 1]": ([1, 2], {"top_p": 0.0}, "top_p"),
+    "min_p in [0, 1]": ([1, 2], {"min_p": 1.5}, "min_p"),
+    "presence_penalty in [-2, 2]": ([1, 2], {"presence_penalty": 2.5}, "presence_penalty"),
+    "frequency_penalty in [-2, 2]": ([1, 2], {"frequency_penalty": -2.5}, "frequency_penalty"),
+    "repetition_penalty > 0": ([1, 2], {"repetition_penalty": 0.0}, "repetition_penalty"),
+    "logprobs in [0, 20]": ([1, 2], {"logprobs": 21}, "logprobs"),
+    "prompt_logprobs in [0, 20]": ([1, 2], {"prompt_logprobs": -1}, "prompt_logprobs"),
+    "stop strings non-empty": ([1, 2], {"stop": [""]}, "stop"),
+    "bad_words non-blank": ([1, 2], {"bad_words": ["  "]}, "bad_words"),
+    "logit_bias keys in the vocabulary": ([1, 2], {"logit_bias": {960: 1.0}}, "logit_bias"),
+    "logit_bias values in [-100, 100]": ([1, 2], {"logit_bias": {3: -101.0}}, "logit_bias"),
+    "stop_token_ids in the vocabulary": ([1, 2], {"stop_token_ids": [960]}, "stop_token_ids"),
+    "allowed_token_ids non-empty": ([1, 2], {"allowed_token_ids": []}, "allowed_token_ids"),
+    "allowed_token_ids in the vocabulary": ([1, 2], {"allowed_token_ids": [960]}, "allowed_token_ids"),
+    "allowed_token_ids not all banned": ([1, 2], {"allowed_token_ids": [3], "bad_words": ["x"],
+                                                  "min_tokens": 1, "stop_token_ids": [3]}, "allowed_token_ids"),
+    "seed in the int64 range": ([1, 2], {"seed": 2**63}, "seed"),
+    "priority needs priority scheduling": ([1, 2], {"priority": 1}, "priority"),
+    "prompt token ids in the vocabulary": ([3, 960], {}, "prompt"),
+    "prompt not empty": ("", {}, "prompt"),
+    "prompt leaves room to generate": (LONG, {}, "prompt"),
+}
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_each_check_refuses_alike_over_http_and_offline(server, llm, name):
+    prompt, fields, param = CHECKS[name]
+    http = over_http(server, prompt, fields)
+    assert http[0] == "refused" and http[2] == param, (name, http)
+    assert http == offline(llm, prompt, fields), name
