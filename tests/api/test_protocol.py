@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from kvserve.api.chat_protocol import ChatCompletionRequest, ChatMessage
-from kvserve.api.protocol import CompletionRequest, parse_logit_bias
+from kvserve.api.chat_protocol import ChatCompletionRequest
+from kvserve.api.protocol import ChatMessage, CompletionRequest, parse_logit_bias
 from kvserve.engine.param_validation import validate_sampling_params
 from kvserve.errors import InvalidRequestError
 from kvserve.generation_config import SamplingDefaults

@@ -1,36 +1,15 @@
 """The request model of ``POST /v1/chat/completions`` (OpenAI's fields plus vLLM's extensions):
-messages, tools and ``tool_choice``, and the chat-only options; the shared sampling fields are
-``kvserve.api.protocol.SamplingRequest``'s. Parsing only, as in ``protocol``."""
+``tool_choice`` and the chat-only options; the messages, tools and shared sampling fields are
+``kvserve.api.protocol``'s. Parsing only, as in ``protocol``."""
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import Field
 
-from kvserve.api.protocol import OpenAIBaseModel, SamplingRequest
+from kvserve.api.protocol import ChatCompletionTool, ChatMessage, OpenAIBaseModel, SamplingRequest
 from kvserve.errors import InvalidRequestError
-
-
-class FunctionDefinition(OpenAIBaseModel):
-    name: str
-    description: str | None = None
-    parameters: dict | None = None
-
-
-class ChatCompletionTool(OpenAIBaseModel):
-    """A tool the model may be told about (OpenAI's function tool)."""
-
-    type: Literal["function"] = "function"
-    function: FunctionDefinition
-
-
-def tools_for_template(tools: list[ChatCompletionTool] | None) -> list[dict] | None:
-    """``tools`` as a chat template receives them (OpenAI's JSON), or None when there are none."""
-    if not tools:
-        return None
-    return [tool.model_dump(exclude_none=True) for tool in tools]
 
 
 class NamedFunction(OpenAIBaseModel):
@@ -42,76 +21,6 @@ class NamedToolChoice(OpenAIBaseModel):
 
     type: Literal["function"] = "function"
     function: NamedFunction
-
-
-class TextContentPart(OpenAIBaseModel):
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(OpenAIBaseModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
-    name: str | None = None
-    tool_call_id: str | None = None
-    tool_calls: list[dict] | None = None  # an assistant turn's earlier calls, for the template
-    # An assistant turn's reasoning (vLLM's ``reasoning``; ``reasoning_content`` is its older name).
-    reasoning: str | None = None
-    reasoning_content: str | None = None
-
-    def to_template_dict(self, index: int) -> dict:
-        """The message as chat templates expect it: list content is joined into one string;
-        earlier tool calls get their ``arguments`` as an object, not JSON text (what tool-use
-        templates such as Qwen2.5's and Llama 3.1's expect; vLLM's ``_postprocess_messages``);
-        reasoning is passed as both ``reasoning_content`` (Qwen3's and DeepSeek's templates)
-        and ``reasoning``.
-
-        Raises:
-            InvalidRequestError: a content part that is not text, or a tool call that is not
-                ``{"id", "type": "function", "function": {"name", "arguments": JSON text}}``.
-        """
-        content = self.content
-        if isinstance(content, list):
-            texts = []
-            for part_index, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise InvalidRequestError(
-                        f"content part type '{part.type}' is not supported; only 'text' parts are",
-                        param=f"messages.{index}.content.{part_index}.type")
-                texts.append(part.text)
-            content = "\n".join(texts)
-        message = {"role": self.role, "content": content or ""}
-        for key in ("name", "tool_call_id"):
-            if getattr(self, key) is not None:
-                message[key] = getattr(self, key)
-        if self.tool_calls is not None:
-            message["tool_calls"] = [_template_tool_call(call, f"messages.{index}.tool_calls.{i}")
-                                     for i, call in enumerate(self.tool_calls)]
-        reasoning = self.reasoning if self.reasoning is not None else self.reasoning_content
-        if reasoning is not None:
-            message["reasoning_content"] = message["reasoning"] = reasoning
-        return message
-
-
-def _template_tool_call(call: dict, param: str) -> dict:
-    """One earlier tool call for the template, ``arguments`` parsed (empty or null: ``{}``)."""
-    function = call.get("function")
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise InvalidRequestError('a tool call must be {"id": ..., "type": "function", "function": '
-                                  '{"name": ..., "arguments": "<JSON text>"}}', param=f"{param}.function")
-    arguments = function.get("arguments")
-    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
-        arguments = {}
-    elif isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequestError(f"function.arguments is not valid JSON ({exc.msg} at character "
-                                      f"{exc.pos})", param=f"{param}.function.arguments") from None
-    elif not isinstance(arguments, dict):
-        raise InvalidRequestError("function.arguments must be JSON text (or an object)",
-                                  param=f"{param}.function.arguments")
-    return {**call, "function": {**function, "arguments": arguments}}
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # vLLM's values

@@ -25,7 +25,8 @@ from starlette.responses import Response
 from kvserve.api.chat_output import ChoiceOutput, MessageDelta
 from kvserve.api.chat_parsers import ChatPlan
 from kvserve.api.logprobs import chat_logprobs, prompt_logprobs_json
-from kvserve.api.chat_protocol import ChatCompletionRequest, tools_for_template
+from kvserve.api.chat_protocol import ChatCompletionRequest
+from kvserve.api.protocol import tools_for_template
 from kvserve.api.responses import (ChatChoiceLogprobs, ChatCompletionChoice, ChatCompletionResponse,
                                    ChatCompletionStreamChoice, ChatCompletionStreamResponse,
                                    ChatLogprobToken, ChatResponseMessage, DeltaMessage, UsageInfo)

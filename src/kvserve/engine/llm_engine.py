@@ -15,7 +15,7 @@ from typing import Any
 from kvserve.config import EngineConfig
 from kvserve.engine.core import EngineCore, StepStats
 from kvserve.engine.engine_request import EngineRequest
-from kvserve.engine.input_processor import InputProcessor, build_input_processor
+from kvserve.engine.input_processor import build_input_processor
 from kvserve.engine.output_processor import OutputProcessor, RequestState
 from kvserve.metrics.stats import IterationStats
 from kvserve.outputs import RequestOutput
