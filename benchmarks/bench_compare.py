@@ -8,7 +8,7 @@ Qwen2.5-0.5B-shaped checkpoint in ``/tmp/qwen-shaped`` (about a minute) and, whe
 venv ``/tmp/llamacpp-venv`` has llama-cpp-python (``baseline_llamacpp.py`` says how to build it),
 its bf16 GGUF file; without it the llama.cpp engine is skipped by its ``only_if`` and the report
 says so. Then runs ``kvserve bench compare`` (resumable: a rerun keeps the finished cells). Run it
-on a quiet machine: the servers and the client share its cores (docs/benchmarks.md section 11).
+on a quiet machine: the servers and the client share its cores (docs/benchmarks.md section 5.7).
 """
 
 from __future__ import annotations

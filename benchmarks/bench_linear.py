@@ -11,7 +11,7 @@ one cell (measured minutes apart at most) are what to read, not absolute times.
 Weights are cold by default, as in a decode step that streams every layer once: each call uses
 the next of enough weight copies to overflow the last-level cache (``--hot`` reuses one copy).
 
-    python benchmarks/bench_linear.py                       # the table of docs/benchmarks.md
+    python benchmarks/bench_linear.py                       # the table of docs/benchmarks.md section 3.3
     python benchmarks/bench_linear.py --shape down --m 1 --m 64 --threads 1
     python benchmarks/bench_linear.py --mlp                 # MLP at 2,048 rows: 512-row tiles or not
 """

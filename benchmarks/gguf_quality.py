@@ -1,4 +1,4 @@
-"""Quality of GGUF files of the built-in model: the table of ``docs/benchmarks.md`` section 14,
+"""Quality of GGUF files of the built-in model: the table of ``docs/benchmarks.md`` section 5.4,
 "GGUF files".
 
 Files written by ``kvserve.testing.gguf_export`` from the built-in model (float32, the one trained

@@ -1,4 +1,4 @@
-"""Quality of quantized weights: the table behind ``docs/benchmarks.md`` "Quantized weights".
+"""Quality of quantized weights: the table behind ``docs/benchmarks.md`` section 5.4, "Quantized weights".
 
 1. Perplexity of the built-in model (float32, the one trained model we have) on the held-out Austen
    text (``tests/data/austen_heldout.txt``), through the engine's prompt scoring

@@ -1,4 +1,4 @@
-"""Benchmarks of ``kvserve route`` (docs/benchmarks.md, section "Router"), all in one run:
+"""Benchmarks of ``kvserve route`` (docs/benchmarks.md, section 5.6 "Router"), all in one run:
 
 1. policies: 3 workers (built-in model, --num-gpu-blocks-override B each) behind the router, the
    shared-prefix workload per policy (a new seed per policy = new prefixes, cold caches), beside a

@@ -20,7 +20,7 @@ use their pool only where OpenMP's threads sleep at once (:func:`openmp_threads_
 (an ``LLM`` in a script that imported torch with libgomp's default) they run on OpenMP's threads.
 These variables are read once, when libgomp loads, so :func:`apply_cpu_threads` must run before
 ``import torch`` to set them; the thread count itself can be set at any time
-(``torch.set_num_threads``). Figures: docs/benchmarks.md section 18.
+(``torch.set_num_threads``). Figures: docs/benchmarks.md section 3.8.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ machine probe's buffers.
 
 A decode step streams every weight once. With the default 4 KiB pages each 4 KiB of a 1 GB stream
 is a TLB miss and a page walk, and the hardware prefetchers stop at every page boundary: measured
-on the 2-vCPU Sapphire Rapids host (docs/benchmarks.md section 23), a float32 ``sum`` reads 18-19
+on the 2-vCPU Sapphire Rapids host (docs/benchmarks.md section 3.4), a float32 ``sum`` reads 18-19
 GB/s from 4 KiB pages and 29 GB/s from 2 MiB pages, and the 24 layers' AMX linears plus the LM head
 of the Qwen2.5-0.5B shape take 0.45-0.90x the time at one row and 0.74-0.89x at 64 rows.
 

@@ -3,7 +3,7 @@ kvserve's own quantization: held-out perplexity (``tests/data/austen_heldout.txt
 engine's prompt scoring) of the F32 file equal to the folder's, Q8_0 within 1% of float32, Q4_0 and
 a Q4_K/Q6_K mix (Q4_K_M's split) within 6%. The files are written by ``kvserve.testing.gguf_export``
 (Q8_0 and Q4_0 by gguf's reference quantizers), scored on the first 8 of the 37 windows;
-docs/benchmarks.md section 14 has the table over all of them (``benchmarks/gguf_quality.py``)."""
+docs/benchmarks.md section 5.4 has the table over all of them (``benchmarks/gguf_quality.py``)."""
 
 from __future__ import annotations
 

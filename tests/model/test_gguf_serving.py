@@ -156,7 +156,7 @@ def test_q8_0_and_q4_0_load_the_files_integers(tmp_path, outtype, bits, bound):
           f"dequantized weights as a float checkpoint {same_model:.2f}")
     assert same_model >= 0.9
     # Random weights' logits are nearly flat: int4's ~9% weight error changes the first tokens
-    # (as --quantization int4's does, docs/benchmarks.md section 14); the trained model's
+    # (as --quantization int4's does, docs/benchmarks.md section 5.4); the trained model's
     # perplexity is the quality measure (tests/engine/test_gguf_quality.py).
     if bits == 8:
         assert share >= 0.5

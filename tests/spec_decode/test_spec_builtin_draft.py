@@ -48,4 +48,4 @@ def test_trained_draft_greedy_equals_plain_on_the_builtin_model(prompts):
     spec = make_llm(builtin_model_path(), speculative_config=config)
     assert results(generate_checked(spec, prompts, GREEDY)) == plain
     stats = spec_stats(spec)
-    assert stats.num_draft_tokens > 0 and stats.acceptance_rate > 0.4  # 59% measured (docs/benchmarks.md section 15)
+    assert stats.num_draft_tokens > 0 and stats.acceptance_rate > 0.4  # 59% measured (docs/benchmarks.md section 5.3)

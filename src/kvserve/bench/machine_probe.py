@@ -2,18 +2,18 @@
 
 The roofline bound of a benchmark (``kvserve.bench.roofline``) divides bytes by a bandwidth and
 FLOPs by a peak; both are measured here, in the same run as the benchmark, because the machines
-this project runs on are shared and vary from minute to minute (docs/benchmarks.md, section 6):
+this project runs on are shared and vary from minute to minute (docs/benchmarks.md, section 1.4):
 
 - read bandwidth: a bfloat16 GEMV over ``size_bytes`` of weights (decode at batch 1: every weight
   streamed once) and a float32 ``sum`` over ``size_bytes``; the larger is the bandwidth. On the CPU
   both read huge pages (``kvserve.huge_pages``), as the engine's weights and KV cache do: from 4 KiB
-  pages the same reads run at about two thirds of the speed (docs/benchmarks.md section 23);
+  pages the same reads run at about two thirds of the speed (docs/benchmarks.md section 3.4);
 - matmul peak: the faster of ``F.linear([m, k], [n, k])`` and, on the CPU, kvserve's own linear
   (``InvariantLinear``: AMX tiles or vector FMAs, what the engine runs) per dtype, on the model's
   MLP shape (``k`` = hidden, ``n`` = 2 x intermediate, ``m`` = 1,024 rows: large enough for the
   peak, small enough to be quick). A bound the engine can beat is no bound: on the AMX host
   kvserve's bfloat16 kernel ran this shape at 1.9-2.0 TFLOP/s where torch's read 1.3-1.7
-  (docs/benchmarks.md section 24).
+  (docs/benchmarks.md section 1.3).
 
 Each figure is the fastest of a few calls after one untimed warm-up (the call least disturbed by
 other processes). On a CUDA device every call is synchronized. The probe uses the calling

@@ -82,7 +82,7 @@ class Communicator:
 
         On the CPU a bfloat16 tensor is summed in float32 and rounded once: gloo's bfloat16 sum
         was 4x slower than its float32 one (2.7 vs 0.67 ms at 512 rows, docs/benchmarks.md
-        section 16), and one rounding at the end is at least as exact as one per addition."""
+        section 5.5), and one rounding at the end is at least as exact as one per addition."""
         opts = AllreduceOptions()
         opts.reduceOp = ReduceOp.SUM
         opts.timeout = self.timeout

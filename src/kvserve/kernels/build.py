@@ -63,7 +63,7 @@ class Variant:
 # Best last. AMX code is compiled into avx512_bf16 under `#pragma GCC target` and used where the
 # CPU and the OS grant the tiles (every AMX CPU has AVX512-BF16). avx512_bf16 is tuned for
 # Sapphire Rapids: on that 2-vCPU Xeon the batch-64 decode step took 0.97x the time of the
-# generic tuning (68.2-68.8 against 69.4-70.8 ms, alternating; docs/benchmarks.md section 25).
+# generic tuning (68.2-68.8 against 69.4-70.8 ms, alternating; docs/benchmarks.md section 7.1).
 VARIANTS: tuple[Variant, ...] = (
     Variant("x86_64", ("-march=x86-64", "-mtune=generic"), frozenset()),
     Variant("avx2", ("-march=x86-64-v3", "-mtune=generic"), frozenset({"avx2", "fma", "f16c", "bmi2"})),

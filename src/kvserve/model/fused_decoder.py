@@ -3,7 +3,7 @@
 
 At batch 1 a small model's step is short enough that the Python between the kernels is a large
 part of it: on the Qwen2.5-0.5B shape about 100 us per layer, 2.4 ms of an 18 ms int4 step, while
-the kernel worker threads wait (docs/benchmarks.md, sections 18-19). The C++ loop calls the same
+the kernel worker threads wait (docs/benchmarks.md, sections 3.8 and 3.6). The C++ loop calls the same
 kernels with the same arguments in the same order as the modules of ``kvserve.model.llama``, so
 its hidden states have the modules' bits exactly, whatever the batch.
 

@@ -133,7 +133,7 @@ class LlamaAttention(nn.Module):
 # Rows per MLP pass on the CPU. The [T, 2 * intermediate] activation of a long prefill step
 # outgrows the last-level cache (2,048 rows of the Qwen2.5-0.5B shape: 40 MB against 32 MB of
 # L3) and the matmuls slow down; in 512-row tiles the same MLP was 15% faster (72.6 -> 62.0 ms at
-# 2,048 rows, same run, docs/benchmarks.md section 6; with the invariant GEMM of
+# 2,048 rows, same run, docs/benchmarks.md section 3.9; with the invariant GEMM of
 # kvserve.model.invariant_linear, 1.11x bf16 / 1.16x float32 at one thread,
 # benchmarks/bench_linear.py --mlp). Each row's result does not depend on the tiling (rows of a
 # linear are computed independently).

@@ -45,7 +45,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 AMX_BLOCK = {8: 16, 4: 64}  # output columns per block of the AMX layout, by bits
 AMX_CHUNK = 32  # inputs per chunk (a tile's depth)
 METHODS = ("int8", "int4")
-# int4 without zero points, by measurement (docs/benchmarks.md, "Quantized weights"): on the
+# int4 without zero points, by measurement (docs/benchmarks.md section 5.4, "Quantized weights"): on the
 # built-in model's held-out perplexity the two forms differ by at most 0.02% at each group size
 # (zero points ahead by 0.02% at group 32, symmetric by 0.01% at 128), while zero points read 20%
 # more bytes per step at group 32 (a float32 offset per group) and one more FMA per group.

@@ -37,7 +37,7 @@ The quantizers, from float weights:
   define the weight. Both try a few clippings of the range per group and keep the one of least
   squared error (the search of llama.cpp's and AWQ's quantizers, without activations). Which of
   the two kvserve uses is decided by measured quality (``kvserve.model.quant_linear``,
-  docs/benchmarks.md "Quantized weights").
+  docs/benchmarks.md section 5.4, "Quantized weights").
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 
 The forwarded paths skip FastAPI: its routing, request object, exception middleware and
 StreamingResponse (a task group per stream) cost more CPU per request than the rest of the hop
-(docs/benchmarks.md section 12). Errors still answer in OpenAI's JSON (``api.errors``).
+(docs/benchmarks.md section 5.6). Errors still answer in OpenAI's JSON (``api.errors``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ protocols, httptools (llhttp, as uvicorn's fast server protocol) to read respons
                                            UpstreamResponse: body_chunks() / read(), release()
 
 A general client (httpx/httpcore) cost ~3 ms of CPU per proxied stream here, and a pure-Python
-protocol (h11) still most of 1 ms (docs/benchmarks.md section 12). This one does only what the hop
+protocol (h11) still most of 1 ms (docs/benchmarks.md section 5.6). This one does only what the hop
 needs: the request head is written from the forwarded headers in one piece (their values come from
 the router's own HTTP parser, which refuses CR and LF), the response is parsed in C as it arrives,
 and the body is handed on in the pieces the socket delivered (every SSE event that arrived in one

@@ -24,7 +24,7 @@ from kvserve.errors import ConfigError
 FLAG = "--speculative-config"
 METHODS = ("ngram", "draft_model")
 # Defaults of kvserve's switch; the measured break-even is in docs/speculative_decoding.md
-# ("The adaptive switch") and docs/benchmarks.md section 15.
+# ("The adaptive switch") and docs/benchmarks.md section 5.3.
 DEFAULT_DISABLE_BY_BATCH_SIZE = 16
 DEFAULT_MIN_ACCEPTANCE_RATE = 0.1
 

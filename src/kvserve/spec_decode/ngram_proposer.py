@@ -10,7 +10,7 @@ occurs earlier; propose the (up to) ``k`` tokens that followed it::
 One difference: among equally long matches kvserve takes the **most recent** occurrence (vLLM
 the earliest). Text that repeats itself (a model's loops, a list, code) repeats what came last,
 and a copy in progress is found either way when the n-gram occurs once. Replayed on the built-in
-model's copy-edit outputs (``benchmarks/spec_lookup_sim.py``, ``docs/benchmarks.md`` section 15):
+model's copy-edit outputs (``benchmarks/spec_lookup_sim.py``, ``docs/benchmarks.md`` section 5.3):
 47.6% of the drafts accepted instead of 38.6% (k = 4, lookup 2-4), 1.36 tokens per step instead
 of 1.33.
 
@@ -18,7 +18,7 @@ Method (numpy, no per-token Python loop): the candidates are the earlier positio
 last token; each step back extends every candidate that still matches, for at most
 ``prompt_lookup_max - 1`` steps. Cost O(L + C * max) per request for L tokens and C candidates
 (vLLM runs KMP over the reversed tokens in numba: O(L)); not timed on its own (its share of a
-step is inside the TPOT figures of ``docs/benchmarks.md`` section 15).
+step is inside the TPOT figures of ``docs/benchmarks.md`` section 5.3).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 Verifying ``k`` drafts costs a step of ``1 + k`` tokens instead of ``1``. At batch 1 on a CPU a
 step reads all the weights whatever its width, so drafts are nearly free; as the batch grows the
 step costs more per row and every rejected draft token costs its share (measured break-even:
-``docs/speculative_decoding.md``, ``docs/benchmarks.md`` section 15). Two switches::
+``docs/speculative_decoding.md``, ``docs/benchmarks.md`` section 5.3). Two switches::
 
     batch level:   more than disable_by_batch_size requests running  ->  nobody proposes
     per request:   recent acceptance < min_acceptance_rate           ->  the request pauses

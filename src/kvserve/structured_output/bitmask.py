@@ -17,7 +17,7 @@ Implementations, same result bit for bit (tested):
 * CPU float32: kvserve's C++ kernel (``kernels/csrc/bitmask.cpp``: whole 32-token runs for
   banned words, nothing for allowed ones); 4-8 ms at B=32, V=151,936 on this project's 2-core
   AVX2 host where xgrammar's CPU kernel (``xgrammar.apply_token_bitmask_inplace``, the next
-  choice) took 24-46 ms (docs/benchmarks.md section 9);
+  choice) took 24-46 ms (docs/benchmarks.md section 5.1);
 * anywhere else (CUDA, other dtypes, no compiler): portable torch. Each word is ANDed with
   the 32 single-bit values into a boolean ban mask on the logits' device (independent of byte
   order), then one ``masked_fill_``. No kernel compilation, so it works the same on any device.

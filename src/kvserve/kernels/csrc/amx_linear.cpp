@@ -26,7 +26,7 @@
 // the weights in huge pages the hardware prefetchers stream them as well alone, and 16 prefetch
 // instructions per 1 KB tile cost the tile loads more than they gave (4 KB ahead into L2, against
 // none, 2 threads: 64 rows 0.92-0.96x the time without, 2,048 rows 0.87-0.93x, 32 rows
-// 0.98-1.02x; docs/benchmarks.md section 24). The tile registers must be enabled per process
+// 0.98-1.02x; docs/benchmarks.md section 3.3). The tile registers must be enabled per process
 // (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA) and configured per thread.
 #include "abi.h"
 #include "kernels.h"

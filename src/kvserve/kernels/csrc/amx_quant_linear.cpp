@@ -236,14 +236,14 @@ inline void store_c_tile(int t, float* tile) {
 // bias through `out` (the first row's row, column 16p). A tiles beyond two reuse registers 4-5;
 // one A tile with four panels takes B tiles in 6, 7, 5, 6 (four accumulation chains in flight
 // instead of two; with the cheaper MXFP4 widening, 1.1-1.5x on a batch-64 GPT-OSS step,
-// docs/benchmarks.md section 30).
+// docs/benchmarks.md section 6.2).
 //
 // Chunk c + 1 is widened into the other half, panel by panel between chunk c's tile products: a
 // tile load reads only stores that have left the store buffer, which they do in program order
 // after the instructions before them retire, so a chunk widened just before its own tile load
 // waited for the previous chunk's products, and widening and tiles never overlapped (measured at
 // 8 rows: their times added up; ahead, an expert's gate-up at 8 rows took 0.75-1.02 ms instead of
-// 1.09-1.24, docs/benchmarks.md section 31).
+// 1.09-1.24, docs/benchmarks.md section 6.2).
 template <int rt, int pt, int kBits, bool kScaled>
 void micro_kernel(const Layer& L, __m512i table, __m512 values, int64_t p, int64_t row0, const uint8_t* const* a,
                   const int64_t* lda, uint16_t* buf, uint16_t* out, int64_t rows, int64_t cols) {
