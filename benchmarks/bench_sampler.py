@@ -55,7 +55,7 @@ def sampler_steps(logits: torch.Tensor, repeats: int) -> None:
     }
     sampler = Sampler(torch.Generator().manual_seed(0))
     for name, params in cases.items():
-        requests = [Request(f"r{i}", [1, 2, 3], SamplingParams(**params)) for i in range(rows)]
+        requests = [Request.of(f"r{i}", [1, 2, 3], SamplingParams(**params)) for i in range(rows)]
         generators = [torch.Generator().manual_seed(i) if "seed" in params else None for i in range(rows)]
         metadata = sampling_metadata(requests, vocab_size, generators)
         print(f"Sampler step, {name:21s} {median_ms(lambda: sampler(logits, metadata), repeats):9.2f} ms")

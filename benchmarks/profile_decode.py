@@ -25,6 +25,7 @@ from kvserve.attention import get_attention_backend
 from kvserve.model.loader import load_model
 from kvserve.model.runner import ModelRunner
 from kvserve.sampling_params import SamplingParams
+from kvserve.request import Request
 from kvserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 
 
@@ -42,7 +43,8 @@ class DecodeSteps:
             num_blocks = -(-(length + steps + 2) // block_size)
             blocks = list(range(next_block, next_block + num_blocks))
             next_block += num_blocks
-            news.append(NewRequestData(f"r{i}", [1] * length, [], params, frozenset(), [], 10**6, blocks, length - 1))
+            spec = Request.of(f"r{i}", [1] * length, params, max_tokens=10**6).spec
+            news.append(NewRequestData(spec, [], blocks, length - 1))
         self.computed = [new.num_computed_tokens for new in news]
         self.ids = [new.req_id for new in news]
         runner.execute_model(SchedulerOutput(news, CachedRequestData(), dict.fromkeys(self.ids, 1), batch))

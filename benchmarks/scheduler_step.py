@@ -37,7 +37,7 @@ def build(args: argparse.Namespace) -> Scheduler:
     params = SamplingParams(max_tokens=args.steps + 8, ignore_eos=True, temperature=args.temperature)
     for index in range(args.num_requests):
         prompt = [(index * 7919 + position) % 32000 for position in range(args.prompt_len)]
-        scheduler.add_request(Request(f"req-{index}", prompt, params, max_tokens=args.steps + 8))
+        scheduler.add_request(Request.of(f"req-{index}", prompt, params, max_tokens=args.steps + 8))
     return scheduler
 
 

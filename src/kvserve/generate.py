@@ -16,6 +16,7 @@ from kvserve.errors import InvalidRequestError
 from kvserve.model.loader import LoadedModel, load_model
 from kvserve.model.runner import ModelRunner
 from kvserve.sampling_params import SamplingParams
+from kvserve.request import Request
 from kvserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 
 
@@ -70,7 +71,7 @@ def generate(
                          max_num_reqs=len(token_prompts), max_model_len=max_len)
     eos = frozenset() if ignore_eos else _eos_ids(loaded)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    news = [NewRequestData(str(i), ids, [], params, eos, [], max_tokens, table, 0)
+    news = [NewRequestData.from_request(Request.of(str(i), ids, params, eos_token_ids=eos, max_tokens=max_tokens), table)
             for i, (ids, table) in enumerate(zip(token_prompts, tables))]
     return _run(runner, news, max_tokens, eos)
 
@@ -95,8 +96,8 @@ def _run(runner: ModelRunner, news: list[NewRequestData], max_tokens: int, eos: 
     """Step until every request has ``max_tokens`` tokens or hit EOS."""
     outputs: dict[str, list[int]] = {new.req_id: [] for new in news}
     computed = {new.req_id: 0 for new in news}
-    plan = SchedulerOutput(news, CachedRequestData(), {n.req_id: len(n.prompt_token_ids) for n in news},
-                           sum(len(n.prompt_token_ids) for n in news))
+    plan = SchedulerOutput(news, CachedRequestData(), {n.req_id: len(n.spec.prompt_token_ids) for n in news},
+                           sum(len(n.spec.prompt_token_ids) for n in news))
     while plan.num_scheduled_tokens:
         sampled = runner.execute_model(plan).sampled_token_ids
         active, finished = [], set()

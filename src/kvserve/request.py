@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 from kvserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from kvserve.engine.engine_request import EngineRequest
     from kvserve.lora.request import LoRARequest
     from kvserve.structured_output.grammar_request import GrammarRequest
 
@@ -48,44 +50,28 @@ _FINISH_REASONS = {
 
 @dataclass(eq=False)
 class Request:
-    """A request as the scheduler and KV-cache manager see it.
+    """A request as the scheduler and KV-cache manager see it: the input processor's frozen
+    ``spec`` of one choice (referenced, never copied: prompt, sampling parameters, EOS, bad words,
+    grammar, adapter, priority, salt, arrival) and the state scheduling changes.
 
     A request has only ``num_computed_tokens`` against its known tokens (prompt + output); there is
     no separate prefill or decode state: a step computes tokens ``[num_computed_tokens,
     num_computed_tokens + num_new_tokens)`` and samples one when it reaches ``num_tokens``.
 
     Attributes:
-        request_id: unique id.
-        prompt_token_ids: the prompt, token ids.
-        sampling_params: how to choose tokens.
-        eos_token_ids: ids that end generation unless ``ignore_eos``.
-        max_tokens: resolved output cap in tokens (``sampling_params.max_tokens`` or what is left
-            of the context).
-        arrival_time: seconds (``time.time()``) when the engine received the request.
-        priority: lower value = served first under the ``priority`` policy (vLLM's convention).
-        cache_salt: extra key for prefix-cache hashes (isolates tenants).
+        spec: what the input processor made of this choice (``EngineRequest``; a choice of an
+            ``n > 1`` request has its own id and seed, see ``EngineRequest.choices``).
         num_cached_tokens: prompt tokens found in the prefix cache when first scheduled (-1 until).
         first_scheduled_time: seconds (``time.time()``) when the scheduler first admitted the
             request to running (its queue time ends); None until then. Kept across preemption.
-        bad_words_token_ids: ``sampling_params.bad_words`` as token-id sequences (filled by the
-            input processor, which has the tokenizer; see ``kvserve.sample.bad_words``).
         error: why the request failed (status FINISHED_ERROR), else None.
-        grammar: its structured-output constraint, compiled by the input processor (the
-            scheduler only carries it to the runner), or None.
         spec_token_ids: draft tokens proposed by the runner after the last step (speculative
             decoding), to be verified in the next step it is scheduled in; never part of
             ``all_token_ids``, dropped on preemption (vLLM's ``Request.spec_token_ids``).
-        lora_request: the adapter it runs with, or None for the base model.
+        block_hashes: hashes of its full blocks, filled incrementally by the KV-cache manager.
     """
 
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    eos_token_ids: frozenset[int] = frozenset()
-    max_tokens: int = 16
-    arrival_time: float = field(default_factory=time.time)
-    priority: int = 0
-    cache_salt: str | None = None
+    spec: EngineRequest
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
@@ -94,21 +80,45 @@ class Request:
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     stop_reason: int | str | None = None
-    bad_words_token_ids: list[list[int]] = field(default_factory=list)
     error: str | None = None
-    grammar: GrammarRequest | None = None
     spec_token_ids: list[int] = field(default_factory=list)
-    lora_request: LoRARequest | None = None
-    # Hashes of the request's full blocks, filled incrementally by the KV-cache manager.
     block_hashes: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
-            self.all_token_ids = list(self.prompt_token_ids)
+            self.all_token_ids = list(self.spec.prompt_token_ids)
+
+    @classmethod
+    def of(cls, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams, *,
+           eos_token_ids: frozenset[int] = frozenset(), max_tokens: int = 16, arrival_time: float | None = None,
+           priority: int = 0, cache_salt: str | None = None, bad_words_token_ids: list[list[int]] = (),
+           grammar: GrammarRequest | None = None, lora_request: LoRARequest | None = None) -> Request:
+        """A request from its values, its spec built here (tests, benchmarks and the offline
+        ``generate`` driver; the engine's come from ``EngineRequest.make_requests``)."""
+        from kvserve.engine.engine_request import EngineRequest
+
+        spec = EngineRequest(request_id, None, list(prompt_token_ids),
+                             dataclasses.replace(sampling_params, max_tokens=max_tokens), frozenset(eos_token_ids),
+                             [list(b) for b in bad_words_token_ids], priority, cache_salt,
+                             time.time() if arrival_time is None else arrival_time, grammar, lora_request)
+        return cls(spec)
+
+    # The spec's values, read-only.
+    request_id = property(lambda self: self.spec.request_id)
+    prompt_token_ids = property(lambda self: self.spec.prompt_token_ids)
+    sampling_params = property(lambda self: self.spec.sampling_params)
+    eos_token_ids = property(lambda self: self.spec.eos_token_ids)
+    max_tokens = property(lambda self: self.spec.max_tokens)
+    arrival_time = property(lambda self: self.spec.arrival_time)
+    priority = property(lambda self: self.spec.priority)
+    cache_salt = property(lambda self: self.spec.cache_salt)
+    bad_words_token_ids = property(lambda self: self.spec.bad_words_token_ids)
+    grammar = property(lambda self: self.spec.grammar)
+    lora_request = property(lambda self: self.spec.lora_request)
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        return len(self.spec.prompt_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

@@ -13,7 +13,7 @@ def reference_hash(parent, tokens, extra):
 
 def test_chain_matches_independent_computation():
     tokens = list(range(10))
-    request = Request("r", tokens, SamplingParams())
+    request = Request.of("r", tokens, SamplingParams())
     hashes = update_block_hashes(request, 4)
     h0 = reference_hash(ROOT_HASH, [0, 1, 2, 3], ())
     h1 = reference_hash(h0, [4, 5, 6, 7], ())
@@ -22,12 +22,12 @@ def test_chain_matches_independent_computation():
 
 
 def test_incremental_update_and_salt():
-    request = Request("r", list(range(7)), SamplingParams())
+    request = Request.of("r", list(range(7)), SamplingParams())
     assert len(update_block_hashes(request, 4)) == 1
     request.append_output_token_ids([7])
-    full = Request("f", list(range(8)), SamplingParams())
+    full = Request.of("f", list(range(8)), SamplingParams())
     assert update_block_hashes(request, 4) == update_block_hashes(full, 4)
-    salted = Request("s", list(range(8)), SamplingParams(), cache_salt="tenant-a")
+    salted = Request.of("s", list(range(8)), SamplingParams(), cache_salt="tenant-a")
     salted_hashes = update_block_hashes(salted, 4)
     assert salted_hashes[0] == reference_hash(ROOT_HASH, [0, 1, 2, 3], ("tenant-a",))
     assert salted_hashes[0] != full.block_hashes[0]

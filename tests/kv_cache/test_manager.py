@@ -7,7 +7,7 @@ from kvserve.sampling_params import SamplingParams
 
 def make_request(request_id, token_ids, **kwargs):
     params = kwargs.pop("sampling_params", SamplingParams())
-    return Request(request_id, list(token_ids), params, **kwargs)
+    return Request.of(request_id, list(token_ids), params, **kwargs)
 
 
 def run_prefill(manager, request):

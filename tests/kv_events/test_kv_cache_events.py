@@ -42,7 +42,7 @@ def _check_chain(index: WorkerBlockIndex, full_by_external: dict[int, int]) -> N
 
 def test_first_events_have_vllm_fields_and_order():
     manager = KVCacheManager(num_blocks=8, block_size=4, enable_kv_cache_events=True)
-    request = Request("a", list(range(10)), SamplingParams(), cache_salt="tenant")
+    request = Request.of("a", list(range(10)), SamplingParams(), cache_salt="tenant")
     assert _prefill(manager, request)
     [stored] = manager.take_events()
     assert isinstance(stored, BlockStored)
@@ -62,7 +62,7 @@ def test_first_events_have_vllm_fields_and_order():
 
 def test_events_off_record_nothing():
     manager = KVCacheManager(num_blocks=8, block_size=4)
-    assert _prefill(manager, Request("a", list(range(10)), SamplingParams()))
+    assert _prefill(manager, Request.of("a", list(range(10)), SamplingParams()))
     assert manager.take_events() == [] and manager.events.events == []
 
 
@@ -80,7 +80,7 @@ def test_consumer_rebuilds_the_pool_under_eviction_and_reset():
         else:
             tokens = rng.choice(prefixes)[: rng.randrange(4, 13)] + [rng.randrange(50) for _ in range(rng.randrange(9))]
             salt = rng.choice([None, None, "s"])
-            request = Request(f"r{step}", tokens, SamplingParams(), cache_salt=salt)
+            request = Request.of(f"r{step}", tokens, SamplingParams(), cache_salt=salt)
             if _prefill(manager, request):
                 live.append(request)
         if step == 150:
@@ -97,7 +97,7 @@ def test_consumer_rebuilds_the_pool_under_eviction_and_reset():
 
 def test_duplicate_prefix_computed_twice_is_announced_once():
     manager = KVCacheManager(num_blocks=10, block_size=4, enable_kv_cache_events=True)
-    a, b = Request("a", list(range(9)), SamplingParams()), Request("b", list(range(9)), SamplingParams())
+    a, b = Request.of("a", list(range(9)), SamplingParams()), Request.of("b", list(range(9)), SamplingParams())
     for request in (a, b):  # both admitted before either is computed: neither hits
         blocks, n = manager.get_computed_blocks(request)
         assert n == 0 and manager.allocate_slots(request, request.num_tokens) is not None

@@ -25,7 +25,7 @@ A, B, C = (LoRARequest(name, i + 1, f"/adapters/{name}") for i, name in enumerat
 
 
 def _request(request_id: str, lora: LoRARequest | None, prompt=(1, 2, 3, 4, 5), max_tokens: int = 2) -> Request:
-    return Request(request_id, list(prompt), SamplingParams(max_tokens=max_tokens), max_tokens=max_tokens,
+    return Request.of(request_id, list(prompt), SamplingParams(max_tokens=max_tokens), max_tokens=max_tokens,
                    lora_request=lora)
 
 
@@ -60,7 +60,7 @@ def test_block_hashes_differ_per_adapter_and_not_for_the_base_model():
     prompt = list(range(8))
     hashes = [update_block_hashes(_request("r", lora, prompt), 4) for lora in (None, A, B, A)]
     assert hashes[1] == hashes[3] and len({tuple(h) for h in hashes}) == 3
-    plain = Request("p", prompt, SamplingParams())
+    plain = Request.of("p", prompt, SamplingParams())
     assert update_block_hashes(plain, 4) == hashes[0]
 
 

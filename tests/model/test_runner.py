@@ -13,6 +13,7 @@ from kvserve.model.model_inputs import make_flat_batch
 from kvserve.model.kv_cache_layout import kv_cache_bytes_per_block
 from kvserve.model.runner import ModelRunner
 from kvserve.sampling_params import SamplingParams
+from kvserve.request import Request
 from kvserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -25,8 +26,8 @@ def runner(tiny_checkpoint):
 
 
 def new_request(req_id, prompt, block_ids, computed=0, params=GREEDY, output=(), max_tokens=16):
-    return NewRequestData(req_id, list(prompt), list(output), params, frozenset(), [], max_tokens, list(block_ids),
-                          computed)
+    spec = Request.of(req_id, list(prompt), params, max_tokens=max_tokens).spec
+    return NewRequestData(spec, list(output), list(block_ids), computed)
 
 
 def step(new=(), cached=CachedRequestData(), scheduled=None, finished=(), preempted=()):

@@ -34,7 +34,7 @@ def test_prompt_hashes_equal_the_workers_block_hashes():
     tokens = [random.Random(1).randrange(1000) for _ in range(75)]
     manager = KVCacheManager(num_blocks=10, block_size=16)
     for salt in (None, "tenant-a"):
-        request = Request("r", tokens, SamplingParams(), cache_salt=salt)
+        request = Request.of("r", tokens, SamplingParams(), cache_salt=salt)
         manager.get_computed_blocks(request)  # fills request.block_hashes as the worker does
         assert request_block_hashes(tokens, 16, salt) == [external_block_hash(h) for h in request.block_hashes]
     assert len(request_block_hashes(tokens, 16)) == 4 and hittable_blocks(75, 16) == 4

@@ -11,7 +11,7 @@ from kvserve.testing.sampling import sampling_metadata
 
 def _make_request(prompt=(1, 2, 3), output=(), eos=(), **params) -> Request:
     _make_request.count += 1
-    request = Request(
+    request = Request.of(
         request_id=f"r{_make_request.count}",
         prompt_token_ids=list(prompt),
         sampling_params=SamplingParams(**params),

@@ -75,9 +75,9 @@ def test_sampler_bans_per_row_from_output_tokens_only(build):
     logits[:, 12] = 7.0
 
     def request(prompt, output, sequences):
-        r = Request("r", prompt, SamplingParams(temperature=0.0, bad_words=["unused"]))
+        r = Request.of("r", prompt, SamplingParams(temperature=0.0, bad_words=["unused"]),
+                       bad_words_token_ids=sequences)
         r.append_output_token_ids(output)
-        r.bad_words_token_ids = sequences
         return r
 
     requests = [

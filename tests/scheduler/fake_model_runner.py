@@ -69,9 +69,9 @@ class FakeModelRunner:
             self.requests.pop(req_id, None)
         for new in scheduler_output.scheduled_new_reqs:
             self.requests[new.req_id] = {
-                "tokens": list(new.prompt_token_ids) + list(new.output_token_ids),
-                "num_prompt": len(new.prompt_token_ids), "params": new.sampling_params,
-                "max_tokens": new.max_tokens, "block_ids": list(new.block_ids),
+                "tokens": list(new.spec.prompt_token_ids) + list(new.output_token_ids),
+                "num_prompt": len(new.spec.prompt_token_ids), "params": new.spec.sampling_params,
+                "max_tokens": new.spec.max_tokens, "block_ids": list(new.block_ids),
                 "computed": new.num_computed_tokens,
             }
         cached = scheduler_output.scheduled_cached_reqs

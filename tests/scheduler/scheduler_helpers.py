@@ -18,7 +18,7 @@ def build_scheduler(num_blocks=64, block_size=4, enable_caching=True, **config):
 
 def build_request(request_id, prompt, max_tokens=8, arrival_time=0.0, **kwargs):
     params = kwargs.pop("sampling_params", None) or SamplingParams(max_tokens=max_tokens)
-    return Request(request_id, list(prompt), params, max_tokens=max_tokens, arrival_time=arrival_time, **kwargs)
+    return Request.of(request_id, list(prompt), params, max_tokens=max_tokens, arrival_time=arrival_time, **kwargs)
 
 
 class Planned(NamedTuple):

@@ -6,7 +6,7 @@ from kvserve.scheduler.request_queue import FCFSRequestQueue, PriorityRequestQue
 
 
 def req(request_id, priority=0, arrival_time=0.0):
-    return Request(request_id, [1], SamplingParams(), priority=priority, arrival_time=arrival_time)
+    return Request.of(request_id, [1], SamplingParams(), priority=priority, arrival_time=arrival_time)
 
 
 def ids(queue):

@@ -61,7 +61,7 @@ def test_stop_conditions(make_scheduler, make_request, script, params, expected)
 
 
 def test_max_model_len_caps():
-    request = Request("r", [1, 2, 3], SamplingParams(max_tokens=100), max_tokens=100)
+    request = Request.of("r", [1, 2, 3], SamplingParams(max_tokens=100), max_tokens=100)
     request.append_output_token_ids([5])
     assert not check_stop(request, max_model_len=5)
     request.append_output_token_ids([6])

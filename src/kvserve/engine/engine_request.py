@@ -1,5 +1,6 @@
-"""``EngineRequest``: one prompt of a call after the input processor, validated and normalised;
-the only shape a request has between the API (or the offline ``LLM``) and the engine thread.
+"""``EngineRequest``: one prompt of a call after the input processor, validated, normalised and
+frozen: the spec every later shape references rather than copies (the scheduler's ``Request``,
+``NewRequestData`` and the runner's ``CachedRequestState``, which the logits processors read).
 
 A request with ``n > 1`` fans out into ``n`` scheduler ``Request`` objects (one per choice), as in
 vLLM v1::
@@ -79,21 +80,15 @@ class EngineRequest:
     def child_ids(self) -> list[str]:
         return [child_request_id(self.request_id, i, self.n) for i in range(self.n)]
 
+    def choices(self) -> list[EngineRequest]:
+        """The spec of each choice, in choice order: this request itself when ``n == 1``, else a
+        copy with the choice's id and sampling parameters (``child_sampling_params``)."""
+        if self.n == 1:
+            return [self]
+        return [dataclasses.replace(self, request_id=child_id,
+                                    sampling_params=child_sampling_params(self.sampling_params, i))
+                for i, child_id in enumerate(self.child_ids)]
+
     def make_requests(self) -> list[Request]:
-        """One scheduler ``Request`` per choice, in choice order."""
-        return [
-            Request(
-                request_id=child_id,
-                prompt_token_ids=list(self.prompt_token_ids),
-                sampling_params=child_sampling_params(self.sampling_params, i),
-                eos_token_ids=self.eos_token_ids,
-                max_tokens=self.max_tokens,
-                arrival_time=self.arrival_time,
-                priority=self.priority,
-                cache_salt=self.cache_salt,
-                bad_words_token_ids=self.bad_words_token_ids,
-                grammar=self.grammar,
-                lora_request=self.lora_request,
-            )
-            for i, child_id in enumerate(self.child_ids)
-        ]
+        """One scheduler ``Request`` per choice, in choice order, each referencing its spec."""
+        return [Request(spec) for spec in self.choices()]

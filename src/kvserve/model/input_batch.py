@@ -21,7 +21,7 @@ step it is not scheduled in; it holds a row only while scheduled. The logits pro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ from kvserve.sample.metadata import SamplingMetadata
 from kvserve.sample.penalties import PenaltyBatch
 from kvserve.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from kvserve.engine.engine_request import EngineRequest
+
 SEED_MODULUS = 2**64
 
 
@@ -39,43 +42,33 @@ class CachedRequestState:
     """What the runner knows about one request it holds.
 
     Attributes:
-        req_id: the request id.
-        prompt_token_ids: the prompt.
+        spec: the request's frozen spec (``EngineRequest``: id, prompt, sampling parameters, EOS
+            ids, bad words, grammar, adapter), referenced as ``NewRequestData`` brought it.
         output_token_ids: tokens sampled so far; the runner appends to this list (logits
             processors read it live).
-        sampling_params, eos_token_ids, bad_words_token_ids, max_tokens: from ``NewRequestData``.
         block_ids: its block table.
         num_computed_tokens: tokens whose K/V are in the cache.
         generator: its own generator when it has a ``seed`` (kept across preemption).
         prompt_token_mask, output_token_counts: bool / int32 ``[V]`` statistics for penalties
             (None without penalties).
-        grammar: its compiled structured-output constraint (``GrammarRequest``), or None.
         proposer_state: what the speculative proposer keeps per request (the draft model's
             K/V progress), or None.
-        lora_request: its adapter, or None for the base model.
-        lora_key: the runner's dense key of that adapter (``LoRAManager.key_of``; 0 = base).
+        lora_key: the runner's dense key of its adapter (``LoRAManager.key_of``; 0 = base).
     """
 
-    req_id: str
-    prompt_token_ids: list[int]
+    spec: EngineRequest
     output_token_ids: list[int]
-    sampling_params: SamplingParams
-    eos_token_ids: frozenset[int]
-    bad_words_token_ids: list[list[int]]
-    max_tokens: int
     block_ids: list[int]
     num_computed_tokens: int
     generator: torch.Generator | None = None
     prompt_token_mask: torch.Tensor | None = None
     output_token_counts: torch.Tensor | None = None
-    grammar: Any = None
     proposer_state: Any = None
-    lora_request: Any = None
     lora_key: int = 0
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.spec.prompt_token_ids) + len(self.output_token_ids)
 
 
 def request_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
@@ -144,19 +137,19 @@ class InputBatch:
         row = self.num_reqs
         if row >= self.max_num_reqs:
             raise RuntimeError(f"input batch is full ({self.max_num_reqs} rows)")
-        self.req_ids.append(state.req_id)
+        self.req_ids.append(state.spec.request_id)
         self.states.append(state)
-        self.req_id_to_index[state.req_id] = row
-        num_prompt, num_tokens = len(state.prompt_token_ids), state.num_tokens
-        self.token_ids[row, :num_prompt] = state.prompt_token_ids
+        self.req_id_to_index[state.spec.request_id] = row
+        num_prompt, num_tokens = len(state.spec.prompt_token_ids), state.num_tokens
+        self.token_ids[row, :num_prompt] = state.spec.prompt_token_ids
         self.token_ids[row, num_prompt:num_tokens] = state.output_token_ids
         self.num_tokens[row] = num_tokens
         self.num_computed_tokens[row] = state.num_computed_tokens
-        self.max_tokens[row] = state.max_tokens
+        self.max_tokens[row] = state.spec.max_tokens
         self.lora_key[row] = state.lora_key
         self.num_blocks[row] = 0
         self.append_block_ids(row, state.block_ids)
-        self._set_sampling_row(row, state.sampling_params)
+        self._set_sampling_row(row, state.spec.sampling_params)
         for processor in self.logits_processors:
             processor.add_request(row, state)
         return row
@@ -307,7 +300,7 @@ class InputBatch:
         def floats(values: list[float]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.float32, device=self.device)
 
-        params = [state.sampling_params for _, state in penalized]
+        params = [state.spec.sampling_params for _, state in penalized]
         return PenaltyBatch(
             rows=torch.tensor([i for i, _ in penalized], dtype=torch.int64, device=self.device),
             presence_penalties=floats([p.presence_penalty for p in params]),
@@ -321,7 +314,7 @@ class InputBatch:
         """Prompt-occurrence mask and output counts of a request, built once; the counts then
         grow with each appended token."""
         mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
-        mask[torch.tensor(state.prompt_token_ids, dtype=torch.int64, device=self.device)] = True
+        mask[torch.tensor(state.spec.prompt_token_ids, dtype=torch.int64, device=self.device)] = True
         counts = torch.zeros(self.vocab_size, dtype=torch.int32, device=self.device)
         if state.output_token_ids:
             ids = torch.tensor(state.output_token_ids, dtype=torch.int64, device=self.device)

@@ -326,16 +326,13 @@ class ModelRunner:
                 batch.set_draft_tokens(row, drafts)
 
     def _new_state(self, new: NewRequestData) -> CachedRequestState:
-        params = new.sampling_params
-        generator = self.generators.get(new.req_id)
+        spec = new.spec
+        params = spec.sampling_params
+        generator = self.generators.get(spec.request_id)
         if generator is None and params.seed is not None and not params.is_greedy:
-            generator = self.generators[new.req_id] = request_generator(params.seed, self.device)
-        return CachedRequestState(
-            req_id=new.req_id, prompt_token_ids=new.prompt_token_ids, output_token_ids=list(new.output_token_ids),
-            sampling_params=params, eos_token_ids=new.eos_token_ids, bad_words_token_ids=new.bad_words_token_ids,
-            max_tokens=new.max_tokens, block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens,
-            generator=generator, grammar=new.grammar, lora_request=new.lora_request,
-        )
+            generator = self.generators[spec.request_id] = request_generator(params.seed, self.device)
+        return CachedRequestState(spec, list(new.output_token_ids), list(new.block_ids), new.num_computed_tokens,
+                                  generator=generator)
 
     def _add_row(self, req_id: str, output: ModelRunnerOutput) -> None:
         """Give a scheduled request a row; a request whose row cannot be built fails alone."""
@@ -343,12 +340,12 @@ class ModelRunner:
         try:
             self.faults.check("prepare", [req_id])
             state = self.requests[req_id]
-            if state.lora_request is not None:
+            if state.spec.lora_request is not None:
                 if self.lora is None:
-                    raise ValueError(f"request {req_id} asks for LoRA adapter {state.lora_request.lora_name!r} "
+                    raise ValueError(f"request {req_id} asks for LoRA adapter {state.spec.lora_request.lora_name!r} "
                                      "but LoRA is not enabled")
-                self.lora.ensure_loaded(state.lora_request)  # a folder that cannot be read fails this request
-                state.lora_key = self.lora.key_of(state.lora_request)
+                self.lora.ensure_loaded(state.spec.lora_request)  # a folder that cannot be read fails this request
+                state.lora_key = self.lora.key_of(state.spec.lora_request)
             batch.add(state)
         except Exception as exc:  # noqa: BLE001 - this request's failure, not the step's
             logger.exception("request %s failed entering the batch; the others go on", req_id)

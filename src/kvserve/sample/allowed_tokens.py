@@ -28,7 +28,7 @@ class AllowedTokenIdsLogitsProcessor(RowStateLogitsProcessor):
         self.device = device
 
     def add_request(self, row: int, request: RequestView) -> None:
-        allowed = request.sampling_params.allowed_token_ids
+        allowed = request.spec.sampling_params.allowed_token_ids
         if allowed is None:
             return
         mask = torch.zeros(self.vocab_size, dtype=torch.bool)

@@ -76,8 +76,8 @@ class BadWordsLogitsProcessor(RowStateLogitsProcessor):
         super().__init__()
 
     def add_request(self, row: int, request: RequestView) -> None:
-        if request.bad_words_token_ids:
-            self.rows[row] = (request.bad_words_token_ids, request.output_token_ids)
+        if request.spec.bad_words_token_ids:
+            self.rows[row] = (request.spec.bad_words_token_ids, request.output_token_ids)
 
     def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
         ban(logits, [(i, t) for i, row in sampling_rows(self.rows, rows)

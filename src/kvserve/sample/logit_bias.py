@@ -23,7 +23,7 @@ class LogitBiasLogitsProcessor(RowStateLogitsProcessor):
         self.device = device
 
     def add_request(self, row: int, request: RequestView) -> None:
-        bias = request.sampling_params.logit_bias
+        bias = request.spec.sampling_params.logit_bias
         if bias:
             self.rows[row] = (list(bias), [float(v) for v in bias.values()])
 

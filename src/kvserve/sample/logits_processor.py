@@ -36,19 +36,15 @@ from typing import Any, Protocol
 
 import torch
 
-from kvserve.sampling_params import SamplingParams
 
 
 class RequestView(Protocol):
-    """What a processor may read about a request (``kvserve.model.input_batch.CachedRequestState``)."""
+    """What a processor may read about a request (``kvserve.model.input_batch.CachedRequestState``):
+    its frozen ``spec`` (``EngineRequest``: prompt, sampling parameters, EOS ids, bad words,
+    grammar) and its output so far."""
 
-    req_id: str
-    prompt_token_ids: list[int]
+    spec: Any
     output_token_ids: list[int]
-    sampling_params: SamplingParams
-    eos_token_ids: frozenset[int]
-    bad_words_token_ids: list[list[int]]
-    grammar: Any  # kvserve.structured_output.grammar_request.GrammarRequest or None
 
 
 class LogitsProcessor(ABC):

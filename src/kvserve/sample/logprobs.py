@@ -82,13 +82,13 @@ def batch_prompt_logprobs(model: Any, batch: Any, rows: np.ndarray, req_ids: lis
     result = {}
     for i, (row, req_id) in enumerate(zip(rows.tolist(), req_ids)):
         state = batch.states[row]
-        k = state.sampling_params.prompt_logprobs
+        k = state.spec.sampling_params.prompt_logprobs
         start = int(batch.num_computed_tokens[row])
-        num_prompt = len(state.prompt_token_ids)
+        num_prompt = len(state.spec.prompt_token_ids)
         if k is None or start >= num_prompt - 1:
             continue
         end = min(start + int(query_start_loc[i + 1] - query_start_loc[i]), num_prompt - 1)
         logits = model.compute_logits(hidden[query_start_loc[i] : query_start_loc[i] + end - start])
-        targets = state.prompt_token_ids[start + 1 : end + 1]
+        targets = state.spec.prompt_token_ids[start + 1 : end + 1]
         result[req_id] = PromptLogprobsChunk(start + 1, prompt_logprobs_from_logits(logits, targets, k))
     return result

@@ -28,10 +28,10 @@ class MinTokensLogitsProcessor(RowStateLogitsProcessor):
         self.vocab_size = vocab_size
 
     def add_request(self, row: int, request: RequestView) -> None:
-        params = request.sampling_params
+        params = request.spec.sampling_params
         if len(request.output_token_ids) >= params.min_tokens:
             return
-        banned = set(params.stop_token_ids) | set(request.eos_token_ids)
+        banned = set(params.stop_token_ids) | set(request.spec.eos_token_ids)
         banned_ids = sorted(t for t in banned if 0 <= t < self.vocab_size)
         if banned_ids:
             self.rows[row] = (request.output_token_ids, params.min_tokens, banned_ids)

@@ -24,10 +24,12 @@ back from the scheduler.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvserve.request import Request
-from kvserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from kvserve.engine.engine_request import EngineRequest
 
 
 @dataclass(frozen=True)
@@ -35,38 +37,27 @@ class NewRequestData:
     """A request the runner does not hold yet: first scheduled, or resumed after preemption.
 
     Attributes:
-        req_id: the request id.
-        prompt_token_ids: the prompt.
+        spec: the request's frozen spec (``EngineRequest``: id, prompt, sampling parameters with
+            the resolved ``max_tokens`` (0 = it only scores its prompt), EOS ids, bad words,
+            grammar, adapter), referenced as the scheduler holds it.
         output_token_ids: tokens generated before a preemption (empty for a new request); the
-            runner's tokens are ``prompt_token_ids + output_token_ids``.
-        sampling_params: how to choose its tokens (validated by the input processor).
-        eos_token_ids: its EOS ids (all banned before ``min_tokens``, whatever ``ignore_eos``).
-        bad_words_token_ids: ``bad_words`` as token-id sequences.
-        max_tokens: its resolved output cap; 0 = it only scores its prompt, never samples.
+            runner's tokens are ``spec.prompt_token_ids + output_token_ids``.
         block_ids: its whole block table.
         num_computed_tokens: tokens whose K/V are already in the cache (a prefix-cache hit).
-        grammar: its compiled structured-output constraint, or None.
-        lora_request: its adapter, or None for the base model.
     """
 
-    req_id: str
-    prompt_token_ids: list[int]
+    spec: EngineRequest
     output_token_ids: list[int]
-    sampling_params: SamplingParams
-    eos_token_ids: frozenset[int]
-    bad_words_token_ids: list[list[int]]
-    max_tokens: int
     block_ids: list[int]
     num_computed_tokens: int
-    grammar: Any = None
-    lora_request: Any = None
+
+    @property
+    def req_id(self) -> str:
+        return self.spec.request_id
 
     @classmethod
     def from_request(cls, request: Request, block_ids: list[int]) -> NewRequestData:
-        return cls(request.request_id, request.prompt_token_ids, list(request.output_token_ids),
-                   request.sampling_params, request.eos_token_ids, request.bad_words_token_ids,
-                   request.max_tokens, block_ids, request.num_computed_tokens, request.grammar,
-                   request.lora_request)
+        return cls(request.spec, list(request.output_token_ids), block_ids, request.num_computed_tokens)
 
 
 @dataclass(frozen=True)

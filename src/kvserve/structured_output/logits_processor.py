@@ -59,13 +59,13 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
         self._bitmask = torch.full((max_rows, bitmask_width(vocab_size)), -1, dtype=torch.int32)
 
     def add_request(self, row: int, request: RequestView) -> None:
-        grammar = getattr(request, "grammar", None)
-        if grammar is None:
+        spec = request.spec
+        if spec.grammar is None:
             return
-        reasoning = grammar.reasoning
-        ended = reasoning is None or reasoning.is_reasoning_end(request.prompt_token_ids)
-        self.rows[row] = _Row(grammar.compiled.new_grammar(), request.prompt_token_ids, request.output_token_ids,
-                              reasoning, ended, ends_at_eos=not request.sampling_params.ignore_eos)
+        reasoning = spec.grammar.reasoning
+        ended = reasoning is None or reasoning.is_reasoning_end(spec.prompt_token_ids)
+        self.rows[row] = _Row(spec.grammar.compiled.new_grammar(), spec.prompt_token_ids, request.output_token_ids,
+                              reasoning, ended, ends_at_eos=not spec.sampling_params.ignore_eos)
 
     def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
         constrained = [(i, self.rows[row]) for i, row in sampling_rows(self.rows, rows)]

@@ -22,10 +22,5 @@ def sampling_metadata(requests: list[Request], vocab_size: int, generators: list
     batch = InputBatch(max(1, len(requests)), 64, 16, vocab_size, device,
                        build_logits_processors(vocab_size, device, max(1, len(requests))))
     for request, generator in zip(requests, generators):
-        batch.add(CachedRequestState(
-            req_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids),
-            output_token_ids=list(request.output_token_ids), sampling_params=request.sampling_params,
-            eos_token_ids=request.eos_token_ids, bad_words_token_ids=request.bad_words_token_ids,
-            max_tokens=request.max_tokens, block_ids=[], num_computed_tokens=0, generator=generator,
-            grammar=request.grammar))
+        batch.add(CachedRequestState(request.spec, list(request.output_token_ids), [], 0, generator=generator))
     return batch.sampling_metadata(np.arange(len(requests)), None)

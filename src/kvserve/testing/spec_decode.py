@@ -35,7 +35,7 @@ class ForcedProposer(Proposer):
         drafts = []
         for row in rows:
             state = batch.states[row]
-            draft = list(self.drafts_for(list(state.prompt_token_ids), list(state.output_token_ids)))
+            draft = list(self.drafts_for(list(state.spec.prompt_token_ids), list(state.output_token_ids)))
             self.proposed.append((list(state.output_token_ids), draft))
             drafts.append(draft)
         return drafts
