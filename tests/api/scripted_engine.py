@@ -70,9 +70,6 @@ class ScriptedEngine(EngineClient):
     def is_ready(self) -> bool:
         return self.ready
 
-    async def abort(self, request_id: str) -> None:
-        self._abort_now(request_id)
-
     def _abort_now(self, request_id: str) -> None:
         self.aborted.append(request_id)
         self.running.discard(request_id)

@@ -11,7 +11,7 @@
     SamplingParams ──► plan.sampling_params(params)
                   required / a named function: StructuredOutputsParams(json=forcing schema,
                   source="tool_choice"); special tokens kept when a parser must see them
-    plan.grammar_reasoning(params) ──► process_inputs(reasoning=): a constraint starts after </think>
+    plan.grammar_reasoning(params) ──► InputProcessor.process(reasoning=): a constraint starts after </think>
     plan.choice_output(params) ──► one ChoiceOutput per choice (kvserve.api.chat_output)
 
 ``tool_choice`` semantics (vLLM's chat protocol and serving, OpenAI's API reference):
@@ -217,7 +217,7 @@ class ChatPlan:
 
     def grammar_reasoning(self, params: SamplingParams) -> ReasoningParser | None:
         """The reasoning parser that holds a structured-output constraint back until the
-        reasoning ends (``process_inputs(reasoning=)``); None: the constraint applies from the
+        reasoning ends (``InputProcessor.process(reasoning=)``); None: the constraint applies from the
         first token (no constraint, no reasoning parser, or ``include_reasoning: false`` as
         vLLM's ``resolve_reasoning_ended``)."""
         if params.structured_outputs is None or not self.include_reasoning:

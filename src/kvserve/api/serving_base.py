@@ -191,6 +191,7 @@ class GenerationCall(ABC):
         self.request = request
         self.request_id = request_id
         self.request_stream = stream
+        self.model_name = state.response_model_name(stream.requests[0].lora_request)  # every prompt's adapter
 
     @abstractmethod
     def _stream_choices(self, index: int, output: RequestOutput) -> Iterator[BaseModel]:

@@ -125,7 +125,6 @@ class _ChatCall(GenerationCall):
         self.plan = plan
         self.engine_request = stream.requests[0]
         self.sent_roles = False
-        self.model_name = state.response_model_name(self.engine_request.lora_request)
         self.choices = [_Choice(i, plan.choice_output(self.engine_request.sampling_params))
                         for i in range(request.n)]
         self.cached_tokens = 0

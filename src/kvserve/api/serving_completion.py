@@ -95,7 +95,6 @@ class _Call(GenerationCall):
     def __init__(self, state: ServingState, request: CompletionRequest, request_id: str, stream: RequestStream):
         super().__init__(state, request, request_id, stream)
         self.prompts: list[EngineRequest] = stream.requests
-        self.model_name = state.response_model_name(self.prompts[0].lora_request)
         n = request.n
         self.choices = [_Choice(i, None if request.logprobs is None else
                                 CompletionLogprobsBuilder(state.logprob_token_text(request), request.logprobs))

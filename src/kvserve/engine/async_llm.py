@@ -96,10 +96,6 @@ class EngineClient(ABC):
         finally:
             stream.close()
 
-    @abstractmethod
-    async def abort(self, request_id: str) -> None:
-        """Abort a request; its KV blocks are freed within one engine step."""
-
     @property
     @abstractmethod
     def is_ready(self) -> bool:
@@ -253,6 +249,7 @@ class AsyncLLM(EngineClient):
         self._commands.put(AbortRequest(request_id))
 
     async def abort(self, request_id: str) -> None:
+        """Abort a request (vLLM's ``AsyncLLM.abort``); its KV blocks are freed within one step."""
         self._abort_soon(request_id)
 
     def abort_all(self, message: str) -> None:

@@ -10,8 +10,9 @@
     EngineRequest  ──►  engine thread: queue capacity and KV fit only (the scheduler)
 
 The HTTP API and the offline ``LLM`` both call :meth:`InputProcessor.process`, so the same bad
-value gets the same error and message from both. The server runs it on a worker thread (see
-``EngineClient.process_inputs``): tokenizing a long prompt never blocks the event loop.
+value gets the same error and message from both. The server runs it on a worker thread (the
+handlers' input stage, ``kvserve.api.serving_chat`` / ``serving_completion``): tokenizing a long
+prompt never blocks the event loop.
 """
 
 from __future__ import annotations

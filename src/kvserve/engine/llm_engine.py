@@ -15,7 +15,7 @@ from typing import Any
 from kvserve.config import EngineConfig
 from kvserve.engine.core import EngineCore, StepStats
 from kvserve.engine.engine_request import EngineRequest
-from kvserve.engine.input_processor import build_input_processor
+from kvserve.engine.input_processor import InputProcessor, build_input_processor
 from kvserve.engine.output_processor import OutputProcessor, RequestState
 from kvserve.metrics.stats import IterationStats
 from kvserve.outputs import RequestOutput
@@ -42,6 +42,23 @@ class EngineStep:
     iteration: IterationStats = field(default_factory=IterationStats)
 
 
+def build_engine(config: EngineConfig, chat_template: str | None = None) -> tuple[EngineCore, InputProcessor]:
+    """The engine core (the model loaded) and its input processor (the tokenizer, with
+    ``chat_template`` overriding the checkpoint's); the core is shut down if the rest fails.
+
+    Raises:
+        CheckpointError: the model or tokenizer folder cannot be loaded.
+        ConfigError: a flag that cannot work (see ``EngineCore``).
+    """
+    core = EngineCore(config)
+    try:
+        tokenizer = load_tokenizer(config.model.tokenizer or config.model.model, chat_template)
+        return core, build_input_processor(config, tokenizer, core.vocab_size, core.max_model_len)
+    except BaseException:
+        core.shutdown()
+        raise
+
+
 class LLMEngine:
     """Args:
     config: engine configuration.
@@ -53,20 +70,13 @@ class LLMEngine:
     """
 
     def __init__(self, config: EngineConfig, chat_template: str | None = None):
-        self.core = EngineCore(config)
+        self.core, self.input_processor = build_engine(config, chat_template)
         self.config = self.core.config
         self.max_model_len, self.vocab_size = self.core.max_model_len, self.core.vocab_size
-        try:
-            tokenizer = load_tokenizer(config.model.tokenizer or config.model.model, chat_template)
-            self.input_processor = build_input_processor(config, tokenizer, self.core.vocab_size,
-                                                         self.core.max_model_len)
-        except BaseException:
-            self.core.shutdown()
-            raise
-        self.tokenizer = tokenizer
+        self.tokenizer = self.input_processor.tokenizer
         self.eos_token_ids = self.input_processor.eos_token_ids
         self.process_inputs = self.input_processor.process  # validate and normalise one prompt's request
-        self.output_processor = OutputProcessor(tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
         self.lora_registry = self.core.lora_registry()
 
     def shutdown(self) -> None:

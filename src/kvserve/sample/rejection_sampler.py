@@ -96,11 +96,8 @@ class RejectionSampler:
                          accepted) -> list[int]:
         """Sample position ``position`` of the requests still verifying; return those whose draft
         there was accepted (they go on to the next position)."""
-        if position == 0 and len(alive) == logits.shape[0]:
-            position_logits = logits  # no request has drafts: the ordinary step
-        else:
-            index = torch.as_tensor(offsets[alive] + position, device=logits.device)
-            position_logits = logits[index]
+        index = torch.as_tensor(offsets[alive] + position, device=logits.device)
+        position_logits = logits[index]
         batch_rows = rows[alive]
         sampled = self.sampler(position_logits, batch.sampling_metadata(batch_rows, uniforms(batch_rows, position)))
         still = []

@@ -16,10 +16,8 @@ from kvserve.api.run import make_server
 from kvserve.api.settings import ServerSettings
 from kvserve.engine.arg_utils import engine_config_from_kwargs
 from kvserve.engine.async_llm import AsyncLLM
-from kvserve.engine.core import EngineCore
-from kvserve.engine.input_processor import build_input_processor
+from kvserve.engine.llm_engine import build_engine
 from kvserve.metrics.wiring import install_metrics
-from kvserve.tokenizer import load_tokenizer
 
 
 def free_port() -> int:
@@ -84,14 +82,7 @@ def start_live_server(
     Raises:
         RuntimeError: the server did not become healthy in time.
     """
-    config = engine_config_from_kwargs(model_dir, **engine_kwargs)
-    core = EngineCore(config)
-    try:
-        tokenizer = load_tokenizer(config.model.tokenizer or config.model.model)
-        processor = build_input_processor(config, tokenizer, core.vocab_size, core.max_model_len)
-    except BaseException:
-        core.shutdown()
-        raise
+    core, processor = build_engine(engine_config_from_kwargs(model_dir, **engine_kwargs))
     async_llm = AsyncLLM(core, processor, served_model_name, stats_consumers=stats_consumers)
     install_metrics(async_llm)
     async_llm.start()
