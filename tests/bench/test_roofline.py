@@ -216,6 +216,6 @@ def test_the_matmul_peak_is_the_faster_of_torch_and_kvserve(monkeypatch, own_fas
     assert tflops == 2 * m * k * n / 1.0 / 1e12
     # Without kvserve's kernels only F.linear is timed.
     calls.clear()
-    monkeypatch.setattr(machine_probe, "cpu_kernels", lambda: None)
+    monkeypatch.setattr(machine_probe, "kernels_for", lambda device: None)
     assert machine_probe.measure_matmul(torch.float32, m, k, n) == 2 * m * k * n / (2.0 if own_faster else 1.0) / 1e12
     assert len(calls) == 1

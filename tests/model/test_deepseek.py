@@ -70,9 +70,9 @@ def test_grouped_routing_matches_transformers(variant):
     torch.manual_seed(0)
     logits, bias = torch.randn(64, moe.num_experts) * 2, torch.randn(moe.num_experts) * 0.3
     if variant == "deepseek_v3":
-        ours, ref = grouped_route(logits, moe, bias), transformers_v3_route(logits, bias, moe)
+        ours, ref = grouped_route(logits, moe, bias, cpu_kernels()), transformers_v3_route(logits, bias, moe)
     else:
-        ours, ref = grouped_route(logits, moe, None), transformers_v2_route(logits, moe)
+        ours, ref = grouped_route(logits, moe, None, cpu_kernels()), transformers_v2_route(logits, moe)
     (w, ids), (ref_w, ref_ids) = by_expert(*ours), by_expert(*ref)
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(w, ref_w, rtol=2e-6, atol=0)
@@ -82,12 +82,12 @@ def test_grouped_routing_ties_and_the_correction_bias():
     moe = dataclasses.replace(arch_of("deepseek_v3").moe, n_group=2, topk_group=1, top_k=2, norm_topk_prob=False,
                               routed_scaling_factor=1.0)
     # 8 experts, groups [0..3] and [4..7]; equal logits everywhere: group 0, experts 0 and 1
-    weights, ids = grouped_route(torch.zeros(1, 8), moe, torch.zeros(8))
+    weights, ids = grouped_route(torch.zeros(1, 8), moe, torch.zeros(8), cpu_kernels())
     assert ids.tolist() == [[0, 1]] and weights.tolist() == [[0.5, 0.5]]
     # the bias moves the choice to group 1's experts 6 and 7; the weights stay the unbiased scores
     logits = torch.tensor([[1.0, 0.9, 0.0, 0.0, 0.0, 0.0, 0.2, 0.1]])
     bias = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.5])
-    weights, ids = grouped_route(logits, moe, bias)
+    weights, ids = grouped_route(logits, moe, bias, cpu_kernels())
     assert ids.tolist() == [[6, 7]]
     torch.testing.assert_close(weights, torch.sigmoid(logits[:, [6, 7]]), rtol=1e-6, atol=0)
 
@@ -128,9 +128,9 @@ def test_latent_attention_rows_do_not_depend_on_chunking_or_batch(dtype, monkeyp
     rows, query = torch.randn(n, width).to(dtype), torch.randn(n, heads, width)
     table = [5, 2, 7, 0, 3, 1]
 
-    def run(cache, q_lens, seq_lens, tables, q, new_rows):
+    def run(cache, q_lens, seq_lens, tables, q, new_rows, ops=cpu_kernels()):
         return latent_attention(q, new_rows, cache, _metadata(q_lens, seq_lens, block_size, tables), scale=0.3,
-                                value_width=latent)
+                                value_width=latent, ops=ops)
 
     def fresh():
         return torch.zeros(1, 12, block_size, 1, width, dtype=dtype)
@@ -146,8 +146,7 @@ def test_latent_attention_rows_do_not_depend_on_chunking_or_batch(dtype, monkeyp
         steps.append(run(cache, [1], [i + 1], [table], query[i : i + 1], rows[i : i + 1]))
     assert torch.equal(torch.cat(steps), whole)
     assert torch.equal(whole, invariant_gemm_attention(query * 0.3, rows.float(), latent))
-    monkeypatch.setattr("kvserve.attention.latent.cpu_kernels", lambda: None)
-    torch.testing.assert_close(run(fresh(), [n], [n], [table], query, rows), whole, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(run(fresh(), [n], [n], [table], query, rows, ops=None), whole, rtol=1e-5, atol=1e-6)
 
 
 def invariant_gemm_attention(scaled: torch.Tensor, context: torch.Tensor, value_width: int) -> torch.Tensor:
@@ -177,11 +176,12 @@ def test_latent_attention_kernel_at_deepseek_shapes(dtype):
         table = [3, 0, 6, 1, 4]
         cache = torch.zeros(1, 8, block_size, 1, width, dtype=dtype)
         out = latent_attention(query, rows, cache, _metadata([n], [n], block_size, [table]), scale=0.1,
-                               value_width=latent)
+                               value_width=latent, ops=cpu_kernels())
         assert torch.equal(out, invariant_gemm_attention(query * 0.1, rows.float(), latent))
         beside = latent_attention(torch.cat([query[n - 1 :], torch.randn(1, heads, width)]),
                                   torch.cat([rows[n - 1 :], torch.randn(1, width).to(dtype)]), cache,
-                                  _metadata([1, 1], [n, 1], block_size, [table, [7]]), scale=0.1, value_width=latent)
+                                  _metadata([1, 1], [n, 1], block_size, [table, [7]]), scale=0.1, value_width=latent,
+                                  ops=cpu_kernels())
         assert torch.equal(beside[0], out[n - 1])
 
 

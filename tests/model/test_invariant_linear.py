@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from model_fixtures import flat_prompt_logits
 from torch import nn
 
-from kvserve.kernels import cpu_kernels_available
+from kvserve.kernels import cpu_kernels, cpu_kernels_available
 from kvserve.model import invariant_linear
 from kvserve.model.invariant_linear import InvariantLinear, use_invariant_linears
 from kvserve.model.layers import MergedLinear
@@ -25,7 +25,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 # block (256) and the Qwen2.5-0.5B down_proj width.
 SHAPES = [(64, 32), (53, 37), (1, 16), (300, 130), (896, 81), (4864, 24)]
 # The vector path everywhere, and AMX tiles (bfloat16 layers) on a CPU that has them.
-PATHS = [False] + ([True] if cpu_kernels_available() and invariant_linear.cpu_kernels().amx_linear_available() else [])
+PATHS = [False] + ([True] if cpu_kernels_available() and cpu_kernels().amx_linear_available() else [])
 
 
 def fma_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -56,7 +56,7 @@ def _layer(in_features: int, out_features: int, dtype: torch.dtype, bias: bool, 
 def test_bits_are_the_fma_chain(dtype, in_features, out_features, bias):
     linear = _layer(in_features, out_features, dtype, bias, seed=in_features)
     x = torch.randn(23, in_features, generator=torch.Generator().manual_seed(1)).to(dtype)
-    ours = InvariantLinear(linear, invariant_linear.cpu_kernels(), amx=False)(x)
+    ours = InvariantLinear(linear, cpu_kernels(), amx=False)(x)
     assert ours.dtype == dtype
     assert torch.equal(ours, fma_chain(x, linear.weight, linear.bias).to(dtype))
 
@@ -74,7 +74,7 @@ def test_within_the_summation_bound_of_float64(dtype, in_features, out_features,
     linear = _layer(in_features, out_features, dtype, True, seed=7)
     x = torch.randn(9, in_features, generator=torch.Generator().manual_seed(2)).to(dtype)
     with torch.inference_mode():
-        ours = InvariantLinear(linear, invariant_linear.cpu_kernels(), amx=amx)(x).double()
+        ours = InvariantLinear(linear, cpu_kernels(), amx=amx)(x).double()
         x64, w64, b64 = x.double(), linear.weight.double(), linear.bias.double()
         exact = x64 @ w64.T + b64
         u, steps = 2.0**-24, in_features + 1
@@ -93,7 +93,7 @@ def test_shapes_and_mixed_dtypes(dtype, amx):
     if amx and dtype != torch.bfloat16:
         pytest.skip("AMX tiles take bfloat16 layers only")
     linear = _layer(40, 24, dtype, True, seed=3)
-    layer = InvariantLinear(linear, invariant_linear.cpu_kernels(), amx=amx)
+    layer = InvariantLinear(linear, cpu_kernels(), amx=amx)
     x = torch.randn(2, 5, 40).to(dtype)
     out = layer(x)
     assert out.shape == (2, 5, 24)
@@ -136,7 +136,7 @@ def test_replaces_float32_and_bfloat16_cpu_linears_only():
 
 
 def test_without_kernels_the_model_keeps_f_linear(monkeypatch):
-    monkeypatch.setattr(invariant_linear, "cpu_kernels", lambda: None)
+    monkeypatch.setattr(invariant_linear, "kernels_for", lambda device: None)
     model = nn.Sequential(nn.Linear(8, 8))
     assert use_invariant_linears(model) == 0
     assert isinstance(model[0], nn.Linear)

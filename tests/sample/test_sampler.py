@@ -7,8 +7,6 @@ import math
 import pytest
 import torch
 
-from kvserve.sample import greedy, top_k_top_p
-from kvserve.sample import sampler as sampler_module
 from kvserve.sample.logprobs import prompt_logprobs_from_logits
 from kvserve.sample.sampler import NoTokenAllowedError, Sampler
 
@@ -181,23 +179,27 @@ def test_random_rows_without_a_distribution_stay_in_the_vocabulary(make_request,
 
 
 @pytest.mark.parametrize("torch_path", [False, True], ids=["cpu-kernels", "torch"])
-def test_rows_their_processors_leave_empty_are_refused_and_no_others(make_request, build, monkeypatch, torch_path):
+def test_rows_their_processors_leave_empty_are_refused_and_no_others(make_request, build, torch_path):
     """A row whose logits processors mask every token (here ``allowed_token_ids=[3]`` while
     ``min_tokens`` bans EOS 3) raises ``NoTokenAllowedError`` naming exactly those batch rows,
     greedy or random. A greedy row with top-p and a tied maximum beside a random row is not
     refused: the torch path (every non-CPU device) truncates greedy rows too, and may keep the
     other tied token (a check after the draw refused it)."""
-    if torch_path:
-        for module in (sampler_module, top_k_top_p, greedy):
-            monkeypatch.setattr(module, "cpu_kernels", lambda: None)
+
+    def sampler(generator=None) -> Sampler:
+        chosen = Sampler(generator)
+        if torch_path:
+            chosen.ops = None  # as on a device without kvserve's kernels
+        return chosen
+
     empty = dict(allowed_token_ids=[3], min_tokens=2, eos=(3,))
     requests = [make_request(temperature=0.0, **empty), make_request(temperature=1.0, top_p=0.9),
                 make_request(temperature=0.8, **empty), make_request(temperature=0.0)]
     with pytest.raises(NoTokenAllowedError) as info:
-        Sampler(torch.Generator().manual_seed(0))(random_logits(4, 21), build(requests, V))
+        sampler(torch.Generator().manual_seed(0))(random_logits(4, 21), build(requests, V))
     assert info.value.batch_rows == [0, 2]
     with pytest.raises(NoTokenAllowedError) as info:
-        Sampler()(random_logits(1, 21), build(requests[:1], V))  # all greedy
+        sampler()(random_logits(1, 21), build(requests[:1], V))  # all greedy
     assert info.value.batch_rows == [0]
     vocab = 4096
     for a, b in [(100, 4000), (4000, 100), (5, 9)]:
@@ -205,5 +207,5 @@ def test_rows_their_processors_leave_empty_are_refused_and_no_others(make_reques
         tied[0, a] = tied[0, b] = 3.0
         requests = [make_request(temperature=0.0, top_p=0.05, logit_bias={1: 0.0}),
                     make_request(temperature=0.8, top_p=0.05)]
-        sampled = Sampler(torch.Generator().manual_seed(0))(tied, build(requests, vocab)).sampled_token_ids
+        sampled = sampler(torch.Generator().manual_seed(0))(tied, build(requests, vocab)).sampled_token_ids
         assert sampled[0].item() == min(a, b)  # the argmax: the first of the tied maxima

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from kvserve.kernels import cpu_kernels
 from kvserve.sample.sampler import Sampler
 from kvserve.sample.top_k_top_p import apply_top_k_top_p
 
@@ -61,7 +62,7 @@ def logits():
 
 def test_processed_distribution_matches_reference(make_request, build, logits):
     metadata = build([make_request(**case) for case in CASES], V)
-    probs = Sampler.processed_probs(logits.clone(), metadata)
+    probs = Sampler().processed_probs(logits.clone(), metadata)
     for row, case in enumerate(CASES):
         expected, margin = reference_probs(logits[row].double().tolist(), **case)
         assert margin > 1e-4, "test logits too close to a top-p boundary"
@@ -72,7 +73,7 @@ def test_processed_distribution_matches_reference(make_request, build, logits):
 
 def test_top_k_support_size_and_top_p_is_smallest_set(make_request, build, logits):
     metadata = build([make_request(**case) for case in CASES], V)
-    probs = Sampler.processed_probs(logits.clone(), metadata)
+    probs = Sampler().processed_probs(logits.clone(), metadata)
     assert int((probs[3] > 0).sum()) == 5
     assert int((probs[8] > 0).sum()) == 1 and int(probs[8].argmax()) == int(logits[8].argmax())
     # Top-p (row 4): the kept set has mass >= p and dropping its least likely token goes below p.
@@ -136,9 +137,9 @@ def test_a_wide_nucleus_beside_a_row_does_not_change_that_row():
     boundary = float((top_probs.cumsum(dim=1) - top_probs)[0, 1])
     flat = torch.randn(1, vocab_size, generator=torch.Generator().manual_seed(1)) * 0.1
     alone = row.clone()
-    apply_top_k_top_p(alone, None, torch.tensor([boundary]))
+    apply_top_k_top_p(alone, None, torch.tensor([boundary]), cpu_kernels())
     beside = torch.cat([row, flat])
-    apply_top_k_top_p(beside, None, torch.tensor([boundary, 0.9]))
+    apply_top_k_top_p(beside, None, torch.tensor([boundary, 0.9]), cpu_kernels())
     assert torch.equal(beside[0].isinf(), alone[0].isinf())
     assert int((~beside[1].isinf()).sum()) > 256  # the flat row's own nucleus is wide
 
@@ -218,14 +219,13 @@ def test_top_p_kernel_leaves_rows_without_a_distribution():
 def test_without_kernels_the_wide_rows_alone_take_the_full_sort(monkeypatch):
     from kvserve.sample import top_k_top_p
 
-    monkeypatch.setattr(top_k_top_p, "cpu_kernels", lambda: None)
     generator = torch.Generator().manual_seed(8)
     peaked = torch.randn(1, 5000, generator=generator) * 6.0
     flat = torch.randn(1, 5000, generator=generator) * 0.1
     batch = torch.cat([peaked, flat])
-    apply_top_k_top_p(batch, None, torch.tensor([0.9, 0.9]))
+    apply_top_k_top_p(batch, None, torch.tensor([0.9, 0.9]), None)
     alone = peaked.clone()
-    apply_top_k_top_p(alone, None, torch.tensor([0.9]))
+    apply_top_k_top_p(alone, None, torch.tensor([0.9]), None)
     sorted_flat = flat.clone()
     top_k_top_p._apply_top_p_sorted(sorted_flat, torch.tensor([0.9]), torch.tensor([False]))
     assert torch.equal(batch[0], alone[0]) and torch.equal(batch[1], sorted_flat[0])
@@ -234,7 +234,7 @@ def test_without_kernels_the_wide_rows_alone_take_the_full_sort(monkeypatch):
 def test_a_top_p_below_float32_range_keeps_the_most_likely_token():
     _kernels_or_skip()  # the kernel orders ties by index; torch's sort leaves their order open
     logits = torch.tensor([[0.5, 2.0, 2.0, -1.0]])
-    apply_top_k_top_p(logits, None, torch.tensor([1e-300], dtype=torch.float64).to(torch.float32))
+    apply_top_k_top_p(logits, None, torch.tensor([1e-300], dtype=torch.float64).to(torch.float32), cpu_kernels())
     assert logits[0].isinf().tolist() == [True, False, True, True]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvserve.kernels import cpu_kernels
 from kvserve.structured_output.bitmask import (
     allocate_token_bitmask,
     apply_token_bitmask_,
@@ -38,16 +39,19 @@ def random_case(seed: int, rows: int, vocab: int, words: int):
 def test_apply_equals_the_bitwise_reference(vocab, words, indices):
     logits, bitmask = random_case(vocab + words, 4, vocab, words)
     expected = reference(logits, bitmask, indices)
-    for apply in (apply_token_bitmask_, apply_token_bitmask_torch_):
+    paths = {"ours": lambda *args: apply_token_bitmask_(*args, cpu_kernels()),
+             "without kvserve's kernels": lambda *args: apply_token_bitmask_(*args, None),
+             "torch": apply_token_bitmask_torch_}
+    for name, apply in paths.items():
         got = logits.clone()
         apply(got, bitmask, indices)
-        assert torch.equal(got, expected), apply.__name__
+        assert torch.equal(got, expected), name
 
 
 def test_bitmask_narrower_than_logits_bans_the_rest():
     logits, bitmask = random_case(1, 2, 80, 2)  # covers 64 of 80 tokens
     got = logits.clone()
-    apply_token_bitmask_(got, bitmask)
+    apply_token_bitmask_(got, bitmask, None, cpu_kernels())
     assert torch.equal(got, reference(logits, bitmask, None))
     assert torch.isinf(got[:, 64:]).all()
 
@@ -55,7 +59,7 @@ def test_bitmask_narrower_than_logits_bans_the_rest():
 def test_bf16_logits_take_the_torch_path():
     logits, bitmask = random_case(2, 3, 96, 3)
     got = logits.to(torch.bfloat16)
-    apply_token_bitmask_(got, bitmask, [1])
+    apply_token_bitmask_(got, bitmask, [1], cpu_kernels())
     assert torch.equal(got.float(), reference(logits.to(torch.bfloat16).float(), bitmask, [1]))
 
 
@@ -64,6 +68,6 @@ def test_allocate_is_all_allowed_and_shapes_are_checked():
     assert bitmask.shape == (2, 4748) and bitmask.dtype == torch.int32
     assert (bitmask == -1).all()
     with pytest.raises(ValueError):
-        apply_token_bitmask_(torch.zeros(3, 10), allocate_token_bitmask(2, 10))
+        apply_token_bitmask_(torch.zeros(3, 10), allocate_token_bitmask(2, 10), None, cpu_kernels())
     with pytest.raises(ValueError):
-        apply_token_bitmask_(torch.zeros(2, 10), allocate_token_bitmask(2, 10).long())
+        apply_token_bitmask_(torch.zeros(2, 10), allocate_token_bitmask(2, 10).long(), None, cpu_kernels())

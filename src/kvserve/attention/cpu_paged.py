@@ -33,7 +33,7 @@ import torch
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.attention.torch_backend import Softmax, TorchAttentionBackend, _varlen_attention, write_kv_cache
 from kvserve.errors import ConfigError
-from kvserve.kernels import cpu_kernels, cpu_kernels_available
+from kvserve.kernels import cpu_kernels_available, kernels_for
 
 MAX_GROUP, MAX_HEAD_DIM = 16, 256  # kMaxGroup, kMaxHeadDim in the C++ source
 
@@ -61,7 +61,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
     name = "cpu_paged"
 
     def __init__(self, max_kernel_query_len: int = 1 << 30, amx: bool | None = None):
-        self._ops = cpu_kernels()
+        self._ops = kernels_for("cpu")
         if self._ops is None:
             raise ConfigError("--attention-backend cpu_paged: its C++ kernel could not be built here (see the log); "
                               "use --attention-backend torch or auto")

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from kvserve.attention.backend import AttentionMetadata
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import CpuKernels
 
 
 def write_latent_rows(rows: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -44,7 +44,7 @@ def write_latent_rows(rows: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: 
 
 
 def latent_attention(query: torch.Tensor, rows: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
-                     *, scale: float, value_width: int) -> torch.Tensor:
+                     *, scale: float, value_width: int, ops: CpuKernels | None) -> torch.Tensor:
     """Write ``rows`` (the new tokens' cache rows [T, width]) and attend.
 
     Args:
@@ -60,9 +60,8 @@ def latent_attention(query: torch.Tensor, rows: torch.Tensor, kv_cache: torch.Te
     """
     write_latent_rows(rows, kv_cache, metadata.slot_mapping)
     scaled = query * scale
-    kernels = cpu_kernels() if query.device.type == "cpu" else None
-    if kernels is not None:
-        return kernels.latent_attention(scaled.contiguous(), kv_cache, metadata.block_tables, metadata.seq_lens,
+    if ops is not None:
+        return ops.latent_attention(scaled.contiguous(), kv_cache, metadata.block_tables, metadata.seq_lens,
                                         metadata.query_start_loc, value_width)
     tokens, heads, width = query.shape
     cache = kv_cache.view(kv_cache.shape[1], kv_cache.shape[2], width)

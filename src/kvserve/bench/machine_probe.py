@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvserve import huge_pages
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import kernels_for
 from kvserve.model.invariant_linear import SUPPORTED_DTYPES, InvariantLinear
 
 PROBE_BYTES = 256 * 2**20  # 8x the largest L3 of these machines: the reads come from memory
@@ -130,7 +130,7 @@ def measure_matmul(dtype: torch.dtype, m: int, k: int, n: int, repeats: int = 5,
     a = torch.randn(m, k, generator=generator).to(device=device, dtype=dtype)
     w = torch.randn(n, k, generator=generator).to(device=device, dtype=dtype)
     best = _best_time(lambda: F.linear(a, w), repeats, device)
-    kernels = cpu_kernels() if device.type == "cpu" and dtype in SUPPORTED_DTYPES else None
+    kernels = kernels_for(device) if dtype in SUPPORTED_DTYPES else None
     if kernels is not None:
         linear = nn.Linear(k, n, bias=False, dtype=dtype)
         linear.weight.data = w

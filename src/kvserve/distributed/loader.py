@@ -48,9 +48,10 @@ from kvserve.distributed.layers import RowParallelLinear, VocabParallelEmbedding
 from kvserve.distributed.prequantized import PackedSplit, read_packed_slice
 from kvserve.distributed.shard import LATENT_COLUMN_PARALLEL, TensorParallelShard
 from kvserve.errors import CheckpointError, ConfigError
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import kernels_for
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.gguf_file import find_gguf
+from kvserve.model.kernel_layer import bind_kernels
 from kvserve.model.layers import MergedLinear
 from kvserve.model.loader import (LoadedModel, _is_ignorable, _renamed, _safetensors_files, _tensor_names,
                                   check_all_loaded)
@@ -111,11 +112,12 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     packed = _Packed({s: {} for shards in plan.values() for s in shards}, splits, spec)
     drop_float_weights(model, plan)
     model = model.to(dtype=dtype).to_empty(device=device)
+    bind_kernels(model, device)
     if arch.tie_word_embeddings and "lm_head" not in plan:
         model.lm_head.weight = model.model.embed_tokens.weight
     _load_slices(model, files, shard, packed, model_cls)
     if spec is not None:
-        install_quantized_linears(model, plan, packed.tensors, spec, cpu_kernels(), device)
+        install_quantized_linears(model, plan, packed.tensors, spec, kernels_for(device), device)
     elif quantization.method is not None:
         try:
             quantize_linears(model, quantization.method, quantization.group_size, quantization.lm_head)

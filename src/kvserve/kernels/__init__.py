@@ -35,13 +35,16 @@ variant, units in parallel, a line per unit), :mod:`kvserve.kernels.library` fin
 prebuilt library or builds this install's on first use and declares every entry point, and the
 ``ops_*`` modules wrap the entry points with the checks of their arguments. :func:`cpu_kernels`
 returns them as one object; where no library can be had (no compiler, no prebuilt one), it
-returns None and every caller falls back to portable PyTorch code.
+returns None. :func:`kernels_for` is the one rule for "C++ kernel or torch code", applied where a
+model, a sampler or a backend is built (``kvserve.model.kernel_layer``), never per call.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+
+import torch
 
 from kvserve.cpu_threads import openmp_threads_sleep
 from kvserve.kernels.ops_attention import AttentionOps
@@ -116,3 +119,13 @@ def cpu_kernels() -> CpuKernels | None:
 def cpu_kernels_available() -> bool:
     """True when the C++ kernels load on this machine (a source install's first call builds them)."""
     return cpu_kernels() is not None
+
+
+def kernels_for(device: torch.device | str | None) -> CpuKernels | None:
+    """The kernels for tensors on ``device``: kvserve's library on the CPU where it loads, else None
+    (CUDA, ``meta``, or no library here), and the caller runs its torch code. Asked once, where a
+    layer, model, sampler or backend is built; a call then checks only what its kernel accepts
+    (dtype, shape), never the machine."""
+    if device is None or torch.device(device).type != "cpu":
+        return None
+    return cpu_kernels()

@@ -88,7 +88,7 @@ class LoRALinear(nn.Module):
         max_rank: rank per shard and slot.
         dtype: the slots' dtype (``--lora-dtype``).
         device: the model's device.
-        kernels: ``kvserve.kernels.cpu_kernels()`` for the CPU kernel, or None (torch matmuls).
+        kernels: ``kvserve.kernels.kernels_for(device)`` for the CPU kernel, or None (torch matmuls).
     """
 
     def __init__(self, base: nn.Module, in_features: int, shard_sizes: list[int], max_loras: int, max_rank: int,

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from kvserve.config import LoRAConfig
+from kvserve.kernels import kernels_for
 from kvserve.lora.layers import LoRABatch, LoRALinear
 from kvserve.lora.peft_adapter import LoRAWeights, check_base_model, load_adapter, module_shapes
 from kvserve.lora.request import LoRARequest
@@ -58,12 +59,10 @@ def lora_dtype(config: LoRAConfig, model_dtype: torch.dtype) -> torch.dtype:
 
 
 def _kernels_for(device: torch.device, model_dtype: torch.dtype, dtype: torch.dtype):
-    if device.type != "cpu" or model_dtype not in (torch.float32, torch.bfloat16) \
-            or dtype not in (torch.float32, torch.bfloat16):
+    """lora.cpp where the device has kernels and both dtypes are float32 or bfloat16."""
+    if model_dtype not in (torch.float32, torch.bfloat16) or dtype not in (torch.float32, torch.bfloat16):
         return None
-    from kvserve.kernels import cpu_kernels
-
-    return cpu_kernels()
+    return kernels_for(device)
 
 
 class LoRAManager:

@@ -33,13 +33,13 @@ from torch import nn
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.attention.latent import latent_attention
-from kvserve.kernels import cpu_kernels
 from kvserve.model.arch_config import MlaConfig, ModelArchConfig
+from kvserve.model.kernel_layer import KernelLayer
 from kvserve.model.layers import RMSNorm, RotaryEmbedding
 from kvserve.model.llama import AttentionOptions, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
 
-class LatentUpProjection(nn.Module):
+class LatentUpProjection(KernelLayer):
     """``kv_b_proj``: weight [H * (nope + v), L], per head h the rows of its key part W_k[h]
     [nope, L] then of its value part W_v[h] [v, L]. Used in absorbed form only (never on the
     cached rows), so it is not an ``nn.Linear``: the linear swaps and ``--quantization`` leave it
@@ -66,7 +66,7 @@ class LatentUpProjection(nn.Module):
 
     def absorb_query(self, q_nope: torch.Tensor) -> torch.Tensor:
         """q_nope [T, H, nope] -> float32 [T, H, L]: ``W_k[h]^T q_nope_h`` per head."""
-        kernels = cpu_kernels() if q_nope.device.type == "cpu" else None
+        kernels = self.ops
         if kernels is None:
             return torch.einsum("thn,hnl->thl", q_nope.float(), self._heads()[:, : self.nope].float())
         absorb, _ = self._kernel_panels(kernels)
@@ -77,7 +77,7 @@ class LatentUpProjection(nn.Module):
 
     def project_values(self, latent_out: torch.Tensor) -> torch.Tensor:
         """float32 [T, H, L] -> float32 [T, H, v]: ``W_v[h] out_h`` per head."""
-        kernels = cpu_kernels() if latent_out.device.type == "cpu" else None
+        kernels = self.ops
         if kernels is None:
             return torch.einsum("thl,hvl->thv", latent_out, self._heads()[:, self.nope :].float())
         _, values = self._kernel_panels(kernels)
@@ -85,7 +85,7 @@ class LatentUpProjection(nn.Module):
                             for h in range(self.num_heads)], dim=1)
 
 
-class MlaAttention(nn.Module):
+class MlaAttention(KernelLayer):
     """Multi-head latent attention: hidden [T, hidden_size] -> [T, hidden_size]; writes this
     layer's latent rows into ``kv_cache`` ([1, num_blocks, block_size, 1, cache_width])."""
 
@@ -119,7 +119,7 @@ class MlaAttention(nn.Module):
         q_rope, k_rope = self._rotate(q_rope, cos, sin), self._rotate(k_rope[:, None, :], cos, sin)[:, 0]
         query = torch.cat([self.kv_b_proj.absorb_query(q_nope), q_rope.float()], dim=-1)
         out = latent_attention(query, torch.cat([latent, k_rope], dim=-1), kv_cache, attn_metadata,
-                               scale=mla.softmax_scale, value_width=mla.kv_lora_rank)
+                               scale=mla.softmax_scale, value_width=mla.kv_lora_rank, ops=self.ops)
         values = self.kv_b_proj.project_values(out).to(hidden.dtype)
         return self.o_proj(values.reshape(tokens, -1))
 
@@ -131,8 +131,8 @@ class MlaAttention(nn.Module):
         if self.mla.interleaved_rope:
             x = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
         if self.mla.rope_float32:
-            return RotaryEmbedding.apply(x.float(), cos.float(), sin.float()).to(x.dtype)
-        return RotaryEmbedding.apply(x.contiguous(), cos, sin)
+            return RotaryEmbedding.apply(x.float(), cos.float(), sin.float(), self.ops).to(x.dtype)
+        return RotaryEmbedding.apply(x.contiguous(), cos, sin, self.ops)
 
 
 class MlaDecoderLayer(LlamaDecoderLayer):

@@ -25,7 +25,7 @@ from torch import nn
 
 from kvserve.attention.backend import AttentionMetadata
 from kvserve.attention.cpu_paged import CpuPagedAttentionBackend
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import kernels_for
 from kvserve.model.layers import RMSNorm, SiluAndMul
 from kvserve.model.llama import MLP_TILE_ROWS, LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 from kvserve.model.model_inputs import ModelInputs
@@ -52,13 +52,13 @@ class FusedDecoder:
         """The fused decoder of ``model`` (a loaded ``LlamaForCausalLM`` whose linears are final:
         after quantization and ``use_invariant_linears``), or None where it does not apply (module
         docstring)."""
-        kernels = cpu_kernels()
         inner = getattr(model, "model", None)
-        if kernels is None or not isinstance(model, LlamaForCausalLM) or type(inner) is not LlamaModel:
+        if not isinstance(model, LlamaForCausalLM) or type(inner) is not LlamaModel:
             return None
+        kernels = kernels_for(inner.embed_tokens.weight.device)
         dtype = inner.embed_tokens.weight.dtype
         layers = list(inner.layers)
-        if (dtype not in (torch.float32, torch.bfloat16) or inner.embed_tokens.weight.device.type != "cpu"
+        if (kernels is None or dtype not in (torch.float32, torch.bfloat16)
                 or inner.rotary_emb.rotary_dim != inner.rotary_emb.head_dim
                 or not layers or type(inner.norm) is not RMSNorm or inner.norm.weight.dtype != dtype
                 or len(kv_caches) != len(layers)

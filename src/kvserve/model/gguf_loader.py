@@ -30,10 +30,11 @@ from torch import nn
 
 from kvserve.attention.backend import AttentionBackend
 from kvserve.errors import CheckpointError, ConfigError
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import kernels_for
 from kvserve.model.gguf_file import GGUFFile
 from kvserve.model.gguf_names import PERMUTED_ARCHITECTURES, gguf_name, llama_rotary_order
 from kvserve.model.gguf_tensors import block_size, read_tensor
+from kvserve.model.kernel_layer import bind_kernels
 from kvserve.model.layers import MergedLinear
 from kvserve.model.quant_linear import QuantizedLinear
 from kvserve.model.quant_tensor import QuantizedTensor
@@ -79,6 +80,7 @@ def load_gguf_model(gguf: GGUFFile, dtype: torch.dtype, device: torch.device | s
 
             parallelize(model, shard, communicator)
     model = model.to(dtype=dtype).to_empty(device=device)
+    bind_kernels(model, device)
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     _GGUFFiller(gguf, model, dtype, device, shard).fill()
@@ -93,7 +95,7 @@ class _GGUFFiller:
         self.gguf, self.model, self.dtype, self.device, self.shard = gguf, model, dtype, device, shard
         self.arch = gguf.arch
         self.used: set[str] = set()
-        self.kernels = cpu_kernels() if torch.device(device).type == "cpu" else None
+        self.kernels = kernels_for(device)
 
     @torch.no_grad()
     def fill(self) -> None:

@@ -32,7 +32,7 @@ from torch import nn
 
 from kvserve import huge_pages
 from kvserve.heap import HeapTrimmer, trim
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import kernels_for
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 PACK_SLICE_BYTES = 64 << 20  # pack_amx_weight's slices
@@ -70,7 +70,7 @@ class InvariantLinear(nn.Module):
 
     Args:
         linear: the layer to replace (its weight is copied into the packed layout).
-        kernels: the compiled module from ``kvserve.kernels.cpu_kernels()``.
+        kernels: the compiled module from ``kvserve.kernels.kernels_for("cpu")``.
         amx: run a bfloat16 layer on AMX tiles: None (default) where the CPU has them, False
             never (tests of the vector path), True insists (an error where they are missing).
     """
@@ -129,7 +129,7 @@ def use_invariant_linears(model: nn.Module) -> int:
     model keeps ``nn.Linear`` (``F.linear``: MKL / oneDNN), whose rows may differ in the last
     bits between batch sizes, so batch invariance is then not guaranteed.
     """
-    kernels = cpu_kernels()
+    kernels = kernels_for("cpu")  # CPU linears only
     if kernels is None:
         return 0
     # (parent, name) only: each float weight is freed as soon as its layer is packed, so the peak

@@ -19,11 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import CpuKernels
 from kvserve.model.arch_config import RopeScaling
+from kvserve.model.kernel_layer import KernelLayer
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(KernelLayer):
     """Root-mean-square layer norm (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization").
 
     ``y = weight * (x / sqrt(mean(x^2, -1) + eps))``, statistics in float32.
@@ -54,12 +55,12 @@ class RMSNorm(nn.Module):
         total = residual + x
         return self.forward(total), total
 
-    def _fused_ops(self, x: torch.Tensor):
-        """The C++ kernels (``elementwise.cpp``) when they handle x here, else None."""
-        if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != self.weight.dtype
+    def _fused_ops(self, x: torch.Tensor) -> CpuKernels | None:
+        """The C++ kernels (``elementwise.cpp``) when this layer has them and they take x, else None."""
+        if (self.ops is None or x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != self.weight.dtype
                 or x.stride(-1) != 1 or x.requires_grad or self.weight.requires_grad and torch.is_grad_enabled()):
             return None
-        return cpu_kernels()
+        return self.ops
 
 
 class UpcastRMSNorm(nn.Module):
@@ -93,17 +94,15 @@ class GemmaRMSNorm(UpcastRMSNorm):
     offset = 1.0
 
 
-class SiluAndMul(nn.Module):
+class SiluAndMul(KernelLayer):
     """SwiGLU activation (Shazeer 2020, "GLU Variants Improve Transformer").
 
     Input [..., 2 * d] = [gate | up]; output [..., d] = silu(gate) * up.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16):
-            ops = cpu_kernels()
-            if ops is not None:
-                return ops.silu_and_mul(x.contiguous())
+        if self.ops is not None and x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16):
+            return self.ops.silu_and_mul(x.contiguous())
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
@@ -254,18 +253,17 @@ class RotaryEmbedding(nn.Module):
         return cos.to(dtype), sin.to(dtype)
 
     @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: CpuKernels | None = None) -> torch.Tensor:
         """x: [T, heads, head_dim]; cos, sin: [T, rotary_dim] (same dtype as x): the first
-        rotary_dim dimensions rotated, the others as they are."""
+        rotary_dim dimensions rotated, the others as they are; on ``ops`` (the calling layer's
+        kernels) where they take x (bfloat16), else in torch."""
         rotary_dim = cos.shape[-1]
         if rotary_dim != x.shape[-1]:
-            rotated = RotaryEmbedding.apply(x[..., :rotary_dim], cos, sin)
+            rotated = RotaryEmbedding.apply(x[..., :rotary_dim], cos, sin, ops)
             return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
-        if (x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 3 and x.shape[-1] % 32 == 0
+        if (ops is not None and x.dtype == torch.bfloat16 and x.dim() == 3 and x.shape[-1] % 32 == 0
                 and x.stride(-1) == 1 and cos.dtype == torch.bfloat16):
-            ops = cpu_kernels()
-            if ops is not None:
-                return ops.rotary_embedding(x, cos.contiguous(), sin.contiguous())
+            return ops.rotary_embedding(x, cos.contiguous(), sin.contiguous())
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos[:, None, :] + rotated * sin[:, None, :]

@@ -19,6 +19,7 @@ from torch import nn
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.model.arch_config import ModelArchConfig
+from kvserve.model.kernel_layer import KernelLayer
 from kvserve.model.layers import ACTIVATIONS, MergedLinear, RMSNorm, RotaryEmbedding
 from kvserve.model.moe import SparseMoeBlock
 
@@ -64,7 +65,7 @@ class ModelOptions:
     logit_softcap: float = 0.0
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(KernelLayer):
     """Multi-head attention with grouped-query KV heads (Ainslie et al. 2023, "GQA").
 
     forward: hidden [T, hidden_size] -> [T, hidden_size]; writes this layer's K/V into
@@ -123,8 +124,8 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and not self.full_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
-            q = RotaryEmbedding.apply(q, cos, sin)
-            k = RotaryEmbedding.apply(k, cos, sin)
+            q = RotaryEmbedding.apply(q, cos, sin, self.ops)
+            k = RotaryEmbedding.apply(k, cos, sin, self.ops)
         out = self.backend.forward(q, k, v, kv_cache, attn_metadata, scale=self.scale,
                                    sliding_window=self.sliding_window, softcap=self.softcap, sinks=self.sinks)
         return self.o_proj(out.reshape(num_tokens, self.q_size))

@@ -34,9 +34,10 @@ from kvserve.attention.backend import AttentionBackend
 from kvserve.checkpoint_quantization import resolve_quantization
 from kvserve.config import QuantizationConfig
 from kvserve.errors import CheckpointError, ConfigError
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import kernels_for
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.gguf_file import find_gguf, open_gguf
+from kvserve.model.kernel_layer import bind_kernels
 from kvserve.model.layers import MergedLinear
 from kvserve.model.prequantized import (PACKED_TENSORS, drop_float_weights, install_quantized_linears,
                                         plan_mxfp4_linears, plan_quantized_linears)
@@ -222,6 +223,7 @@ def load_model(
         plan = plan_mxfp4_linears(model, names) if spec.method == "mxfp4" else plan_quantized_linears(model, names, spec)
     drop_float_weights(model, plan)
     model = model.to(dtype=torch_dtype).to_empty(device=device)
+    bind_kernels(model, device)
     if arch.tie_word_embeddings and "lm_head" not in plan:
         # to_empty gives each parameter its own storage; tie again.
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -229,7 +231,7 @@ def load_model(
     _load_weights(model, files, tied=arch.tie_word_embeddings, packed=packed, renames=renames,
                   ignored=model_cls.checkpoint_ignored, split=model_cls.split_checkpoint_tensor)
     if spec is not None:
-        install_quantized_linears(model, plan, packed, spec, cpu_kernels(), device)
+        install_quantized_linears(model, plan, packed, spec, kernels_for(device), device)
     elif quantization.method is not None:
         try:
             quantize_linears(model, quantization.method, quantization.group_size, quantization.lm_head)

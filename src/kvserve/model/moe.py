@@ -49,14 +49,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import CpuKernels
 from kvserve.kernels.ops_moe import ROUTINGS
 from kvserve.model.arch_config import ModelArchConfig, MoeConfig
+from kvserve.model.kernel_layer import KernelLayer
 from kvserve.model.kernel_parts import linear_parts
 from kvserve.model.layers import MergedLinear, RouterLinear, SiluAndMul
 
 
-class ClampedSwiGLU(nn.Module):
+class ClampedSwiGLU(KernelLayer):
     """GPT-OSS's gate: input [..., 2 * d] = [gate | up] -> [..., d] =
     ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = min(gate, limit)``, each
     operation rounded to the input dtype as transformers computes it (the sigmoid on kvserve's
@@ -70,7 +71,7 @@ class ClampedSwiGLU(nn.Module):
         gate, up = x.chunk(2, dim=-1)
         gate = gate.clamp(max=self.limit)
         up = up.clamp(min=-self.limit, max=self.limit)
-        return (up + 1) * (gate * sigmoid(gate * self.alpha))
+        return (up + 1) * (gate * sigmoid(gate * self.alpha, self.ops))
 
 
 class ExpertMLP(nn.Module):
@@ -111,8 +112,8 @@ def route(logits: torch.Tensor, top_k: int, normalize: bool,
     return weights, ids
 
 
-def grouped_route(logits: torch.Tensor, moe: MoeConfig,
-                  correction: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_route(logits: torch.Tensor, moe: MoeConfig, correction: torch.Tensor | None,
+                  ops: CpuKernels | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights float32 [T, k], expert ids int64 [T, k]) of DeepSeek's float32 router logits
     [T, E] (``MoeConfig.routing``): ``sigmoid_grouped`` scores ``sigmoid(logits)`` and chooses
     by ``scores + correction``, a group scored by the sum of its two best choices, the others
@@ -122,7 +123,7 @@ def grouped_route(logits: torch.Tensor, moe: MoeConfig,
     renormalised (``norm_topk_prob``, over sum + 1e-20) and times ``routed_scaling_factor``."""
     rows, experts = logits.shape
     if moe.routing == "sigmoid_grouped":
-        scores = sigmoid(logits.contiguous())
+        scores = sigmoid(logits.contiguous(), ops)
         choice = scores + correction
         groups = choice.view(rows, moe.n_group, -1)
         group_scores = torch.sort(groups, dim=-1, descending=True, stable=True).values[..., :2].sum(dim=-1)
@@ -166,7 +167,7 @@ def float32_router_logits(gate: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return gate(x.float())
 
 
-class SparseMoeBlock(nn.Module):
+class SparseMoeBlock(KernelLayer):
     """The MoE feed-forward of one layer (module docstring): [T, hidden] -> [T, hidden] in the
     input's dtype."""
 
@@ -196,7 +197,7 @@ class SparseMoeBlock(nn.Module):
         """This block in one C++ call (``kvserve.kernels.ops_moe.MoeLayer``) for ``dtype``
         activations on the CPU: made once the linears are on the kernels (after
         ``use_invariant_linears`` or quantization), or None (no kernels, other layers)."""
-        kernels = cpu_kernels()
+        kernels = self.ops
         if kernels is None or dtype not in (torch.float32, torch.bfloat16) or not (self.moe.grouped
                                                                                   or self.moe.routing in ROUTINGS):
             return None
@@ -231,14 +232,14 @@ class SparseMoeBlock(nn.Module):
                                 first_expert=self.first_expert)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        layer = self.kernel_layer(x.dtype) if x.device.type == "cpu" and x.dim() == 2 else None
+        layer = self.kernel_layer(x.dtype) if x.dim() == 2 else None
         if layer is not None:
             return layer.forward(x.contiguous(), *(self._grouped_route(x) if self.moe.grouped else ()))
         return self.torch_forward(x)
 
     def _grouped_route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         correction = None if self.score_correction is None else self.score_correction.value
-        return grouped_route(float32_router_logits(self.gate, x), self.moe, correction)
+        return grouped_route(float32_router_logits(self.gate, x), self.moe, correction, self.ops)
 
     def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The block in torch operators (the module docstring's steps): the reference, and the
@@ -263,15 +264,16 @@ class SparseMoeBlock(nn.Module):
             y = self.experts[expert - held.start](x.index_select(0, rows))
             out.index_add_(0, rows, (y * weights.flatten()[pairs, None]).to(x.dtype))
         if self.shared_expert_gate is not None:
-            out = out + sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = out + sigmoid(self.shared_expert_gate(x), self.ops) * self.shared_expert(x)
         elif self.shared_expert is not None:
             out = out + self.shared_expert(x)
         return out
 
 
-def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """``F.sigmoid``, on the CPU through kvserve's kernel: torch computes a vector's worth of values
-    and a tail with two different exp implementations, so a token's gate would change with the
-    number of tokens in the step."""
-    kernels = cpu_kernels() if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) else None
-    return F.sigmoid(x) if kernels is None else kernels.sigmoid(x.contiguous())
+def sigmoid(x: torch.Tensor, ops: CpuKernels | None) -> torch.Tensor:
+    """``F.sigmoid``, on kvserve's kernel where the calling layer has ``ops``: on the CPU torch
+    computes a vector's worth of values and a tail with two different exp implementations, so a
+    token's gate would change with the number of tokens in the step."""
+    if ops is None or x.dtype not in (torch.float32, torch.bfloat16):
+        return F.sigmoid(x)
+    return ops.sigmoid(x.contiguous())

@@ -37,7 +37,7 @@ from torch import nn
 
 from kvserve import huge_pages
 from kvserve.heap import HeapTrimmer, trim
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import kernels_for
 from kvserve.model.layers import RouterLinear
 from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
 
@@ -122,7 +122,7 @@ class QuantizedLinear(nn.Module):
     Args:
         weight: the quantized [out_features, in_features] weight.
         bias: [out_features] or None.
-        kernels: the compiled module from ``kvserve.kernels.cpu_kernels()``, or None for the
+        kernels: the compiled module from ``kvserve.kernels.kernels_for(device)``, or None for the
             dequantize-per-call path (CUDA, no compiler).
         isa: the vector kernel's instruction set (0: the best of this CPU; tests force the others).
         input_perm: int64 [in_features] or None: ``weight`` holds the inputs in this order
@@ -277,7 +277,6 @@ def quantize_linears(model: nn.Module, method: str, group_size: int = 32, lm_hea
         ValueError: as ``quantize_weight`` (an int4 group size that does not divide a layer's
             inputs names the layer).
     """
-    kernels = cpu_kernels()
     head = getattr(model, "lm_head", None)
     # (parent, name) only: each float weight is freed as soon as its layer is quantized.
     targets = [(parent, name) for parent in model.modules() for name, child in parent.named_children()
@@ -289,7 +288,7 @@ def quantize_linears(model: nn.Module, method: str, group_size: int = 32, lm_hea
             weight = quantize_weight(child.weight, method, group_size)
         except ValueError as exc:
             raise ValueError(f"{name} ({child.in_features} inputs): {exc}") from None
-        setattr(parent, name, QuantizedLinear(weight, child.bias, kernels))
+        setattr(parent, name, QuantizedLinear(weight, child.bias, kernels_for(child.weight.device)))
         trimmer.freed(child.weight.numel() * child.weight.element_size())
         del child
     trim()

@@ -130,7 +130,7 @@ class ModelRunner:
         # Seeded requests' generators, by request id: kept across preemption, dropped at finish.
         self.generators: dict[str, torch.Generator] = {}
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.sampler = Sampler()
+        self.sampler = Sampler(device=self.device)
         self.rejection_sampler = RejectionSampler(self.sampler)
         self.faults = FaultInjector()
         self._step_uniforms: dict[str, list[float]] = {}

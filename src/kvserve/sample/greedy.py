@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import CpuKernels
 
 
-def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """int64 ``[N]``: ``logits.argmax(dim=1)`` for ``[N, V]`` logits of any float dtype, device."""
-    kernels = cpu_kernels() if logits.device.type == "cpu" else None
-    if kernels is not None and logits.dtype in (torch.float32, torch.bfloat16) and logits.shape[1] > 0:
-        return kernels.argmax_rows(logits.contiguous())
+def greedy_argmax(logits: torch.Tensor, ops: CpuKernels | None) -> torch.Tensor:
+    """int64 ``[N]``: ``logits.argmax(dim=1)`` for ``[N, V]`` logits of any float dtype, device; on
+    ``ops`` (the caller's kernels, ``kernels_for`` the logits' device) where they take the dtype."""
+    if ops is not None and logits.dtype in (torch.float32, torch.bfloat16) and logits.shape[1] > 0:
+        return ops.argmax_rows(logits.contiguous())
     return logits.argmax(dim=1)

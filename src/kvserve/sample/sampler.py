@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import torch
 
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import kernels_for
 from kvserve.outputs import TokenLogprobs
 from kvserve.sample.greedy import greedy_argmax
 from kvserve.sample.logprobs import gather_logprobs
@@ -98,10 +98,13 @@ class Sampler:
         generator: the random generator of rows without their own (unseeded requests), on the
             logits' device, used when the metadata carries no pre-drawn uniforms; None uses
             torch's default generator.
+        device: the logits' device: on the CPU the C++ kernels draw, take argmaxes and cut
+            top-p (``kernels_for``), elsewhere torch.
     """
 
-    def __init__(self, generator: torch.Generator | None = None):
+    def __init__(self, generator: torch.Generator | None = None, device: torch.device | str = "cpu"):
         self.generator = generator
+        self.ops = kernels_for(device)
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row.
@@ -157,7 +160,7 @@ class Sampler:
         """
         # Only a logits processor can set a whole row to -inf (truncation keeps the largest).
         refuse = bool(metadata.logits_processors)
-        greedy_ids = greedy_argmax(logits) if metadata.all_greedy or not metadata.all_random else None  # empty: both
+        greedy_ids = greedy_argmax(logits, self.ops) if metadata.all_greedy or not metadata.all_random else None  # empty: both
         empty = None
         if refuse and greedy_ids is not None:
             # Before the draw: the torch path truncates every row in place, greedy ones too, and
@@ -184,7 +187,7 @@ class Sampler:
                 all_neginf = torch.zeros_like(undefined)
                 all_neginf[random_undefined] = torch.isneginf(logits[random_undefined]).all(dim=1)
                 empty = all_neginf if empty is None else empty | all_neginf
-            sampled = torch.where(undefined, greedy_argmax(logits) if greedy_ids is None else greedy_ids, sampled)
+            sampled = torch.where(undefined, greedy_argmax(logits, self.ops) if greedy_ids is None else greedy_ids, sampled)
         if empty is not None:
             _raise_for_empty_rows(empty, metadata)
         if greedy_ids is not None:
@@ -194,7 +197,7 @@ class Sampler:
     def _draw(self, logits: torch.Tensor, metadata: SamplingMetadata, uniforms: torch.Tensor, owned: bool) -> torch.Tensor:
         """The random rows' tokens (int64 ``[N]``; greedy rows hold anything; ``V``: no
         distribution): the C++ kernel on the CPU, else softmax + inverse CDF in torch."""
-        kernels = cpu_kernels() if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) else None
+        kernels = self.ops if logits.dtype in (torch.float32, torch.bfloat16) else None
         if kernels is None:
             work = logits if owned else logits.to(torch.float32, copy=True)
             return _inverse_cdf_sample(self.processed_probs(work, metadata), uniforms)
@@ -218,15 +221,13 @@ class Sampler:
                                             uniforms[rows].contiguous())
         return sampled
 
-    @staticmethod
-    def _truncate(scaled: torch.Tensor, metadata: SamplingMetadata) -> None:
+    def _truncate(self, scaled: torch.Tensor, metadata: SamplingMetadata) -> None:
         """top-k, top-p and min-p on temperature-scaled float32 logits, in place (dropped: -inf)."""
-        apply_top_k_top_p(scaled, metadata.top_k, metadata.top_p)
+        apply_top_k_top_p(scaled, metadata.top_k, metadata.top_p, self.ops)
         if metadata.min_p is not None:
             apply_min_p(scaled, metadata.min_p)
 
-    @staticmethod
-    def processed_probs(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    def processed_probs(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         """The distribution random rows are drawn from: softmax of the logits after temperature,
         top-k, top-p and min-p.
 
@@ -238,7 +239,7 @@ class Sampler:
             float32 ``[N, V]`` probabilities (rows sum to 1; greedy rows are not meaningful).
         """
         logits.div_(metadata.temperature.unsqueeze(1))
-        Sampler._truncate(logits, metadata)
+        self._truncate(logits, metadata)
         return logits.softmax(dim=1)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import CpuKernels
 
 _NEG_INF = float("-inf")
 # Candidates of the torch top-p path (CUDA, or no C++ compiler; on CPU the C++ threshold search of
@@ -18,7 +18,8 @@ _NEG_INF = float("-inf")
 _TOP_P_CANDIDATES = 256
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> None:
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                      ops: CpuKernels | None) -> None:
     """Keep the ``top_k`` most likely tokens, then the smallest most-likely-first set whose
     probability mass (after top-k) is at least ``top_p``.
 
@@ -32,15 +33,16 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
         logits: float32 ``[N, V]``, modified in place.
         top_k: int64 ``[N]`` (``V`` = off), or None.
         top_p: float32 ``[N]`` (1.0 = off), or None.
+        ops: the caller's kernels (``Sampler.ops``), or None for the torch code.
     """
     if top_k is not None:
         _apply_top_k_only(logits, top_k)
     if top_p is None:
         return
     off = top_p >= 1.0
-    kernels = cpu_kernels() if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous() else None
-    if kernels is not None:  # every active row through the C++ threshold search (kernels/csrc/top_p.cpp)
-        apply_top_p_kernel(kernels, logits, (~off).nonzero().squeeze(1), top_p)
+    if ops is not None and logits.dtype == torch.float32 and logits.is_contiguous():
+        # every active row through the C++ threshold search (kernels/csrc/top_p.cpp)
+        apply_top_p_kernel(ops, logits, (~off).nonzero().squeeze(1), top_p)
         return
     wide = _apply_top_p_from_candidates(logits, top_p, off, _TOP_P_CANDIDATES)
     if not bool(wide.any()):

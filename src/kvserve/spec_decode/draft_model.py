@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from kvserve.errors import ConfigError
+from kvserve.kernels import kernels_for
 from kvserve.model.fused_decoder import FusedDecoder, model_hidden
 from kvserve.model.invariant_linear import use_invariant_linears
 from kvserve.model.loader import LoadedModel
@@ -103,6 +104,7 @@ class DraftModelProposer(Proposer):
         self.k = num_speculative_tokens
         self.max_model_len = max_model_len
         self.device = next(self.model.parameters()).device
+        self.ops = kernels_for(self.device)
         shape = (2, num_blocks, block_size, draft.arch.num_key_value_heads, draft.arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=draft.dtype, device=self.device)
                           for _ in range(draft.arch.num_hidden_layers)]
@@ -154,7 +156,7 @@ class DraftModelProposer(Proposer):
                                    self.block_size, np.ones(len(active), dtype=bool))
             inputs = to_model_inputs(flat, self.device)
             hidden = model_hidden(self.model, self.fused_decoder, inputs, self.kv_caches)
-            next_ids = greedy_argmax(self.model.compute_logits(hidden[inputs.logits_indices])).tolist()
+            next_ids = greedy_argmax(self.model.compute_logits(hidden[inputs.logits_indices]), self.ops).tolist()
             for r, token_id in zip(active.tolist(), next_ids):
                 drafts[r].append(token_id)
                 position = int(end[r]) + step

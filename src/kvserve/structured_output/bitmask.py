@@ -29,7 +29,7 @@ import functools
 
 import torch
 
-from kvserve.kernels import cpu_kernels
+from kvserve.kernels import CpuKernels
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -91,14 +91,16 @@ def warm_up_apply() -> None:
     _xgrammar_apply()
 
 
-def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
-                         indices: list[int] | None = None) -> None:
+def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, indices: list[int] | None,
+                         ops: CpuKernels | None) -> None:
     """Set disallowed logits to ``-inf`` in place, one batched op for all constrained rows.
 
     Args:
-        logits: ``float [N, V]`` on any device (float32 on CPU takes the C++ kernel).
+        logits: ``float [N, V]`` on any device.
         bitmask: ``int32 [N, W]`` (CPU or the logits' device); row ``r`` masks ``logits[r]``.
         indices: the rows to mask (distinct), or ``None`` for all ``N``.
+        ops: the caller's kernels (``kernels_for`` the logits' device): float32 logits take
+            their C++ kernel; None: xgrammar's CPU kernel or torch.
 
     Raises:
         ValueError: shapes or dtypes that do not fit together.
@@ -111,7 +113,7 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
         indices = [int(i) for i in indices]
     on_cpu = (logits.device.type == "cpu" and bitmask.device.type == "cpu" and logits.dtype == torch.float32
               and logits.is_contiguous() and bitmask.is_contiguous())
-    ours = cpu_kernels() if on_cpu else None
+    ours = ops if on_cpu else None
     if ours is not None:
         rows = torch.arange(logits.shape[0]) if indices is None else torch.tensor(indices, dtype=torch.int64)
         ours.apply_token_bitmask(logits, bitmask, rows)

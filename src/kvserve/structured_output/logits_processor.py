@@ -12,7 +12,7 @@ reasoning parser says when), then the matcher is fed the tokens after it::
             reasoning not over yet?  -> skip (no mask)
             feed output[fed:] to the matcher (a token it refuses fails the request)
             fill bitmask[i] with the allowed next tokens (EOS only where the grammar may end)
-        apply_token_bitmask_(logits, bitmask[:N], indices)   # one batched op
+        apply_token_bitmask_(logits, bitmask[:N], indices, ops)   # one batched op
 
 A token the matcher refuses can only come from a bug or a race; ``apply`` raises, and the runner
 finishes that request alone (``kvserve.model.runner``).
@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from kvserve.kernels import kernels_for
 from kvserve.sample.logits_processor import RowStateLogitsProcessor, RequestView, sampling_rows
 from kvserve.structured_output.backend import StructuredOutputGrammar
 from kvserve.structured_output.bitmask import apply_token_bitmask_, bitmask_width
@@ -56,6 +57,7 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
         super().__init__()
         self.vocab_size = vocab_size
         self.device = device
+        self.ops = kernels_for(device)
         self._bitmask = torch.full((max_rows, bitmask_width(vocab_size)), -1, dtype=torch.int32)
 
     def add_request(self, row: int, request: RequestView) -> None:
@@ -81,7 +83,7 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
             self._bitmask = torch.full((logits.shape[0], self._bitmask.shape[1]), -1, dtype=torch.int32)
         for i, state in constrained:
             state.matcher.fill_bitmask(self._bitmask, i)
-        apply_token_bitmask_(logits, self._bitmask[: logits.shape[0]], [i for i, _ in constrained])
+        apply_token_bitmask_(logits, self._bitmask[: logits.shape[0]], [i for i, _ in constrained], self.ops)
 
     @staticmethod
     def _catch_up(state: _Row) -> bool:
