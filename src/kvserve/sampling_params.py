@@ -28,7 +28,8 @@ class SamplingParams:
             tokens generated so far: ``logit -= presence * (count > 0) + frequency * count``.
         repetition_penalty: CTRL's penalty (Keskar et al. 2019) > 0 over prompt and output tokens:
             positive logits are divided by it, negative ones multiplied.
-        logit_bias: token id -> bias added to its logit, each in [-100, 100].
+        logit_bias: token id -> bias added to its logit (clamped to [-100, 100] by the input
+            processor, as vLLM).
         seed: seed of this request's own generator (same tokens whatever else is in the batch).
         max_tokens: most tokens to generate; ``None`` = until the context is full.
         min_tokens: EOS and ``stop_token_ids`` are suppressed, and stop strings not checked,

@@ -245,9 +245,11 @@ def apply_chat_template(
     chat_template: str | None = None,
     tools: list[dict[str, Any]] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    add_special_tokens: bool = False,
 ) -> list[int]:
     """Prompt token ids of a conversation: :func:`render_chat_template`, then encoding without
-    adding special tokens (the template writes BOS itself where the model wants one).
+    adding special tokens (the template writes BOS itself where the model wants one), or with
+    them on top when ``add_special_tokens`` (vLLM's request field).
 
     Returns:
         Token ids (``list[int]``).
@@ -265,7 +267,7 @@ def apply_chat_template(
         chat_template_kwargs=chat_template_kwargs,
     )
     require_valid_unicode(text, "messages")
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
 def require_valid_unicode(text: str, param: str) -> None:

@@ -237,7 +237,6 @@ FRONTEND_REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--max-log-len",), "Frontend", "request log lines carry no prompt text unless --log-prompts"),
     RefusedFlag(("--enable-prompt-tokens-details",), "Frontend",
                 "usage reports prompt_tokens_details.cached_tokens already", kind="bool"),
-    RefusedFlag(("--enable-server-load-tracking",), "Frontend", "see the kvserve: Prometheus series", kind="bool"),
     RefusedFlag(("--enable-force-include-usage",), "Frontend",
                 "ask for usage per request (stream_options.include_usage)", kind="bool"),
     RefusedFlag(("--enable-tokenizer-info-endpoint",), "Frontend", "/tokenizer_info is not implemented", kind="bool"),

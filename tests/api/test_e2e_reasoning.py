@@ -27,6 +27,7 @@ from scripted_engine import ScriptedEngine, TextEngine
 THINK = "\nThe user asks for 2+2. 2+2 is 4. Café 😀.\n"
 ANSWER = "\n\nThe answer is **4**."
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
+NULLS = {"annotations": None, "audio": None, "function_call": None}  # vLLM sends them as null
 
 
 def serve(text: str, **settings) -> LoopbackServer:
@@ -68,7 +69,7 @@ def test_reasoning_split_whole_and_streamed():
     with serve(f"<think>{THINK}</think>{ANSWER}") as srv:
         body = post(srv, n=3).json()
         for choice in body["choices"]:
-            assert choice["message"] == {"role": "assistant", "content": ANSWER, "refusal": None,
+            assert choice["message"] == {"role": "assistant", "content": ANSWER, "refusal": None, **NULLS,
                                          "reasoning": THINK, "reasoning_content": THINK}
             assert choice["finish_reason"] == "stop"
         # vLLM's count: the tokens between the tags (the tags are added tokens: THINK alone)
@@ -89,7 +90,7 @@ def test_include_reasoning_false_drops_it_and_its_logprobs():
     with serve(f"<think>{THINK}</think>{ANSWER}") as srv:
         body = post(srv, include_reasoning=False, logprobs=True).json()
         choice = body["choices"][0]
-        assert choice["message"] == {"role": "assistant", "content": ANSWER, "refusal": None}
+        assert choice["message"] == {"role": "assistant", "content": ANSWER, "refusal": None, **NULLS}
         assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0  # counted anyway (vLLM)
         assert choice["logprobs"] is None
         events = stream(srv, include_reasoning=False)

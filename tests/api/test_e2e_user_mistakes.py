@@ -39,15 +39,25 @@ def test_lone_surrogate_is_400(live_server, http, path, body):
     assert "surrogate" in response.json()["error"]["message"]
 
 
-def test_omitted_max_tokens_fits_what_the_context_leaves(live_server, http):
+def test_omitted_or_null_max_tokens_is_16_and_must_fit_the_context(live_server, http):
+    """vLLM 0.32: completions default to (and normalise ``null`` to) 16 tokens, and a prompt that
+    leaves less room than the cap is a 400 naming the context, not a shorter answer."""
     tokenizer = live_server.tokenizer
     prompt_ids = tokenizer.encode("a b", add_special_tokens=False)[:1] * (live_server.max_model_len - 5)
-    response = http.post("/v1/completions", json={"model": live_server.model, "prompt": prompt_ids,
-                                                  "ignore_eos": True})
-    assert response.status_code == 200, response.text
-    assert response.json()["usage"]["completion_tokens"] == 5  # min(16, 256 - 251)
-    short = http.post("/v1/completions", json={"model": live_server.model, "prompt": "Hi", "ignore_eos": True})
-    assert short.json()["usage"]["completion_tokens"] == 16  # OpenAI's default
+    for extra in ({}, {"max_tokens": None}):
+        response = http.post("/v1/completions", json={"model": live_server.model, "prompt": prompt_ids,
+                                                      "ignore_eos": True, **extra})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["message"] == (
+            "This model's maximum context length is 256 tokens. However, you requested 16 output tokens and your "
+            "prompt contains 251 input tokens, for a total of 267 tokens. Please reduce the length of the input "
+            "prompt or the number of requested output tokens.")
+        short = http.post("/v1/completions", json={"model": live_server.model, "prompt": "Hi", "ignore_eos": True,
+                                                   **extra})
+        assert short.json()["usage"]["completion_tokens"] == 16  # OpenAI's default
+    fits = http.post("/v1/completions", json={"model": live_server.model, "prompt": prompt_ids, "max_tokens": 5,
+                                              "ignore_eos": True})
+    assert fits.json()["usage"]["completion_tokens"] == 5
 
 
 def test_retrieve_model_and_unknown_model(live_server):

@@ -213,7 +213,7 @@ def test_echo_max_tokens_zero_scores_the_prompt(server, http, reference):
 
 def test_echo_max_tokens_zero_without_logprobs_runs_no_step(server, http):
     steps = server.core.make_stats().num_steps
-    out = completion(http, prompt=["Hello there", "a fox"], n=2, max_tokens=0, echo=True)
+    out = completion(http, prompt=["Hello there", "a fox"], n=2, max_tokens=0, echo=True, temperature=0.7)
     assert [(c["index"], c["text"], c["finish_reason"], c["logprobs"]) for c in out["choices"]] == [
         (0, "Hello there", "length", None), (1, "Hello there", "length", None),
         (2, "a fox", "length", None), (3, "a fox", "length", None)]
@@ -325,7 +325,7 @@ def test_best_of_other_than_1_or_n_is_refused(http):
     """As vLLM V1: no server-side ranking of extra candidates; 1 or n (what clients send by
     default) is the plain n-choice request."""
     for best_of, n in ((1, 1), (1, 2), (2, 2)):
-        out = completion(http, prompt="a b", max_tokens=2, n=n, best_of=best_of)
+        out = completion(http, prompt="a b", max_tokens=2, n=n, best_of=best_of, temperature=0.7, seed=1)
         assert len(out["choices"]) == n
     for best_of, n in ((3, 1), (2, 1), (4, 2)):
         body = {"model": "tiny-f32", "prompt": "a b", "max_tokens": 2, "n": n, "best_of": best_of}

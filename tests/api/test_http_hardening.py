@@ -75,8 +75,10 @@ def test_request_id_is_echoed_created_and_exposed(tokenizer):
         return {"request_id": request_id_of(request)}
 
     with server as srv, httpx.Client(base_url=srv.base_url) as http:
-        assert http.get("/test-request-id", headers={"X-Request-Id": "trace-42"}).headers["x-request-id"] == "trace-42"
-        generated = http.get("/test-request-id").headers["x-request-id"]
+        key = {"Authorization": "Bearer k"}
+        assert http.get("/test-request-id", headers={"X-Request-Id": "trace-42", **key}).headers["x-request-id"] == \
+            "trace-42"
+        generated = http.get("/test-request-id", headers=key).headers["x-request-id"]
         assert len(generated) == 32 and int(generated, 16) >= 0 and seen == ["trace-42", generated]
         denied = http.get("/v1/models", headers={"X-Request-Id": "on-a-401"})
         assert denied.status_code == 401 and denied.headers["x-request-id"] == "on-a-401"

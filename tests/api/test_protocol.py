@@ -85,12 +85,17 @@ def test_logit_bias_keys_are_parsed_and_checked():
         assert info.value.param == "logit_bias" and repr(bad) in info.value.message
 
 
-def test_logit_bias_out_of_vocab_and_out_of_range():
+def test_logit_bias_out_of_vocab_is_refused_and_any_value_accepted():
+    """As vLLM: ids outside the vocabulary are a 400; a value beyond +-100 is clamped (by the
+    input processor, tests/api/test_validation_parity.py), not refused; NaN is refused."""
     request = CompletionRequest(prompt="x", logit_bias={str(VOCAB): 1})
     with pytest.raises(InvalidRequestError) as info:
         validate_sampling_params(request.to_sampling_params(max_tokens=4, logprobs=None), VOCAB)
     assert info.value.param == "logit_bias" and "0..999" in info.value.message
-    request = CompletionRequest(prompt="x", logit_bias={"3": 101})
+    for value in (101, -1e9):
+        request = CompletionRequest(prompt="x", logit_bias={"3": value})
+        validate_sampling_params(request.to_sampling_params(max_tokens=4, logprobs=None), VOCAB)
+    request = CompletionRequest(prompt="x", logit_bias={"3": float("nan")})
     with pytest.raises(InvalidRequestError) as info:
         validate_sampling_params(request.to_sampling_params(max_tokens=4, logprobs=None), VOCAB)
     assert info.value.param == "logit_bias"

@@ -23,7 +23,7 @@ def test_quantization_in_models_version_and_log(tiny_llama, caplog):
         headers = {"Authorization": f"Bearer {server.api_key}"}
         cards = httpx.get(server.base_url + "/v1/models", headers=headers).json()["data"]
         assert [c["quantization"] for c in cards] == ["int4-g32+lm_head"]
-        version = httpx.get(server.base_url + "/version").json()
+        version = version_of(server)
         assert version["quantization"] == "int4-g32+lm_head"
         # what kvserve bench needs for the roofline bound of a run against this server
         facts = version["engine"]
@@ -44,7 +44,7 @@ def test_float_model_reports_null(tiny_llama):
     try:
         cards = httpx.get(server.base_url + "/v1/models", headers={"Authorization": f"Bearer {server.api_key}"})
         assert cards.json()["data"][0]["quantization"] is None
-        assert httpx.get(server.base_url + "/version").json()["quantization"] is None
+        assert version_of(server)["quantization"] is None
     finally:
         server.stop()
 
@@ -63,10 +63,15 @@ def test_gguf_file_in_models_version_and_log(tiny_llama, tmp_path, caplog):
         headers = {"Authorization": f"Bearer {server.api_key}"}
         cards = httpx.get(server.base_url + "/v1/models", headers=headers).json()["data"]
         assert [c["quantization"] for c in cards] == ["gguf-Q8_0"]
-        assert httpx.get(server.base_url + "/version").json()["quantization"] == "gguf-Q8_0"
+        assert version_of(server)["quantization"] == "gguf-Q8_0"
         reply = server.make_client().chat.completions.create(
             model=server.model, messages=[{"role": "user", "content": "hello"}], max_tokens=3, temperature=0)
         assert reply.usage.completion_tokens <= 3 and reply.usage.prompt_tokens > 3
     finally:
         server.stop()
     assert "weights GGUF Q8_0: int8 (group 32); LM head int8 (group 32)" in caplog.text
+
+
+def version_of(server) -> dict:
+    """``/version`` with the key: the commit, quantization and engine facts need it."""
+    return httpx.get(server.base_url + "/version", headers={"Authorization": f"Bearer {server.api_key}"}).json()

@@ -64,10 +64,22 @@ def test_context_overflow_is_400_with_numbers(tokenizer):
             "messages": [{"role": "user", "content": "x" * 400}]}), 400, param="messages")
         assert "64" in error["message"]
         assert engine.calls == []
-        # As vLLM: a max_tokens beyond the context is cut to what the prompt leaves.
-        cut = http.post("/v1/completions", json={"prompt": [5] * 60, "max_tokens": 10})
-        assert cut.status_code == 200 and cut.json()["usage"]["completion_tokens"] == 4
-        assert engine.calls[-1][2].max_tokens == 4
+        # As vLLM 0.32: a prompt and a max_tokens that do not fit together are a 400, in its words.
+        error = assert_error(http.post("/v1/completions", json={"prompt": [5] * 60, "max_tokens": 10}), 400,
+                             param="prompt")
+        assert error["message"] == (
+            "This model's maximum context length is 64 tokens. However, you requested 10 output tokens and your "
+            "prompt contains 60 input tokens, for a total of 70 tokens. Please reduce the length of the input prompt "
+            "or the number of requested output tokens.")
+        error = assert_error(http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 65}), 400,
+            param="max_completion_tokens")
+        assert error["message"] == ("max_completion_tokens=65 cannot be greater than max_model_len=64. Please "
+                                    "request fewer output tokens.")
+        assert engine.calls == []
+        chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        assert chat.status_code == 200  # chat without a cap: what the context leaves
+        assert engine.calls[-1][2].max_tokens == 64 - len(engine.calls[-1][1])
         ok = http.post("/v1/completions", json={"prompt": [5] * 10, "max_tokens": 3})
         assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
 

@@ -129,8 +129,11 @@ def test_default_max_tokens(http):
 
 
 def test_min_tokens_above_what_the_context_leaves_is_400(http):
-    prompt = list(range(5, 5 + 250))
-    response = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "min_tokens": 7})
+    """Chat without a cap may generate what the context leaves; a ``min_tokens`` above that is a
+    400 (vLLM builds its ``SamplingParams`` with that cap)."""
+    messages = [{"role": "user", "content": "the fox " * 20}]
+    left = MAX_MODEL_LEN - post(http, "/tokenize", {"model": MODEL, "messages": messages})["count"]
+    response = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "min_tokens": left + 1})
     assert response.status_code == 400
     error = response.json()["error"]
-    assert error["param"] == "min_tokens" and "cuts to 6" in error["message"]
+    assert error["param"] == "min_tokens" and f"cuts to {left} " in error["message"]

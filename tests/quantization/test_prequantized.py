@@ -226,7 +226,7 @@ def test_label_in_models_version_and_start_up_line(prequantized, caplog):
     try:
         cards = httpx.get(server.base_url + "/v1/models", headers={"Authorization": f"Bearer {server.api_key}"})
         assert [c["quantization"] for c in cards.json()["data"]] == ["gptq-int4-g32-act_order"]
-        assert httpx.get(server.base_url + "/version").json()["quantization"] == "gptq-int4-g32-act_order"
+        assert version_of(server)["quantization"] == "gptq-int4-g32-act_order"
     finally:
         server.stop()
     assert "weights gptq (gptq_v2): int4 (group 32, zero points, act order); LM head float32" in caplog.text
@@ -294,3 +294,10 @@ def test_checkpoints_that_disagree_with_themselves_are_refused(checkpoint_factor
     write_prequantized(source, tmp_path / "q", tmp_path / "ref", group_size=32, **options)
     with pytest.raises(CheckpointError, match=words):
         load_model(tmp_path / "q", dtype="float32")
+
+
+def version_of(server) -> dict:
+    """``/version`` with the key: the commit, quantization and engine facts need it."""
+    import httpx
+
+    return httpx.get(server.base_url + "/version", headers={"Authorization": f"Bearer {server.api_key}"}).json()

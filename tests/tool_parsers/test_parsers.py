@@ -76,6 +76,8 @@ MALFORMED = [
     ("hermes", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>'),
     ("hermes", '<tool_call>{"name": "f", "arguments": {}} trailing</tool_call>'),
     ("hermes", '<tool_call>{"name": "f", "name": "g", "arguments": {}}</tool_call>'),
+    # cut by max_tokens inside the closing tag: vLLM's json.loads of '{...}</tool_' fails -> content
+    ("hermes", 'Sure. <tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_'),
     ("llama3_json", '{"name": "f", "parameters": {"a": tru}}'),
     ("pythonic", "[f(1, 2)]"),
     ("pythonic", "[f(a=x)]"),

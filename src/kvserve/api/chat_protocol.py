@@ -67,12 +67,15 @@ class ChatCompletionRequest(SamplingRequest):
         if requested is not None and requested < 1:  # chat has no prompt-only (echo) mode
             param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
             raise InvalidRequestError(f"{param} must be >= 1, got {requested}", param=param)
-        if self.add_special_tokens:
-            raise InvalidRequestError("add_special_tokens is not supported for chat: the chat template "
-                                      "writes the special tokens", param="add_special_tokens")
-        if self.echo:
-            raise InvalidRequestError("echo is not supported for chat completions", param="echo")
-        if self.continue_final_message and self.add_generation_prompt:
-            raise InvalidRequestError(
-                "continue_final_message and add_generation_prompt cannot both be true",
-                param="continue_final_message")
+        check_generation_prompt(self)
+
+
+def check_generation_prompt(request) -> None:
+    """A chat or ``/tokenize`` request cannot both continue its last message and open a new one.
+
+    Raises:
+        InvalidRequestError: both ``continue_final_message`` and ``add_generation_prompt``.
+    """
+    if request.continue_final_message and request.add_generation_prompt:
+        raise InvalidRequestError("continue_final_message and add_generation_prompt cannot both be true",
+                                  param="continue_final_message")

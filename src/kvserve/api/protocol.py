@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from kvserve.errors import InvalidRequestError
 from kvserve.generation_config import SamplingDefaults
@@ -44,7 +44,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple, str]] = {
     "reasoning_effort": ((None,), "reasoning_effort applies to chat completions (/v1/chat/completions)"),
     "thinking_token_budget": ((None,), "a budget of reasoning tokens is not supported; use max_tokens"),
     "include_reasoning": ((True, None), "include_reasoning applies to chat completions (/v1/chat/completions)"),
-    "return_token_ids": ((False, None), "token ids in responses are not supported; use logprobs"),
     "return_token_offsets": ((False, None), "token offsets are not supported"),
     "return_prompt_text": ((False, None), "the rendered prompt is not returned; use POST /tokenize"),
     "return_mm_kwargs": ((True, None), "multimodal inputs are not supported"),
@@ -123,6 +122,7 @@ class SamplingRequest(OpenAIBaseModel):
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     return_tokens_as_token_ids: bool = False
+    return_token_ids: bool | None = None  # vLLM's: prompt_token_ids and each choice's token_ids in the response
     structured_outputs: dict[str, Any] | None = None
     guided_json: str | dict | None = None
     guided_regex: str | None = None
@@ -248,13 +248,18 @@ class CompletionRequest(SamplingRequest):
     each prompt gets ``n`` choices (choice index = prompt index * n + sample index)."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    # OpenAI's default; the input processor cuts it to what the context leaves (as vLLM).
+    # OpenAI's default, and vLLM's for an explicit null; prompt + max_tokens must fit the context.
     max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
     best_of: int | None = None
     add_special_tokens: bool = True
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _null_max_tokens_is_the_default(cls, value):
+        return 16 if value is None else value  # vLLM's normalize_null_max_tokens
 
     def check_http_fields(self) -> None:
         super().check_http_fields()
@@ -385,11 +390,12 @@ class TokenizeRequest(OpenAIBaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # vLLM's defaults: true for a prompt, false for messages
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool = False
     tools: list[ChatCompletionTool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(OpenAIBaseModel):

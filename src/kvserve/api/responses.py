@@ -4,6 +4,7 @@ field as in the OpenAI API reference (and vLLM's ``stop_reason``/``prompt_logpro
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_serializer
@@ -63,12 +64,17 @@ class CompletionLogProbs(BaseModel):
 
 
 class CompletionChoice(BaseModel):
+    """A choice; ``token_ids`` (the generated ids, a chunk's new ones when streamed) and
+    ``prompt_token_ids`` (streamed: on a choice's first chunk) with ``return_token_ids``, else null."""
+
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobsJSON | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -78,11 +84,22 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     system_fingerprint: str | None = None
+    service_tier: str | None = None  # null, as vLLM sends it
     usage: UsageInfo | None = None
+    kv_transfer_params: dict | None = None  # null: no disaggregated serving
 
 
-class CompletionStreamResponse(CompletionResponse):
-    """One streamed chunk; same shape as the full response (OpenAI reuses it)."""
+class CompletionStreamResponse(BaseModel):
+    """One streamed chunk: the response's shape (OpenAI reuses it) without the fields vLLM sends as
+    null in the whole response only."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionChoice]
+    system_fingerprint: str | None = None
+    usage: UsageInfo | None = None
 
 
 class ChatTopLogprob(BaseModel):
@@ -108,6 +125,9 @@ class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
     refusal: str | None = None
+    annotations: list | None = None  # null, as vLLM sends them
+    audio: dict | None = None
+    function_call: dict | None = None
     tool_calls: list[dict] = Field(default_factory=list)
     reasoning: str | None = None
     reasoning_content: str | None = None
@@ -130,6 +150,7 @@ class ChatCompletionChoice(BaseModel):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # return_token_ids: the generated ids
 
 
 class ChatCompletionResponse(BaseModel):
@@ -138,9 +159,12 @@ class ChatCompletionResponse(BaseModel):
     created: int = Field(default_factory=_now)
     model: str
     choices: list[ChatCompletionChoice]
+    service_tier: str | None = None  # null, as vLLM sends it
     system_fingerprint: str | None = None
     usage: UsageInfo | None = None
     prompt_logprobs: PromptLogprobsJSON | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids
+    kv_transfer_params: dict | None = None  # null: no disaggregated serving
 
 
 class DeltaMessage(BaseModel):
@@ -165,6 +189,7 @@ class ChatCompletionStreamChoice(BaseModel):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # return_token_ids: this chunk's new ids
 
 
 class ChatCompletionStreamResponse(BaseModel):
@@ -175,6 +200,24 @@ class ChatCompletionStreamResponse(BaseModel):
     choices: list[ChatCompletionStreamChoice]
     system_fingerprint: str | None = None
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids: on the first (role) chunks
+
+
+class ModelPermission(OpenAIBaseModel):
+    """vLLM's permission entry of a model card (OpenAI's legacy shape, vLLM's values)."""
+
+    id: str = Field(default_factory=lambda: f"modelperm-{uuid.uuid4().hex}")
+    object: Literal["model_permission"] = "model_permission"
+    created: int = Field(default_factory=_now)
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
 
 
 class ModelCard(OpenAIBaseModel):
@@ -185,6 +228,7 @@ class ModelCard(OpenAIBaseModel):
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=lambda: [ModelPermission()])
     quantization: str | None = None  # kvserve's: the weights' quantization (QuantizationConfig.label), None = float
 
 

@@ -1,16 +1,24 @@
 """The FastAPI application of the OpenAI-compatible server.
 
-    GET  /health                 200 when the engine is ready, else 503 (HEAD too) (open)
-    GET  /version                {"version", "commit", "dirty", "quantization", "engine"}  (open)
+    GET  /health, /ping          200 when the engine is ready, else 503 (/health: HEAD too; /ping:
+                                 POST too, SageMaker's probe)                    (open)
+    GET  /load                   {"server_load": generation requests in flight} (0 without
+                                 --enable-server-load-tracking)                  (open)
+    GET  /version                {"version"}; with the key (or without keys set) also "commit",
+                                 "dirty", "quantization", "engine"               (open)
     GET  /metrics                Prometheus text format                          (open)
+    POST /invocations            SageMaker's route: a chat body (``messages``) to chat, else completions
     GET  /v1/models              the served model (and its LoRA adapters, ``parent`` = the model)
     POST /v1/load_lora_adapter   vLLM's runtime adapter loading (with --allow-runtime-lora-updating)
     POST /v1/unload_lora_adapter
     POST /v1/completions         see serving_completion.py
     POST /v1/chat/completions    see serving_chat.py
     POST /tokenize, /detokenize  vLLM's tokenizer endpoints
-    GET  /docs, /redoc           API pages; /openapi.json the schema (need the key when one is
-                                 set; absent with --disable-fastapi-docs)
+    GET  /docs, /redoc           API pages; /openapi.json the schema (absent with
+                                 --disable-fastapi-docs)
+
+Every route but the open ones needs the API key when keys are set (``kvserve.api.auth``, checked
+before the body is read).
 
 Every response carries ``X-Request-Id``; a 405 carries ``Allow``; CORS, body and header limits are
 middleware (``kvserve.api.middleware``).
@@ -19,19 +27,22 @@ middleware (``kvserve.api.middleware``).
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from pydantic import BaseModel, ValidationError
 
 import kvserve
-from kvserve.api.auth import authenticate
+from kvserve.api.auth import AuthMiddleware, api_key_of
 from kvserve.api.errors import APIError, install_error_handlers
 from kvserve.api.middleware import RequestGuardMiddleware, RequestIdMiddleware
-from kvserve.api.chat_protocol import ChatCompletionRequest
+from kvserve.api.chat_protocol import ChatCompletionRequest, check_generation_prompt
 from kvserve.api.protocol import (CompletionRequest, DetokenizeRequest, LoadLoRAAdapterRequest, TokenizeRequest,
                                   UnloadLoRAAdapterRequest)
 from kvserve.api.rate_limit import RateLimiter
@@ -68,9 +79,11 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
 
 
 def _add_middleware(app: FastAPI, engine: EngineClient, settings: ServerSettings) -> None:
-    """Outermost last: CORS, X-Request-Id, refusal counting, body and header limits, routes."""
+    """Outermost last: CORS, X-Request-Id, refusal counting, the API key, body and header limits,
+    routes."""
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=settings.max_request_body_bytes,
                        body_timeout=settings.body_read_timeout, max_header_count=settings.h11_max_header_count)
+    app.add_middleware(AuthMiddleware, api_keys=settings.api_keys)  # before the guard reads the body
     metrics = getattr(engine, "prometheus_metrics", None)
     if metrics is not None:  # counts refused generation requests by reason (kvserve.metrics.http)
         from kvserve.metrics.http import RejectionCounterMiddleware
@@ -101,15 +114,9 @@ def _build_info() -> dict:
     return info
 
 
-def _key_dependency(state: ServingState):
-    def api_key(request: Request) -> str:
-        return authenticate(request, state.settings.api_keys)
-
-    return api_key
-
-
 def _add_open_routes(app: FastAPI, state: ServingState) -> None:
     @app.api_route("/health", methods=["GET", "HEAD"], include_in_schema=False)  # HEAD for load balancers
+    @app.api_route("/ping", methods=["GET", "POST"], include_in_schema=False)  # SageMaker's probe, as vLLM
     async def health() -> Response:
         if not state.engine.is_ready:
             raise APIError(503, "The engine is not ready.", code="engine_not_ready")
@@ -117,10 +124,16 @@ def _add_open_routes(app: FastAPI, state: ServingState) -> None:
             raise APIError(503, "The server is shutting down.", code="shutting_down")
         return Response(status_code=200)
 
+    @app.get("/load")
+    async def load() -> dict:
+        return {"server_load": state.in_flight if state.settings.enable_server_load_tracking else 0}
+
     build = _build_info()
 
     @app.get("/version")
-    async def version() -> dict:
+    async def version(request: Request) -> dict:
+        if state.settings.api_keys and "api_key" not in request.scope.get("state", {}):
+            return {"version": build["version"]}  # the commit, the model's path and the engine need the key
         return {**build, "quantization": getattr(state.engine, "quantization", None),
                 "engine": getattr(state.engine, "serving_facts", None)}
 
@@ -131,7 +144,6 @@ def _add_open_routes(app: FastAPI, state: ServingState) -> None:
 
 
 def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
-    api_key = _key_dependency(state)
     completions = CompletionServing(state)
     chat = ChatServing(state)
 
@@ -146,13 +158,13 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
     names = list(dict.fromkeys([state.model_name, *state.settings.served_model_aliases]))
 
     @app.get("/v1/models")
-    async def models(_: str = Depends(api_key)) -> ModelList:
+    async def models() -> ModelList:
         adapters = state.lora_registry.list() if state.lora_registry is not None else []
         # one card per served name, then one per adapter, as vLLM
         return ModelList(data=[model_card(name) for name in names] + [lora_card(a) for a in adapters])
 
     @app.get("/v1/models/{model_id:path}")
-    async def retrieve_model(model_id: str, _: str = Depends(api_key)) -> ModelCard:
+    async def retrieve_model(model_id: str) -> ModelCard:
         lora_request = state.check_model(model_id)  # 404 model_not_found for another name
         if lora_request is not None:
             return lora_card(lora_request)
@@ -160,20 +172,45 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
 
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, request: Request,
-                                key: str = Depends(api_key)) -> Response:
+                                key: str = Depends(api_key_of)) -> Response:
         return await completions.create(body, request, key)
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request,
-                                     key: str = Depends(api_key)) -> Response:
+                                     key: str = Depends(api_key_of)) -> Response:
         return await chat.create(body, request, key)
+
+    @app.post("/invocations")
+    async def invocations(request: Request, key: str = Depends(api_key_of)) -> Response:
+        """SageMaker's inference route, as vLLM: a body with ``messages`` is a chat completion, one
+        with ``prompt`` a completion (each refused with its own route's message)."""
+        body = await _json_body(request)
+        if isinstance(body, dict) and "messages" in body:
+            return await chat.create(_validated(ChatCompletionRequest, body), request, key)
+        if isinstance(body, dict) and "prompt" in body:
+            return await completions.create(_validated(CompletionRequest, body), request, key)
+        raise InvalidRequestError("Cannot find suitable handler for request. Expected one of: "
+                                  "['ChatCompletionRequest', 'CompletionRequest'] (a body with 'messages' or 'prompt')")
+
+
+async def _json_body(request: Request):
+    raw = await request.body()
+    try:  # off the event loop: a large body must not stall other requests
+        return await asyncio.to_thread(json.loads, raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"The request body is not valid JSON: {exc}") from None
+
+
+def _validated(model: type[BaseModel], body: dict):
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:  # worded as the route's own validation error
+        raise RequestValidationError(exc.errors()) from None
 
 
 def _add_lora_routes(app: FastAPI, state: ServingState) -> None:
     """vLLM's runtime adapter endpoints; without ``--allow-runtime-lora-updating`` (or without
     ``--enable-lora``) they answer 404 saying how to turn them on."""
-    api_key = _key_dependency(state)
-
     def registry():
         if state.lora_registry is None:
             raise APIError(404, "LoRA is not enabled on this server: start it with --enable-lora "
@@ -184,7 +221,7 @@ def _add_lora_routes(app: FastAPI, state: ServingState) -> None:
         return state.lora_registry
 
     @app.post("/v1/load_lora_adapter")
-    async def load_lora_adapter(body: LoadLoRAAdapterRequest, _: str = Depends(api_key)) -> Response:
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> Response:
         adapters = registry()
         if body.load_inplace:
             raise InvalidRequestError("load_inplace is not supported: unload the adapter, then load it again",
@@ -204,7 +241,7 @@ def _add_lora_routes(app: FastAPI, state: ServingState) -> None:
         return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain")
 
     @app.post("/v1/unload_lora_adapter")
-    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, _: str = Depends(api_key)) -> Response:
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
         adapters = registry()
         found = adapters.get(body.lora_name)
         if found is None or (body.lora_int_id is not None and body.lora_int_id != found.lora_int_id):
@@ -215,25 +252,25 @@ def _add_lora_routes(app: FastAPI, state: ServingState) -> None:
 
 
 def _add_tokenizer_routes(app: FastAPI, state: ServingState) -> None:
-    api_key = _key_dependency(state)
-
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest, _: str = Depends(api_key)) -> TokenizeResponse:
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         state.check_model(body.model)
         tokenizer = state.engine.tokenizer
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequestError("give exactly one of 'prompt' or 'messages'", param="prompt")
         if body.messages is not None:
+            check_generation_prompt(body)
             token_ids = await asyncio.to_thread(render_messages, state, body)
         else:  # on a worker thread: a long text must not stall the event loop
             token_ids = await asyncio.to_thread(tokenize_prompt, tokenizer, body.prompt,
-                                                add_special_tokens=body.add_special_tokens)
-        strs = [state.token_text(t)[0] for t in token_ids] if body.return_token_strs else None
+                                                add_special_tokens=body.add_special_tokens is not False)
+        # vLLM: the vocabulary's pieces ("Ġworld", "▁the"), not decoded text
+        strs = tokenizer.convert_ids_to_tokens(token_ids) if body.return_token_strs else None
         return TokenizeResponse(count=len(token_ids), max_model_len=state.engine.max_model_len,
                                 tokens=token_ids, token_strs=strs)
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest, _: str = Depends(api_key)) -> DetokenizeResponse:
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         state.check_model(body.model)
         check_token_ids(body.tokens, state.engine.vocab_size, param="tokens")
         return DetokenizeResponse(prompt=state.engine.tokenizer.decode(body.tokens))
@@ -243,10 +280,8 @@ def _add_docs_routes(app: FastAPI, state: ServingState) -> None:
     """``/openapi.json``, ``/docs`` (Swagger UI) and ``/redoc``, behind the API key when one is set
     (a browser cannot send the key: use ``curl -H "Authorization: Bearer ..."``, or
     ``--disable-fastapi-docs`` to drop them)."""
-    api_key = _key_dependency(state)
-
     @app.get("/openapi.json", include_in_schema=False)
-    async def openapi(request: Request, _: str = Depends(api_key)) -> JSONResponse:
+    async def openapi(request: Request) -> JSONResponse:
         schema = dict(app.openapi())
         root = request.scope.get("root_path", "").rstrip("/")
         if root:
@@ -254,12 +289,12 @@ def _add_docs_routes(app: FastAPI, state: ServingState) -> None:
         return JSONResponse(schema)
 
     @app.get("/docs", include_in_schema=False)
-    async def swagger(request: Request, _: str = Depends(api_key)) -> Response:
+    async def swagger(request: Request) -> Response:
         root = request.scope.get("root_path", "").rstrip("/")
         return get_swagger_ui_html(openapi_url=root + "/openapi.json", title="kvserve - Swagger UI")
 
     @app.get("/redoc", include_in_schema=False)
-    async def redoc(request: Request, _: str = Depends(api_key)) -> Response:
+    async def redoc(request: Request) -> Response:
         root = request.scope.get("root_path", "").rstrip("/")
         return get_redoc_html(openapi_url=root + "/openapi.json", title="kvserve - ReDoc")
 

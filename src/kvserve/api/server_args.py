@@ -42,6 +42,8 @@ def _add_listen_args(group) -> None:
     group.add_argument("--disable-uvicorn-access-log", action="store_true", help="no access log lines")
     group.add_argument("--disable-fastapi-docs", action="store_true",
                        help="no /docs, /redoc, /openapi.json (with an API key they need it)")
+    group.add_argument("--enable-server-load-tracking", action=argparse.BooleanOptionalAction, default=False,
+                       help="GET /load counts the generation requests in flight (otherwise it reads 0), as vLLM")
     group.add_argument("--h11-max-incomplete-event-size", type=_positive_int, default=H11_MAX_INCOMPLETE_EVENT_SIZE,
                        help="most bytes of a request's header block (default 4 MiB, as vLLM)")
     group.add_argument("--h11-max-header-count", type=_positive_int, default=H11_MAX_HEADER_COUNT,

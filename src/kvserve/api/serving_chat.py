@@ -45,7 +45,7 @@ class _Choice:
     output: ChoiceOutput
     text: str = ""
     num_tokens: int = 0
-    token_ids: list[int] = dataclasses.field(default_factory=list)  # kept to count reasoning tokens
+    token_ids: list[int] = dataclasses.field(default_factory=list)  # to count reasoning tokens, return_token_ids
     logprobs: list[ChatLogprobToken] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -71,7 +71,8 @@ def render_messages(state: ServingState, request, plan: ChatPlan | None = None) 
                        add_generation_prompt=request.add_generation_prompt,
                        continue_final_message=request.continue_final_message,
                        chat_template=state.settings.chat_template, tools=tools,
-                       chat_template_kwargs=template_kwargs or None)
+                       chat_template_kwargs=template_kwargs or None,
+                       add_special_tokens=bool(request.add_special_tokens))
 
 
 class ChatServing:
@@ -107,6 +108,8 @@ class ChatServing:
         params = request.to_sampling_params(max_tokens=request.requested_max_tokens, logprobs=request.num_logprobs,
                                             defaults=state.sampling_defaults)
         params = plan.sampling_params(params)
+        if request.echo and params.prompt_logprobs is None:  # vLLM: echo asks for the prompt's logprobs too
+            params = dataclasses.replace(params, prompt_logprobs=request.top_logprobs or 0)
         fields = FieldNames(prompt="messages", logprobs="top_logprobs",
                             max_tokens="max_completion_tokens" if request.max_completion_tokens is not None
                             else "max_tokens")
@@ -130,9 +133,11 @@ class _ChatCall(GenerationCall):
         self.cached_tokens = 0
         self.prompt_logprobs = None
         self.reasoning_counter = plan.reasoning_counter(self.engine_request.sampling_params)
-        # vLLM: with the reasoning left out, logprobs (which would show it) are left out too.
-        self.logprobs = request.logprobs and not (plan.parsers.reasoning_parser is not None
-                                                   and not plan.include_reasoning)
+        # vLLM: with the reasoning left out, logprobs and token ids (which would show it) are left out too.
+        hidden = plan.parsers.reasoning_parser is not None and not plan.include_reasoning
+        self.logprobs = request.logprobs and not hidden
+        self.token_ids = bool(request.return_token_ids) and not hidden
+        self.echo = self._echo_text()
 
     def _note_prompt(self, output: RequestOutput) -> None:
         """The first delta carries the prefix-cache hits and the prompt logprobs."""
@@ -152,7 +157,7 @@ class _ChatCall(GenerationCall):
             logprobs = ChatChoiceLogprobs(content=entries) if entries else None
         choice.text += output.text
         choice.num_tokens += len(output.token_ids)
-        if self.reasoning_counter is not None:
+        if self.reasoning_counter is not None or self.token_ids:
             choice.token_ids += output.token_ids
         finish = None
         if choice.finish_reason is None and output.finish_reason is not None:
@@ -168,12 +173,13 @@ class _ChatCall(GenerationCall):
             delta = DeltaMessage(content=output.text)  # as before parsers: the text, "" included
         else:
             delta = _delta_message(parsed)
-        if not (parsed or finish or logprobs):
+        if not (parsed or finish or logprobs or self.token_ids):  # vLLM: every token id reaches the client
             return None
         finish_reason = self.plan.finish_reason(finish, choice.output.tools_called) if finish else None
         return ChatCompletionStreamChoice(index=choice.index, delta=delta, logprobs=logprobs,
                                           finish_reason=finish_reason,
-                                          stop_reason=output.stop_reason if finish else None)
+                                          stop_reason=output.stop_reason if finish else None,
+                                          token_ids=list(output.token_ids) if self.token_ids else None)
 
     def _message(self, choice: _Choice) -> tuple[ChatResponseMessage, str | None]:
         """A whole choice's message and finish reason."""
@@ -185,6 +191,14 @@ class _ChatCall(GenerationCall):
                                       reasoning=parsed.reasoning, reasoning_content=parsed.reasoning,
                                       show_reasoning=self.plan.reports_reasoning)
         return message, self.plan.finish_reason(choice.finish_reason, bool(parsed.tool_calls))
+
+    def _echo_text(self) -> str:
+        """What ``echo`` puts before each reply (vLLM's rule): the last message's text when its role
+        is the reply's (a prefilled assistant turn, or the message being continued), else ""."""
+        last = self.request.messages[-1] if self.request.echo else None
+        if last is None or last.role != self._role():
+            return ""
+        return last.to_template_dict(len(self.request.messages) - 1)["content"]
 
     def _role(self) -> str:
         """The reply's role (vLLM's rule): ``--response-role`` after a generation prompt, else the
@@ -202,7 +216,10 @@ class _ChatCall(GenerationCall):
 
     def _chunk(self, choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None
                ) -> ChatCompletionStreamResponse:
-        return ChatCompletionStreamResponse(id=self.request_id, model=self.model_name, choices=choices, usage=usage)
+        first = bool(choices) and choices[0].delta.role is not None  # a role chunk: vLLM's place for the prompt
+        prompt_ids = list(self.engine_request.prompt_token_ids) if first and self.request.return_token_ids else None
+        return ChatCompletionStreamResponse(id=self.request_id, model=self.model_name, choices=choices, usage=usage,
+                                            prompt_token_ids=prompt_ids)
 
     def _stream_choices(self, index: int, output: RequestOutput) -> Iterator[ChatCompletionStreamChoice]:
         """A role delta per choice first (sent with the first engine output, as vLLM, so they
@@ -213,6 +230,9 @@ class _ChatCall(GenerationCall):
             self.sent_roles = True
             for choice in self.choices:
                 yield ChatCompletionStreamChoice(index=choice.index, delta=DeltaMessage(role=self._role(), content=""))
+            if self.echo:
+                for choice in self.choices:
+                    yield ChatCompletionStreamChoice(index=choice.index, delta=DeltaMessage(content=self.echo))
         for delta in output.outputs:
             choice = self._delta(delta)
             if choice is not None:
@@ -227,17 +247,22 @@ class _ChatCall(GenerationCall):
         choices = []
         for c in self.choices:
             message, finish_reason = self._message(c)
+            if self.request.echo:
+                message.content = self.echo + (message.content or "")
             choices.append(ChatCompletionChoice(
                 index=c.index, message=message,
                 logprobs=ChatChoiceLogprobs(content=c.logprobs) if self.logprobs else None,
-                finish_reason=finish_reason, stop_reason=c.stop_reason))
+                finish_reason=finish_reason, stop_reason=c.stop_reason,
+                token_ids=c.token_ids if self.token_ids else None))
         prompt_logprobs = None
-        if self.request.prompt_logprobs is not None:
+        if self.engine_request.sampling_params.prompt_logprobs is not None:
             prompt_logprobs = prompt_logprobs_json(self.state.token_text,
                                                    self.engine_request.prompt_token_ids,
                                                    self.prompt_logprobs)
+        prompt_ids = list(self.engine_request.prompt_token_ids) if self.request.return_token_ids else None
         return ChatCompletionResponse(id=self.request_id, model=self.model_name, choices=choices,
-                                      usage=self._usage(), prompt_logprobs=prompt_logprobs)
+                                      usage=self._usage(), prompt_logprobs=prompt_logprobs,
+                                      prompt_token_ids=prompt_ids)
 
 
 def _delta_message(delta: MessageDelta | None) -> DeltaMessage:

@@ -42,6 +42,8 @@ class _Choice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     echoed: bool = False
+    token_ids: list[int] = dataclasses.field(default_factory=list)  # with return_token_ids
+    sent_prompt_ids: bool = False
 
 
 def _prompt_inputs(request: CompletionRequest) -> list[str | list[int]]:
@@ -125,15 +127,22 @@ class _Call(GenerationCall):
         choice.echoed = True
         choice.text += text
         choice.num_tokens += len(output.token_ids)
+        token_ids = prompt_ids = None
+        if self.request.return_token_ids:  # vLLM: the prompt's ids on a choice's first chunk, new ids on each
+            token_ids = list(output.token_ids)
+            choice.token_ids += token_ids
+            if not choice.sent_prompt_ids:
+                prompt_ids, choice.sent_prompt_ids = list(self.prompts[prompt_index].prompt_token_ids), True
         if choice.finish_reason is None and output.finish_reason is not None:
             choice.finish_reason, choice.stop_reason = output.finish_reason, output.stop_reason
             finish = output.finish_reason
         else:
             finish = None
-        if not text and finish is None and not (logprobs and logprobs.tokens):
+        if not text and finish is None and not (logprobs and logprobs.tokens) and not token_ids and not prompt_ids:
             return None
         return CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
-                                finish_reason=finish, stop_reason=output.stop_reason if finish else None)
+                                finish_reason=finish, stop_reason=output.stop_reason if finish else None,
+                                prompt_token_ids=prompt_ids, token_ids=token_ids)
 
     def _prompt_text(self, prompt_index: int) -> str:
         """What echo shows: the prompt text, or its decoded ids (token-id and truncated prompts)."""
@@ -171,9 +180,13 @@ class _Call(GenerationCall):
                 prompt_logprobs = prompt_logprobs_json(self.state.token_text,
                                                        self.prompts[prompt_index].prompt_token_ids,
                                                        self.prompt_logprobs[prompt_index])
+            ids = self.request.return_token_ids
             choices.append(CompletionChoice(index=choice.index, text=choice.text, logprobs=logprobs,
                                             finish_reason=choice.finish_reason,
                                             stop_reason=choice.stop_reason,
-                                            prompt_logprobs=prompt_logprobs))
+                                            prompt_logprobs=prompt_logprobs,
+                                            prompt_token_ids=list(self.prompts[prompt_index].prompt_token_ids)
+                                            if ids else None,
+                                            token_ids=choice.token_ids if ids else None))
         return CompletionResponse(id=self.request_id, model=self.model_name, choices=choices,
                                   usage=self._usage())

@@ -55,6 +55,8 @@ class ServerSettings:
         ssl_keyfile, ssl_certfile, ssl_ca_certs, ssl_cert_reqs, ssl_ciphers: TLS (uvicorn's).
         disable_fastapi_docs: no ``/docs``, ``/redoc``, ``/openapi.json`` (otherwise they need the
             API key when one is set).
+        enable_server_load_tracking: ``GET /load`` reports the generation requests in flight
+            (vLLM's flag; without it ``server_load`` is 0).
         max_request_body_bytes: larger request bodies get 413.
         header_read_timeout: seconds a client may take to send a request's headers (then 408 and
             the connection closes), counted from the connection or the request's first byte.
@@ -106,6 +108,7 @@ class ServerSettings:
     ssl_cert_reqs: int = 0
     ssl_ciphers: str | None = None
     disable_fastapi_docs: bool = False
+    enable_server_load_tracking: bool = False
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     header_read_timeout: float = 30.0
     body_read_timeout: float = 60.0
@@ -212,7 +215,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         allowed_methods=tuple(args.allowed_methods), allowed_headers=tuple(args.allowed_headers),
         allow_credentials=args.allow_credentials, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
         ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs, ssl_ciphers=args.ssl_ciphers,
-        disable_fastapi_docs=args.disable_fastapi_docs, max_request_body_bytes=args.max_request_body_bytes,
+        disable_fastapi_docs=args.disable_fastapi_docs,
+        enable_server_load_tracking=args.enable_server_load_tracking, max_request_body_bytes=args.max_request_body_bytes,
         header_read_timeout=args.header_read_timeout, body_read_timeout=args.body_read_timeout,
         timeout_keep_alive=args.timeout_keep_alive, h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
         h11_max_header_count=args.h11_max_header_count,

@@ -30,7 +30,8 @@ def tokenize_prompt(tokenizer: Any, text: str, *, add_special_tokens: bool = Tru
 
 def render_chat(tokenizer: Any, messages: list[dict], *, add_generation_prompt: bool,
                 continue_final_message: bool, chat_template: str | None,
-                tools: list[dict] | None = None, chat_template_kwargs: dict | None = None) -> list[int]:
+                tools: list[dict] | None = None, chat_template_kwargs: dict | None = None,
+                add_special_tokens: bool = False) -> list[int]:
     """Prompt token ids of a conversation rendered with the chat template (``tools``: OpenAI
     function tools the template may show the model; ``chat_template_kwargs``: extra template
     variables, e.g. Qwen3's ``enable_thinking``).
@@ -42,7 +43,8 @@ def render_chat(tokenizer: Any, messages: list[dict], *, add_generation_prompt: 
     return list(apply_chat_template(tokenizer, messages, add_generation_prompt=add_generation_prompt,
                                     continue_final_message=continue_final_message,
                                     chat_template=chat_template, tools=tools,
-                                    chat_template_kwargs=chat_template_kwargs))
+                                    chat_template_kwargs=chat_template_kwargs,
+                                    add_special_tokens=add_special_tokens))
 
 
 TokenText = Callable[[int], tuple[str, bytes]]

@@ -3,7 +3,7 @@
     prompt (text, token ids, or {"prompt"/"prompt_token_ids": ...}) + SamplingParams
         │  tokenize (text), check token ids, truncate (truncate_prompt_tokens)
         │  validate every sampling field (param_validation), n, priority, seed
-        │  resolve max_tokens against the context (vLLM's get_max_tokens)
+        │  max_tokens against the context: 400 when prompt + cap do not fit (vLLM); none: the rest
         │  the model's EOS ids other than the tokenizer's join stop_token_ids (vLLM)
         │  tokenize bad_words; allowed_token_ids that bad_words / min_tokens leave empty: refused
         ▼
@@ -116,6 +116,8 @@ class InputProcessor:
         except InvalidRequestError as exc:
             raise fields.renamed(exc) from None
         self._check_call(params, priority, cache_salt)
+        if params.logit_bias:  # vLLM clamps every bias to [-100, 100]
+            params = replace(params, logit_bias={t: min(100.0, max(-100.0, float(b))) for t, b in params.logit_bias.items()})
         if lora_request is not None and not self.lora_enabled:
             raise InvalidRequestError(f"LoRA adapter {lora_request.lora_name!r} asked for, but this engine serves "
                                       "no adapters (start it with --enable-lora)", param="model")
@@ -176,6 +178,8 @@ class InputProcessor:
                 return prompt.get("prompt"), self._checked_ids(prompt["prompt_token_ids"], param)
             add_special_tokens = bool(prompt.get("add_special_tokens", True))
             prompt = prompt.get("prompt")
+        if prompt == "":  # vLLM's check and words (a tokenizer with BOS would make it one token)
+            raise InvalidRequestError("Either prompt or prompt_embeds must be provided and non-empty.", param=param)
         if isinstance(prompt, str):
             require_valid_unicode(prompt, param)
             return prompt, list(self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
@@ -207,16 +211,16 @@ class InputProcessor:
         return eos, list(params.stop_token_ids) + extra
 
     def _resolve_max_tokens(self, num_prompt_tokens: int, params: SamplingParams, fields: FieldNames) -> int:
-        """vLLM's rule (``get_max_tokens``): the requested cap (or, when None, the whole rest of
-        the context) cut to what the context leaves. ``max_tokens == 0`` (prompt scoring) needs
-        only the prompt to fit. As in vLLM, whose ``SamplingParams`` is built with the cut cap,
-        ``min_tokens`` must fit under the cut cap too.
+        """vLLM's rule: a requested cap must fit in the context with the prompt (else 400, in vLLM's
+        words); without one (chat's default) the request may generate to the context's end.
+        ``max_tokens == 0`` (prompt scoring) needs only the prompt to fit. ``min_tokens`` must
+        fit under the cap the context leaves too.
 
         Raises:
-            InvalidRequestError: the prompt does not fit, or fills the context and leaves no
-                room to generate, or leaves less room than ``min_tokens``.
+            InvalidRequestError: the prompt and the cap do not fit, the prompt fills the context
+                and leaves no room to generate, or it leaves less room than ``min_tokens``.
         """
-        max_tokens = self._cut_max_tokens(num_prompt_tokens, params.max_tokens, fields)
+        max_tokens = self._fit_max_tokens(num_prompt_tokens, params.max_tokens, fields)
         if params.min_tokens > max_tokens:
             raise InvalidRequestError(
                 f"min_tokens ({params.min_tokens}) must be <= max_tokens, which the context cuts to "
@@ -224,21 +228,29 @@ class InputProcessor:
                 "tokens); lower min_tokens or shorten the prompt", param="min_tokens")
         return max_tokens
 
-    def _cut_max_tokens(self, num_prompt_tokens: int, requested: int | None, fields: FieldNames) -> int:
+    def _fit_max_tokens(self, num_prompt_tokens: int, requested: int | None, fields: FieldNames) -> int:
         limit = self.max_model_len
+        if requested is not None and requested > limit:
+            raise InvalidRequestError(f"{fields.max_tokens}={requested} cannot be greater than max_model_len={limit}. "
+                                      "Please request fewer output tokens.", param=fields.max_tokens)
         if requested == 0:
             if num_prompt_tokens > limit:
                 raise InvalidRequestError(
                     f"This model's maximum context length is {limit} tokens. However, your prompt has "
                     f"{num_prompt_tokens} tokens. Please shorten the prompt.", param=fields.prompt)
             return 0
+        if requested is not None and num_prompt_tokens + requested > limit:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {limit} tokens. However, you requested {requested} "
+                f"output tokens and your prompt contains {num_prompt_tokens} input tokens, for a total of "
+                f"{num_prompt_tokens + requested} tokens. Please reduce the length of the input prompt or the "
+                "number of requested output tokens.", param=fields.prompt)
         if num_prompt_tokens >= limit:
             raise InvalidRequestError(
                 f"This model's maximum context length is {limit} tokens. However, your prompt has "
                 f"{num_prompt_tokens} tokens, which leaves no room for output. Please shorten the prompt.",
                 param=fields.prompt)
-        left = limit - num_prompt_tokens
-        return left if requested is None else min(requested, left)
+        return limit - num_prompt_tokens if requested is None else requested
 
 
 def _check_allowed_tokens_left(params: SamplingParams, stops: set[int] | frozenset[int],

@@ -40,6 +40,8 @@ def validate_sampling_params(params: SamplingParams, vocab_size: int) -> None:
 def _validate_counts(params: SamplingParams) -> None:
     if not _is_int(params.n) or params.n < 1:
         _bad("n", f"n must be an integer >= 1, got {params.n!r}")
+    if params.n > 1 and params.is_greedy:  # vLLM's rule and words: n greedy copies would be identical
+        _bad("n", f"n must be 1 when using greedy sampling, got {params.n}.")
     if not _is_int(params.top_k) or params.top_k < 0:
         _bad("top_k", f"top_k must be -1 (disable) or >= 1, got {params.top_k!r}")
     if params.max_tokens is not None and (not _is_int(params.max_tokens) or params.max_tokens < 0):
@@ -101,8 +103,8 @@ def _validate_token_ids(params: SamplingParams, vocab_size: int) -> None:
             _bad("logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {token_id!r}")
         if token_id > top:
             _bad("logit_bias", f"logit_bias key {token_id} is out of the vocabulary (token ids are 0..{top})")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
-            _bad("logit_bias", f"logit_bias values must be in [-100, 100], got {bias} for token {token_id}")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias):
+            _bad("logit_bias", f"logit_bias values must be numbers, got {bias} for token {token_id}")
     for token_id in params.stop_token_ids:
         if not _is_int(token_id) or not 0 <= token_id <= top:
             _bad("stop_token_ids", f"stop_token_ids entry {token_id} is out of the vocabulary (0..{top})")

@@ -11,17 +11,19 @@ no per-token hook is needed.
 
 Order (``build_logits_processors``), and why:
 
-1. ``allowed_token_ids``: a whitelist; everything else becomes ``-inf`` first, so later stages
-   only ever see allowed tokens (vLLM applies it first too).
-2. ``bad_words``: bans; a banned token stays banned whatever comes after.
-3. ``structured_outputs``: the grammar's bitmask (``kvserve.structured_output``), a hard
-   constraint like 1-2.
+1. ``structured_outputs``: the grammar's bitmask (``kvserve.structured_output``), a hard
+   constraint, applied before the logprobs are taken (``before_logprobs``): vLLM's runner
+   masks the logits with the grammar before its sampler, so its ``raw_logprobs`` are the
+   grammar's distribution (a disallowed token: ``-inf``, shown as -9999.0).
+2. ``allowed_token_ids``: a whitelist; everything else becomes ``-inf``, so later stages only
+   ever see allowed tokens.
+3. ``bad_words``: bans; a banned token stays banned whatever comes after.
 4. ``min_tokens``: bans EOS and ``stop_token_ids`` until enough tokens exist.
 5. ``logit_bias``: additive, last, so it never resurrects a token an earlier stage banned
    (``-inf + bias`` stays ``-inf``).
 
-Penalties, temperature, top-k/p and min-p follow in the sampler. Logprobs are taken from the raw logits before any processor, as
-vLLM's default ``raw_logprobs``.
+Penalties, temperature, top-k/p and min-p follow in the sampler. Logprobs are taken from the
+logits after the grammar and before every other processor, as vLLM's default ``raw_logprobs``.
 
 Errors: a processor must not raise for a valid request (the input processor validated it). If
 ``apply`` raises, the runner retries the step's requests in smaller groups and finishes only the
@@ -54,6 +56,7 @@ class LogitsProcessor(ABC):
     """
 
     name: str
+    before_logprobs = False  # True: applied before the sampler takes the logprobs (the grammar)
 
     @abstractmethod
     def add_request(self, row: int, request: RequestView) -> None:
@@ -115,9 +118,9 @@ def build_logits_processors(vocab_size: int, device: torch.device, max_rows: int
     from kvserve.structured_output.logits_processor import GrammarLogitsProcessor
 
     return [
+        GrammarLogitsProcessor(vocab_size, device, max_rows),
         AllowedTokenIdsLogitsProcessor(vocab_size, device),
         BadWordsLogitsProcessor(vocab_size, device),
-        GrammarLogitsProcessor(vocab_size, device, max_rows),
         MinTokensLogitsProcessor(vocab_size, device),
         LogitBiasLogitsProcessor(vocab_size, device),
     ]

@@ -52,6 +52,7 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
     """Masks each constrained row to the tokens its grammar allows next."""
 
     name = "structured_outputs"
+    before_logprobs = True  # vLLM masks with the grammar before its sampler takes raw logprobs
 
     def __init__(self, vocab_size: int, device: torch.device, max_rows: int = 256):
         super().__init__()

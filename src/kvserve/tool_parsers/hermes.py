@@ -5,7 +5,9 @@ The format of the Qwen2.5/Qwen3 chat templates ("For each function call, return 
 with function name and arguments within <tool_call></tool_call> XML tags") and of vLLM's
 ``Hermes2ProToolParser``: any number of tagged calls; the text before the first tag is the
 content; text between or after calls is dropped (as vLLM). A last call whose JSON is complete
-but whose closing tag never came (EOS right after ``}``) counts, as in vLLM.
+but whose closing tag never came (EOS right after ``}``) counts, as in vLLM; one cut inside its
+closing tag (``}</tool_`` at ``max_tokens``) makes the whole output content, as vLLM's
+``json.loads`` of ``{...}</tool_`` fails there.
 """
 
 from __future__ import annotations
@@ -76,13 +78,21 @@ class HermesContext(ParseContext):
         return False
 
     def state(self, final: bool) -> ParseState:
+        failed = self.failed or (final and self._cut_in_closing_tag())
         if self.content_end is not None:
             content = self.text[: self.content_end]
         elif final:
             content = self.text
         else:
             content = self.text[: len(self.text) - partial_suffix(self.text, START)]
-        return ParseState(content=content, calls=[r.call for r in self.regions], failed=self.failed)
+        return ParseState(content=content, calls=[r.call for r in self.regions], failed=failed)
+
+    def _cut_in_closing_tag(self) -> bool:
+        """The output ends after a complete last call, inside the tag that would close it."""
+        region = self.regions[-1] if self.regions else None
+        if region is None or region.closed_at is not None or not region.scanner.done:
+            return False
+        return bool(self.text[skip_whitespace(self.text, region.scanner.end):])
 
 
 @register_tool_parser("hermes")

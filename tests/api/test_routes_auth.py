@@ -1,0 +1,90 @@
+"""Every route of the app against the API key (none, a wrong one, the right one), so a new route
+cannot be left open by mistake; the open probes (/health, /ping, /load, /version, /metrics); and
+vLLM's SageMaker and load routes (/ping, /invocations, /load)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from kvserve.api.settings import ServerSettings
+from kvserve.testing.tokenizer_kinds import build_tokenizer
+from loopback import LoopbackServer
+from scripted_engine import ScriptedEngine
+from test_server_errors import assert_error
+
+OPEN = {"/health", "/ping", "/load", "/version", "/metrics"}
+KEY = {"Authorization": "Bearer key-one"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer("bpe")
+
+
+def routes(srv: LoopbackServer) -> list[tuple[str, str]]:
+    """(method, path) of every route the app serves, path parameters filled in."""
+    found = []
+    for route in srv.server.config.app.routes:
+        for method in sorted(getattr(route, "methods", ()) - {"HEAD"}):
+            found.append((method, route.path.replace("{model_id:path}", "scripted-model")))
+    return found
+
+
+def test_every_route_but_the_probes_needs_the_key(tokenizer):
+    settings = ServerSettings(api_keys=("key-one",))
+    with LoopbackServer(ScriptedEngine(tokenizer), settings) as srv, httpx.Client(base_url=srv.base_url) as http:
+        served = routes(srv)
+        assert {path for _, path in served} >= OPEN | {"/v1/completions", "/v1/chat/completions", "/invocations",
+                                                      "/tokenize", "/v1/models", "/docs"}
+        for method, path in served:
+            for headers in ({}, {"Authorization": "Bearer wrong-key-123"}, {"Authorization": "Basic key-one"}):
+                response = http.request(method, path, headers=headers, json={})
+                if path in OPEN:
+                    assert response.status_code in (200, 405), (method, path, response.text)
+                else:
+                    assert_error(response, 401, code="invalid_api_key")
+            assert http.request(method, path, headers=KEY, json={}).status_code != 401, (method, path)
+        assert_error(http.get("/no/such/route"), 401, code="invalid_api_key")  # no key: no route list either
+        assert http.get("/no/such/route", headers=KEY).status_code == 404
+        assert srv.engine.calls == []
+
+
+def test_the_key_is_checked_before_the_body_is_read(tokenizer):
+    settings = ServerSettings(api_keys=("key-one",), max_request_body_bytes=1000)
+    with LoopbackServer(ScriptedEngine(tokenizer), settings) as srv, httpx.Client(base_url=srv.base_url) as http:
+        too_big = b"x" * 5000
+        assert_error(http.post("/v1/completions", content=too_big), 401, code="invalid_api_key")
+        assert http.post("/v1/completions", content=too_big, headers=KEY).status_code == 413
+
+
+def test_version_tells_the_rest_only_with_the_key(tokenizer):
+    settings = ServerSettings(api_keys=("key-one",))
+    with LoopbackServer(ScriptedEngine(tokenizer), settings) as srv, httpx.Client(base_url=srv.base_url) as http:
+        assert set(http.get("/version").json()) == {"version"}
+        assert set(http.get("/version", headers={"Authorization": "Bearer wrong-key-123"}).json()) == {"version"}
+        assert {"version", "quantization", "engine"} <= set(http.get("/version", headers=KEY).json())
+
+
+def test_ping_invocations_and_load_as_vllm(tokenizer):
+    settings = ServerSettings(enable_server_load_tracking=True)
+    with LoopbackServer(ScriptedEngine(tokenizer), settings) as srv, httpx.Client(base_url=srv.base_url) as http:
+        assert http.get("/ping").status_code == 200 and http.post("/ping").status_code == 200
+        assert http.get("/load").json() == {"server_load": 0}
+        chat = http.post("/invocations", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+        assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+        completion = http.post("/invocations", json={"prompt": "x", "max_tokens": 2})
+        assert completion.status_code == 200 and completion.json()["object"] == "text_completion"
+        error = assert_error(http.post("/invocations", json={"input": "x"}), 400)
+        assert "Cannot find suitable handler" in error["message"]
+        assert_error(http.post("/invocations", json={"prompt": "x", "temperature": -1}), 400, param="temperature")
+        assert_error(http.post("/invocations", json={"messages": "x"}), 400, param="messages")
+        assert_error(http.post("/invocations", content=b"{not json", headers={"content-type": "application/json"}),
+                     400)
+        srv.state.in_flight = 3  # what /load reads (requests being served)
+        assert http.get("/load").json() == {"server_load": 3}
+        srv.state.in_flight = 0
+    with LoopbackServer(ScriptedEngine(tokenizer)) as srv, httpx.Client(base_url=srv.base_url) as http:
+        srv.state.in_flight = 3
+        assert http.get("/load").json() == {"server_load": 0}  # without --enable-server-load-tracking, as vLLM
+        srv.state.in_flight = 0
