@@ -95,11 +95,15 @@ def test_logprobs_equal_transformers_log_softmax(llm, model_dir):
     assert_kv_clean(llm)
 
 
-def test_max_tokens_is_cut_to_what_the_context_leaves(llm):
-    """vLLM's rule (``get_max_tokens``): a prompt of 250 tokens in a 256-token context with
-    max_tokens=16 generates 6 tokens and finishes with ``length``."""
+def test_max_tokens_must_fit_with_the_prompt(llm):
+    """vLLM 0.32's rule: a prompt of 250 tokens in a 256-token context with max_tokens=16 is
+    refused in its words; without a cap (``max_tokens=None``) it generates the 6 tokens left and
+    finishes with ``length``."""
     near_full = list(range(5, 5 + 250))
-    out = llm.generate([near_full], SamplingParams(max_tokens=16, ignore_eos=True))[0].outputs[0]
+    with pytest.raises(InvalidRequestError, match="However, you requested 16 output tokens and your prompt contains "
+                                                  "250 input tokens, for a total of 266 tokens"):
+        llm.generate([near_full], SamplingParams(max_tokens=16, ignore_eos=True))
+    out = llm.generate([near_full], SamplingParams(max_tokens=None, ignore_eos=True))[0].outputs[0]
     assert (len(out.token_ids), out.finish_reason) == (6, "length")
     assert_kv_clean(llm)
 
@@ -108,7 +112,7 @@ def test_invalid_requests_change_nothing(llm):
     full = list(range(5, 5 + 256))
     with pytest.raises(InvalidRequestError, match="maximum context length is 256 tokens. However, your prompt "
                                                   "has 256 tokens, which leaves no room"):
-        llm.generate([full], SamplingParams(max_tokens=16))
+        llm.generate([full], SamplingParams(max_tokens=None))
     with pytest.raises(InvalidRequestError, match="logit_bias"):
         llm.generate(["hi"], SamplingParams(logit_bias={10**6: 1.0}))
     with pytest.raises(InvalidRequestError, match="outside the vocabulary"):

@@ -148,13 +148,13 @@ def test_min_tokens_bans_eos_under_ignore_eos_too(llm):
 
 
 def test_min_tokens_must_fit_in_what_the_context_leaves(llm):
-    """vLLM builds ``SamplingParams`` with ``max_tokens`` already cut to the context, so
-    ``min_tokens`` above what is left is refused (a 250-token prompt in 256 leaves 6)."""
+    """Without a cap vLLM builds ``SamplingParams`` with ``max_tokens`` = what the context leaves,
+    so ``min_tokens`` above that is refused (a 250-token prompt in 256 leaves 6)."""
     prompt = list(range(5, 255))
     with pytest.raises(InvalidRequestError) as info:
-        llm.generate([prompt], SamplingParams(min_tokens=7, max_tokens=16))
+        llm.generate([prompt], SamplingParams(min_tokens=7, max_tokens=None))
     assert info.value.param == "min_tokens" and "cuts to 6" in info.value.message
-    out = llm.generate([prompt], SamplingParams(min_tokens=6, ignore_eos=True, max_tokens=16))[0].outputs[0]
+    out = llm.generate([prompt], SamplingParams(min_tokens=6, ignore_eos=True, max_tokens=None))[0].outputs[0]
     assert (len(out.token_ids), out.finish_reason) == (6, "length")
     assert_kv_clean(llm)
 

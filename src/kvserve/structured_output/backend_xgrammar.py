@@ -3,7 +3,7 @@
 Per model: ``xgrammar.TokenizerInfo`` (built once, ~1 s for a 152k vocabulary) and a
 ``GrammarCompiler``. Per spec, as vLLM's ``backend_xgrammar.py`` maps them: JSON Schema and
 ``json_object`` through ``compile_json_schema`` (``any_whitespace`` off when whitespace is
-disabled), ``regex`` through ``compile_regex``, ``choice`` as an EBNF alternation of string
+disabled, else runs of at most ``MAX_JSON_WHITESPACE`` characters), ``regex`` through ``compile_regex``, ``choice`` as an EBNF alternation of string
 literals, ``grammar`` as Lark when no line has ``::=`` else EBNF/GBNF, ``structural_tag`` in
 either xgrammar's current format or the older ``{"structures", "triggers"}`` one. Schemas with
 keywords xgrammar would silently ignore are refused (see :mod:`.schema_check`).
@@ -25,6 +25,7 @@ from kvserve.structured_output.backend import (
     StructuredOutputsConfig,
     register_backend,
 )
+from kvserve.structured_output.config import MAX_JSON_WHITESPACE
 from kvserve.structured_output.errors import StructuredOutputError
 from kvserve.structured_output.grammar_text import choice_to_ebnf, is_lark_grammar
 from kvserve.structured_output.params import StructuredOutputKind, StructuredOutputsParams
@@ -156,10 +157,11 @@ class XgrammarBackend(StructuredOutputBackend):
                     f"{', '.join(problems)} (serve with the guidance or auto backend)",
                     param=params.source,
                 )
-            return self._compiler.compile_json_schema(text, any_whitespace=not compact)
+            return self._compiler.compile_json_schema(text, any_whitespace=not compact,
+                                                      max_whitespace_cnt=None if compact else MAX_JSON_WHITESPACE)
         if kind is StructuredOutputKind.JSON_OBJECT:
-            return self._compiler.compile_json_schema('{"type": "object"}',
-                                                      any_whitespace=not compact)
+            return self._compiler.compile_json_schema('{"type": "object"}', any_whitespace=not compact,
+                                                      max_whitespace_cnt=None if compact else MAX_JSON_WHITESPACE)
         if kind is StructuredOutputKind.REGEX:
             if "\x00" in text:
                 raise StructuredOutputError(

@@ -8,6 +8,13 @@ from dataclasses import dataclass
 BACKEND_CHOICES = ("auto", "xgrammar", "guidance")
 
 
+# The most whitespace characters a JSON grammar allows in one run between tokens (llama.cpp's JSON
+# grammar allows a newline and up to 20 spaces or tabs): a pretty-printed document 9 levels deep
+# at indent 2 fits, and a weak model can no longer write "\n" until max_tokens (xgrammar's and
+# vLLM's flexible default is unbounded). disable_any_whitespace: none at all.
+MAX_JSON_WHITESPACE = 20
+
+
 @dataclass(frozen=True)
 class StructuredOutputsConfig:
     """Engine-level options (vLLM's ``--structured-outputs-config``), built once from flags.
