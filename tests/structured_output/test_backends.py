@@ -319,3 +319,31 @@ def test_the_xgrammar_backend_asked_for_without_xgrammar_is_refused_at_start(mon
     with pytest.raises(ConfigError, match="backend 'xgrammar' needs the xgrammar package"):
         StructuredOutputManager(build_tokenizer("bpe"), 1024, [1], StructuredOutputsConfig(backend="xgrammar"))
     StructuredOutputManager(build_tokenizer("bpe"), 1024, [1], StructuredOutputsConfig(backend="auto"), build_now=False)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("schema,words", [
+    ({"$ref": "http://example.invalid/x.json"}, "points outside the schema"),
+    ({"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}}, "points outside the schema"),
+    ({"$ref": "#"}, "no finite instance"),
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, "no finite instance"),
+    ({"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}, "minItems": 1}}, "$ref": "#/$defs/n"},
+     "no finite instance"),
+], ids=["remote", "remote-file", "self", "required-self", "non-empty-list-of-self"])
+def test_schemas_no_backend_can_enforce_are_400s(backend_for, name, schema, words):
+    with pytest.raises(StructuredOutputError, match=words):
+        backend_for("bpe", name).compile(StructuredOutputsParams(json=schema))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"$ref": "#"}}},
+    {"$defs": {"n": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+                     "required": ["kids"]}}, "$ref": "#/$defs/n"},
+    {"$defs": {"e": {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"l": {"$ref": "#/$defs/e"}},
+                                                     "required": ["l"]}]}}, "$ref": "#/$defs/e"},
+    {"$defs": {"x": {"$anchor": "foo", "type": "string"}}, "type": "object", "properties": {"a": {"$ref": "#foo"}},
+     "required": ["a"]},
+], ids=["optional-self", "tree", "expression", "anchor"])
+def test_recursive_schemas_with_a_base_case_compile(backend_for, name, schema):
+    backend_for("bpe", name).compile(StructuredOutputsParams(json=schema))

@@ -2,7 +2,7 @@
 
 * :func:`check_json_schema`: the schema must be a valid JSON Schema (the ``jsonschema``
   library's metaschema check for the draft the schema declares, 2020-12 by default) and within
-  size and nesting limits.
+  size and nesting limits, with no remote ``$ref`` and some finite instance (:mod:`.schema_refs`).
 * :func:`unsupported_features`: keywords a backend would silently ignore, so its output could
   break the schema. The lists are the facts vLLM records in ``backend_xgrammar.py``
   (``has_xgrammar_unsupported_json_features``) and ``backend_guidance.py``
@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvserve.structured_output.errors import StructuredOutputError
+from kvserve.structured_output.schema_refs import check_refs
 
 # String formats xgrammar compiles (xgrammar's json_schema_converter).
 XGRAMMAR_STRING_FORMATS = frozenset(
@@ -55,6 +56,7 @@ def check_json_schema(schema: Any, param: str) -> None:
         raise StructuredOutputError(
             f"{param}: invalid JSON schema at {where}: {exc.message}", param=param
         ) from None
+    check_refs(schema, param)
 
 
 def _depth(value: Any) -> int:
