@@ -88,3 +88,32 @@ def test_ping_invocations_and_load_as_vllm(tokenizer):
         srv.state.in_flight = 3
         assert http.get("/load").json() == {"server_load": 0}  # without --enable-server-load-tracking, as vLLM
         srv.state.in_flight = 0
+
+
+def test_large_bodies_are_parsed_off_the_event_loop_and_the_heap_trimmed_after(tokenizer, monkeypatch):
+    """The cost of a huge body: its JSON is parsed on a worker thread (the event loop keeps
+    answering /health), a prompt longer in characters than the context can hold is refused
+    before it is tokenized, and the freed memory is given back once it is answered."""
+    import threading
+    import time
+
+    from kvserve.api import middleware, server
+
+    threads, trims = [], []
+    monkeypatch.setattr(server, "parse_json", lambda raw: (threads.append(threading.current_thread()),
+                                                           __import__("json").loads(raw))[1])
+    monkeypatch.setattr(middleware, "trim", lambda: trims.append(1))
+    engine = ScriptedEngine(tokenizer, max_model_len=64)
+    with LoopbackServer(engine) as srv, httpx.Client(base_url=srv.base_url, timeout=60) as http:
+        assert http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+        assert threads == [] and trims == [] and len(engine.calls) == 1  # small bodies: parsed in place
+        huge = "word " * (middleware.LARGE_BODY_BYTES // 5 + 1)
+        error = assert_error(http.post("/v1/completions", json={"prompt": huge, "max_tokens": 2}), 400,
+                             param="prompt")
+        assert error["message"].startswith(f"You passed {len(huge)} input characters. However, the model's context "
+                                           "length is only 64 tokens")
+        assert len(threads) == 1 and threads[0].name.startswith("asyncio_")  # asyncio.to_thread's workers
+        deadline = time.monotonic() + 5
+        while not trims and time.monotonic() < deadline:  # trimmed once the response went out
+            time.sleep(0.01)
+        assert trims == [1] and len(engine.calls) == 1  # the huge prompt reached no engine

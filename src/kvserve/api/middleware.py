@@ -25,8 +25,12 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvserve.api.errors import error_body
+from kvserve.heap import trim
 
 REQUEST_ID_HEADER = "X-Request-Id"
+# A body at least this large is followed by a malloc_trim once answered: parsing a 20 MB prompt
+# left the server's RSS at 2.0 GB (from 690 MB) for good.
+LARGE_BODY_BYTES = 4 << 20
 MAX_REQUEST_ID_LENGTH = 256
 
 
@@ -102,6 +106,9 @@ class RequestGuardMiddleware:
         body = await self._read_body(receive, send)
         if body is not None:
             await self.app(scope, _replay(body, receive), send)
+            if len(body) >= LARGE_BODY_BYTES:  # its parse freed far more than it: give that back
+                del body
+                await asyncio.to_thread(trim)
 
     async def _read_body(self, receive: Receive, send: Send) -> bytes | None:
         """The whole body, or None after answering 413/408 (or when the client went away)."""

@@ -17,6 +17,7 @@ prompt never blocks the event loop.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -121,6 +122,7 @@ class InputProcessor:
         if lora_request is not None and not self.lora_enabled:
             raise InvalidRequestError(f"LoRA adapter {lora_request.lora_name!r} asked for, but this engine serves "
                                       "no adapters (start it with --enable-lora)", param="model")
+        self._check_prompt_chars(prompt, params, fields.prompt)
         text, token_ids = self._prompt_token_ids(prompt, fields.prompt)
         kept = params.truncated_prompt(token_ids, self.max_model_len)
         if len(kept) < len(token_ids):
@@ -168,6 +170,26 @@ class InputProcessor:
                 "(start it with --scheduling-policy priority); omit priority or send 0", param="priority")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise InvalidRequestError("cache_salt must be a non-empty string", param="cache_salt")
+
+    def _check_prompt_chars(self, prompt: PromptInput, params: SamplingParams, param: str) -> None:
+        """Refuse, before tokenizing it, a text longer than the context could hold in tokens of the
+        vocabulary's longest piece (vLLM's pre-check): a 20 MB prompt costs no 40 s of tokenizing.
+        A prompt to be truncated (``truncate_prompt_tokens``) is tokenized whole."""
+        text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
+        if not isinstance(text, str) or params.truncate_prompt_tokens is not None:
+            return
+        limit = self.max_model_len * self._max_token_chars
+        if len(text) > limit:
+            raise InvalidRequestError(
+                f"You passed {len(text)} input characters. However, the model's context length is only "
+                f"{self.max_model_len} tokens (at most {limit} characters). Please reduce the length of the input "
+                "prompt.", param=param)
+
+    @functools.cached_property
+    def _max_token_chars(self) -> int:
+        """The most characters one token of the vocabulary spells (its longest piece)."""
+        vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
+        return max((len(piece) for piece in vocab), default=64) or 64
 
     def _prompt_token_ids(self, prompt: PromptInput, param: str) -> tuple[str | None, list[int]]:
         """(text or None, token ids) of a prompt given as text, ids, or vLLM's prompt dicts
