@@ -36,7 +36,7 @@ def decoder(cos_rows=3, qsl=None, lens=None):
     from kvserve.kernels.ops_decoder import LinearPart
     def part(n, kk):
         return LinearPart(kind=0, packed=k.pack_linear_weight(torch.randn(n, kk)), scales=None, neg_offsets=None,
-                          bias=None, input_perm=None, in_features=kk, out_features=n, group_size=0, bits=0, isa=0)
+                          bias=None, input_perm=None, in_features=kk, out_features=n, group_size=0, bits=0)
     stack = k.DecoderStack(num_heads=2, num_kv_heads=1, head_dim=16, eps=1e-6, scale=0.25, mlp_tile_rows=512,
                            max_kernel_query_len=1 << 30, final_norm=torch.ones(32))
     stack.add_layer(window=0, input_norm=torch.ones(32), post_norm=torch.ones(32), q_norm=None, k_norm=None,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvserve.kernels import build, cpu_kernels, cpu_kernels_available, library
+from kvserve.kernels import build, cpu_kernels, cpu_kernels_available, kernels_for_variant, library
 
 pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="no C++ compiler for the kernels")
 
@@ -121,6 +121,32 @@ def test_the_variant_is_the_best_the_cpu_runs(monkeypatch, flags, best):
         monkeypatch.setenv("KVSERVE_KERNEL_VARIANT", "avx512")
         with pytest.raises(RuntimeError, match="this CPU runs avx2, x86_64"):
             build.host_variant()
+
+
+def test_a_variant_this_cpu_does_not_run_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(build, "host_variants", lambda: [build.VARIANTS[0]])
+    with pytest.raises(RuntimeError, match="variant avx2: this CPU runs x86_64"):
+        kernels_for_variant("avx2")
+
+
+def test_the_amx_switch_is_read_in_python_and_passed_to_the_library():
+    """``KVSERVE_AMX=0`` is read when a library opens (``library.amx_allowed``; the C++ code reads
+    no environment) and reaches it through ``kvserve_set_amx_enabled``: no AMX kernel then."""
+    import os
+    import sys
+
+    code = "from kvserve.kernels import cpu_kernels; k = cpu_kernels(); print(k.variant, int(k.amx_linear_available()))"
+    env = {**os.environ, "KVSERVE_AMX": "0"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.stdout.split() == [cpu_kernels().variant, "0"], result.stderr[-2000:]
+    kernels = cpu_kernels()
+    before = kernels.amx_linear_available()
+    kernels._lib.set_amx_enabled(0)
+    try:
+        assert not kernels.amx_linear_available()
+    finally:
+        kernels._lib.set_amx_enabled(int(library.amx_allowed()))
+    assert kernels.amx_linear_available() == before
 
 
 def test_a_unit_that_does_not_compile_names_itself(monkeypatch, tmp_path):

@@ -1,7 +1,8 @@
 """Weight-only int8/int4: the quantizers against an independent numpy implementation of their
 rules, the packed panels dequantize to exactly those weights, the kernel's bits are exactly its
-documented sequence (emulated here) on every instruction set this CPU runs, rows do not depend on
-the batch, and the error against the float layer stays within stated bounds."""
+documented sequence (emulated here) on every instruction set this CPU runs (each variant library,
+``kernels_for_variant``), rows do not depend on the batch, and the error against the float layer
+stays within stated bounds."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from model_fixtures import code_values
 from torch import nn
 
-from kvserve.kernels import cpu_kernels, cpu_kernels_available
+from kvserve.kernels import build, cpu_kernels, cpu_kernels_available, kernels_for_variant
 from kvserve.model.quant_linear import QuantizedLinear, quantize_linears, quantize_weight
 from kvserve.model.quant_tensor import quantize_int4, quantize_int8, quantize_mxfp4
 
@@ -23,10 +24,22 @@ SHAPES = [(64, 16), (128, 67), (896, 130)]
 KINDS = ["int8", "int4-symmetric", "int4-zero-points", "mxfp4"]
 
 
-def isas() -> list[int]:
-    """Every instruction set of the kernel this CPU runs (1 portable, 2 AVX2, 3 AVX-512, 4 AVX-512
-    with AVX512-BF16)."""
-    return list(range(1, cpu_kernels().quant_linear_isa() + 1))
+# Every variant library this CPU runs (test ids: the variant's name), each with the instruction set
+# its quantized kernel is compiled for (csrc/quant_vector.h): 1 portable, 2 AVX2, 3 AVX-512, 4
+# AVX-512 with AVX512-BF16, whose bfloat16 activations take the pair sequence.
+VARIANTS = [variant.name for variant in build.host_variants()]
+ISA_OF_VARIANT = {"x86_64": 1, "avx2": 2, "avx512": 3, "avx512_bf16": 4, "native": 1}  # native: not x86-64
+PAIRS_VARIANT = "avx512_bf16"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_variant_library_computes_with_its_own_instruction_set(variant):
+    """The library of each variant reports its variant's instruction set (one process holds them
+    all side by side), and packs for that instruction set's panel width."""
+    kernels = kernels_for_variant(variant)
+    assert kernels.variant == variant
+    assert kernels.quant_linear_isa() == ISA_OF_VARIANT[variant]
+    assert kernels.quant_linear_layout()[0] == {1: 4, 2: 8, 3: 16, 4: 16}[ISA_OF_VARIANT[variant]]
 
 
 def weight(n: int, k: int, seed: int) -> torch.Tensor:
@@ -102,9 +115,10 @@ def test_int8_matches_numpy_and_dequantizes_exactly():
     assert np.array_equal(layer.dequantized_weight().numpy(), np_dequantize(q, scale, None, 96, 8))
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("group", [32, 64])
-def test_int4_matches_numpy_and_dequantizes_exactly(symmetric, group):
+def test_int4_matches_numpy_and_dequantizes_exactly(symmetric, group, variant):
     w = weight(21, 128, seed=group)
     ours = quantize_int4(w, group, symmetric)
     q, scales, offsets = np_int4(w.numpy(), group, symmetric)
@@ -113,9 +127,8 @@ def test_int4_matches_numpy_and_dequantizes_exactly(symmetric, group):
     assert ours.symmetric == symmetric
     if not symmetric:
         assert np.array_equal(ours.offsets.numpy(), offsets)
-    for isa in isas():
-        layer = QuantizedLinear(ours, None, cpu_kernels(), isa=isa)
-        assert np.array_equal(layer.dequantized_weight().numpy(), np_dequantize(q, scales, offsets, group, 4))
+    layer = QuantizedLinear(ours, None, kernels_for_variant(variant))
+    assert np.array_equal(layer.dequantized_weight().numpy(), np_dequantize(q, scales, offsets, group, 4))
 
 
 # -- the kernel's sequence ---------------------------------------------------------------------
@@ -164,26 +177,28 @@ def sequence(x: torch.Tensor, layer_weight, bias: torch.Tensor | None, pairs: bo
     return acc.float()
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("in_features", "out_features"), SHAPES[:2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_bits_are_the_sequence_on_every_isa(kind, in_features, out_features, dtype):
+def test_bits_are_the_sequence_on_every_isa(kind, in_features, out_features, dtype, variant):
     w = weight(out_features, in_features, seed=in_features + out_features)
     qt = quantized(kind, w, 32)
     bias = torch.randn(out_features, generator=torch.Generator().manual_seed(3))
     x = torch.randn(9, in_features, generator=torch.Generator().manual_seed(4)).to(dtype)
     expected = sequence(x, qt, bias).to(dtype)
-    for isa in isas():
-        out = QuantizedLinear(qt, bias, cpu_kernels(), isa=isa, amx=False)(x)
-        assert out.dtype == dtype
-        pairs = isa == 4 and dtype == torch.bfloat16  # AVX512-BF16: bfloat16 activations in pairs
-        assert torch.equal(out, sequence(x, qt, bias, pairs=True).to(dtype) if pairs else expected), f"isa {isa}"
+    out = QuantizedLinear(qt, bias, kernels_for_variant(variant), amx=False)(x)
+    assert out.dtype == dtype
+    pairs = variant == PAIRS_VARIANT and dtype == torch.bfloat16  # AVX512-BF16: bfloat16 activations in pairs
+    assert torch.equal(out, sequence(x, qt, bias, pairs=True).to(dtype) if pairs else expected)
 
 
-def test_each_isa_sums_in_its_documented_order():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_isa_sums_in_its_documented_order(variant):
     """Four terms whose float32 sum depends on the order: (t0 + t1) + t2 rounds t2 away that
-    (t0 + t3) + t2 keeps. ISAs 1-3 add in k order (result 1 / 127), ISA 4's bfloat16 pairs add
-    x1 v1 then x0 v0 per pair (127 / 128 / 127): the two results differ in bfloat16."""
+    (t0 + t3) + t2 keeps. ISAs 1-3 (x86_64, avx2, avx512) add in k order (result 1 / 127), ISA 4's
+    (avx512_bf16) bfloat16 pairs add x1 v1 then x0 v0 per pair (127 / 128 / 127): the two results
+    differ in bfloat16."""
     w = torch.zeros(16, 64)
     w[0, :4] = 1.0  # int8 per channel: v = 127, scale 1 / 127
     qt = quantize_int8(w)
@@ -192,9 +207,8 @@ def test_each_isa_sums_in_its_documented_order():
     x = x.to(torch.bfloat16)
     sequential, pairs = sequence(x, qt, None), sequence(x, qt, None, pairs=True)
     assert sequential[0, 0].item() == pytest.approx(1 / 127) and pairs[0, 0].item() == pytest.approx(127 / 128 / 127)
-    for isa in isas():
-        out = QuantizedLinear(qt, None, cpu_kernels(), isa=isa, amx=False)(x)
-        assert torch.equal(out, (pairs if isa == 4 else sequential).to(torch.bfloat16)), f"isa {isa}"
+    out = QuantizedLinear(qt, None, kernels_for_variant(variant), amx=False)(x)
+    assert torch.equal(out, (pairs if variant == PAIRS_VARIANT else sequential).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -3,7 +3,8 @@ independent numpy implementation of the formats (``prequantized_writer``), loade
 
 - each linear's dequantized weight equals the format's ``scale * (q - zero)`` exactly (GPTQ v1 and
   v2, symmetric and with zero points, act order and not, group sizes 32/64/128/-1; AWQ GEMM), on
-  every instruction set of the kernel; act-order rows are batch-invariant;
+  every instruction set of the kernel (each variant library this CPU runs); act-order rows are
+  batch-invariant;
 - a whole checkpoint loads exactly, and greedy decoding in float32 gives transformers' tokens on
   the dequantized float weights (``transformers`` cannot read GPTQ/AWQ without optimum/gptqmodel,
   which are not installed: the reference is the float model of the format's weights), logprobs
@@ -29,7 +30,7 @@ from kvserve.config import CheckpointQuantization
 from kvserve.engine.arg_utils import engine_config_from_kwargs
 from kvserve.engine.llm import LLM
 from kvserve.errors import CheckpointError
-from kvserve.kernels import cpu_kernels, cpu_kernels_available
+from kvserve.kernels import build, cpu_kernels, cpu_kernels_available, kernels_for_variant
 from kvserve.model.loader import load_model
 from kvserve.model.prequantized import read_linear
 from kvserve.model.quant_linear import QuantizedLinear
@@ -50,12 +51,12 @@ LINEAR_CASES = [
 ]
 
 
-def isas() -> list[int]:
-    return list(range(1, cpu_kernels().quant_linear_isa() + 1))
+VARIANTS = [variant.name for variant in build.host_variants()]  # every instruction set this CPU runs
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(("method", "fmt", "sym", "desc_act", "group", "bits"), LINEAR_CASES)
-def test_linear_dequantizes_to_the_format_definition(method, fmt, sym, desc_act, group, bits):
+def test_linear_dequantizes_to_the_format_definition(method, fmt, sym, desc_act, group, bits, variant):
     """N = 136 (two 64-column panels and a part), K = 256; the layer's weight is exactly the
     format's, its rows alone equal its rows in a batch, and it computes x @ W^T (up to float32
     summation order)."""
@@ -67,13 +68,12 @@ def test_linear_dequantizes_to_the_format_definition(method, fmt, sym, desc_act,
     weight, perm = read_linear(tensors, spec, "layer", 256, 136)
     assert (perm is not None) == desc_act and weight.symmetric == sym and weight.bits == bits
     x = torch.from_numpy(rng.standard_normal((9, 256)).astype(np.float32))
-    for isa in isas():
-        layer = QuantizedLinear(weight, None, cpu_kernels(), isa=isa, input_perm=perm)
-        assert torch.equal(layer.dequantized_weight(), torch.from_numpy(w_ref)), f"isa {isa}"
-        out = layer(x)
-        assert torch.allclose(out, x @ torch.from_numpy(w_ref).T, rtol=1e-5, atol=1e-4)
-        assert all(torch.equal(layer(x[i:i + 1]), out[i:i + 1]) for i in range(9))
-        assert torch.equal(layer(x.to(torch.bfloat16))[3:4], layer(x[3:4].to(torch.bfloat16)))
+    layer = QuantizedLinear(weight, None, kernels_for_variant(variant), input_perm=perm)
+    assert torch.equal(layer.dequantized_weight(), torch.from_numpy(w_ref))
+    out = layer(x)
+    assert torch.allclose(out, x @ torch.from_numpy(w_ref).T, rtol=1e-5, atol=1e-4)
+    assert all(torch.equal(layer(x[i:i + 1]), out[i:i + 1]) for i in range(9))
+    assert torch.equal(layer(x.to(torch.bfloat16))[3:4], layer(x[3:4].to(torch.bfloat16)))
 
 
 def test_asymmetric_8_bit_is_refused():

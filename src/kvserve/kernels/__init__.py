@@ -1,9 +1,10 @@
-"""kvserve's C++ CPU kernels, one shared library called through ctypes.
+"""kvserve's C++ CPU kernels, one shared library per instruction-set variant, called through ctypes.
 
 Sources (``csrc/``), plain C++ on raw pointers (no PyTorch header; ``abi.h``: the types, the
 errors and the shape of an entry point):
 - ``paged_attention.cpp``: attention reading K/V in place from the paged cache
   (``kvserve.attention.cpu_paged``);
+- ``latent_attention.cpp``: the same for a latent (MLA) cache;
 - ``elementwise.cpp``: RMSNorm (with the residual add), SiLU-and-multiply and the bfloat16 rotary
   embedding, one pass each (``kvserve.model.layers``);
 - ``argmax.cpp``: row-wise argmax of float32/bfloat16 logits without an upcast copy
@@ -15,28 +16,38 @@ errors and the shape of an entry point):
 - ``linear.cpp``: the batch-invariant linear (GEMM) over prepacked float32/bfloat16 weights
   (``kvserve.model.invariant_linear``);
 - ``amx_linear.cpp``: the same for bfloat16 on AMX tiles, where the CPU has them (and the gate-up
-  projection with SiLU-and-multiply in its store);
-- ``quant_linear.cpp`` (+ ``quant_linear_impl.h``): the same over weight-only int8/int4 weights
-  (``kvserve.model.quant_linear``);
-- ``amx_quant_linear.cpp``: the same on AMX tiles for bfloat16 activations (``amx_tiles.h``: what
-  the two AMX kernels share);
+  projection with SiLU-and-multiply in its store; ``amx_tiles.h``: what the AMX kernels share,
+  and the AMX rule);
+- ``quant_linear.cpp``: the same over weight-only int8/int4 weights (``kvserve.model.quant_linear``;
+  ``quant_vector.h``: the library's instruction set and vectors, ``quant_fma.h``: the float32 FMA
+  kernels, ``quant_pairs.h``: the AVX512-BF16 pair kernels);
+- ``amx_quant_linear.cpp``: the same on AMX tiles for bfloat16 activations (``amx_quant.h``: what its
+  files share, ``amx_quant_tiles.cpp``: the tile kernel, ``amx_quant_widen.h``: weights widened to
+  tiles, ``amx_quant_row.cpp``: a lone row on vector FMAs with the tiles' arithmetic);
 - ``bitmask.cpp``: a structured-output token bitmask applied to float32 logits
   (``kvserve.structured_output.bitmask``);
 - ``lora.cpp``: every token's LoRA adapter added to a projection, all adapters in one call
   (``kvserve.lora.layers``);
+- ``projection.cpp`` (+ ``projection.h``): a model's linear layers as the C++ loops run them;
+- ``moe.cpp`` (+ ``moe.h``): a mixture-of-experts layer's experts in one call (``moe_route.cpp``:
+  the router's top k, ``moe_abi.cpp``: its handle and entry points; ``kvserve.model.moe``);
 - ``decoder.cpp``: a Llama-family model's decoder layers in one call over the kernels above
   (``kvserve.model.fused_decoder``);
 - ``thread_pool.cpp`` (+ ``thread_pool.h``): the worker threads every kernel's ``parallel_for``
   runs on where OpenMP's threads sleep at once (idle workers spin for a short window, then sleep);
-- ``abi.cpp``: the library's own entry points (errors, thread count, pool settings).
+- ``abi.cpp``: the library's own entry points (errors, thread count, pool settings, the AMX
+  switch).
 
 Python side: :mod:`kvserve.kernels.build` compiles them (one library per instruction-set
-variant, units in parallel, a line per unit), :mod:`kvserve.kernels.library` finds a wheel's
-prebuilt library or builds this install's on first use and declares every entry point, and the
-``ops_*`` modules wrap the entry points with the checks of their arguments. :func:`cpu_kernels`
-returns them as one object; where no library can be had (no compiler, no prebuilt one), it
-returns None. :func:`kernels_for` is the one rule for "C++ kernel or torch code", applied where a
-model, a sampler or a backend is built (``kvserve.model.kernel_layer``), never per call.
+variant, units in parallel, a line per unit; its docstring has the instruction-set rule),
+:mod:`kvserve.kernels.library` finds a wheel's prebuilt library or builds this install's on first
+use and declares every entry point, and the ``ops_*`` modules wrap the entry points with the checks
+of their arguments. :func:`cpu_kernels` returns them as one object, the library of the best variant
+this CPU runs; where no library can be had (no compiler, no prebuilt one), it returns None.
+:func:`kernels_for` is the one rule for "C++ kernel or torch code", applied where a model, a
+sampler or a backend is built (``kvserve.model.kernel_layer``), never per call.
+:func:`kernels_for_variant` opens another variant this CPU runs, beside it (the tests of every
+instruction set).
 """
 
 from __future__ import annotations
@@ -100,20 +111,49 @@ class CpuKernels(AttentionOps, ElementwiseOps, LinearOps, MoeOps, SampleOps):
         return list(faults)
 
 
+def _open(variant=None) -> CpuKernels:
+    """The kernels of ``variant`` (a :class:`kvserve.kernels.build.Variant`; default this CPU's),
+    their parallel regions on kvserve's pool where OpenMP's threads sleep at once."""
+    from kvserve.kernels.library import open_library
+
+    kernels = CpuKernels(open_library(variant))
+    kernels.set_pool_enabled(openmp_threads_sleep())
+    return kernels
+
+
 @functools.cache
 def cpu_kernels() -> CpuKernels | None:
     """The kernels (a wheel's prebuilt library, or this install's build, made on first use), or
     None when there is none here (the reason is logged once as a warning)."""
     try:
-        from kvserve.kernels.library import open_library
-
-        kernels = CpuKernels(open_library())
+        kernels = _open()
     except Exception as error:  # noqa: BLE001 - any build or load failure means "use the fallback"
         logger.warning("CPU kernels unavailable (%s); using portable torch code", error)
         return None
-    kernels.set_pool_enabled(openmp_threads_sleep())
     logger.info("CPU kernels: %s (%s)", kernels.variant, kernels.path)
     return kernels
+
+
+@functools.cache
+def kernels_for_variant(name: str) -> CpuKernels:
+    """The kernels of variant ``name`` (``kvserve.kernels.build.VARIANTS``; one this CPU runs,
+    ``build.host_variants()``): a wheel's prebuilt library or this install's cached build of it,
+    built on first use; one object per name and process, :func:`cpu_kernels`'s own for the variant
+    it opened. For the tests of every instruction set this CPU runs: each variant's library computes
+    with its own instruction set, and a layer packed by one (``QuantizedLinear``) runs on it.
+
+    Raises:
+        RuntimeError: this CPU does not run ``name``; no compiler; a unit that does not compile.
+    """
+    from kvserve.kernels import build
+
+    runnable = {variant.name: variant for variant in build.host_variants()}
+    if name not in runnable:
+        raise RuntimeError(f"variant {name}: this CPU runs {', '.join(runnable)}")
+    own = cpu_kernels()
+    if own is not None and own.variant == name:
+        return own
+    return _open(runnable[name])
 
 
 def cpu_kernels_available() -> bool:

@@ -7,10 +7,24 @@ by its own ``g++`` process, as many at once as the process may use CPUs, and a l
 each one ends. Objects are named by a digest of their source, the headers and the flags, so a
 change rebuilds only what it touches.
 
-Run-time ISA dispatch, as ggml's CPU backend does it (one library per variant, the best one the
-CPU runs is loaded): a wheel carries every variant of :data:`VARIANTS` (``setup.py`` builds them);
-a source install builds the variant of its own CPU on first use (:func:`host_variant`). Within a
-variant, AMX tiles and the quantized kernels' AVX2 / AVX-512 paths are chosen at run time too.
+The instruction-set rule, one for every kernel:
+
+1. The vector instruction set is chosen once, when Python loads the library, by variant: one
+   library per variant of :data:`VARIANTS`, the best one the CPU runs is loaded (ggml's CPU
+   backend does the same). A wheel carries every variant (``setup.py`` builds them); a source
+   install builds the variant of its own CPU on first use (:func:`host_variant`). Inside a library
+   the code specialises only by the compiler's predefined macros (``__AVX512BF16__``,
+   ``__AVX512F__``, ``__AVX2__`` / ``__FMA__``): no run-time CPU probe, no copy of a kernel per
+   ``#pragma GCC target``, no instruction-set argument in the API. A packed weight layout that
+   depends on the vector width (the quantized panels, ``csrc/quant_vector.h``) is the library's.
+2. AMX is the one choice made at run time inside a library, since the OS must grant the tiles to
+   the process: its code is compiled into avx512_bf16 only, under ``#pragma GCC target("amx-...")``;
+   one probe (``csrc/amx_tiles.h``) says whether the tiles are granted, and the user's switch
+   ``KVSERVE_AMX=0`` is read in Python only (:func:`kvserve.kernels.library.amx_allowed`) and
+   passed in through one entry point (``kvserve_set_amx_enabled``).
+
+Tests of "every instruction set this CPU runs" open each variant's library beside the loaded one
+(:func:`kvserve.kernels.kernels_for_variant`, built into the cache on first use).
 
     python -m kvserve.kernels.build [--variant NAME ...] [--out DIR]   # build into DIR (default: the cache)
 
@@ -39,7 +53,8 @@ from pathlib import Path
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("abi.cpp", "thread_pool.cpp", "paged_attention.cpp", "latent_attention.cpp", "argmax.cpp", "sample.cpp",
            "top_p.cpp", "elementwise.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp", "amx_quant_linear.cpp",
-           "bitmask.cpp", "lora.cpp", "projection.cpp", "moe.cpp", "decoder.cpp")
+           "amx_quant_tiles.cpp", "amx_quant_row.cpp", "bitmask.cpp", "lora.cpp", "projection.cpp", "moe_route.cpp",
+           "moe.cpp", "moe_abi.cpp", "decoder.cpp")
 COMMON_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
                 "-fno-strict-aliasing", "-fvisibility=hidden")
 LINK_FLAGS = ("-shared", "-fopenmp", "-static-libstdc++", "-static-libgcc")

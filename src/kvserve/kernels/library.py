@@ -15,18 +15,28 @@ whole forward releases it, :data:`RELEASES_GIL`) after
 :data:`PROTOTYPES`; :meth:`Library.call` raises ``RuntimeError`` with the kernel's message when one
 fails. The kernels use as many threads as torch (``torch.get_num_threads()``), passed on before a
 call whenever it changed.
+
+The user's AMX switch, ``KVSERVE_AMX=0`` (every kernel keeps its vector path), is read here and
+nowhere else (:func:`amx_allowed`), and passed to each library as it opens
+(``kvserve_set_amx_enabled``; the instruction-set rule: :mod:`kvserve.kernels.build`).
+
+Several variant libraries may be open in one process (the tests open every one this CPU runs,
+:func:`kvserve.kernels.kernels_for_variant`): ctypes opens each with ``RTLD_LOCAL`` and the
+library hides everything but its entry points, so each keeps its own code, settings and worker
+pool.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import torch
 
 from kvserve.kernels import build
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 PACKAGED = Path(__file__).parent / "lib"
 
 # torch dtype -> the kernels' code (csrc/abi.h: DType).
@@ -47,6 +57,8 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "kvserve_set_pool_spin_us": (None, [_I64]),
     "kvserve_pool_spin_us": (_I64, []),
     "kvserve_pool_self_check": (_INT, [_I64, _I64, _I64, _I64, _P]),
+    "kvserve_set_amx_enabled": (None, [_I32]),
+    "kvserve_amx_linear_available": (_I32, []),
     "kvserve_paged_attention": (_INT, [_P, _P, _I32, _P, _I32, _P, _P, _P] + [_I64] * 8 + [_F64, _I64, _I64, _I64, _F64,
                                                                                         _P]),
     "kvserve_latent_attention": (_INT, [_P, _P, _I32, _P, _P, _P, _P] + [_I64] * 8),
@@ -62,11 +74,10 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "kvserve_linear_panel_width": (_I64, []),
     "kvserve_pack_linear_weight": (_INT, [_I32, _P, _P, _I64, _I64]),
     "kvserve_invariant_linear": (_INT, [_I32, _P, _I32, _P, _P, _P, _I64, _I64, _I64]),
-    "kvserve_amx_linear_available": (_I32, []),
     "kvserve_amx_linear": (_INT, [_P, _P, _P, _P, _I64, _I64, _I64, _I32]),
     "kvserve_quant_linear_isa": (_I64, []),
-    "kvserve_quant_linear_layout": (_INT, [_I64, _P]),
-    "kvserve_quant_linear": (_INT, [_I32, _P, _P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64]),
+    "kvserve_quant_linear_layout": (_INT, [_P]),
+    "kvserve_quant_linear": (_INT, [_I32, _P, _P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64]),
     "kvserve_amx_quant_linear": (_INT, [_P, _P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64]),
     "kvserve_apply_token_bitmask": (_INT, [_P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64]),
     "kvserve_lora_apply": (_INT, [_I32, _I32, _P, _P, _P, _P, _P, _P, _P, _P] + [_I64] * 9),
@@ -88,22 +99,36 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
 RELEASES_GIL = frozenset({"kvserve_decoder_forward", "kvserve_pool_self_check"})
 
 
+def amx_allowed() -> bool:
+    """The user's AMX switch: False when ``KVSERVE_AMX=0`` (the AMX kernels never run; the per-layer
+    ``amx=`` arguments then cannot insist on them), else True (where the CPU and OS grant the tiles).
+    Read when a library opens, and only here."""
+    return os.environ.get("KVSERVE_AMX") != "0"
+
+
 class Library:
     """The opened library: ``lib.fn`` for each entry point of :data:`PROTOTYPES`, and
-    :meth:`call` for the ones that return a status."""
+    :meth:`call` for the ones that return a status. AMX follows :func:`amx_allowed`.
+
+    Raises:
+        RuntimeError: the library was built for another ABI version (an old build).
+    """
 
     def __init__(self, path: Path):
         self.path = path
         self._dll = ctypes.PyDLL(str(path))
+        self._dll.kvserve_abi_version.restype = _I64
+        abi = self._dll.kvserve_abi_version()  # before the prototypes: an old library may lack some
+        if abi != ABI_VERSION:
+            raise RuntimeError(f"{path} has ABI version {abi}, this kvserve needs {ABI_VERSION}")
         without_gil = ctypes.CDLL(str(path))
         for name, (restype, argtypes) in PROTOTYPES.items():
             function = getattr(without_gil if name in RELEASES_GIL else self._dll, name)
             function.restype, function.argtypes = restype, argtypes
             setattr(self, name.removeprefix("kvserve_"), function)
             setattr(self, name, function)
-        if self.abi_version() != ABI_VERSION:
-            raise RuntimeError(f"{path} has ABI version {self.abi_version()}, this kvserve needs {ABI_VERSION}")
         self.variant = self._dll.kvserve_variant().decode()
+        self.set_amx_enabled(int(amx_allowed()))
         self._threads = 0
 
     def call(self, name: str, *args) -> None:
@@ -125,8 +150,14 @@ def build_directory() -> Path:
     return build.cache_root() / build.host_variant().name
 
 
-def open_library() -> Library:
-    """The prebuilt library of a wheel for this CPU, else this install's cached build (module
-    docstring)."""
-    prebuilt = PACKAGED / build.library_name(build.host_variant().name)
-    return Library(prebuilt if prebuilt.exists() else build.cached_library())
+def open_library(variant: build.Variant | None = None) -> Library:
+    """The prebuilt library of a wheel for ``variant`` (default: this CPU's,
+    :func:`kvserve.kernels.build.host_variant`), else this install's cached build of it (module
+    docstring).
+
+    Raises:
+        RuntimeError: no compiler, a unit that does not compile, an old library.
+    """
+    variant = variant or build.host_variant()
+    prebuilt = PACKAGED / build.library_name(variant.name)
+    return Library(prebuilt if prebuilt.exists() else build.cached_library(variant))

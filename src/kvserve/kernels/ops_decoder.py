@@ -19,19 +19,18 @@ class LinearPart(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int64), ("packed", ctypes.c_void_p), ("weight_dtype", ctypes.c_int64),
                 ("scales", ctypes.c_void_p), ("neg_offsets", ctypes.c_void_p), ("bias", ctypes.c_void_p),
                 ("input_perm", ctypes.c_void_p), ("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64),
-                ("group_size", ctypes.c_int64), ("bits", ctypes.c_int64), ("isa", ctypes.c_int64),
-                ("codebook", ctypes.c_int64)]
+                ("group_size", ctypes.c_int64), ("bits", ctypes.c_int64), ("codebook", ctypes.c_int64)]
 
     def __init__(self, kind: int, packed: torch.Tensor, scales: torch.Tensor | None, neg_offsets: torch.Tensor | None,
                  bias: torch.Tensor | None, input_perm: torch.Tensor | None, in_features: int, out_features: int,
-                 group_size: int, bits: int, isa: int, codebook: int = 0):
+                 group_size: int, bits: int, codebook: int = 0):
         require(kind in KINDS, f"LinearPart: unknown kind {kind}")
         require(kind < 2 or scales is not None, "LinearPart: a quantized kind needs scales")
         if input_perm is not None:
             input_perm = input_perm.to(torch.int64).contiguous()
         super().__init__(kind, ptr(packed), code(packed.dtype) if packed.is_floating_point() else 0,
                          optional_ptr(scales), optional_ptr(neg_offsets), optional_ptr(bias), optional_ptr(input_perm),
-                         in_features, out_features, group_size, bits, isa, codebook)
+                         in_features, out_features, group_size, bits, codebook)
         # The C++ side holds raw pointers: the tensors live as long as this part.
         self.tensors = [t for t in (packed, scales, neg_offsets, bias, input_perm) if t is not None]
 

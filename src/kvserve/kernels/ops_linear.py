@@ -67,7 +67,9 @@ class LinearOps:
         return out
 
     def amx_linear_available(self) -> bool:
-        """AMX-BF16 tiles usable here (``KVSERVE_AMX=0``: never)."""
+        """AMX-BF16 tiles usable here: this library is the avx512_bf16 one, the CPU and OS grant the
+        tiles, and the user's switch allows them (``KVSERVE_AMX=0``: never;
+        :func:`kvserve.kernels.library.amx_allowed`)."""
         return bool(self._lib.amx_linear_available())
 
     def _amx_operands(self, x: torch.Tensor, packed: torch.Tensor, n: int, name: str) -> None:
@@ -100,22 +102,24 @@ class LinearOps:
         return out
 
     def quant_linear_isa(self) -> int:
-        """Instruction set of ``quant_linear`` here: 1 portable, 2 AVX2, 3 AVX-512."""
+        """This library's instruction set for ``quant_linear`` (its variant's): 1 portable
+        (x86_64), 2 AVX2 + FMA (avx2), 3 AVX-512F (avx512), 4 AVX-512F with AVX512-BF16
+        (avx512_bf16: bfloat16 activations in pairs)."""
         return self._lib.quant_linear_isa()
 
-    def quant_linear_layout(self, isa: int) -> list[int]:
-        """(vector width, vectors per panel) of the quantized panels of ``isa`` (0: the best here)."""
+    def quant_linear_layout(self) -> list[int]:
+        """(vector width, vectors per panel) of this library's quantized panels."""
         layout = (ctypes.c_int64 * 2)()
-        self._lib.call("kvserve_quant_linear_layout", isa, ctypes.addressof(layout))
+        self._lib.call("kvserve_quant_linear_layout", ctypes.addressof(layout))
         return [layout[0], layout[1]]
 
     def quant_linear(self, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                      neg_offsets: torch.Tensor | None, bias: torch.Tensor | None, out_features: int,
-                     group_size: int, bits: int, isa: int, codebook: int = 0) -> torch.Tensor:
-        """x [M, K] float32 or bfloat16 over int8/int4 panels -> [M, N] in x's dtype (the layouts:
-        ``quant_linear.cpp``; isa 0: the best here; codebook 1: 4-bit codes are MXFP4's E2M1
+                     group_size: int, bits: int, codebook: int = 0) -> torch.Tensor:
+        """x [M, K] float32 or bfloat16 over int8/int4 panels in this library's layout -> [M, N] in
+        x's dtype (the layouts: ``quant_linear.cpp``; codebook 1: 4-bit codes are MXFP4's E2M1
         values doubled, ``CODEBOOKS``)."""
-        width, vectors = self.quant_linear_layout(isa)
+        width, vectors = self.quant_linear_layout()
         nr = width * vectors
         cpu_contiguous(x, 2, FLOAT_DTYPES, "x must be a contiguous 2-D float32 or bfloat16 CPU tensor")
         require(bits in (8, 4), "bits must be 8 or 4")
@@ -129,7 +133,7 @@ class LinearOps:
         out = torch.empty((m, out_features), dtype=x.dtype)
         _check_codebook(codebook, bits, neg_offsets)
         self._lib.call("kvserve_quant_linear", code(x.dtype), ptr(x), ptr(out), m, k, ptr(packed), ptr(scales), offsets,
-                       bias_ptr, out_features, group_size, bits, isa, codebook)
+                       bias_ptr, out_features, group_size, bits, codebook)
         return out
 
     def amx_quant_linear(self, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,

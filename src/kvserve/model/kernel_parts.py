@@ -28,12 +28,12 @@ def linear_parts(module: nn.Module, dtype: torch.dtype, kernels: ModuleType) -> 
         amx, packed = module.kernel_weights(dtype)
         return [kernels.LinearPart(kind=AMX if amx else VECTOR, packed=packed, scales=None, neg_offsets=None,
                                    bias=module.bias, input_perm=None, in_features=module.in_features,
-                                   out_features=module.out_features, group_size=0, bits=0, isa=0)]
+                                   out_features=module.out_features, group_size=0, bits=0)]
     if type(module) is QuantizedLinear and module.on_kernels:
         amx, packed, scales, neg_offsets = module.kernel_weights(dtype)
         return [kernels.LinearPart(kind=QUANT_AMX if amx else QUANT_VECTOR, packed=packed, scales=scales,
                                    neg_offsets=neg_offsets, bias=module.bias, input_perm=module.input_perm,
                                    in_features=module.in_features, out_features=module.out_features,
-                                   group_size=module.group_size, bits=module.bits, isa=module.isa,
+                                   group_size=module.group_size, bits=module.bits,
                                    codebook=module.codebook_id)]
     return None

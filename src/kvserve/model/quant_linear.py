@@ -13,7 +13,8 @@ times faster than vector FMAs; a layer packed for it makes the vector panels on 
 input. Elsewhere (CUDA, no compiler) the weight is dequantized per call and ``F.linear`` runs.
 
 Packed layout (kW floats per vector, kNV vectors per panel, kNR = kW * kNV output columns per
-panel, from ``quant_linear_layout`` of the instruction set the kernel runs)::
+panel, from ``quant_linear_layout`` of the kernels' library: its variant's instruction set, so a
+layer runs on the library that packed it)::
 
     packed      uint8 [P, K, kNR]       int8: column j of the panel at byte j
                 uint8 [P, K, kNR / 2]   int4: byte g*kW + i = column 2g*kW + i (low nibble)
@@ -122,9 +123,9 @@ class QuantizedLinear(nn.Module):
     Args:
         weight: the quantized [out_features, in_features] weight.
         bias: [out_features] or None.
-        kernels: the compiled module from ``kvserve.kernels.kernels_for(device)``, or None for the
+        kernels: the compiled module from ``kvserve.kernels.kernels_for(device)`` (or, in the tests of
+            every instruction set, ``kernels_for_variant(name)``), or None for the
             dequantize-per-call path (CUDA, no compiler).
-        isa: the vector kernel's instruction set (0: the best of this CPU; tests force the others).
         input_perm: int64 [in_features] or None: ``weight`` holds the inputs in this order
             (column j of ``weight`` is input ``input_perm[j]``; GPTQ act-order, module docstring).
         amx: run bfloat16 activations on AMX tiles (``amx_quant_linear.cpp``): None (default)
@@ -135,7 +136,7 @@ class QuantizedLinear(nn.Module):
     """
 
     def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None, kernels: ModuleType | None,
-                 isa: int = 0, input_perm: torch.Tensor | None = None, amx: bool | None = None):
+                 input_perm: torch.Tensor | None = None, amx: bool | None = None):
         super().__init__()
         self.input_perm = None if input_perm is None else input_perm.to(weight.q.device, torch.int64)
         self._param_dtypes = (weight.scales.dtype, None if weight.offsets is None else weight.offsets.dtype)
@@ -146,7 +147,6 @@ class QuantizedLinear(nn.Module):
         self._kernels = kernels if kernels is not None and weight.q.device.type == "cpu" else None
         self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous()
         self.weight = weight  # kept on the fallback path only (below)
-        self.isa = isa
         available = self._kernels is not None and self._kernels.amx_linear_available() and amx_eligible(weight)
         if amx and not available:
             raise ValueError("the AMX kernel needs a CPU (and OS) with AMX-BF16 and a group size of K or a "
@@ -154,7 +154,7 @@ class QuantizedLinear(nn.Module):
         self.amx = available if amx is None else amx
         self._vector: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         if self._kernels is not None:
-            pack = pack_quantized_amx(weight) if self.amx else pack_quantized(weight, *self._kernels.quant_linear_layout(isa))
+            pack = pack_quantized_amx(weight) if self.amx else pack_quantized(weight, *self._kernels.quant_linear_layout())
             self.packed, self.scales, self.neg_offsets = huge_pages.place(pack[0]), pack[1], pack[2]
             self.weight = None
 
@@ -172,7 +172,7 @@ class QuantizedLinear(nn.Module):
                                                  self.group_size, self.bits, self.codebook_id)
         else:
             out = self._kernels.quant_linear(rows, packed, scales, neg_offsets, self.bias, self.out_features,
-                                             self.group_size, self.bits, self.isa, self.codebook_id)
+                                             self.group_size, self.bits, self.codebook_id)
         return out.reshape(*shape[:-1], self.out_features)
 
     @property
@@ -200,7 +200,7 @@ class QuantizedLinear(nn.Module):
         if not self.amx:
             return self.packed, self.scales, self.neg_offsets
         if self._vector is None:
-            packed, scales, neg_offsets = pack_quantized(unpack_quantized(self), *self._kernels.quant_linear_layout(self.isa))
+            packed, scales, neg_offsets = pack_quantized(unpack_quantized(self), *self._kernels.quant_linear_layout())
             self._vector = huge_pages.place(packed), scales, neg_offsets
         return self._vector
 
@@ -241,7 +241,7 @@ def unpack_quantized(layer: QuantizedLinear) -> QuantizedTensor:
     else:
         q = layer.packed
         if layer.bits == 4:
-            width = layer._kernels.quant_linear_layout(layer.isa)[0]
+            width = layer._kernels.quant_linear_layout()[0]
             q = q.reshape(panels, k, cols // width // 2, width)
             q = torch.stack((q & 15, q >> 4), dim=3).reshape(panels, k, cols)
         q = row_major(q)

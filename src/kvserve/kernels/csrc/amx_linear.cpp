@@ -32,6 +32,7 @@
 #include "kernels.h"
 #include "amx_tiles.h"
 #include "thread_pool.h"
+#include "vector_exp.h"
 
 namespace {
 
@@ -41,10 +42,6 @@ using namespace kvserve_amx;
 
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")
-}  // namespace
-#define KVSERVE_AVX512_REGION 1  // vector_exp.h inside the target region: silu16 for these instructions
-#include "vector_exp.h"
-namespace {
 
 // C tile (16 x 16 float32, row-major in `tile`) + bias -> out rows [0, rows) x columns [0, cols),
 // each rounded to bfloat16, 16 at a time.
@@ -204,19 +201,6 @@ void amx_kernel(const uint16_t* x, const uint16_t* packed, const float* bias, ui
 
 }  // namespace
 
-bool kvserve::amx_linear_available() {
-#if defined(KVSERVE_AMX_BUILD)
-  static const bool available = [] {
-    const char* off = std::getenv("KVSERVE_AMX");
-    if (off != nullptr && std::strcmp(off, "0") == 0) return false;
-    return amx_supported();
-  }();
-  return available;
-#else
-  return false;
-#endif
-}
-
 namespace kvserve {
 
 // x: contiguous [M, K] bfloat16; packed: the weight's B tiles (kvserve.model.invariant_linear.
@@ -237,8 +221,6 @@ void amx_linear(const BFloat16* x, const BFloat16* packed, const float* bias, BF
 }  // namespace kvserve
 
 extern "C" {
-
-KVSERVE_EXPORT int32_t kvserve_amx_linear_available() { return kvserve::amx_linear_available() ? 1 : 0; }
 
 KVSERVE_EXPORT int kvserve_amx_linear(const void* x, const void* packed, const float* bias, void* out, int64_t M,
                                       int64_t K, int64_t N, int32_t swiglu) {

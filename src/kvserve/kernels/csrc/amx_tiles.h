@@ -1,6 +1,16 @@
-// What the two AMX GEMMs (amx_linear.cpp: bfloat16 weights; amx_quant_linear.cpp: int8/int4
-// weights widened to bfloat16 tiles) share: whether this process may use the tiles, the tile
-// configuration, the activation rows as A tiles, and the float32 -> bfloat16 store of an output.
+// What the AMX kernels (amx_linear.cpp: bfloat16 weights; amx_quant_*.cpp: int8/int4 weights
+// widened to bfloat16 tiles; paged_attention.cpp) share: the one probe of whether this CPU and OS
+// grant the tiles, the tile configuration, the activation rows as A tiles, and the float32 ->
+// bfloat16 store of an output.
+//
+// The AMX rule. AMX is the one instruction set chosen at run time inside a library: the vector
+// ISA is the library's (build.py loads the variant the CPU runs; code specialises by the compiler's
+// macros only), but tiles also need the OS to grant them to the process, which no build flag can
+// tell. So the AMX code is compiled into the avx512_bf16 variant only, under
+// `#pragma GCC target("amx-...")`, and runs where kvserve::amx_linear_available() (abi.cpp) says:
+// this header's amx_supported(), probed once, and the user's switch, which Python reads
+// (KVSERVE_AMX=0, kvserve/kernels/library.py) and passes in through kvserve_set_amx_enabled.
+// Nothing here reads the environment or probes the vector ISA.
 //
 // Tiles: 0-3 C (16 x 16 float32), 4-5 A (16 rows x 32 bfloat16), 6-7 B (16 rows x 64 bytes: 16
 // output columns x a pair of inputs each, AMX's "VNNI" form). The tile registers must be enabled per
@@ -33,20 +43,18 @@ constexpr int64_t kChunkBytes = kTileRows * 64;  // one bfloat16 B tile: 16 colu
 
 #if defined(KVSERVE_AMX_BUILD)
 
-// This CPU has AMX-BF16 tiles (and AVX512-BF16, which every AMX CPU has) and the kernel grants
-// the tile state to this process (Linux 5.16+). GCC's cpu feature names for AMX arrived with GCC
-// 13; the CPUID bits are read directly: leaf 7 subleaf 0, EDX bit 22 AMX-BF16, bit 24 AMX-TILE;
-// subleaf 1, EAX bit 5 AVX512-BF16.
+// The probe: this CPU has AMX-BF16 tiles and the kernel grants the tile state to this process
+// (Linux 5.16+); run once, by amx_linear_available() (abi.cpp), and only while the user's switch
+// allows AMX. AVX512-BF16 needs no check: this code is only in the avx512_bf16 library, which is
+// only loaded where the CPU has it. GCC's cpu feature names for AMX arrived with GCC 13; the CPUID
+// bits are read directly: leaf 7 subleaf 0, EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
 inline bool amx_supported() {
   unsigned eax = 7, ebx = 0, ecx = 0, edx = 0;
   __asm__ volatile("cpuid" : "+a"(eax), "=b"(ebx), "+c"(ecx), "=d"(edx));
   const bool bf16 = (edx >> 22) & 1, tile = (edx >> 24) & 1;
-  unsigned eax1 = 7, ebx1 = 0, ecx1 = 1, edx1 = 0;
-  __asm__ volatile("cpuid" : "+a"(eax1), "=b"(ebx1), "+c"(ecx1), "=d"(edx1));
-  const bool avx512_bf16 = (eax1 >> 5) & 1;
   constexpr long kArchReqXcompPerm = 0x1023;
   constexpr long kXfeatureXtiledata = 18;
-  return bf16 && tile && avx512_bf16 && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return bf16 && tile && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
 // This core's L2 size in bytes (2 MB on Sapphire Rapids; 2 MB when the OS does not say).
@@ -136,7 +144,3 @@ class ActivationTiles {
 #endif  // KVSERVE_AMX_BUILD
 
 }  // namespace kvserve_amx
-
-// True when this CPU has AMX-BF16 tiles and the OS grants them to this process (checked once;
-// KVSERVE_AMX=0: never). Defined in amx_linear.cpp.
-bool amx_linear_available();

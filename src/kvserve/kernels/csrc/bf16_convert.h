@@ -1,9 +1,8 @@
-// float32 <-> bfloat16 conversions of the kernels (linear.cpp, quant_linear_impl.h, lora.cpp,
-// amx_quant_linear.cpp, elementwise.cpp), written here rather than taken from c10: functions from
-// headers compiled under other optimisation options are not inlined into the kernels (a call per
-// element). No include guard and no includes,
-// on purpose: each kernel includes this inside its own namespace and optimisation pragmas (the
-// quantized kernel once per instruction set), after abi.h and <cstring>.
+// float32 <-> bfloat16 conversions of the kernels (linear.cpp, quant_fma.h, lora.cpp, the AMX
+// quantized kernel, elementwise.cpp, the MoE files), written here rather than taken from c10:
+// functions from headers compiled under other optimisation options are not inlined into the
+// kernels (a call per element). No include guard and no includes, on purpose: each kernel includes
+// this inside its own namespace and optimisation pragmas, after abi.h and <cstring>.
 inline float to_float(float v) { return v; }
 inline float to_float(kvserve::BFloat16 v) {  // exact: the bfloat16 bits are the float's upper half
   const uint32_t word = static_cast<uint32_t>(v.x) << 16;

@@ -69,9 +69,12 @@ void pack_linear_weight(DType dtype, const void* weight, void* packed, int64_t N
 void invariant_linear(DType dtype, const void* x, DType weight_dtype, const void* packed, const float* bias, void* out,
                       int64_t M, int64_t K, int64_t N);
 
+// abi.cpp: whether the AMX kernels run (amx_tiles.h's probe, once, and the user's switch).
+bool amx_linear_available();
+void set_amx_enabled(bool enabled);
+
 // amx_linear.cpp: bfloat16 x [M, K] on AMX tiles over B tiles [N/16, K/32, 16, 32]; with swiglu
 // out is [M, N/2] = silu_and_mul of the projection.
-bool amx_linear_available();
 void amx_linear(const BFloat16* x, const BFloat16* packed, const float* bias, BFloat16* out, int64_t M, int64_t K,
                 int64_t N, bool swiglu);
 
@@ -97,10 +100,11 @@ struct QuantWeight {
   int64_t N, group_size, bits;
   int64_t codebook = kIntegers;  // bits 4: what the codes stand for
 };
-int64_t quant_linear_isa();                       // 1 portable, 2 AVX2 + FMA, 3 AVX-512F
-int64_t resolve_quant_isa(int64_t isa);           // 0 -> the best here; an unavailable one fails
-void quant_linear_layout(int64_t isa, int64_t* width, int64_t* vectors);
-void quant_linear(DType dtype, const void* x, void* out, int64_t M, int64_t K, const QuantWeight& w, int64_t isa);
+// This library's instruction set (its variant's, from the compiler's macros: quant_vector.h):
+// 1 portable, 2 AVX2 + FMA, 3 AVX-512F, 4 AVX-512F + AVX512-BF16; and its panel layout.
+int64_t quant_linear_isa();
+void quant_linear_layout(int64_t* width, int64_t* vectors);
+void quant_linear(DType dtype, const void* x, void* out, int64_t M, int64_t K, const QuantWeight& w);
 void amx_quant_linear(const BFloat16* x, BFloat16* out, int64_t M, int64_t K, const QuantWeight& w);
 
 // bitmask.cpp: logits float32 [N, V] with row stride; bitmask int32 [N, W]; rows int64 [count].

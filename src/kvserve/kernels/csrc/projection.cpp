@@ -53,7 +53,7 @@ void run_linear(const LinearPart& part, DType dtype, const void* x, void* out, i
                  static_cast<BFloat16*>(out), rows, K, part.out_features, false);
       return;
     case kQuantVector:
-      quant_linear(dtype, x, out, rows, K, quant, part.isa);
+      quant_linear(dtype, x, out, rows, K, quant);
       return;
     default:
       amx_quant_linear(static_cast<const BFloat16*>(x), static_cast<BFloat16*>(out), rows, K, quant);

@@ -25,7 +25,7 @@ struct LinearPart {
   const float* neg_offsets;   // int4 with zero points, else nullptr
   const float* bias;          // or nullptr
   const int64_t* input_perm;  // GPTQ act-order input order [in_features], or nullptr
-  int64_t in_features, out_features, group_size, bits, isa;
+  int64_t in_features, out_features, group_size, bits;
   int64_t codebook;           // quantized kinds, bits 4: kvserve::Codebook
 };
 

@@ -4,11 +4,9 @@
 // stores of float32 or bfloat16 with rounding to the dtype; exp: x = n ln2 + r,
 // |r| <= ln2 / 2, 2^n * p(r) with p the degree-6 Taylor polynomial (within a few float32 ulp),
 // scalef giving 0 below about -104 and infinity above about 88.7; SiLU and sigmoid. AVX-512F
-// builds (or regions) only.
+// builds only (the avx512 and avx512_bf16 variants: the compiler's __AVX512F__).
 #pragma once
-// KVSERVE_AVX512_REGION: the includer is inside a `#pragma GCC target("avx512f...")` region
-// (amx_linear.cpp), where the intrinsics are usable on a host whose default flags lack AVX-512.
-#if defined(__AVX512F__) || defined(KVSERVE_AVX512_REGION)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 
 #include "abi.h"
