@@ -134,7 +134,6 @@ def cpu_kernels() -> CpuKernels | None:
     return kernels
 
 
-@functools.cache
 def kernels_for_variant(name: str) -> CpuKernels:
     """The kernels of variant ``name`` (``kvserve.kernels.build.VARIANTS``; one this CPU runs,
     ``build.host_variants()``): a wheel's prebuilt library or this install's cached build of it,
@@ -150,10 +149,15 @@ def kernels_for_variant(name: str) -> CpuKernels:
     runnable = {variant.name: variant for variant in build.host_variants()}
     if name not in runnable:
         raise RuntimeError(f"variant {name}: this CPU runs {', '.join(runnable)}")
+    return _variant_kernels(runnable[name])
+
+
+@functools.cache
+def _variant_kernels(variant) -> CpuKernels:
     own = cpu_kernels()
-    if own is not None and own.variant == name:
+    if own is not None and own.variant == variant.name:
         return own
-    return _open(runnable[name])
+    return _open(variant)
 
 
 def cpu_kernels_available() -> bool:
