@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from model_fixtures import flat_prompt_logits
 from torch import nn
 
