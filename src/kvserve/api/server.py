@@ -44,14 +44,14 @@ from kvserve.api.auth import AuthMiddleware, api_key_of
 from kvserve.api.errors import APIError, install_error_handlers
 from kvserve.api.middleware import RequestGuardMiddleware, RequestIdMiddleware
 from kvserve.api.chat_protocol import ChatCompletionRequest, check_generation_prompt
-from kvserve.api.protocol import (CompletionRequest, DetokenizeRequest, LoadLoRAAdapterRequest, TokenizeRequest,
-                                  UnloadLoRAAdapterRequest)
+from kvserve.api.protocol import CompletionRequest, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from kvserve.api.rate_limit import RateLimiter
 from kvserve.api.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
 from kvserve.api.serving_base import ServingState, check_token_ids
 from kvserve.api.serving_chat import ChatServing, render_messages
 from kvserve.api.serving_completion import CompletionServing
 from kvserve.api.settings import ServerSettings
+from kvserve.api.tokenize_protocol import DetokenizeRequest, TokenizeRequest
 from kvserve.api.tokenization import tokenize_prompt
 from kvserve.errors import InvalidRequestError
 
@@ -219,9 +219,8 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
 
 
 async def _json_body(request: Request):
-    raw = await request.body()
-    try:  # off the event loop: a large body must not stall other requests
-        return await asyncio.to_thread(parse_json, raw)
+    try:  # a large body was parsed off the event loop already (OffLoopJsonRoute)
+        return await request.json()
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"The request body is not valid JSON: {exc}") from None
 
