@@ -14,8 +14,8 @@ A scale per token and KV head, written by the cache-write path (``write_kv_cache
 itself: no calibration and no scale state, so a row's stored bytes depend only on its own K/V
 values and batch invariance holds as for float caches. The ``cpu_paged`` kernel reads the rows in
 place and widens them in registers (``float32(c) * s``; fp8 through a 256-entry table,
-``paged_attention.cpp``); the reference torch backend dequantizes the rows it gathers
-(``dequantize_kv_rows``, the same float32 product). Bytes per row: ``head_dim + 4`` against
+``kv_one_byte.h``, ``paged_attention_portable.cpp``); the reference torch backend dequantizes the
+rows it gathers (``dequantize_kv_rows``, the same float32 product). Bytes per row: ``head_dim + 4`` against
 ``2 * head_dim`` (bfloat16): 1.88x the blocks in the same memory at head_dim 64.
 """
 

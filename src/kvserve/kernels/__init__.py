@@ -2,8 +2,11 @@
 
 Sources (``csrc/``), plain C++ on raw pointers (no PyTorch header; ``abi.h``: the types, the
 errors and the shape of an entry point):
-- ``paged_attention.cpp``: attention reading K/V in place from the paged cache
-  (``kvserve.attention.cpu_paged``);
+- ``paged_attention.cpp`` (+ ``paged_attention.h``): attention reading K/V in place from the paged
+  cache (``kvserve.attention.cpu_paged``): tiles, tasks and the entry points; the online-softmax walk
+  the kernels share (``paged_attention_walk.h``) and its three kernels, ``paged_attention_portable.cpp``
+  (any dtype, int8/fp8 caches: ``kv_one_byte.h``), ``paged_attention_bf16.cpp`` (AVX512-BF16) and
+  ``paged_attention_amx.cpp`` (AMX tiles);
 - ``latent_attention.cpp``: the same for a latent (MLA) cache;
 - ``elementwise.cpp``: RMSNorm (with the residual add), SiLU-and-multiply and the bfloat16 rotary
   embedding, one pass each (``kvserve.model.layers``);

@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("abi.cpp", "thread_pool.cpp", "paged_attention.cpp", "latent_attention.cpp", "argmax.cpp", "sample.cpp",
+SOURCES = ("abi.cpp", "thread_pool.cpp", "paged_attention.cpp", "paged_attention_portable.cpp",
+           "paged_attention_bf16.cpp", "paged_attention_amx.cpp", "latent_attention.cpp", "argmax.cpp", "sample.cpp",
            "top_p.cpp", "elementwise.cpp", "linear.cpp", "amx_linear.cpp", "quant_linear.cpp", "amx_quant_linear.cpp",
            "amx_quant_tiles.cpp", "amx_quant_row.cpp", "bitmask.cpp", "lora.cpp", "projection.cpp", "moe_route.cpp",
            "moe.cpp", "moe_abi.cpp", "decoder.cpp")

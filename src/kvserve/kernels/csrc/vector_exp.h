@@ -1,10 +1,11 @@
 // 16-lane float32 helpers of the kernels (elementwise.cpp, moe.cpp, sample.cpp, argmax.cpp,
-// latent_attention.cpp, paged_attention.cpp, top_p.cpp and amx_linear.cpp's gate-up store): the
-// bfloat16 widening, whole loads of float32, bfloat16, float16 or scaled int8, masked loads and
-// stores of float32 or bfloat16 with rounding to the dtype; exp: x = n ln2 + r,
+// latent_attention.cpp, the paged_attention_*.cpp kernels, top_p.cpp and amx_linear.cpp's gate-up
+// store): the bfloat16 widening, whole loads of float32, bfloat16, float16 or scaled int8, masked
+// loads and stores of float32 or bfloat16 with rounding to the dtype; exp: x = n ln2 + r,
 // |r| <= ln2 / 2, 2^n * p(r) with p the degree-6 Taylor polynomial (within a few float32 ulp),
-// scalef giving 0 below about -104 and infinity above about 88.7; SiLU and sigmoid. AVX-512F
-// builds only (the avx512 and avx512_bf16 variants: the compiler's __AVX512F__).
+// scalef giving 0 below about -104 and infinity above about 88.7; SiLU and sigmoid; a 16 x 16
+// transpose of 32-bit elements. AVX-512F builds only (the avx512 and avx512_bf16 variants: the
+// compiler's __AVX512F__).
 #pragma once
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -56,6 +57,30 @@ inline void store16(float* p, __m512 v, __mmask16 m) {
 inline void store16(BFloat16* p, __m512 v, __mmask16 m) {
   const __m256i bits = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_word(v), 16));
   if (m == 0xFFFF) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits); else _mm256_mask_storeu_epi16(p, m, bits);
+}
+
+// In-register transpose of a 16 x 16 matrix of 32-bit elements: rows in, columns out
+// (unpack 32-bit, unpack 64-bit, then two rounds of 128-bit lane shuffles).
+inline void transpose16x16(const __m512i (&in)[16], __m512i (&out)[16]) {
+  __m512i b[16], c[16];
+  for (int i = 0; i < 8; ++i) {
+    b[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    b[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // c[4i + e], 128-bit lane L: column 4L + e of rows 4i .. 4i + 3
+    c[4 * i + 0] = _mm512_unpacklo_epi64(b[4 * i], b[4 * i + 2]);
+    c[4 * i + 1] = _mm512_unpackhi_epi64(b[4 * i], b[4 * i + 2]);
+    c[4 * i + 2] = _mm512_unpacklo_epi64(b[4 * i + 1], b[4 * i + 3]);
+    c[4 * i + 3] = _mm512_unpackhi_epi64(b[4 * i + 1], b[4 * i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {
+    const __m512i d0 = _mm512_shuffle_i32x4(c[e], c[4 + e], 0x44), d1 = _mm512_shuffle_i32x4(c[e], c[4 + e], 0xEE);
+    const __m512i d2 = _mm512_shuffle_i32x4(c[8 + e], c[12 + e], 0x44), d3 = _mm512_shuffle_i32x4(c[8 + e], c[12 + e], 0xEE);
+    out[0 + e] = _mm512_shuffle_i32x4(d0, d2, 0x88);
+    out[4 + e] = _mm512_shuffle_i32x4(d0, d2, 0xDD);
+    out[8 + e] = _mm512_shuffle_i32x4(d1, d3, 0x88);
+    out[12 + e] = _mm512_shuffle_i32x4(d1, d3, 0xDD);
+  }
 }
 
 inline __m512 exp16(__m512 x) {
