@@ -77,21 +77,8 @@ class CompletionChoice(BaseModel):
     token_ids: list[int] | None = None
 
 
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=_now)
-    model: str
-    choices: list[CompletionChoice]
-    system_fingerprint: str | None = None
-    service_tier: str | None = None  # null, as vLLM sends it
-    usage: UsageInfo | None = None
-    kv_transfer_params: dict | None = None  # null: no disaggregated serving
-
-
 class CompletionStreamResponse(BaseModel):
-    """One streamed chunk: the response's shape (OpenAI reuses it) without the fields vLLM sends as
-    null in the whole response only."""
+    """One streamed chunk; the whole response has its shape too (OpenAI reuses it)."""
 
     id: str
     object: Literal["text_completion"] = "text_completion"
@@ -100,6 +87,14 @@ class CompletionStreamResponse(BaseModel):
     choices: list[CompletionChoice]
     system_fingerprint: str | None = None
     usage: UsageInfo | None = None
+
+
+class CompletionResponse(CompletionStreamResponse):
+    """The non-streamed response: a chunk's fields and those vLLM sends as null in the whole
+    response only."""
+
+    service_tier: str | None = None
+    kv_transfer_params: dict | None = None  # null: no disaggregated serving
 
 
 class ChatTopLogprob(BaseModel):
