@@ -64,7 +64,8 @@ class ModelRunnerOutput:
 class EngineCoreOutput:
     """Per request, what changed in one step: new tokens and, when finished, why.
     ``first_scheduled_time``: the request's ``Request.first_scheduled_time`` (seconds), for metrics.
-    ``error``: why it failed; ``client_error``: the request's own fault (``ModelRunnerOutput.refused``)."""
+    ``error``: why it failed; ``client_error``: the request's own fault (``ModelRunnerOutput.refused``).
+    ``num_preemptions``: times the request was preempted (set when it finished), for metrics."""
 
     request_id: str
     new_token_ids: list[int]
@@ -76,6 +77,7 @@ class EngineCoreOutput:
     first_scheduled_time: float | None = None
     error: str | None = None
     client_error: bool = False
+    num_preemptions: int = 0
 
     @property
     def finished(self) -> bool:

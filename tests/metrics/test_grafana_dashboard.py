@@ -9,6 +9,8 @@ counters and histograms, at least one value > 0. Checked too: the panels and que
 prefix renamed) plus kvserve's two, and the queries of vLLM's previous dashboard
 (``examples/online_serving/prometheus_grafana/grafana.json`` at 004f771, which charts the
 deprecated ``time_per_output_token_seconds`` and ``gpu_cache_usage_perc``) work unchanged as well.
+All of it runs twice: against ``kvserve:`` series (the default) and, with ``--metrics-prefix vllm``,
+against ``vllm:`` series with the queries as vLLM ships them.
 """
 
 from __future__ import annotations
@@ -68,10 +70,10 @@ def _chat(client, **kwargs):
         {"role": "user", "content": "hello there"}], **kwargs})
 
 
-@pytest.fixture(scope="module")
-def scrapes(tiny_llama):
+@pytest.fixture(scope="module", params=["kvserve", "vllm"])
+def scrapes(request, tiny_llama):
     server = start_live_server(str(tiny_llama), served_model_name=MODEL, api_key="dash-key", max_model_len=256,
-                               max_num_seqs=4)
+                               max_num_seqs=4, metrics_prefix=request.param)
     try:
         headers = {"Authorization": "Bearer dash-key"}
         with httpx.Client(base_url=server.base_url, headers=headers, timeout=120) as client:
@@ -90,14 +92,18 @@ def scrapes(tiny_llama):
             after, t1 = parse_scrape(client.get("/metrics").text), time.monotonic()
     finally:
         server.stop()
-    return before, after, t1 - t0
+    return before, after, t1 - t0, request.param
+
+
+def _named(expr: str, prefix: str) -> str:
+    return expr.replace("kvserve:", prefix + ":")
 
 
 @pytest.mark.parametrize("title, expr", dashboard_queries() + [("vLLM's previous dashboard", q)
                                                                 for q in PREVIOUS_VLLM_QUERIES])
 def test_every_dashboard_query_returns_data(scrapes, title, expr):
-    before, after, seconds = scrapes
-    result = Evaluator(before, after, seconds).evaluate(expr.replace("$model_name", MODEL))
+    before, after, seconds, prefix = scrapes
+    result = Evaluator(before, after, seconds).evaluate(_named(expr, prefix).replace("$model_name", MODEL))
     assert isinstance(result, dict) and result, f"{title}: no series for {expr}"
     values = list(result.values())
     assert all(math.isfinite(v) for v in values), f"{title}: {result}"
@@ -106,23 +112,23 @@ def test_every_dashboard_query_returns_data(scrapes, title, expr):
 
 
 def test_model_name_variable_lists_the_served_model(scrapes):
-    _, after, _ = scrapes
-    assert label_values(after, "kvserve:.*", "model_name") == {MODEL}
-    assert label_values(after, "kvserve:.*", "engine") == {"0"}
+    _, after, _, prefix = scrapes
+    assert label_values(after, prefix + ":.*", "model_name") == {MODEL}
+    assert label_values(after, prefix + ":.*", "engine") == {"0"}
 
 
 def test_request_parameters_match_what_was_sent(scrapes):
     """Exact counts: 7 HTTP requests, 8 choices (one had n=2); max_tokens observed per choice."""
-    before, after, seconds = scrapes
+    before, after, seconds, prefix = scrapes
     ev = Evaluator(before, after, seconds)
 
     def increase(name: str) -> float:
-        (value,) = ev.evaluate(f'increase(kvserve:{name}{{model_name="{MODEL}"}}[5m])').values()
+        (value,) = ev.evaluate(f'increase({prefix}:{name}{{model_name="{MODEL}"}}[5m])').values()
         return value
 
     assert increase("request_params_n_count") == 7 and increase("request_params_n_sum") == 8
     assert increase("request_max_num_generation_tokens_count") == 7
-    success = ev.evaluate(f'sum(increase(kvserve:request_success_total{{model_name="{MODEL}"}}[5m]))')
+    success = ev.evaluate(f'sum(increase({prefix}:request_success_total{{model_name="{MODEL}"}}[5m]))')
     assert list(success.values()) == [8]
     # the request without max_tokens is given the rest of the context by the API layer
     assert increase("request_params_max_tokens_count") == 8

@@ -183,8 +183,11 @@ def test_request_waits_for_a_shared_prefix_in_flight(make_scheduler, make_reques
     scheduler.add_request(make_request("c", range(500, 520)))
     first = scheduler.schedule()
     assert list(first.num_scheduled_tokens.items()) == [("a", 48), ("c", 20)]
+    stats = scheduler.make_stats()  # b was passed over: vLLM's "deferred" waiting reason
+    assert (stats.num_waiting, stats.num_deferred) == (1, 1)
     scheduler.update_from_output(first, ModelRunnerOutput(sampled_token_ids={"a": [1], "c": [2]}))
     second = scheduler.schedule()
+    assert scheduler.make_stats().num_deferred == 0
     assert (computed_of(second)["b"], second.num_scheduled_tokens["b"]) == (32, 16)  # two cached blocks; the last prompt token is always computed
     assert scheduler.requests["b"].num_cached_tokens == 32
     scheduler.kv_cache_manager.check_integrity()

@@ -208,7 +208,7 @@ def _serve(args, model: str, settings: ServerSettings, served_name: str, sock: s
     )
     async_engine.lora_registry = _lora_registry(config, arch, settings, served_name)
     announce = _Announcer(served_name, settings, progress, async_engine, failure)
-    install_metrics(async_engine)
+    install_metrics(async_engine, prefix=observability.metrics_prefix)
     async_engine.start()  # loads the weights on the engine thread; /health is 503 until then
     server = make_server(async_engine, settings, on_ready=announce.server_listening)
     announce.server = server

@@ -65,6 +65,7 @@ class ChoiceState:
     stop_reason: int | str | None = None
     num_output_tokens: int = 0
     times: RequestTimes | None = None  # this choice's own times (set by ``add_request``)
+    num_preemptions: int = 0  # times the engine preempted it (known when it finished)
 
 
 @dataclass
@@ -306,10 +307,12 @@ def _record_choice_times(
     """Update the choice's times and this step's TTFT / inter-token gaps / token counts."""
     times = choice.times
     times.first_scheduled = times.first_scheduled or out.first_scheduled_time
+    choice.num_preemptions = max(choice.num_preemptions, out.num_preemptions)
     if out.new_token_ids:
         if times.first_token is None:
             times.first_token = now
             iteration.num_prompt_tokens += num_prompt_tokens
+            iteration.num_cached_prompt_tokens += min(out.num_cached_tokens, num_prompt_tokens)
             iteration.time_to_first_tokens.append(now - times.arrival)
         else:
             iteration.inter_token_latencies.append(now - times.last_token)

@@ -2,7 +2,8 @@
 stats objects the engine emits (``StepStats``, ``IterationStats``, finished ``RequestState``s).
 
     stats.py        IterationStats, FinishedRequestStats (derived per-request durations)
-    prometheus.py   PrometheusStatsLogger, SchedulerStatsCollector (``kvserve:*`` series)
+    prometheus.py   PrometheusStatsLogger, SchedulerStatsCollector (vLLM's series, ``kvserve:`` or ``vllm:``)
+    buckets.py      vLLM's histogram bucket boundaries
     http.py         RejectionCounterMiddleware (refused requests, counted where clients see them)
     log_stats.py    LoggingStatsLogger (periodic summary), RequestLogger (access lines)
     log_format.py   configure_logging (text / JSON)

@@ -40,6 +40,7 @@ class IterationStats:
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
     lora_tokens: dict[str, list[int]] = field(default_factory=dict)
+    num_cached_prompt_tokens: int = 0
 
     def add_lora_tokens(self, lora_name: str, num_prompt_tokens: int, num_generation_tokens: int) -> None:
         counts = self.lora_tokens.setdefault(lora_name, [0, 0])
@@ -65,6 +66,7 @@ class FinishedRequestStats:
     first_scheduled_time: float
     first_token_time: float
     finished_time: float
+    num_preemptions: int = 0
 
     @property
     def queue_time(self) -> float:
@@ -113,6 +115,6 @@ def finished_request_stats(state: RequestState) -> list[FinishedRequestStats]:
             num_prompt_tokens=len(state.prompt_token_ids), num_generation_tokens=choice.num_output_tokens,
             num_cached_tokens=state.num_cached_tokens, arrival_time=times.arrival,
             first_scheduled_time=min(first_scheduled, first_token), first_token_time=first_token,
-            finished_time=finished,
+            finished_time=finished, num_preemptions=choice.num_preemptions,
         ))
     return result

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from kvserve.metrics.log_format import LOG_FORMATS
 from kvserve.metrics.log_stats import LoggingStatsLogger, RequestLogger
-from kvserve.metrics.prometheus import PrometheusStatsLogger, SchedulerStatsCollector
+from kvserve.metrics.prometheus import DEFAULT_PREFIX, PrometheusStatsLogger, SchedulerStatsCollector, metric_prefix
 from kvserve.metrics.stats import IterationStats
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class StatsConsumer(Protocol):
 
 @dataclass(frozen=True)
 class ObservabilityConfig:
-    """Logs and traces (metrics are always on).
+    """Logs and traces (metrics are always on), and the metrics' name prefix.
 
     Attributes:
         log_stats_interval: seconds between summary lines; 0 = no summary.
@@ -50,6 +50,7 @@ class ObservabilityConfig:
         log_prompts: include prompt text in access lines.
         log_format: ``text`` or ``json``.
         otlp_traces_endpoint: OTLP collector URL; None = no tracing (OpenTelemetry not imported).
+        metrics_prefix: every ``/metrics`` series is named ``<metrics_prefix>:<vLLM's name>``.
     """
 
     log_stats_interval: float = 10.0
@@ -57,6 +58,7 @@ class ObservabilityConfig:
     log_prompts: bool = False
     log_format: str = "text"
     otlp_traces_endpoint: str | None = None
+    metrics_prefix: str = DEFAULT_PREFIX
 
 
 def add_observability_args(parser: argparse.ArgumentParser) -> None:
@@ -70,15 +72,21 @@ def add_observability_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     group.add_argument("--otlp-traces-endpoint", default=None,
                        help="export OpenTelemetry traces over OTLP to this URL (needs kvserve[tracing])")
+    group.add_argument("--metrics-prefix", default=DEFAULT_PREFIX, metavar="NAME",
+                       help="prefix of every /metrics series: 'kvserve' (kvserve:num_requests_waiting) or 'vllm' "
+                            "for vLLM's exact names (vllm:num_requests_waiting), read unchanged by what scrapes vLLM")
 
 
 def observability_config_from_args(args: argparse.Namespace) -> ObservabilityConfig:
-    """Raises: ValueError: a negative ``--log-stats-interval``."""
+    """Raises: ValueError: a negative ``--log-stats-interval`` or a ``--metrics-prefix`` that is
+    not a Prometheus name."""
     if args.log_stats_interval < 0:
         raise ValueError(f"--log-stats-interval must be >= 0 seconds, got {args.log_stats_interval}")
+    metric_prefix(args.metrics_prefix)
     return ObservabilityConfig(
         log_stats_interval=args.log_stats_interval, enable_log_requests=args.enable_log_requests,
         log_prompts=args.log_prompts, log_format=args.log_format, otlp_traces_endpoint=args.otlp_traces_endpoint,
+        metrics_prefix=args.metrics_prefix,
     )
 
 
@@ -101,15 +109,35 @@ def build_stats_consumers(config: ObservabilityConfig, model_name: str) -> list[
     return consumers
 
 
-def install_metrics(async_llm: AsyncLLM, model_name: str | None = None) -> PrometheusStatsLogger:
+def install_metrics(async_llm: AsyncLLM, model_name: str | None = None,
+                    prefix: str = DEFAULT_PREFIX) -> PrometheusStatsLogger:
     """Give ``async_llm`` its own ``CollectorRegistry`` (served by ``GET /metrics``) with the
-    request series and the scheduler snapshot collector; returns the request-series logger, also
-    set as ``async_llm.prometheus_metrics`` (``build_app`` then counts refusals into it)."""
+    request series and the scheduler snapshot collector, every name starting ``prefix:``;
+    returns the request-series logger, also set as ``async_llm.prometheus_metrics``
+    (``build_app`` then counts refusals into it).
+
+    Raises:
+        ValueError: ``prefix`` is not a Prometheus name.
+    """
     name = model_name or async_llm.model_name
+    start = metric_prefix(prefix)
     registry = CollectorRegistry()
-    metrics = PrometheusStatsLogger(name, async_llm.max_model_len, registry)
-    registry.register(SchedulerStatsCollector(name, lambda: async_llm.snapshot))
+    metrics = PrometheusStatsLogger(name, async_llm.max_model_len, registry, start)
+    registry.register(SchedulerStatsCollector(name, lambda: async_llm.snapshot, start,
+                                              lambda: cache_config_info(async_llm.core)))
     async_llm.stats_consumers.append(metrics)
     async_llm.metrics_registry = registry
     async_llm.prometheus_metrics = metrics
     return metrics
+
+
+def cache_config_info(core: Any) -> dict[str, str] | None:
+    """vLLM's ``cache_config_info`` labels (its ``CacheConfig`` field names, values as ``str``)
+    for the fields kvserve has, or None before the engine is loaded."""
+    if core is None:
+        return None
+    cache = core.config.cache
+    return {"block_size": str(core.kv_plan.block_size), "cache_dtype": cache.kv_cache_dtype,
+            "enable_prefix_caching": str(cache.enable_prefix_caching),
+            "gpu_memory_utilization": str(cache.gpu_memory_utilization),
+            "num_gpu_blocks": str(core.kv_plan.num_blocks)}

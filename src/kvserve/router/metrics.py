@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from kvserve.metrics.prometheus import LATENCY_BUCKETS
+from kvserve.metrics.buckets import INTER_TOKEN_LATENCY_BUCKETS, REQUEST_LATENCY_BUCKETS, TIME_TO_FIRST_TOKEN_BUCKETS
 
 PREFIX = "kvserve_router_"
 QUANTILES = (0.5, 0.9, 0.99)
@@ -55,11 +55,11 @@ class RouterMetrics:
         self.matched_tokens = Counter(PREFIX + "routed_matched_tokens",
                                       "Prompt tokens the chosen worker was expected to hold.", ["policy"], registry=r)
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "TTFT through the router.",
-                              buckets=LATENCY_BUCKETS, registry=r)
+                              buckets=TIME_TO_FIRST_TOKEN_BUCKETS, registry=r)
         self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Gaps between streamed chunks.",
-                             buckets=LATENCY_BUCKETS, registry=r)
+                             buckets=INTER_TOKEN_LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Request latency through the router.",
-                             buckets=LATENCY_BUCKETS, registry=r)
+                             buckets=REQUEST_LATENCY_BUCKETS, registry=r)
 
 
 class FleetCollector:

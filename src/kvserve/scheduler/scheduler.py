@@ -92,6 +92,7 @@ class Scheduler(StepUpdates):
         self.num_scheduled_tokens = 0
         self.num_generated_tokens = 0
         self.num_finished_requests = 0
+        self.deferred_ids: set[str] = set()  # passed over by the last step's admission (metrics)
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -255,6 +256,7 @@ class Scheduler(StepUpdates):
                 adapters.add(request.lora_request)
         for request in reversed(deferred):  # back at the head, in their order
             self.waiting.prepend(request)
+        self.deferred_ids = {r.request_id for r in deferred}
 
     def _running_adapters(self) -> set | None:
         """The adapters of running requests (None without LoRA)."""
@@ -373,6 +375,8 @@ class Scheduler(StepUpdates):
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
+            num_deferred=sum(1 for rid in self.deferred_ids if rid in self.requests
+                             and self.requests[rid].status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)),
             kv_cache_usage=self.kv_cache_manager.usage,
             prefix_cache_queries=prefix.queries,
             prefix_cache_hits=prefix.hits,

@@ -14,6 +14,9 @@ class SchedulerStats:
     Attributes:
         num_running: requests holding KV blocks and scheduled each step.
         num_waiting: queued requests (new and preempted).
+        num_deferred: of those, the ones the last step passed over while admitting later ones (an
+            adapter beyond ``max_loras``, a prefix another request is computing); vLLM's
+            ``deferred`` waiting reason.
         kv_cache_usage: fraction (0-1) of usable KV blocks in use.
         prefix_cache_queries: prompt tokens looked up in the prefix cache (total, tokens).
         prefix_cache_hits: of those, tokens found (total, tokens).
@@ -28,6 +31,7 @@ class SchedulerStats:
 
     num_running: int = 0
     num_waiting: int = 0
+    num_deferred: int = 0
     kv_cache_usage: float = 0.0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0

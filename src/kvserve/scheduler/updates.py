@@ -104,6 +104,7 @@ class StepUpdates:
             request.stop_reason if finished else None,
             max(request.num_cached_tokens, 0),
             request.first_scheduled_time,
+            num_preemptions=request.num_preemptions if finished else 0,
         )
 
     def _fail(self, request: Request, error: str, client_error: bool = False) -> EngineCoreOutput:
@@ -118,7 +119,7 @@ class StepUpdates:
         return EngineCoreOutput(request.request_id, [], finish_reason=request.status.finish_reason,
                                 num_cached_tokens=max(request.num_cached_tokens, 0),
                                 first_scheduled_time=request.first_scheduled_time, error=error,
-                                client_error=client_error)
+                                client_error=client_error, num_preemptions=request.num_preemptions)
 
     def _release(self, request: Request) -> None:
         if self.spec is not None:

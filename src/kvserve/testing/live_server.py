@@ -73,6 +73,7 @@ def start_live_server(
     served_model_name: str = "tiny",
     api_key: str = "test-key",
     settings: dict[str, Any] | None = None,
+    metrics_prefix: str = "kvserve",
     stats_consumers: list[Any] | None = None,
     **engine_kwargs: Any,
 ) -> LiveServer:
@@ -84,7 +85,7 @@ def start_live_server(
     """
     core, processor = build_engine(engine_config_from_kwargs(model_dir, **engine_kwargs))
     async_llm = AsyncLLM(core, processor, served_model_name, stats_consumers=stats_consumers)
-    install_metrics(async_llm)
+    install_metrics(async_llm, prefix=metrics_prefix)
     async_llm.start()
     port = free_port()
     server_settings = ServerSettings(
