@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from kvserve.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence, step_candidates
 from kvserve.config import EngineConfig
 from kvserve.engine.arg_utils import engine_config_from_kwargs
 from kvserve.engine.llm_engine import LLMEngine
@@ -15,6 +17,14 @@ from kvserve.sampling_params import SamplingParams
 from kvserve.tokenizer import apply_chat_template
 
 PromptType = str | list[int] | dict[str, Any]
+
+
+@dataclass
+class BeamSearchOutput:
+    """vLLM's: the ``beam_width`` best sequences of one prompt, best first (each one's ``tokens``
+    start with the prompt's and its ``text`` decodes them all)."""
+
+    sequences: list[BeamSearchSequence]
 
 
 def merge_delta(final: RequestOutput | None, delta: RequestOutput) -> RequestOutput:
@@ -137,6 +147,44 @@ class LLM:
             for conv in conversations
         ]
         return self.generate(prompts, sampling_params, lora_request=lora_request)
+
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+    ) -> list[BeamSearchOutput]:
+        """Beam search for each prompt (``kvserve.beam_search``), all prompts' beams batched in
+        each step; vLLM's ``LLM.beam_search``.
+
+        Raises:
+            InvalidRequestError: an invalid prompt, a search that does not fit the context
+                (prompt + ``max_tokens``), or ``beam_width`` above 10 (nothing is run then).
+        """
+        params.check()
+        prompt_list = self._as_list(prompts)
+        loras = self._lora_list(lora_request, len(prompt_list))
+        engine = self.llm_engine
+        checked = [engine.process_inputs(str(next(self._ids)), prompt, params.whole_params(), lora_request=lora)
+                   for prompt, lora in zip(prompt_list, loras)]
+        eos = self.get_tokenizer().eos_token_id
+        searches = [BeamSearch(list(r.prompt_token_ids), params, eos) for r in checked]
+        while not all(search.done for search in searches):
+            live = [(search, lora) for search, lora in zip(searches, loras) if not search.done]
+            requests = [[engine.process_inputs(str(next(self._ids)), {"prompt_token_ids": beam.tokens},
+                                               params.step_params(), lora_request=lora) for beam in search.beams]
+                        for search, lora in live]
+            engine.add_requests([r for group in requests for r in group])
+            outputs = iter(self._run([r.request_id for group in requests for r in group]))
+            for (search, _), group in zip(live, requests):
+                search.advance([step_candidates(next(outputs)) for _ in group])
+        results = []
+        for search in searches:
+            best = search.best()
+            for beam in best:
+                beam.text = self.get_tokenizer().decode(beam.tokens, skip_special_tokens=params.skip_special_tokens)
+            results.append(BeamSearchOutput(best))
+        return results
 
     def _run(self, ids: list[str]) -> list[RequestOutput]:
         engine = self.llm_engine

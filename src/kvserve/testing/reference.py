@@ -1,6 +1,6 @@
 """Reference decoding with ``transformers`` for tests: what greedy decoding gives when some
-tokens may not come next (``allowed_token_ids``, ``bad_words``), computed from the reference
-model's full-sequence logits with no kvserve code involved."""
+tokens may not come next (``allowed_token_ids``, ``bad_words``), and vLLM's beam search, computed
+from the reference model's full-sequence logits with no kvserve code involved."""
 
 from __future__ import annotations
 
@@ -67,3 +67,38 @@ def bad_words_ban(sequences: list[list[int]]) -> Callable[[list[int]], set[int]]
                 if len(s) == 1 or (len(generated) >= len(s) - 1 and generated[len(generated) - len(s) + 1:] == s[:-1])}
 
     return banned_at
+
+
+def reference_beam_search(model: Any, prompt_token_ids: list[int], beam_width: int, max_tokens: int,
+                          eos_token_id: int | None, length_penalty: float = 1.0) -> list[tuple[list[int], float]]:
+    """vLLM 0.32's online beam search (``vllm/entrypoints/generate/beam_search/online.py``) over a
+    ``transformers`` causal LM, one full forward pass per beam and step, float64 sums.
+
+    Returns:
+        ``(generated token ids, cumulative logprob)`` of the ``beam_width`` best, best first (a
+        beam that ended with EOS without it).
+    """
+    import torch
+
+    def score(tokens: list[int], cum: float) -> float:
+        return cum / (max(len(tokens), 1) ** length_penalty)  # ended beams hold no EOS token
+
+    beams: list[tuple[list[int], float]] = [(list(prompt_token_ids), 0.0)]
+    completed: list[tuple[list[int], float]] = []
+    for _ in range(max_tokens):
+        candidates = []
+        for tokens, cum in beams:
+            with torch.no_grad():
+                logprobs = torch.log_softmax(model(torch.tensor([tokens])).logits[0, -1].float(), dim=-1)
+            top = torch.topk(logprobs, 2 * beam_width)
+            for token_id, logprob in zip(top.indices.tolist(), top.values.tolist()):
+                if token_id == eos_token_id:
+                    completed.append((tokens, cum + logprob))
+                else:
+                    candidates.append((cum + logprob, tokens + [token_id]))
+        candidates.sort(key=lambda c: -c[0])
+        beams = [(tokens, cum) for cum, tokens in candidates[:beam_width]]
+        if not beams:
+            break
+    pool = sorted(completed + beams, key=lambda b: -score(*b))[:beam_width]
+    return [(tokens[len(prompt_token_ids):], cum) for tokens, cum in pool]
