@@ -4,7 +4,7 @@ from kvserve.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "LoRARequest", "SamplingParams", "__version__"]
+__all__ = ["LLM", "BeamSearchParams", "LoRARequest", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str):
@@ -13,6 +13,10 @@ def __getattr__(name: str):
         from kvserve.engine.llm import LLM
 
         return LLM
+    if name == "BeamSearchParams":
+        from kvserve.beam_search import BeamSearchParams
+
+        return BeamSearchParams
     if name == "LoRARequest":
         from kvserve.lora.request import LoRARequest
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from kvserve.engine.param_validation import MAX_LOGPROBS
 from kvserve.errors import InvalidRequestError, RequestFailedError
-from kvserve.outputs import RequestOutput
+from kvserve.outputs import RequestOutput, TokenLogprobs
 from kvserve.sampling_params import SamplingParams
 
 
@@ -31,7 +31,8 @@ class BeamSearchParams:
 
     Attributes:
         beam_width: beams kept at each step and sequences returned (the API's ``n``).
-        max_tokens: steps (tokens generated per beam at most).
+        max_tokens: steps (tokens generated per beam at most); None: as many as the context
+            leaves after the prompt.
         ignore_eos: EOS is a token like any other (no beam completes).
         temperature: accepted as vLLM does; it does not change the raw logprobs beams are ranked by.
         length_penalty: the exponent of the length in the final score.
@@ -40,7 +41,7 @@ class BeamSearchParams:
     """
 
     beam_width: int
-    max_tokens: int
+    max_tokens: int | None
     ignore_eos: bool = False
     temperature: float = 0.0
     length_penalty: float = 1.0
@@ -50,7 +51,7 @@ class BeamSearchParams:
     def __post_init__(self) -> None:
         if self.beam_width < 1:
             raise ValueError(f"beam_width must be at least 1, got {self.beam_width}")
-        if self.max_tokens < 1:
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
 
     @property
@@ -72,8 +73,9 @@ class BeamSearchParams:
                               logprobs=max(self.num_candidates, logprobs or 0))
 
     def whole_params(self) -> SamplingParams:
-        """What the prompt is validated with before the search: the whole search must fit the
-        context (prompt + ``max_tokens``) as one request of ``max_tokens`` would."""
+        """What a prompt is validated with before the search: the whole search must fit the
+        context (prompt + ``max_tokens``) as one request of ``max_tokens`` would; the validated
+        request's ``sampling_params.max_tokens`` is the search's number of steps."""
         return SamplingParams(max_tokens=self.max_tokens, temperature=0.0, logprobs=self.num_candidates)
 
 
@@ -84,7 +86,8 @@ class BeamSearchSequence:
     Attributes:
         tokens: the prompt's token ids, then the generated ones.
         cum_logprob: sum of the generated tokens' logprobs (a completed beam's EOS included).
-        logprobs: per generated token, the step's candidates ``{token id: logprob}``.
+        logprobs: per generated token, the step's most likely tokens ``{token id: logprob}``, best
+            first (the candidates, or more when the caller asked for more logprobs).
         finish_reason: ``stop`` (EOS), ``length`` or ``abort``; None while live.
         stop_reason: the EOS id of a beam that stopped.
         text: the decoded sequence, filled in by the driver.
@@ -124,11 +127,16 @@ class BeamSearch:
         prompt_token_ids: the prompt.
         params: the search's parameters.
         eos_token_id: the tokenizer's EOS id (vLLM's rule: only this one ends a beam).
+        max_tokens: the steps, when ``params.max_tokens`` is None (resolved against the context).
     """
 
-    def __init__(self, prompt_token_ids: list[int], params: BeamSearchParams, eos_token_id: int | None):
+    def __init__(self, prompt_token_ids: list[int], params: BeamSearchParams, eos_token_id: int | None,
+                 max_tokens: int | None = None):
         self.prompt_len = len(prompt_token_ids)
         self.params = params
+        self.max_tokens = params.max_tokens if max_tokens is None else max_tokens
+        if self.max_tokens is None:
+            raise ValueError("max_tokens must be resolved against the context before the search")
         self.eos_token_id = eos_token_id
         self.beams = [BeamSearchSequence(list(prompt_token_ids))]
         self.completed: list[BeamSearchSequence] = []
@@ -136,18 +144,18 @@ class BeamSearch:
 
     @property
     def done(self) -> bool:
-        return not self.beams or self.steps >= self.params.max_tokens
+        return not self.beams or self.steps >= self.max_tokens
 
     def advance(self, candidates: list[list[tuple[int, float]]]) -> None:
         """One step: ``candidates[i]`` holds beam ``i``'s most likely next tokens ``(token id,
-        logprob)``, most likely first (at least ``params.num_candidates`` of them, or all)."""
+        logprob)``, most likely first (at least ``params.num_candidates`` of them, or all; the
+        first ``num_candidates`` compete)."""
         if len(candidates) != len(self.beams):
             raise ValueError(f"got candidates for {len(candidates)} beams, {len(self.beams)} are live")
         expanded: list[tuple[float, int, BeamSearchSequence, dict[int, float]]] = []
         for beam, top in zip(self.beams, candidates):
-            top = top[:self.params.num_candidates]
             step_logprobs = dict(top)
-            for token_id, logprob in top:
+            for token_id, logprob in top[:self.params.num_candidates]:
                 cum_logprob = beam.cum_logprob + logprob
                 if token_id == self.eos_token_id and not self.params.ignore_eos:
                     tokens = beam.tokens + [token_id] if self.params.include_stop_str_in_output else beam.tokens
@@ -179,6 +187,16 @@ class BeamSearch:
     def generated(self, beam: BeamSearchSequence) -> list[int]:
         """The beam's generated token ids."""
         return beam.tokens[self.prompt_len:]
+
+    def token_logprobs(self, beam: BeamSearchSequence, top: int) -> list[TokenLogprobs]:
+        """Its generated tokens' logprobs as the engine reports a sampled token's: the token's
+        logprob and rank among the step's most likely tokens (which hold it) and the ``top`` best."""
+        result = []
+        for token_id, step in zip(self.generated(beam), beam.logprobs):
+            ranked = list(step)
+            result.append(TokenLogprobs(token_id, step[token_id], ranked.index(token_id) + 1, ranked[:top],
+                                        [step[t] for t in ranked[:top]]))
+        return result
 
     def text_ids(self, beam: BeamSearchSequence) -> list[int]:
         """The generated ids its text shows: without a final EOS (vLLM's online rule)."""

@@ -64,7 +64,7 @@ def test_unknown_fields_are_ignored_and_unsupported_vllm_fields_refused_by_name(
     request = CompletionRequest.model_validate({"prompt": "x", "something_new": {"a": 1},
                                                 "use_beam_search": False, "length_penalty": 1.0})
     request.check_http_fields()  # neither OpenAI's nor vLLM's: ignored; vLLM's defaults: fine
-    for field, value in (("use_beam_search", True), ("logprob_token_ids", [3]), ("spaces_between_special_tokens", False),
+    for field, value in (("watermarking", True), ("logprob_token_ids", [3]), ("spaces_between_special_tokens", False),
                          ("truncation_side", "right"), ("vllm_xargs", {"a": 1})):
         with pytest.raises(InvalidRequestError) as info:
             CompletionRequest.model_validate({"prompt": "x", field: value}).check_http_fields()

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from kvserve.beam_search import BeamSearchParams
 from kvserve.errors import InvalidRequestError
 from kvserve.generation_config import SamplingDefaults
 from kvserve.sampling_params import SamplingParams
@@ -26,12 +27,16 @@ from kvserve.structured_output.params import StructuredOutputsParams
 from kvserve.structured_output.request_fields import structured_outputs_from_request
 
 SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# Fields beam search does not apply (vLLM's BeamSearchParams has no place for them, and vLLM
+# ignores them): with use_beam_search, a request that sets one gets a 400 naming it.
+BEAM_SEARCH_IGNORED = ("top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                       "logit_bias", "seed", "stop", "stop_token_ids", "min_tokens", "bad_words", "allowed_token_ids",
+                       "prompt_logprobs", "response_format", "structured_outputs", "guided_json", "guided_regex",
+                       "guided_choice", "guided_grammar")
 
 # vLLM request fields kvserve does not implement: name -> (vLLM's default values, why). A request
 # that sets one to another value gets a 400 naming it.
 UNSUPPORTED_FIELDS: dict[str, tuple[tuple, str]] = {
-    "use_beam_search": ((False, None), "beam search is not supported"),
-    "length_penalty": ((1.0, 1, None), "length_penalty applies to beam search, which is not supported"),
     "watermarking": ((False, None), "watermarking is not supported"),
     "spaces_between_special_tokens": ((True, None), "detokenization always puts spaces between special tokens"),
     "truncation_side": ((None, "left"), "prompts are truncated from the left only"),
@@ -130,6 +135,8 @@ class SamplingRequest(OpenAIBaseModel):
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
     guided_decoding_backend: str | None = None
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
 
     @property
     def include_usage(self) -> bool:
@@ -214,6 +221,37 @@ class SamplingRequest(OpenAIBaseModel):
             structured_outputs=self.structured_outputs_params(),
         )
 
+    def beam_search_params(self, max_tokens: int | None, defaults: SamplingDefaults | None = None
+                           ) -> BeamSearchParams | None:
+        """vLLM's ``to_beam_search_params`` (beam width = ``n``), or None without
+        ``use_beam_search``. ``max_tokens``: as for ``to_sampling_params`` (None: the rest of
+        the context).
+
+        Raises:
+            InvalidRequestError: a field beam search does not apply set by the request
+                (``BEAM_SEARCH_IGNORED``, named), ``n`` above 10, or ``max_tokens`` 0.
+        """
+        if not self.use_beam_search:
+            return None
+        for name in BEAM_SEARCH_IGNORED:
+            value = getattr(self, name)
+            unset = value in (None, [], {}) or value == type(self).model_fields[name].default
+            if not unset and not (name == "response_format" and value.type == "text"):
+                raise InvalidRequestError(
+                    f"{name} is not supported with use_beam_search: beam search ranks sequences by the model's "
+                    "raw logprobs alone; send the request without it", param=name)
+        if max_tokens == 0:
+            raise InvalidRequestError("max_tokens must be >= 1 with use_beam_search", param="max_tokens")
+        defaults = defaults or SamplingDefaults()
+        temperature = defaults.value("temperature", self.temperature)
+        params = BeamSearchParams(beam_width=self.n, max_tokens=defaults.cap_max_tokens(max_tokens),
+                                  ignore_eos=self.ignore_eos, temperature=1.0 if temperature is None else temperature,
+                                  length_penalty=self.length_penalty,
+                                  include_stop_str_in_output=self.include_stop_str_in_output,
+                                  skip_special_tokens=self.skip_special_tokens)
+        params.check()
+        return params
+
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """The request's structured-output constraint from ``response_format``,
         ``structured_outputs`` or the older ``guided_*`` fields (at most one), or None."""
@@ -269,6 +307,11 @@ class CompletionRequest(SamplingRequest):
                 "is returned, with its logprobs when logprobs is set)", param="max_tokens")
         if self.suffix:
             raise InvalidRequestError("suffix is not supported", param="suffix")
+        if self.use_beam_search and self.stream:  # vLLM's rule and words
+            raise InvalidRequestError("Streaming is not currently supported with beam search", param="stream")
+        if self.use_beam_search and self.echo and self.logprobs is not None:
+            raise InvalidRequestError("`echo` with `logprobs` is not supported with beam search because beam "
+                                      "search does not compute prompt logprobs.", param="echo")
         if self.best_of is not None and self.best_of not in (1, self.n):
             # As vLLM V1: generating extra candidates and ranking them is not supported.
             raise InvalidRequestError(

@@ -24,6 +24,8 @@ from kvserve.api.responses import CompletionTokensDetails, PromptTokensDetails, 
 from kvserve.api.settings import ServerSettings
 from kvserve.api.sse import SSE_DONE, SSEResponse, format_sse
 from kvserve.api.tokenization import TokenText, make_token_text, token_id_text
+from kvserve.beam_search import BeamSearchParams
+from kvserve.engine.beam_search_stream import BeamSearchStream
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.request_stream import RequestStream
 from kvserve.errors import InvalidRequestError
@@ -246,19 +248,25 @@ class GenerationCall(ABC):
 
 
 async def respond(state: ServingState, api_key: str, requests: list[EngineRequest],
-                  make_call: Callable[[RequestStream], GenerationCall], stream: bool, raw_request: Request) -> Response:
-    """Admit a call (rate limits charged its prompt tokens plus ``n * max_tokens`` per prompt),
-    queue its engine requests (all or none), and answer with an SSE stream or, non-streamed, one
-    JSON body (499 if the client left first).
+                  make_call: Callable[[RequestStream], GenerationCall], stream: bool, raw_request: Request,
+                  beam_search: BeamSearchParams | None = None, logprobs: int | None = None) -> Response:
+    """Admit a call (rate limits charged its prompt tokens plus ``n * max_tokens`` per prompt,
+    ``n`` = the beam width for a beam search), queue its engine requests (all or none) or start
+    its beam searches (``beam_search``; ``logprobs``: top logprobs per token of its output), and
+    answer with an SSE stream or, non-streamed, one JSON body (499 if the client left first).
 
     ``make_call(stream)`` builds the endpoint's ``GenerationCall`` from the call's ``RequestStream``.
 
     Raises:
         InvalidRequestError, RequestRejectedError: nothing was queued (``add_requests``).
     """
-    state.admit(api_key, sum(len(r.prompt_token_ids) + r.n * r.max_tokens for r in requests))
+    width = beam_search.beam_width if beam_search is not None else None
+    state.admit(api_key, sum(len(r.prompt_token_ids) + (width or r.n) * r.max_tokens for r in requests))
     try:
-        request_stream = await state.engine.add_requests(requests)
+        if beam_search is not None:
+            request_stream = BeamSearchStream(state.engine, requests, beam_search, logprobs)
+        else:
+            request_stream = await state.engine.add_requests(requests)
     except BaseException:
         state.finish(api_key)
         raise

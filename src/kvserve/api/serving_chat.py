@@ -32,7 +32,9 @@ from kvserve.api.responses import (ChatChoiceLogprobs, ChatCompletionChoice, Cha
                                    ChatLogprobToken, ChatResponseMessage, DeltaMessage, UsageInfo)
 from kvserve.api.serving_base import GenerationCall, ServingState, make_usage, new_request_id, respond
 from kvserve.api.tokenization import render_chat
+from kvserve.beam_search import BeamSearchParams
 from kvserve.engine.engine_request import EngineRequest
+from kvserve.errors import InvalidRequestError
 from kvserve.engine.input_processor import FieldNames
 from kvserve.engine.request_stream import RequestStream
 from kvserve.lora.request import LoRARequest
@@ -92,23 +94,44 @@ class ChatServing:
         lora_request = state.check_model(request.model)
         request.check_http_fields()
         plan = state.chat_parsers.plan(request)
+        beam = self._beam_search(request, plan)
         request_id = new_request_id("chatcmpl", raw_request)
-        engine_request = await asyncio.to_thread(self._prepare, request, plan, request_id, lora_request)
+        engine_request = await asyncio.to_thread(self._prepare, request, plan, request_id, lora_request, beam)
         return await respond(
             state, api_key, [engine_request],
             lambda stream: _ChatCall(state, request, plan, request_id, stream), request.stream, raw_request,
+            beam_search=beam, logprobs=request.num_logprobs,
         )
 
+    def _beam_search(self, request: ChatCompletionRequest, plan: ChatPlan) -> BeamSearchParams | None:
+        """The request's beam search (``use_beam_search``), decoded as the plan's parsers need.
+
+        Raises:
+            InvalidRequestError: see ``SamplingRequest.beam_search_params``; a forced tool call.
+        """
+        beam = request.beam_search_params(request.requested_max_tokens, self.state.sampling_defaults)
+        if beam is None:
+            return None
+        if plan.forced:
+            raise InvalidRequestError("tool_choice 'required' or a named function is not supported with "
+                                      "use_beam_search: forcing a call needs a grammar, which beam search "
+                                      "does not apply", param="tool_choice")
+        keep_special = not plan.sampling_params(beam.whole_params()).skip_special_tokens
+        return dataclasses.replace(beam, skip_special_tokens=False) if keep_special else beam
+
     def _prepare(self, request: ChatCompletionRequest, plan: ChatPlan, request_id: str,
-                 lora_request: LoRARequest | None) -> EngineRequest:
+                 lora_request: LoRARequest | None, beam: BeamSearchParams | None) -> EngineRequest:
         """The input stage, on a worker thread (templates, tokenizers and grammars can be slow):
         render the messages, then validate (``InputProcessor.process``)."""
         state = self.state
         prompt_ids = render_messages(state, request, plan)
-        params = request.to_sampling_params(max_tokens=request.requested_max_tokens, logprobs=request.num_logprobs,
-                                            defaults=state.sampling_defaults)
-        params = plan.sampling_params(params)
-        if request.echo and params.prompt_logprobs is None:  # vLLM: echo asks for the prompt's logprobs too
+        if beam is not None:
+            params = beam.whole_params()
+        else:
+            params = plan.sampling_params(request.to_sampling_params(
+                max_tokens=request.requested_max_tokens, logprobs=request.num_logprobs,
+                defaults=state.sampling_defaults))
+        if request.echo and params.prompt_logprobs is None and beam is None:  # vLLM: echo asks for the prompt's logprobs too
             params = dataclasses.replace(params, prompt_logprobs=request.top_logprobs or 0)
         fields = FieldNames(prompt="messages", logprobs="top_logprobs",
                             max_tokens="max_completion_tokens" if request.max_completion_tokens is not None

@@ -70,8 +70,12 @@ class CompletionServing:
         self.state.check_ready()
         lora_request = self.state.check_model(request.model)
         request.check_http_fields()
-        params = request.to_sampling_params(max_tokens=request.max_tokens, logprobs=request.logprobs,
-                                            defaults=self.state.sampling_defaults)
+        beam = request.beam_search_params(request.max_tokens, self.state.sampling_defaults)
+        if beam is not None:
+            params = beam.whole_params()
+        else:
+            params = request.to_sampling_params(max_tokens=request.max_tokens, logprobs=request.logprobs,
+                                                defaults=self.state.sampling_defaults)
         if request.echo and request.logprobs is not None:
             params = dataclasses.replace(params, prompt_logprobs=max(request.logprobs, request.prompt_logprobs or 0))
         request_id = new_request_id("cmpl", raw_request)
@@ -88,6 +92,7 @@ class CompletionServing:
         return await respond(
             self.state, api_key, engine_requests,
             lambda stream: _Call(self.state, request, request_id, stream), request.stream, raw_request,
+            beam_search=beam, logprobs=request.logprobs,
         )
 
 

@@ -17,7 +17,8 @@ _HF = "loading Hugging Face Hub datasets is not implemented (no network in kvser
 
 # flag -> (argparse nargs: 0 = a switch, None = one value, "*"/"+" = a list; the reason)
 REFUSED_FLAGS: dict[str, tuple[int | str | None, str]] = {
-    "--use-beam-search": (0, "beam search is not implemented by kvserve"),
+    "--use-beam-search": (0, "the benchmark streams every request (it times tokens as they arrive) and beam "
+                             "search answers come whole; send use_beam_search requests to the server directly"),
     "--probe-request-rate": (None, "probe requests beside the workload are not implemented"),
     "--profile": (0, "kvserve has no /start_profile endpoint (profile with benchmarks/profile_decode.py)"),
     "--self-timed": (0, "trace replay (timed_trace) is not implemented"),

@@ -168,7 +168,7 @@ class LLM:
         checked = [engine.process_inputs(str(next(self._ids)), prompt, params.whole_params(), lora_request=lora)
                    for prompt, lora in zip(prompt_list, loras)]
         eos = self.get_tokenizer().eos_token_id
-        searches = [BeamSearch(list(r.prompt_token_ids), params, eos) for r in checked]
+        searches = [BeamSearch(list(r.prompt_token_ids), params, eos, r.sampling_params.max_tokens) for r in checked]
         while not all(search.done for search in searches):
             live = [(search, lora) for search, lora in zip(searches, loras) if not search.done]
             requests = [[engine.process_inputs(str(next(self._ids)), {"prompt_token_ids": beam.tokens},
