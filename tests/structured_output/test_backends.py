@@ -256,8 +256,9 @@ def test_disable_any_whitespace_gives_compact_json(backend_for, name):
 @pytest.mark.parametrize("name", BACKENDS)
 @pytest.mark.parametrize("spec", ["json_schema", "json_object"])
 def test_json_whitespace_is_bounded_by_default(backend_for, name, spec):
-    """A run of MAX_JSON_WHITESPACE whitespace characters between JSON tokens is allowed (pretty
-    printing), one more is not, so a weak model cannot write newlines until max_tokens."""
+    """llama.cpp's rule between JSON tokens: nothing, one space, or a newline and up to
+    MAX_JSON_WHITESPACE spaces or tabs (pretty printing); anything more is not allowed, so a weak
+    model cannot write newlines until max_tokens."""
     from kvserve.structured_output.config import MAX_JSON_WHITESPACE
 
     backend = backend_for("bpe", name)
@@ -265,9 +266,10 @@ def test_json_whitespace_is_bounded_by_default(backend_for, name, spec):
     params = StructuredOutputsParams(json=schema) if spec == "json_schema" else StructuredOutputsParams(json_object=True)
     compiled = backend.compile(params)
     tokenizer = backend.tokenizer
-    for run, allowed in ((" " * MAX_JSON_WHITESPACE, True), ("\n" + " " * (MAX_JSON_WHITESPACE - 1), True),
-                         ("\n" * (MAX_JSON_WHITESPACE + 1), False), (" " * (MAX_JSON_WHITESPACE + 1), False)):
-        text = '{"a":' + run + "true}"
+    for run, allowed in (("", True), (" ", True), ("\n" + " " * MAX_JSON_WHITESPACE, True), ("\n\t\t", True),
+                         ("\n" + " " * (MAX_JSON_WHITESPACE + 1), False), ("\n\n", False), ("  ", False),
+                         ("\r\n", False), ("\t", False)):
+        text = '{"a":' + run + "true" + run + "}"
         ids = tokenizer.encode(text, add_special_tokens=False)
         grammar = compiled.new_grammar()
         assert (len(grammar.validate_tokens(ids)) == len(ids)) == allowed, (repr(run), name)

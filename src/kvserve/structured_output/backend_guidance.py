@@ -26,7 +26,7 @@ from kvserve.structured_output.backend import (
     StructuredOutputsConfig,
     register_backend,
 )
-from kvserve.structured_output.config import MAX_JSON_WHITESPACE
+from kvserve.structured_output.config import JSON_WHITESPACE_REGEX
 from kvserve.structured_output.errors import StructuredOutputError
 from kvserve.structured_output.params import StructuredOutputKind, StructuredOutputsParams
 from kvserve.structured_output.schema_check import check_json_schema, unsupported_features
@@ -186,8 +186,8 @@ class GuidanceBackend(StructuredOutputBackend):
         defaults: dict[str, Any] = {"whitespace_flexible": not compact}
         if params.whitespace_pattern is not None:
             defaults["whitespace_pattern"] = params.whitespace_pattern
-        elif not compact:  # flexible, but bounded (MAX_JSON_WHITESPACE)
-            defaults["whitespace_pattern"] = rf"[\x20\x0A\x0D\x09]{{0,{MAX_JSON_WHITESPACE}}}"
+        elif not compact:  # flexible, but bounded (llama.cpp's rule)
+            defaults["whitespace_pattern"] = JSON_WHITESPACE_REGEX
         if kind is StructuredOutputKind.JSON:
             schema = params.json_schema()
             check_json_schema(schema, params.source)

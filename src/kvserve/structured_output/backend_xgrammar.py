@@ -2,8 +2,9 @@
 
 Per model: ``xgrammar.TokenizerInfo`` (built once, ~1 s for a 152k vocabulary) and a
 ``GrammarCompiler``. Per spec, as vLLM's ``backend_xgrammar.py`` maps them: JSON Schema and
-``json_object`` through ``compile_json_schema`` (``any_whitespace`` off when whitespace is
-disabled, else runs of at most ``MAX_JSON_WHITESPACE`` characters), ``regex`` through ``compile_regex``, ``choice`` as an EBNF alternation of string
+``json_object`` through ``Grammar.from_json_schema`` (``any_whitespace`` off when whitespace is
+disabled, else llama.cpp's whitespace rule put in place of xgrammar's, see
+:func:`llama_cpp_whitespace`), ``regex`` through ``compile_regex``, ``choice`` as an EBNF alternation of string
 literals, ``grammar`` as Lark when no line has ``::=`` else EBNF/GBNF, ``structural_tag`` in
 either xgrammar's current format or the older ``{"structures", "triggers"}`` one. Schemas with
 keywords xgrammar would silently ignore are refused (see :mod:`.schema_check`).
@@ -13,6 +14,7 @@ xgrammar releases the GIL while compiling and filling masks.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +27,7 @@ from kvserve.structured_output.backend import (
     StructuredOutputsConfig,
     register_backend,
 )
-from kvserve.structured_output.config import MAX_JSON_WHITESPACE
+from kvserve.structured_output.config import JSON_WHITESPACE_EBNF, MAX_JSON_WHITESPACE
 from kvserve.structured_output.errors import StructuredOutputError
 from kvserve.structured_output.grammar_text import choice_to_ebnf, is_lark_grammar
 from kvserve.structured_output.params import StructuredOutputKind, StructuredOutputsParams
@@ -157,11 +159,9 @@ class XgrammarBackend(StructuredOutputBackend):
                     f"{', '.join(problems)} (serve with the guidance or auto backend)",
                     param=params.source,
                 )
-            return self._compiler.compile_json_schema(text, any_whitespace=not compact,
-                                                      max_whitespace_cnt=None if compact else MAX_JSON_WHITESPACE)
+            return self._compile_json(text, compact)
         if kind is StructuredOutputKind.JSON_OBJECT:
-            return self._compiler.compile_json_schema('{"type": "object"}', any_whitespace=not compact,
-                                                      max_whitespace_cnt=None if compact else MAX_JSON_WHITESPACE)
+            return self._compile_json('{"type": "object"}', compact)
         if kind is StructuredOutputKind.REGEX:
             if "\x00" in text:
                 raise StructuredOutputError(
@@ -198,6 +198,28 @@ class XgrammarBackend(StructuredOutputBackend):
         self._batch.batch_fill_next_token_bitmask(
             matchers, bitmask, indices=[row for _, row in rows]
         )
+
+
+    def _compile_json(self, schema: str, compact: bool) -> Any:
+        if compact:
+            return self._compiler.compile_json_schema(schema, any_whitespace=False)
+        grammar = self._xgr.Grammar.from_json_schema(schema, any_whitespace=True, max_whitespace_cnt=MAX_JSON_WHITESPACE)
+        return self._compiler.compile_grammar(llama_cpp_whitespace(self._xgr, grammar))
+
+
+def llama_cpp_whitespace(xgr: Any, grammar: Any) -> Any:
+    """``grammar`` (xgrammar's from a JSON schema, whitespace runs ``[ \n\r\t]{0, N}``) with each
+    run replaced by llama.cpp's rule (``JSON_WHITESPACE_EBNF``: nothing, a space, or a newline and
+    up to N spaces or tabs), so a weak model cannot fill ``max_tokens`` with newlines.
+
+    Raises:
+        RuntimeError: xgrammar's printed grammar has no whitespace run of the expected shape (a
+            changed xgrammar; the unit test of this function catches it).
+    """
+    text, count = re.subn(rf"whitespace(?:_\d+)?\{{0, {MAX_JSON_WHITESPACE}\}}", "json_whitespace", str(grammar))
+    if count == 0:
+        raise RuntimeError("xgrammar's JSON grammar has no bounded whitespace runs to replace")
+    return xgr.Grammar.from_ebnf(f"{text}\njson_whitespace ::= {JSON_WHITESPACE_EBNF}\n", root_rule_name="root")
 
 
 def _first_line(exc: BaseException) -> str:

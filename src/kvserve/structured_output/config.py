@@ -8,11 +8,13 @@ from dataclasses import dataclass
 BACKEND_CHOICES = ("auto", "xgrammar", "guidance")
 
 
-# The most whitespace characters a JSON grammar allows in one run between tokens (llama.cpp's JSON
-# grammar allows a newline and up to 20 spaces or tabs): a pretty-printed document 9 levels deep
-# at indent 2 fits, and a weak model can no longer write "\n" until max_tokens (xgrammar's and
-# vLLM's flexible default is unbounded). disable_any_whitespace: none at all.
+# Whitespace between JSON tokens, llama.cpp's rule (its json.gbnf ``ws ::= | " " | "\n" [ \t]{0,20}``):
+# nothing, one space, or one newline and up to 20 spaces or tabs of indentation. Pretty-printed
+# JSON 10 levels deep at indent 2 fits, and a weak model can no longer write "\n" until max_tokens
+# (xgrammar's and vLLM's flexible default is any run). disable_any_whitespace: none at all.
 MAX_JSON_WHITESPACE = 20
+JSON_WHITESPACE_REGEX = rf"(?: |\n[ \t]{{0,{MAX_JSON_WHITESPACE}}})?"
+JSON_WHITESPACE_EBNF = rf'("" | " " | "\n" [ \t]{{0, {MAX_JSON_WHITESPACE}}})'
 
 
 @dataclass(frozen=True)
