@@ -154,7 +154,8 @@ class InputProcessor:
         if self.structured_outputs is None:
             raise InvalidRequestError("structured outputs are not enabled on this engine",
                                       param=params.structured_outputs.source)
-        return GrammarRequest(self.structured_outputs.compile(params.structured_outputs), reasoning)
+        return GrammarRequest(self.structured_outputs.compile(params.structured_outputs), reasoning,
+                              self.structured_outputs.closing_alphabet)
 
     def _check_call(self, params: SamplingParams, priority: int, cache_salt: str | None) -> None:
         if params.n > self.max_n:

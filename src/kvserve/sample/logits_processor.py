@@ -19,8 +19,11 @@ Order (``build_logits_processors``), and why:
    ever see allowed tokens.
 3. ``bad_words``: bans; a banned token stays banned whatever comes after.
 4. ``min_tokens``: bans EOS and ``stop_token_ids`` until enough tokens exist.
-5. ``logit_bias``: additive, last, so it never resurrects a token an earlier stage banned
+5. ``logit_bias``: additive, so it never resurrects a token an earlier stage banned
    (``-inf + bias`` stays ``-inf``).
+6. ``structured_outputs_closing``: near the end of ``max_tokens``, a constrained row may take only
+   the next token of the shortest way out of its grammar (``kvserve.structured_output.closing``),
+   when the stages before left it possible.
 
 Penalties, temperature, top-k/p and min-p follow in the sampler. Logprobs are taken from the
 logits after the grammar and before every other processor, as vLLM's default ``raw_logprobs``.
@@ -115,14 +118,16 @@ def build_logits_processors(vocab_size: int, device: torch.device, max_rows: int
     from kvserve.sample.bad_words import BadWordsLogitsProcessor
     from kvserve.sample.logit_bias import LogitBiasLogitsProcessor
     from kvserve.sample.min_tokens import MinTokensLogitsProcessor
-    from kvserve.structured_output.logits_processor import GrammarLogitsProcessor
+    from kvserve.structured_output.logits_processor import GrammarClosingLogitsProcessor, GrammarLogitsProcessor
 
+    grammar = GrammarLogitsProcessor(vocab_size, device, max_rows)
     return [
-        GrammarLogitsProcessor(vocab_size, device, max_rows),
+        grammar,
         AllowedTokenIdsLogitsProcessor(vocab_size, device),
         BadWordsLogitsProcessor(vocab_size, device),
         MinTokensLogitsProcessor(vocab_size, device),
         LogitBiasLogitsProcessor(vocab_size, device),
+        GrammarClosingLogitsProcessor(grammar),
     ]
 
 

@@ -16,7 +16,10 @@ class GrammarRequest:
         compiled: the compiled spec; each choice gets its own matcher (``new_grammar()``).
         reasoning: a ``kvserve.reasoning.ReasoningParser`` when the constraint applies only to
             the answer after the model's ``<think>...</think>`` block, else None.
+        closing_alphabet: the tokens a plan to finish within ``max_tokens`` is spelled with
+            (``kvserve.structured_output.closing``); empty: no such plan.
     """
 
     compiled: CompiledGrammar
     reasoning: Any = None
+    closing_alphabet: tuple[int, ...] = ()

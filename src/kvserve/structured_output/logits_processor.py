@@ -5,13 +5,17 @@ Each row's matcher catches up with the request's output at the start of ``apply`
 appends sampled tokens to the live ``output_token_ids`` list), so no per-token hook is needed;
 a request that re-enters the batch after preemption gets a fresh matcher that replays its
 output. For a reasoning model the row is left unconstrained until its ``</think>`` (the
-reasoning parser says when), then the matcher is fed the tokens after it::
+reasoning parser says when), then the matcher is fed the tokens after it. Near the end of its
+``max_tokens`` a row is steered to the shortest way out of its grammar (``closing``): this
+processor finds the token, :class:`GrammarClosingLogitsProcessor` forces it after the logprobs
+were taken (they stay the grammar-masked model's)::
 
     apply(logits [N, V], rows):
         for each row with a grammar that samples now:
             reasoning not over yet?  -> skip (no mask)
             feed output[fed:] to the matcher (a token it refuses fails the request)
             fill bitmask[i] with the allowed next tokens (EOS only where the grammar may end)
+            few tokens left?  -> closing[row] = the next token of the way out
         apply_token_bitmask_(logits, bitmask[:N], indices, ops)   # one batched op
 
 A token the matcher refuses can only come from a bug or a race; ``apply`` raises, and the runner
@@ -27,9 +31,10 @@ from typing import Any
 import torch
 
 from kvserve.kernels import kernels_for
-from kvserve.sample.logits_processor import RowStateLogitsProcessor, RequestView, sampling_rows
+from kvserve.sample.logits_processor import LogitsProcessor, RequestView, RowStateLogitsProcessor, sampling_rows
 from kvserve.structured_output.backend import StructuredOutputGrammar
 from kvserve.structured_output.bitmask import apply_token_bitmask_, bitmask_width
+from kvserve.structured_output.closing import LOOKAHEAD, SLACK, closing_plan
 
 
 class GrammarViolation(RuntimeError):
@@ -46,6 +51,10 @@ class _Row:
     fed: int = 0  # output tokens the matcher has seen (when reasoning ended: tokens before it)
     content_start: int = 0  # output tokens before the constrained content (the reasoning)
     ends_at_eos: bool = True  # the grammar's EOS finishes the request (not ignore_eos)
+    max_tokens: int = 0
+    min_tokens: int = 0
+    closing_alphabet: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
 
 
 class GrammarLogitsProcessor(RowStateLogitsProcessor):
@@ -60,6 +69,7 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
         self.device = device
         self.ops = kernels_for(device)
         self._bitmask = torch.full((max_rows, bitmask_width(vocab_size)), -1, dtype=torch.int32)
+        self.closing: dict[int, int] = {}  # batch row -> the token it must take now (this step)
 
     def add_request(self, row: int, request: RequestView) -> None:
         spec = request.spec
@@ -67,10 +77,15 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
             return
         reasoning = spec.grammar.reasoning
         ended = reasoning is None or reasoning.is_reasoning_end(spec.prompt_token_ids)
+        params = spec.sampling_params
         self.rows[row] = _Row(spec.grammar.compiled.new_grammar(), spec.prompt_token_ids, request.output_token_ids,
-                              reasoning, ended, ends_at_eos=not spec.sampling_params.ignore_eos)
+                              reasoning, ended, ends_at_eos=not params.ignore_eos, max_tokens=params.max_tokens,
+                              min_tokens=params.min_tokens, closing_alphabet=spec.grammar.closing_alphabet,
+                              stop_token_ids=tuple(sorted(spec.eos_token_ids)))
 
     def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
+        self.closing = {}
+        single = len(set(rows)) == len(rows)  # one position per request (not verifying drafts)
         constrained = [(i, self.rows[row]) for i, row in sampling_rows(self.rows, rows)]
         # A matcher terminated by an EOS that finishes the request (an accepted draft token of
         # speculative decoding: positions after it are still verified) leaves the row
@@ -84,7 +99,23 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
             self._bitmask = torch.full((logits.shape[0], self._bitmask.shape[1]), -1, dtype=torch.int32)
         for i, state in constrained:
             state.matcher.fill_bitmask(self._bitmask, i)
+            token = self._closing_token(state) if single else None
+            if token is not None:
+                self.closing[rows[i]] = token
         apply_token_bitmask_(logits, self._bitmask[: logits.shape[0]], [i for i, _ in constrained], self.ops)
+
+    @staticmethod
+    def _closing_token(state: _Row) -> int | None:
+        """The next token of the shortest way out of the grammar, when only that many tokens
+        (and the stop token) are left of ``max_tokens``; else None."""
+        remaining = state.max_tokens - len(state.output_token_ids)
+        if (not state.closing_alphabet or not state.ends_at_eos or remaining > LOOKAHEAD
+                or len(state.output_token_ids) < state.min_tokens):
+            return None
+        plan = closing_plan(state.matcher, state.closing_alphabet, state.stop_token_ids)
+        if plan is None or remaining > len(plan) + SLACK:
+            return None
+        return plan[0]
 
     @staticmethod
     def _catch_up(state: _Row) -> bool:
@@ -120,3 +151,38 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
             return
         state.matcher.rollback(state.fed - num_output)
         state.fed = num_output
+
+
+class GrammarClosingLogitsProcessor(LogitsProcessor):
+    """Forces the token :class:`GrammarLogitsProcessor` chose for a row near the end of its
+    ``max_tokens`` (its ``closing``), after the logprobs were taken; last of the processors, and
+    only where an earlier one left that token possible.
+
+    Args:
+        grammar: the step's grammar processor (run before this one in the same step).
+    """
+
+    name = "structured_outputs_closing"
+
+    def __init__(self, grammar: GrammarLogitsProcessor):
+        self.grammar = grammar
+
+    def add_request(self, row: int, request: RequestView) -> None:
+        pass  # the grammar processor holds the rows
+
+    def remove_request(self, row: int) -> None:
+        pass
+
+    def move_request(self, src: int, dst: int) -> None:
+        pass
+
+    def is_active(self) -> bool:
+        return self.grammar.is_active()
+
+    def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
+        for i, row in enumerate(rows):
+            token = self.grammar.closing.get(row)
+            if token is not None and torch.isfinite(logits[i, token]):
+                kept = logits[i, token].clone()
+                logits[i].fill_(float("-inf"))
+                logits[i, token] = kept

@@ -15,6 +15,7 @@ first prefill step of a ``generate`` started right after the engine (1.7 s inste
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import threading
@@ -24,6 +25,7 @@ from typing import Any
 
 from kvserve.errors import ConfigError
 from kvserve.structured_output.backend import CompiledGrammar, StructuredOutputsConfig, create_backend
+from kvserve.structured_output.closing import closing_alphabet
 from kvserve.structured_output.compiler import GrammarCompileService
 from kvserve.structured_output.errors import StructuredOutputError
 from kvserve.structured_output.params import StructuredOutputsParams
@@ -69,6 +71,11 @@ class StructuredOutputManager:
             raise
         logger.info("structured outputs: %s backend ready", self.config.backend)
         return GrammarCompileService(backend)
+
+    @functools.cached_property
+    def closing_alphabet(self) -> tuple[int, ...]:
+        """The single-character tokens plans to finish within ``max_tokens`` use (``closing``)."""
+        return closing_alphabet(self._build_args[0])
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         """The compiled grammar of ``params`` (blocking: call it off the event loop and off the
