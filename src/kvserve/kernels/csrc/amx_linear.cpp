@@ -32,7 +32,7 @@
 #include "kernels.h"
 #include "amx_tiles.h"
 #include "thread_pool.h"
-#include "vector_exp.h"
+#include "simd.h"
 
 namespace {
 

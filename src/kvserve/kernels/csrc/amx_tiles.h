@@ -29,6 +29,7 @@
 // the attention's softmax) are then the AVX-512 ones.
 #if defined(__x86_64__) && defined(__linux__) && defined(__AVX512BF16__)
 #include <immintrin.h>
+#include "simd.h"
 #include <sys/syscall.h>
 #include <unistd.h>
 #define KVSERVE_AMX_BUILD 1
@@ -95,14 +96,7 @@ inline void configure_tiles(int64_t rows, int first_b_tile = 6) {
   asm volatile("ldtilecfg %0" : : "m"(config));
 }
 
-// 16 float32 -> 16 bfloat16 bits, rounded to nearest even as c10 does (a NaN becomes 0x7fc0).
-inline __m256i round_to_bf16(__m512 v) {
-  const __m512i word = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(word, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(word, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
-  return _mm512_cvtepi32_epi16(rounded);
-}
+using kvserve::round_to_bf16;  // 16 float32 -> 16 bfloat16 bits, c10's rounding (simd.h)
 
 #pragma GCC pop_options
 

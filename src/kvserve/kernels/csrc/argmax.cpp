@@ -18,7 +18,7 @@
 #include <immintrin.h>
 #endif
 
-#include "vector_exp.h"
+#include "simd.h"
 
 namespace {
 

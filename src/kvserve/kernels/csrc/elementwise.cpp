@@ -3,7 +3,7 @@
 //
 // - silu_and_mul: SwiGLU's silu(gate) * up over x = [gate | up], float32 or bfloat16. In bfloat16
 //   the rounding steps are torch's (silu computed in float32 and rounded to bfloat16, then the
-//   product of two bfloat16 values computed in float32 and rounded); silu's exp (vector_exp.h:
+//   product of two bfloat16 values computed in float32 and rounded); silu's exp (simd.h:
 //   range reduction and a degree-6 polynomial) and reciprocal (an estimate and one Newton step)
 //   are kvserve's, each within a few float32 ulp, so an output can differ from torch's in the
 //   last place.
@@ -14,7 +14,7 @@
 //   and scalar tails compute exp differently, so a value's bits depended on how many there were.
 // - softmax_prefix_rows: each float32 row's softmax over its first `length` values, zeros after
 //   them (multi-head latent attention's scores, kvserve.attention.latent): the max, exp(x - max)
-//   with vector_exp.h's exp (std::exp without AVX-512), their sum in 16 lanes and the quotients;
+//   with simd.h's exp (std::exp without AVX-512), their sum in 16 lanes and the quotients;
 //   a value's bits depend only on its row's first `length` values, not on how long the row is.
 // - rms_norm: RMSNorm of float32 or bfloat16 rows, optionally after a residual add (h = x + r
 //   rounded to the dtype, as torch's add rounds): statistics in float32, x * rsqrt(mean(x^2) +
@@ -26,7 +26,7 @@
 #include "abi.h"
 #include "kernels.h"
 #include "thread_pool.h"
-#include "vector_exp.h"
+#include "simd.h"
 
 #include <cmath>
 #include <cstdint>

@@ -53,7 +53,7 @@ void top_p_rows(DType dtype, void* logits, int64_t num_rows, int64_t vocab, cons
 // elementwise.cpp.
 void silu_and_mul(DType dtype, const void* x, void* out, int64_t rows, int64_t d);  // x [rows, 2d] -> [rows, d]
 void sigmoid(DType dtype, const void* x, void* out, int64_t n);                     // n values, elementwise
-// Row x[0, cols) in place: the softmax of x[0, n) (16 float32 lanes; vector_exp.h's exp), zeros after it.
+// Row x[0, cols) in place: the softmax of x[0, n) (16 float32 lanes; simd.h's exp), zeros after it.
 void softmax_prefix_row(float* x, int64_t n, int64_t cols);
 // x bfloat16 [T, H, D] with strides (row, head) and unit stride in D; cos, sin [T, D] -> out [T, H, D].
 void rotary_embedding(const BFloat16* x, int64_t row_stride, int64_t head_stride, const BFloat16* cos,

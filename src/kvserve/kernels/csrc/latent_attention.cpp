@@ -31,7 +31,7 @@
 #include <immintrin.h>
 #endif
 
-#include "vector_exp.h"
+#include "simd.h"
 
 #pragma GCC push_options
 #pragma GCC optimize("no-fast-math", "fp-contract=off")

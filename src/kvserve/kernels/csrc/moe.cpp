@@ -37,7 +37,7 @@
 
 #include "kernels.h"
 #include "thread_pool.h"
-#include "vector_exp.h"
+#include "simd.h"
 
 #pragma GCC push_options
 #pragma GCC optimize("no-fast-math", "fp-contract=off")

@@ -1,6 +1,6 @@
 // The router of a mixture-of-experts layer (moe.cpp; moe.h: moe_route): each token's top k
 // experts and their weights from the router's logits, softmax then top k (renormalised or not),
-// or top k then softmax (GPT-OSS), the softmax in float32 with kvserve's exp (vector_exp.h) where
+// or top k then softmax (GPT-OSS), the softmax in float32 with kvserve's exp (simd.h) where
 // the build has AVX-512. Of equal values the lowest expert comes first.
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,7 @@
 #include "kernels.h"
 #include "moe.h"
 #include "thread_pool.h"
-#include "vector_exp.h"
+#include "simd.h"
 
 #pragma GCC push_options
 #pragma GCC optimize("no-fast-math", "fp-contract=off")

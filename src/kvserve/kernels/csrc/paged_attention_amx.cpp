@@ -26,7 +26,7 @@
 #include "abi.h"
 #include "amx_tiles.h"
 #include "paged_attention.h"
-#include "vector_exp.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>

@@ -13,7 +13,7 @@
 #include "abi.h"
 #include "paged_attention.h"
 #include "paged_attention_walk.h"
-#include "vector_exp.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cstdint>

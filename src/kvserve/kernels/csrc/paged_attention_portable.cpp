@@ -8,7 +8,7 @@
 #include "kv_one_byte.h"
 #include "paged_attention.h"
 #include "paged_attention_walk.h"
-#include "vector_exp.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cstdint>

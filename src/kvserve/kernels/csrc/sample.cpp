@@ -8,7 +8,7 @@
 //
 //   y_i = x_i / T            (float32 division, as torch's div_; skipped when T == 1: x / 1 == x)
 //   m   = max_i y_i
-//   e_i = exp(y_i - m)       (float32, vector_exp.h's exp16 on AVX-512; std::exp elsewhere)
+//   e_i = exp(y_i - m)       (float32, simd.h's exp16 on AVX-512; std::exp elsewhere)
 //   s_b = the sum of e over block b of 256 positions (16 vectors added lane-wise in order, then
 //         the 16 lanes in _mm512_reduce_add_ps's fixed tree)
 //   total = sum of s_b in block order, in double;  target = u * total
@@ -25,7 +25,7 @@
 #include "abi.h"
 #include "kernels.h"
 #include "thread_pool.h"
-#include "vector_exp.h"
+#include "simd.h"
 
 #include <cmath>
 #include <cstdint>

@@ -4,7 +4,7 @@
 //
 // For one row of temperature-scaled logits l (some may be -inf after top-k) and top_p = p:
 //
-//   m = max_i l_i;  e_i = exp(l_i - m)  (float32, vector_exp.h's exp16 on AVX-512, std::exp else)
+//   m = max_i l_i;  e_i = exp(l_i - m)  (float32, simd.h's exp16 on AVX-512, std::exp else)
 //   S = sum_i e_i;  target = p * S      (sums of e in 64 float32 partial sums by position, then
 //                                        added in order: fixed for a row)
 //   f(v) = sum of e_i over l_i > v      (the mass of the tokens strictly more likely than v)
@@ -22,7 +22,7 @@
 #include "abi.h"
 #include "kernels.h"
 #include "thread_pool.h"
-#include "vector_exp.h"
+#include "simd.h"
 
 #include <cmath>
 #include <cstdint>

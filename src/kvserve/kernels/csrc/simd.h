@@ -1,7 +1,8 @@
-// 16-lane float32 helpers of the kernels (elementwise.cpp, moe.cpp, sample.cpp, argmax.cpp,
-// latent_attention.cpp, the paged_attention_*.cpp kernels, top_p.cpp and amx_linear.cpp's gate-up
-// store): the bfloat16 widening, whole loads of float32, bfloat16, float16 or scaled int8, masked
-// loads and stores of float32 or bfloat16 with rounding to the dtype; exp: x = n ln2 + r,
+// The kernels' SIMD helpers: 16-lane float32 (AVX-512) operations of elementwise.cpp, moe.cpp,
+// sample.cpp, argmax.cpp, latent_attention.cpp, the paged_attention_*.cpp kernels, top_p.cpp and
+// the AMX kernels (amx_tiles.h): the bfloat16 widening, whole loads of float32, bfloat16, float16
+// or scaled int8, masked loads and stores of float32 or bfloat16 with rounding to the dtype, the
+// rounding to bfloat16 bits; exp: x = n ln2 + r,
 // |r| <= ln2 / 2, 2^n * p(r) with p the degree-6 Taylor polynomial (within a few float32 ulp),
 // scalef giving 0 below about -104 and infinity above about 88.7; SiLU and sigmoid; a 16 x 16
 // transpose of 32-bit elements. AVX-512F builds only (the avx512 and avx512_bf16 variants: the
@@ -54,8 +55,10 @@ inline __m512 round_to(BFloat16, __m512 v) { return _mm512_castsi512_ps(round_bf
 inline void store16(float* p, __m512 v, __mmask16 m) {
   if (m == 0xFFFF) _mm512_storeu_ps(p, v); else _mm512_mask_storeu_ps(p, m, v);
 }
+// 16 float32 -> 16 bfloat16 bit patterns, rounded as round_bf16_word.
+inline __m256i round_to_bf16(__m512 v) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_word(v), 16)); }
 inline void store16(BFloat16* p, __m512 v, __mmask16 m) {
-  const __m256i bits = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_word(v), 16));
+  const __m256i bits = round_to_bf16(v);
   if (m == 0xFFFF) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits); else _mm256_mask_storeu_epi16(p, m, bits);
 }
 
