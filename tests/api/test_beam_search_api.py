@@ -80,6 +80,8 @@ def test_chat_streams_the_beams_as_one_chunk_each(server):
     ({"stop": ["x"]}, "stop", "stop is not supported with use_beam_search"),
     ({"seed": 0}, "seed", "seed is not supported with use_beam_search"),
     ({"n": 11}, "n", "n must be at most 10 with use_beam_search"),
+    ({"n": 0}, "n", "n must be an integer >= 1, got 0"),
+    ({"max_tokens": 0, "echo": True}, "max_tokens", "max_tokens must be >= 1 with use_beam_search"),
 ])
 def test_refusals_name_the_field(server, body, param, words):
     request = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3, "use_beam_search": True, **body}
