@@ -20,13 +20,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from servers import KVSERVE, _stop, free_port, wait_ready  # noqa: E402
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+from soak import rss_mb  # noqa: E402
 
 
 def timed(fn):

@@ -131,7 +131,8 @@ class ChatServing:
             params = plan.sampling_params(request.to_sampling_params(
                 max_tokens=request.requested_max_tokens, logprobs=request.num_logprobs,
                 defaults=state.sampling_defaults))
-        if request.echo and params.prompt_logprobs is None and beam is None:  # vLLM: echo asks for the prompt's logprobs too
+        # vLLM: echo asks for the prompt's logprobs too (a beam search computes none)
+        if request.echo and params.prompt_logprobs is None and beam is None:
             params = dataclasses.replace(params, prompt_logprobs=request.top_logprobs or 0)
         fields = FieldNames(prompt="messages", logprobs="top_logprobs",
                             max_tokens="max_completion_tokens" if request.max_completion_tokens is not None

@@ -90,9 +90,11 @@ class BeamSearchStream:
         return index, self._output(request, search)
 
     def _output(self, request: EngineRequest, search: BeamSearch) -> RequestOutput:
-        decode = self.engine.tokenizer.decode
+        def decode(ids: list[int]) -> str:
+            return self.engine.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
+
         choices = [
-            CompletionOutput(index=i, text=decode(search.text_ids(beam), skip_special_tokens=self.params.skip_special_tokens),
+            CompletionOutput(index=i, text=decode(search.text_ids(beam)),
                              token_ids=search.generated(beam), cumulative_logprob=beam.cum_logprob,
                              logprobs=None if self.logprobs is None else search.token_logprobs(beam, self.logprobs),
                              finish_reason=beam.finish_reason, stop_reason=beam.stop_reason)

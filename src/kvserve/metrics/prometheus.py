@@ -127,8 +127,8 @@ class SchedulerStatsCollector:
         yield self._counter("num_preemptions", "Requests preempted (recompute).", s.num_preemptions)
         info = self.cache_info()
         if info is not None:
-            family = GaugeMetricFamily(self.prefix + "cache_config_info", "Information of the KV cache's configuration.",
-                                       labels=[*info, "engine"])
+            family = GaugeMetricFamily(self.prefix + "cache_config_info",
+                                       "Information of the KV cache's configuration.", labels=[*info, "engine"])
             family.add_metric([*info.values(), ENGINE], 1)
             yield family
         if s.spec_decoding is not None:

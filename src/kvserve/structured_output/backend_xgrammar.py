@@ -203,7 +203,8 @@ class XgrammarBackend(StructuredOutputBackend):
     def _compile_json(self, schema: str, compact: bool) -> Any:
         if compact:
             return self._compiler.compile_json_schema(schema, any_whitespace=False)
-        grammar = self._xgr.Grammar.from_json_schema(schema, any_whitespace=True, max_whitespace_cnt=MAX_JSON_WHITESPACE)
+        grammar = self._xgr.Grammar.from_json_schema(schema, any_whitespace=True,
+                                                     max_whitespace_cnt=MAX_JSON_WHITESPACE)
         return self._compiler.compile_grammar(llama_cpp_whitespace(self._xgr, grammar))
 
 
