@@ -207,13 +207,18 @@ class ChatPlan:
             if self.tool_choice == "required" and self.parallel_tool_calls is False:
                 schema["maxItems"] = 1
             changes["structured_outputs"] = StructuredOutputsParams(json=schema, source="tool_choice")
-        tool_parser = self._tool_parser()
-        keep_special = tool_parser is not None and tool_parser.needs_special_tokens
-        if self.parsers.reasoning_tags_special and self._reasoning_parser() is not None:
-            keep_special = True
-        if keep_special:
+        if self.keeps_special_tokens:
             changes["skip_special_tokens"] = False
         return replace(params, **changes) if changes else params
+
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """Whether the output must be decoded with its special tokens: a parser reads them (the
+        tool parser's markers, or reasoning tags that are special tokens)."""
+        tool_parser = self._tool_parser()
+        if tool_parser is not None and tool_parser.needs_special_tokens:
+            return True
+        return self.parsers.reasoning_tags_special and self._reasoning_parser() is not None
 
     def grammar_reasoning(self, params: SamplingParams) -> ReasoningParser | None:
         """The reasoning parser that holds a structured-output constraint back until the

@@ -116,8 +116,7 @@ class ChatServing:
             raise InvalidRequestError("tool_choice 'required' or a named function is not supported with "
                                       "use_beam_search: forcing a call needs a grammar, which beam search "
                                       "does not apply", param="tool_choice")
-        keep_special = not plan.sampling_params(beam.whole_params()).skip_special_tokens
-        return dataclasses.replace(beam, skip_special_tokens=False) if keep_special else beam
+        return dataclasses.replace(beam, skip_special_tokens=False) if plan.keeps_special_tokens else beam
 
     def _prepare(self, request: ChatCompletionRequest, plan: ChatPlan, request_id: str,
                  lora_request: LoRARequest | None, beam: BeamSearchParams | None) -> EngineRequest:

@@ -167,8 +167,8 @@ class LLM:
         engine = self.llm_engine
         checked = [engine.process_inputs(str(next(self._ids)), prompt, params.whole_params(), lora_request=lora)
                    for prompt, lora in zip(prompt_list, loras)]
-        eos = self.get_tokenizer().eos_token_id
-        searches = [BeamSearch(list(r.prompt_token_ids), params, eos, r.sampling_params.max_tokens) for r in checked]
+        tokenizer = self.get_tokenizer()
+        searches = [BeamSearch(list(r.prompt_token_ids), params, tokenizer.eos_token_id, r.sampling_params.max_tokens) for r in checked]
         while not all(search.done for search in searches):
             live = [(search, lora) for search, lora in zip(searches, loras) if not search.done]
             requests = [[engine.process_inputs(str(next(self._ids)), {"prompt_token_ids": beam.tokens},
@@ -182,7 +182,7 @@ class LLM:
         for search in searches:
             best = search.best()
             for beam in best:
-                beam.text = self.get_tokenizer().decode(beam.tokens, skip_special_tokens=params.skip_special_tokens)
+                beam.text = tokenizer.decode(beam.tokens, skip_special_tokens=params.skip_special_tokens)
             results.append(BeamSearchOutput(best))
         return results
 

@@ -262,8 +262,9 @@ class PrometheusStatsLogger:
 
     def _init_counters(self) -> None:
         self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens processed.")
-        self.prompt_tokens_by_source = self._counter("prompt_tokens_by_source", "Prompt tokens by source.",
-                                                     ("source",))
+        by_source = self._counter("prompt_tokens_by_source", "Prompt tokens by source.", ("source",))
+        self.prompt_tokens_by_source = {source: by_source.labels(self.model_name, ENGINE, source)
+                                        for source in PROMPT_TOKEN_SOURCES}
         self.prompt_tokens_cached = self._counter("prompt_tokens_cached", "Prompt tokens found in the prefix cache.")
         self.generation_tokens = self._counter("generation_tokens", "Tokens generated.")
         self.request_success = self._counter("request_success", "Finished requests by finish reason.",
@@ -280,8 +281,6 @@ class PrometheusStatsLogger:
                                                     ("lora_name",))
         for reason in FINISH_REASONS:
             self.request_success.labels(self.model_name, ENGINE, reason)
-        for source in PROMPT_TOKEN_SOURCES:
-            self.prompt_tokens_by_source.labels(self.model_name, ENGINE, source)
         for reason in ADMISSION_REASONS:
             self.admission_rejections.labels(self.model_name, reason)
 
@@ -296,9 +295,8 @@ class PrometheusStatsLogger:
         step that ran (``step_ran``), as vLLM records it once per engine step."""
         computed = iteration.num_prompt_tokens - iteration.num_cached_prompt_tokens
         self.prompt_tokens.inc(iteration.num_prompt_tokens)
-        self.prompt_tokens_by_source.labels(self.model_name, ENGINE, "local_compute").inc(computed)
-        self.prompt_tokens_by_source.labels(self.model_name, ENGINE, "local_cache_hit").inc(
-            iteration.num_cached_prompt_tokens)
+        self.prompt_tokens_by_source["local_compute"].inc(computed)
+        self.prompt_tokens_by_source["local_cache_hit"].inc(iteration.num_cached_prompt_tokens)
         self.prompt_tokens_cached.inc(iteration.num_cached_prompt_tokens)
         self.generation_tokens.inc(iteration.num_generation_tokens)
         if step_ran:

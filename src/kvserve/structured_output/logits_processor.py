@@ -180,6 +180,8 @@ class GrammarClosingLogitsProcessor(LogitsProcessor):
         return self.grammar.is_active()
 
     def apply(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
+        if not self.grammar.closing:
+            return  # the common case: no row is near the end of its budget
         for i, row in enumerate(rows):
             token = self.grammar.closing.get(row)
             if token is not None and torch.isfinite(logits[i, token]):
