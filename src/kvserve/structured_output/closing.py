@@ -66,13 +66,6 @@ def closing_plan(matcher: StructuredOutputGrammar, alphabet: Sequence[int],
     return None
 
 
-def force_token(bitmask_row: Any, token: int) -> None:
-    """Allow only ``token`` in one bitmask row (int32 words, bit ``t % 32`` of word ``t // 32``)."""
-    bitmask_row.zero_()
-    bit = token % 32
-    bitmask_row[token // 32] = -(1 << 31) if bit == 31 else 1 << bit
-
-
 class _Search:
     def __init__(self, matcher: StructuredOutputGrammar, stop_token_ids: Sequence[int]):
         self.matcher = matcher

@@ -106,8 +106,9 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
 
     @staticmethod
     def _closing_token(state: _Row) -> int | None:
-        """The next token of the shortest way out of the grammar, when only that many tokens
-        (and the stop token) are left of ``max_tokens``; else None."""
+        """The next token of the shortest way out of the grammar (its plan ends with the stop
+        token), once no more than the plan's length plus ``SLACK`` tokens are left of
+        ``max_tokens``; else None."""
         remaining = state.max_tokens - len(state.output_token_ids)
         if (not state.closing_alphabet or not state.ends_at_eos or remaining > LOOKAHEAD
                 or len(state.output_token_ids) < state.min_tokens):
