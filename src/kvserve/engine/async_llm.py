@@ -242,7 +242,11 @@ class AsyncLLM(EngineClient):
         if requests:
             done: asyncio.Future = loop.create_future()
             self._commands.put(AddRequests(stream, done))
-            await done  # raises the admission error, if any
+            try:
+                await done  # raises the admission error, if any
+            except asyncio.CancelledError:  # the caller went away before it got the stream
+                stream.close()  # the abort follows the add on the command queue
+                raise
         return stream
 
     def _abort_soon(self, request_id: str) -> None:
