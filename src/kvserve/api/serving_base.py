@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from contextlib import aclosing
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -219,22 +220,35 @@ class GenerationCall(ABC):
         self.request_stream.close()
         self.state.finish(api_key)
 
-    async def stream(self, api_key: str) -> AsyncIterator[str]:
-        """SSE events: a chunk per choice delta, the usage chunk if asked, ``[DONE]``. With
-        ``continuous_usage_stats`` every chunk carries the call's running usage. An error after
-        the headers went out is reported in-band, as vLLM does."""
-        exclude = None if self.request.include_usage else {"usage"}
+    async def chunks(self, api_key: str, include_usage: bool) -> AsyncIterator[BaseModel]:
+        """The stream's chunk objects: one per choice delta (with ``continuous_usage_stats`` each
+        carries the running usage), then the usage chunk when ``include_usage``. Ends the call on
+        every exit path (close it with ``contextlib.aclosing``). Other endpoints that speak
+        another format (``/v1/responses``, ``/v1/messages``) translate these.
+
+        Raises:
+            whatever ``RequestStream.outputs`` raises.
+        """
         try:
             async for index, output in self.request_stream.outputs():
                 for choice in self._stream_choices(index, output):
                     usage = self._usage() if self.request.continuous_usage else None
-                    yield format_sse(self._chunk([choice], usage).model_dump(mode="json", exclude=exclude))
-            if self.request.include_usage:
-                yield format_sse(self._chunk([], self._usage()))
-        except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
-            yield format_sse(to_api_error(exc).body())
+                    yield self._chunk([choice], usage)
+            if include_usage:
+                yield self._chunk([], self._usage())
         finally:
             self._close(api_key)
+
+    async def stream(self, api_key: str) -> AsyncIterator[str]:
+        """SSE events: the :meth:`chunks`, then ``[DONE]``. An error after the headers went out
+        is reported in-band, as vLLM does."""
+        exclude = None if self.request.include_usage else {"usage"}
+        try:
+            async with aclosing(self.chunks(api_key, bool(self.request.include_usage))) as chunks:
+                async for chunk in chunks:
+                    yield format_sse(chunk.model_dump(mode="json", exclude=exclude))
+        except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
+            yield format_sse(to_api_error(exc).body())
         yield SSE_DONE
 
     async def aggregate(self, api_key: str) -> BaseModel:
@@ -247,13 +261,13 @@ class GenerationCall(ABC):
         return self._response()
 
 
-async def respond(state: ServingState, api_key: str, requests: list[EngineRequest],
-                  make_call: Callable[[RequestStream], GenerationCall], stream: bool, raw_request: Request,
-                  beam_search: BeamSearchParams | None = None, logprobs: int | None = None) -> Response:
+async def start_call(state: ServingState, api_key: str, requests: list[EngineRequest],
+                     make_call: Callable[[RequestStream], GenerationCall],
+                     beam_search: BeamSearchParams | None = None, logprobs: int | None = None) -> GenerationCall:
     """Admit a call (rate limits charged its prompt tokens plus ``n * max_tokens`` per prompt,
-    ``n`` = the beam width for a beam search), queue its engine requests (all or none) or start
-    its beam searches (``beam_search``; ``logprobs``: top logprobs per token of its output), and
-    answer with an SSE stream or, non-streamed, one JSON body (499 if the client left first).
+    ``n`` = the beam width for a beam search) and queue its engine requests (all or none) or
+    start its beam searches (``beam_search``; ``logprobs``: top logprobs per token of its output).
+    The caller must end the call: :meth:`GenerationCall.stream`, ``chunks`` or ``aggregate``.
 
     ``make_call(stream)`` builds the endpoint's ``GenerationCall`` from the call's ``RequestStream``.
 
@@ -270,7 +284,12 @@ async def respond(state: ServingState, api_key: str, requests: list[EngineReques
     except BaseException:
         state.finish(api_key)
         raise
-    call = make_call(request_stream)
+    return make_call(request_stream)
+
+
+async def answer(call: GenerationCall, api_key: str, stream: bool, raw_request: Request) -> Response:
+    """An admitted call's answer: an SSE stream or, non-streamed, one JSON body (499 if the
+    client left first)."""
     if stream:
         return SSEResponse(call.stream(api_key))
     finished, body = await until_disconnect(raw_request, call.aggregate(api_key))

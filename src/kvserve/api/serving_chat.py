@@ -30,7 +30,7 @@ from kvserve.api.protocol import tools_for_template
 from kvserve.api.responses import (ChatChoiceLogprobs, ChatCompletionChoice, ChatCompletionResponse,
                                    ChatCompletionStreamChoice, ChatCompletionStreamResponse,
                                    ChatLogprobToken, ChatResponseMessage, DeltaMessage, UsageInfo)
-from kvserve.api.serving_base import GenerationCall, ServingState, make_usage, new_request_id, respond
+from kvserve.api.serving_base import GenerationCall, ServingState, make_usage, new_request_id, answer, start_call
 from kvserve.api.tokenization import render_chat
 from kvserve.beam_search import BeamSearchParams
 from kvserve.engine.engine_request import EngineRequest
@@ -89,19 +89,30 @@ class ChatServing:
         Raises:
             InvalidRequestError, APIError, RequestRejectedError: mapped to 4xx/503 by the app.
         """
+        call = await self.start(request, raw_request, api_key)
+        return await answer(call, api_key, request.stream, raw_request)
+
+    async def start(self, request: ChatCompletionRequest, raw_request: Request | None, api_key: str,
+                    request_id: str | None = None) -> GenerationCall:
+        """Validate, render, admit and start the call; the caller ends it (``GenerationCall``'s
+        ``stream``, ``chunks`` or ``aggregate``, whose body is a ``ChatCompletionResponse``).
+        Endpoints that translate another API to chat (``/v1/responses``, ``/v1/messages``) call
+        this with their own ``request_id``.
+
+        Raises:
+            InvalidRequestError, APIError, RequestRejectedError: nothing was started.
+        """
         state = self.state
         state.check_ready()
         lora_request = state.check_model(request.model)
         request.check_http_fields()
         plan = state.chat_parsers.plan(request)
         beam = self._beam_search(request, plan)
-        request_id = new_request_id("chatcmpl", raw_request)
+        request_id = request_id or new_request_id("chatcmpl", raw_request)
         engine_request = await asyncio.to_thread(self._prepare, request, plan, request_id, lora_request, beam)
-        return await respond(
-            state, api_key, [engine_request],
-            lambda stream: _ChatCall(state, request, plan, request_id, stream), request.stream, raw_request,
-            beam_search=beam, logprobs=request.num_logprobs,
-        )
+        return await start_call(state, api_key, [engine_request],
+                                lambda stream: _ChatCall(state, request, plan, request_id, stream),
+                                beam_search=beam, logprobs=request.num_logprobs)
 
     def _beam_search(self, request: ChatCompletionRequest, plan: ChatPlan) -> BeamSearchParams | None:
         """The request's beam search (``use_beam_search``), decoded as the plan's parsers need.

@@ -24,7 +24,7 @@ from kvserve.api.logprobs import (CompletionLogprobsBuilder, merge_completion_lo
 from kvserve.api.protocol import CompletionRequest
 from kvserve.api.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
                                    CompletionStreamResponse, UsageInfo)
-from kvserve.api.serving_base import GenerationCall, ServingState, make_usage, new_request_id, respond
+from kvserve.api.serving_base import GenerationCall, ServingState, make_usage, new_request_id, answer, start_call
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.request_stream import RequestStream
 from kvserve.outputs import CompletionOutput, RequestOutput
@@ -89,11 +89,10 @@ class CompletionServing:
                     for i, prompt in enumerate(prompts)]
 
         engine_requests = await asyncio.to_thread(prepare)
-        return await respond(
-            self.state, api_key, engine_requests,
-            lambda stream: _Call(self.state, request, request_id, stream), request.stream, raw_request,
-            beam_search=beam, logprobs=request.logprobs,
-        )
+        call = await start_call(self.state, api_key, engine_requests,
+                                lambda stream: _Call(self.state, request, request_id, stream),
+                                beam_search=beam, logprobs=request.logprobs)
+        return await answer(call, api_key, request.stream, raw_request)
 
 
 class _Call(GenerationCall):
