@@ -38,7 +38,7 @@ if engine == "vllm":
 else:
     from kvserve import LLM, SamplingParams
     llm = LLM(model, dtype="bfloat16", max_model_len=max_len, max_num_seqs=64)
-    run = lambda ps, n: llm.generate([{"prompt_token_ids": p} for p in ps], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    run = lambda ps, n: llm.generate([{"prompt_token_ids": p} for p in ps], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
 def timed(ps, n):
     start = time.perf_counter(); out = run(ps, n); return time.perf_counter() - start, out
 timed(prompts[:2], 4)  # warm-up

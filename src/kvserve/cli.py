@@ -155,7 +155,7 @@ def _generate(args: argparse.Namespace) -> int:
     model, _ = resolve_model(model_from_args(args))
     llm = LLM.from_config(engine_config_from_args(model, args))
     start = time.perf_counter()
-    outputs = llm.generate(args.prompt, SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens))
+    outputs = llm.generate(args.prompt, SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens), use_tqdm=False)
     elapsed = time.perf_counter() - start
     num_tokens = 0
     for out in outputs:

@@ -11,6 +11,7 @@ from kvserve.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence
 from kvserve.config import EngineConfig
 from kvserve.engine.arg_utils import engine_config_from_kwargs
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.progress import Progress, UseTqdm
 from kvserve.lora.request import LoRARequest
 from kvserve.outputs import CompletionOutput, RequestOutput
 from kvserve.sampling_params import SamplingParams
@@ -102,13 +103,15 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
-        priority: Sequence[int] | None = None,
+        use_tqdm: UseTqdm = True,
+        priority: int | Sequence[int] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for each prompt (a string, a list of token ids, or ``{"prompt_token_ids":
         [...]}`` / ``{"prompt": "..."}``), all batched together; outputs in prompt order.
         ``lora_request``: one adapter for every prompt or one per prompt (None: the base model),
-        as vLLM's; needs ``enable_lora=True``.
+        as vLLM's; needs ``enable_lora=True``. ``priority``: one for every prompt or one per
+        prompt. ``use_tqdm``: a progress bar (``kvserve.engine.progress``), vLLM's default.
 
         Raises:
             InvalidRequestError: an invalid prompt or parameter (nothing is run then).
@@ -118,35 +121,47 @@ class LLM:
         prompt_list = self._as_list(prompts)
         params_list = self._params_list(sampling_params, len(prompt_list))
         loras = self._lora_list(lora_request, len(prompt_list))
+        priorities = self._per_prompt(priority or 0, len(prompt_list), "priorities")
         engine = self.llm_engine
         requests = [
-            engine.process_inputs(str(next(self._ids)), prompt, params, priority=priority[i] if priority else 0,
-                                  lora_request=loras[i])
+            engine.process_inputs(str(next(self._ids)), prompt, params, priority=priorities[i], lora_request=loras[i])
             for i, (prompt, params) in enumerate(zip(prompt_list, params_list))
         ]
         engine.add_requests(requests)
-        return self._run([r.request_id for r in requests])
+        return self._run([r.request_id for r in requests], use_tqdm)
 
     def chat(
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        *,
+        use_tqdm: UseTqdm = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        priority: int | Sequence[int] | None = None,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
-        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them, using the chat template."""
+        """Generate replies to one conversation or a list of them, rendered with the chat
+        template (vLLM's ``LLM.chat``): ``tools`` (OpenAI function tools) and
+        ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) go to the template; the
+        reply is the model's text (tool calls are not parsed offline, as in vLLM).
+
+        Raises:
+            InvalidRequestError: the template failed on a conversation (nothing is run then).
+        """
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts = [
             {"prompt_token_ids": apply_chat_template(
                 self.get_tokenizer(), conv, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, chat_template=chat_template,
+                tools=tools, chat_template_kwargs=chat_template_kwargs,
             )}
             for conv in conversations
         ]
-        return self.generate(prompts, sampling_params, lora_request=lora_request)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, priority=priority,
+                             lora_request=lora_request)
 
     def beam_search(
         self,
@@ -186,16 +201,29 @@ class LLM:
             results.append(BeamSearchOutput(best))
         return results
 
-    def _run(self, ids: list[str]) -> list[RequestOutput]:
+    def _run(self, ids: list[str], use_tqdm: UseTqdm = False) -> list[RequestOutput]:
         engine = self.llm_engine
         finals: dict[str, RequestOutput] = {}
         pending = set(ids)
-        while pending:
-            for delta in engine.step().outputs:
-                finals[delta.request_id] = merge_delta(finals.get(delta.request_id), delta)
-                if delta.finished:
-                    pending.discard(delta.request_id)
+        progress = Progress(use_tqdm, len(ids))
+        try:
+            while pending:
+                for delta in engine.step().outputs:
+                    finals[delta.request_id] = merge_delta(finals.get(delta.request_id), delta)
+                    if delta.finished:
+                        pending.discard(delta.request_id)
+                        progress.finished(finals[delta.request_id])
+        finally:
+            progress.close()
         return [finals[i] for i in ids]
+
+    @staticmethod
+    def _per_prompt(value, count: int, what: str) -> list:
+        """One value for every prompt, or one per prompt (a list of ``count``)."""
+        values = list(value) if isinstance(value, (list, tuple)) else [value] * count
+        if len(values) != count:
+            raise ValueError(f"got {len(values)} {what} for {count} prompts")
+        return values
 
     @staticmethod
     def _as_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
@@ -207,9 +235,7 @@ class LLM:
 
     def _lora_list(self, lora_request, count: int) -> list[LoRARequest | None]:
         """One adapter (or None) per prompt, each folder checked once against the model."""
-        loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * count
-        if len(loras) != count:
-            raise ValueError(f"got {len(loras)} LoRA requests for {count} prompts")
+        loras = self._per_prompt(lora_request, count, "LoRA requests")
         registry = self.llm_engine.lora_registry
         for lora in loras:
             if lora is not None and not isinstance(lora, LoRARequest):

@@ -25,7 +25,7 @@ def token_windows(token_ids: list[int], size: int) -> list[list[int]]:
 def window_logprobs(llm, windows: list[list[int]]) -> list[float]:
     """The logprob of every scored token of every window (``llm``: a ``kvserve.LLM``)."""
     params = SamplingParams(max_tokens=0, prompt_logprobs=0)
-    outputs = llm.generate([{"prompt_token_ids": w} for w in windows], params)
+    outputs = llm.generate([{"prompt_token_ids": w} for w in windows], params, use_tqdm=False)
     return [entry.logprob for out in outputs for entry in out.prompt_logprobs[1:]]
 
 
