@@ -73,6 +73,8 @@ def families(tiny_llama):
                 r = client.post("/v1/completions", json={"model": MODEL, "prompt": "again " * 40, "max_tokens": 3,
                                                          "ignore_eos": True})
                 assert r.status_code == 200, r.text
+            assert client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": -1}).status_code == 400
+            assert client.get("/v1/models").status_code == 200 and client.get("/health").status_code == 200
             text = client.get("/metrics").text
     finally:
         server.stop()
@@ -136,3 +138,15 @@ def test_values_after_two_identical_prompts(families):
 
 def test_no_kvserve_names(families):
     assert not any(name.startswith("kvserve:") for name in families)
+
+
+def test_http_series_per_route_as_vllms_instrumentator(families):
+    """vLLM instruments its app with prometheus-fastapi-instrumentator (probes and /metrics left
+    out): requests per route template, method and status class, and their durations."""
+    requests = {(s.labels["handler"], s.labels["method"], s.labels["status"]): s.value
+                for s in families["http_requests"].samples if s.name == "http_requests_total"}
+    assert requests == {("/v1/completions", "POST", "2xx"): 2, ("/v1/completions", "POST", "4xx"): 1,
+                        ("/v1/models", "GET", "2xx"): 1}
+    durations = families["http_request_duration_seconds"]
+    assert durations.type == "histogram" and _labels(durations) == {"handler", "method"}
+    assert {"http_request_size_bytes", "http_response_size_bytes", "http_request_duration_highr_seconds"} <= set(families)

@@ -88,9 +88,10 @@ def _add_middleware(app: FastAPI, engine: EngineClient, settings: ServerSettings
     app.add_middleware(AuthMiddleware, api_keys=settings.api_keys)  # before the guard reads the body
     metrics = getattr(engine, "prometheus_metrics", None)
     if metrics is not None:  # counts refused generation requests by reason (kvserve.metrics.http)
-        from kvserve.metrics.http import RejectionCounterMiddleware
+        from kvserve.metrics.http import RejectionCounterMiddleware, instrument_routes
 
         app.add_middleware(RejectionCounterMiddleware, metrics=metrics)
+        instrument_routes(app, engine.metrics_registry)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
                        allow_methods=list(settings.allowed_methods), allow_headers=list(settings.allowed_headers),

@@ -34,6 +34,22 @@ def rejection_reason_from_response(status: int, body: bytes) -> str | None:
     return code or _REASON_BY_STATUS.get(status, str(status))
 
 
+# vLLM's: the probes and /metrics itself are not counted.
+UNCOUNTED_ROUTES = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
+
+
+def instrument_routes(app: Any, registry: Any) -> None:
+    """Per-route HTTP series, as vLLM serves them (prometheus-fastapi-instrumentator's defaults,
+    in the server's own registry): ``http_requests_total{handler,method,status}`` (status as
+    ``2xx``, ``4xx``...), ``http_request_duration_seconds{handler,method}``,
+    ``http_request_duration_highr_seconds``, ``http_request_size_bytes{handler}`` and
+    ``http_response_size_bytes{handler}``; ``handler`` is the route's template
+    (``/v1/responses/{response_id}``), ``none`` for an unknown path."""
+    from prometheus_fastapi_instrumentator import Instrumentator
+
+    Instrumentator(excluded_handlers=list(UNCOUNTED_ROUTES), registry=registry).instrument(app)
+
+
 class RejectionCounterMiddleware:
     """ASGI middleware counting refused generation requests in ``metrics``.
 
