@@ -141,6 +141,9 @@ def _add_kvserve_args(group) -> None:
                        help="seconds a client may take to send a request body (default 60)")
     group.add_argument("--timeout-keep-alive", type=_positive_float, default=5.0,
                        help="seconds an idle keep-alive connection stays open (default 5)")
+    group.add_argument("--responses-store-max", type=_non_negative_int, default=1000,
+                       help="/v1/responses keeps at most this many responses for GET and previous_response_id, "
+                            "least recently used dropped first (default 1000; 0: none, store is then false)")
 
 
 def _number(kind, minimum: float, inclusive: bool):
@@ -174,3 +177,4 @@ def _json_list(text: str) -> list[str]:
 _positive_float = _number(float, 0, inclusive=False)
 _non_negative_float = _number(float, 0, inclusive=True)
 _positive_int = _number(int, 1, inclusive=True)
+_non_negative_int = _number(int, 0, inclusive=True)

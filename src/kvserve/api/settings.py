@@ -80,6 +80,8 @@ class ServerSettings:
         allow_runtime_lora_updating: ``POST /v1/load_lora_adapter`` and
             ``/v1/unload_lora_adapter`` are allowed (``--allow-runtime-lora-updating`` or vLLM's
             ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``); otherwise they answer 404 saying so.
+        responses_store_max: ``/v1/responses`` keeps at most this many responses (``store``),
+            least recently used dropped first; 0 keeps none (``kvserve.api.responses_store``).
     """
 
     host: str = "127.0.0.1"
@@ -122,6 +124,7 @@ class ServerSettings:
     default_chat_template_kwargs: Mapping[str, Any] | None = None
     lora_modules: tuple[LoRAModulePath, ...] = ()
     allow_runtime_lora_updating: bool = False
+    responses_store_max: int = 1000
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -225,6 +228,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         reasoning_parser=getattr(args, "reasoning_parser", None) or None,
         default_chat_template_kwargs=args.default_chat_template_kwargs,
         lora_modules=lora_modules, allow_runtime_lora_updating=runtime_lora,
+        responses_store_max=getattr(args, "responses_store_max", 1000),
     )
 
 
