@@ -126,6 +126,10 @@ class ModelConfig:
         quantization: weight quantization (``QuantizationConfig``).
         enforce_eager: run the model's PyTorch modules layer by layer (``--enforce-eager``), not
             the decoder layers' C++ loop (``kvserve.model.fused_decoder``; the same bits).
+        runner: ``auto``, ``generate`` or ``pooling`` (vLLM's ``--runner``; ``--task embed`` is
+            ``pooling``): resolved against the folder by ``kvserve.pooling.config``.
+        convert: ``auto``, ``none`` or ``embed`` (vLLM's ``--convert``: ``embed`` adapts a
+            decoder into an embedding model, last-token pooling).
     """
 
     model: str
@@ -139,6 +143,8 @@ class ModelConfig:
     sampling_defaults: SamplingDefaults = SamplingDefaults()
     quantization: QuantizationConfig = QuantizationConfig()
     enforce_eager: bool = False
+    runner: str = "auto"
+    convert: str = "auto"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ dictionary lookup.
 Stages: ``prepare`` (the runner takes the request into its batch / builds its inputs),
 ``forward`` (the model runs the batch holding it), ``sample`` (its logits are processed and
 sampled, or its draft tokens verified), ``propose`` (speculative decoding proposes its next draft
-tokens), ``detokenize`` (the front end turns its tokens into text).
+tokens), ``detokenize`` (the front end turns its tokens into text), ``pool`` (a pooling
+request's hidden states are pooled into its vector).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable
 
 STAGES = ("prepare", "forward", "sample", "detokenize")  # every request passes these
 SPECULATIVE_STAGES = ("propose",)  # only requests that speculate
+POOLING_STAGES = ("pool",)  # only pooling requests
 
 
 class InjectedFault(RuntimeError):
@@ -29,8 +31,9 @@ class FaultInjector:
         self._rules: dict[str, set[str]] = {}
 
     def fail(self, stage: str, request_id: str) -> None:
-        if stage not in STAGES + SPECULATIVE_STAGES:
-            raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES + SPECULATIVE_STAGES)}")
+        stages = STAGES + SPECULATIVE_STAGES + POOLING_STAGES
+        if stage not in stages:
+            raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(stages)}")
         self._rules.setdefault(stage, set()).add(request_id)
 
     def clear(self) -> None:

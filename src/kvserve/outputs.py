@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TokenLogprobs(NamedTuple):
@@ -50,6 +53,8 @@ class ModelRunnerOutput:
             400), never counted toward the limits on failing requests that stop the engine.
         spec_token_ids: request id -> draft tokens proposed after sampling (speculative
             decoding), for the scheduler to schedule in the next step.
+        pooler_output: request id -> the pooled vector (float32 CPU tensor [H]) of a pooling
+            request whose prompt completed this step (``kvserve.pooling.pooler``).
     """
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
@@ -58,6 +63,7 @@ class ModelRunnerOutput:
     errors: dict[str, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    pooler_output: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -65,7 +71,8 @@ class EngineCoreOutput:
     """Per request, what changed in one step: new tokens and, when finished, why.
     ``first_scheduled_time``: the request's ``Request.first_scheduled_time`` (seconds), for metrics.
     ``error``: why it failed; ``client_error``: the request's own fault (``ModelRunnerOutput.refused``).
-    ``num_preemptions``: times the request was preempted (set when it finished), for metrics."""
+    ``num_preemptions``: times the request was preempted (set when it finished), for metrics.
+    ``pooling_output``: a pooling request's vector (float32 CPU tensor), on its finishing output."""
 
     request_id: str
     new_token_ids: list[int]
@@ -78,6 +85,7 @@ class EngineCoreOutput:
     error: str | None = None
     client_error: bool = False
     num_preemptions: int = 0
+    pooling_output: torch.Tensor | None = None
 
     @property
     def finished(self) -> bool:
@@ -113,3 +121,57 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     client_error: bool = False
+
+
+@dataclass
+class PoolingOutput:
+    """vLLM's: what a pooling request produced. ``data``: float32 CPU tensor, [H] for ``embed``
+    (the embedding, or its first ``dimensions`` values)."""
+
+    data: torch.Tensor
+
+
+@dataclass
+class PoolingRequestOutput:
+    """vLLM's: the result of one pooling request (a prompt in, ``outputs.data`` out; no text, no
+    choices). ``outputs`` is None when the request failed (``error``; ``client_error``: by its own
+    fault, HTTP 400). ``prompt``: its text, when given as text."""
+
+    request_id: str
+    outputs: PoolingOutput | None
+    prompt_token_ids: list[int]
+    num_cached_tokens: int
+    finished: bool
+    prompt: str | None = None
+    error: str | None = None
+    client_error: bool = False
+
+
+@dataclass
+class EmbeddingOutput:
+    """vLLM's: one embedding as a list of floats (``hidden_size`` = its length)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """vLLM's ``LLM.embed`` result: ``outputs.embedding``, ``prompt_token_ids``, ``request_id``."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    num_cached_tokens: int
+    finished: bool
+    error: Any = None
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        """The embedding of a finished ``PoolingRequestOutput`` (an empty list when it failed)."""
+        data = [] if output.outputs is None else output.outputs.data.tolist()
+        return cls(output.request_id, EmbeddingOutput(data), output.prompt_token_ids, output.num_cached_tokens,
+                   output.finished, output.error)

@@ -88,14 +88,17 @@ _QUANT = ("kvserve quantizes a float checkpoint at load (int8 per channel, int4 
 _DIST = "kvserve has no distributed or disaggregated serving yet"
 _TOOL_PLUGIN = ("parser plugins are not supported; the built-in tool-call parsers are hermes, llama3_json, "
                 "mistral, openai and pythonic (--tool-call-parser)")
-_POOL = "kvserve runs generative models only (no pooling, embedding or scoring)"
+_POOL = ("kvserve runs generative models and embedding models (--runner pooling, --convert embed; "
+         "docs/pooling.md); classification, scoring and token-level pooling are not implemented")
+_POOLER = ("pooling is read from the model folder (sentence-transformers modules.json, else the architecture's "
+           "default: CLS for encoders, LAST for decoders); edit 1_Pooling/config.json instead")
 _CFG = "edit the model folder's config.json instead"
 
 REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     # ModelConfig
-    RefusedFlag(("--runner",), "ModelConfig", _POOL, allowed=("auto", "generate")),
-    RefusedFlag(("--convert",), "ModelConfig", _POOL, allowed=("auto", "none")),
-    RefusedFlag(("--task",), "ModelConfig", _POOL, allowed=("auto", "generate")),
+    RefusedFlag(("--runner",), "ModelConfig", _POOL, allowed=("auto", "generate", "pooling")),
+    RefusedFlag(("--convert",), "ModelConfig", _POOL, allowed=("auto", "none", "embed")),
+    RefusedFlag(("--task",), "ModelConfig", _POOL, allowed=("auto", "generate", "embed")),
     RefusedFlag(("--tokenizer-mode",), "ModelConfig",
                 "kvserve loads the folder's Hugging Face tokenizer (tokenizer.json / tokenizer.model)",
                 allowed=("auto", "hf")),
@@ -120,8 +123,8 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
                 allowed=("auto", "hf")),
     RefusedFlag(("--hf-token",), "ModelConfig", _HUB),
     RefusedFlag(("--hf-overrides",), "ModelConfig", _CFG),
-    RefusedFlag(("--pooler-config",), "ModelConfig", _POOL),
-    RefusedFlag(("--override-pooler-config",), "ModelConfig", _POOL),
+    RefusedFlag(("--pooler-config",), "ModelConfig", _POOLER),
+    RefusedFlag(("--override-pooler-config",), "ModelConfig", _POOLER),
     RefusedFlag(("--logits-processor-pattern",), "ModelConfig", "custom logits processors are not supported"),
     RefusedFlag(("--logits-processors",), "ModelConfig", "custom logits processors are not supported", kind="list"),
     RefusedFlag(("--enable-sleep-mode",), "ModelConfig", "sleep mode is not implemented", kind="bool"),

@@ -240,7 +240,7 @@ def model_cost(arch: ModelArchConfig, fmt: ServingFormat) -> ModelCost:
     with torch.device("meta"):
         model = get_model_class(arch.architecture)(arch, get_attention_backend("torch"))
     size, quant = DTYPE_BYTES[fmt.dtype], fmt.quantization
-    head = model.lm_head
+    head = getattr(model, "lm_head", None)  # an encoder (pooling only) has none
 
     blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
     routed = {id(lin) for b in blocks for e in b.experts for lin in e.modules() if isinstance(lin, nn.Linear)}
@@ -262,6 +262,8 @@ def model_cost(arch: ModelArchConfig, fmt: ServingFormat) -> ModelCost:
             body += 0 if module is head else params
         elif isinstance(module, (RMSNorm, UpcastRMSNorm)):  # Gemma's too
             weight_bytes += module.weight.numel() * size
+        elif isinstance(module, nn.LayerNorm):  # encoders'
+            weight_bytes += sum(p.numel() for p in module.parameters()) * size
         elif isinstance(module, LatentUpProjection):  # MLA's kv_b_proj: in the dtype, never quantized
             weight_bytes += module.weight.numel() * size
             body += module.weight.numel()
@@ -271,7 +273,8 @@ def model_cost(arch: ModelArchConfig, fmt: ServingFormat) -> ModelCost:
         kv_token_bytes = arch.mla.cache_width * size
         attention_flops = 2 * arch.num_attention_heads * (arch.mla.cache_width + arch.mla.kv_lora_rank)
     return ModelCost(
-        weight_bytes=weight_bytes, body_params=body, lm_head_params=head.out_features * head.in_features,
+        weight_bytes=weight_bytes, body_params=body,
+        lm_head_params=0 if head is None else head.out_features * head.in_features,
         kv_token_bytes=kv_token_bytes, attention_flops=attention_flops,
         layer_windows=tuple(arch.layer_sliding_windows),
         moe_layers=len(blocks), num_experts=arch.moe.num_experts if blocks else 0,

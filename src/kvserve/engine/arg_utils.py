@@ -214,6 +214,22 @@ def _default_dtype(model: str, dtype: str) -> str:
     return dtype
 
 
+def _runner_and_convert(args: argparse.Namespace) -> dict[str, str]:
+    """``--runner`` and ``--convert`` (the values ``kvserve.vllm_compat``'s table admits), with
+    vLLM's older ``--task embed`` meaning ``--runner pooling``.
+
+    Raises:
+        ValueError: ``--task embed`` with ``--runner generate``.
+    """
+    runner = str(getattr(args, "runner", None) or "auto").lower()
+    convert = str(getattr(args, "convert", None) or "auto").lower()
+    if str(getattr(args, "task", None) or "auto").lower() == "embed":
+        if runner == "generate":
+            raise ValueError("--task embed (vLLM's older spelling of --runner pooling) contradicts --runner generate")
+        runner = "pooling"
+    return {"runner": runner, "convert": convert}
+
+
 def _kv_cache_dtype(value) -> str:
     """``--kv-cache-dtype`` (admitted by ``kvserve.vllm_compat``'s table; ``fp8`` = ``fp8_e4m3``)."""
     name = "auto" if value is None or str(value) in ("", "None") else str(value).lower()
@@ -279,7 +295,7 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
         attention_backend=args.attention_backend,
         sampling_defaults=default_sampling_values(model, args.generation_config, override),
         quantization=_with_gguf_types(model, quantization_config_from_args(args, model)),
-        enforce_eager=args.enforce_eager,
+        enforce_eager=args.enforce_eager, **_runner_and_convert(args),
     )
     if getattr(args, "data_parallel_size", 1) > 1:
         raise ValueError(f"--data-parallel-size {args.data_parallel_size}: data parallelism runs several engine "

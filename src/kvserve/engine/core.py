@@ -23,6 +23,9 @@ from kvserve.model.loader import LoadedModel, default_dtype_for_device, load_mod
 from kvserve.model.kv_cache_layout import kv_cache_bytes_per_block
 from kvserve.model.runner import ModelRunner
 from kvserve.outputs import EngineCoreOutput
+from kvserve.pooling.config import resolve_pooler_config
+from kvserve.pooling.engine_rules import check_pooling_options, pooling_engine_config
+from kvserve.pooling.pooler import Pooler
 from kvserve.request import Request, RequestStatus
 from kvserve.scheduler.admission import check_kv_fit
 from kvserve.scheduler.scheduler import Scheduler
@@ -83,17 +86,22 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def resolve_max_model_len(arch: ModelArchConfig, wanted: int | None) -> int:
-    """The context length: ``--max-model-len`` or the checkpoint's ``max_position_embeddings``.
+def resolve_max_model_len(arch: ModelArchConfig, wanted: int | None, max_seq_length: int | None = None) -> int:
+    """The context length: ``--max-model-len`` or the checkpoint's ``max_position_embeddings``
+    (less RoBERTa's position offset, ``ModelArchConfig``), capped by a sentence-transformers
+    ``max_seq_length`` when given (``PoolerConfig.max_seq_length``).
 
     Raises:
         ConfigError: ``wanted`` exceeds the model's.
     """
     model_max = arch.max_position_embeddings
+    if max_seq_length is not None and max_seq_length < model_max:
+        model_max = max_seq_length
     if wanted is None:
         return model_max
     if wanted > model_max:
-        raise ConfigError(f"--max-model-len {wanted} exceeds the model's max_position_embeddings ({model_max})")
+        limit = "max_seq_length" if model_max == max_seq_length else "max_position_embeddings"
+        raise ConfigError(f"--max-model-len {wanted} exceeds the model's {limit} ({model_max})")
     return wanted
 
 
@@ -114,6 +122,9 @@ class EngineCore:
     def __init__(self, config: EngineConfig):
         self.device = resolve_device(config.model.device)
         self.tensor_parallel = None  # kvserve.distributed.driver.TensorParallelDriver with -tp > 1
+        self.pooler_config = resolve_pooler_config(config.model)  # None: a generative model
+        if self.pooler_config is not None:
+            check_pooling_options(config)
         self.loaded = self._load(config)
         try:
             self._init_rest(config)
@@ -122,7 +133,11 @@ class EngineCore:
             raise
 
     def _init_rest(self, config: EngineConfig) -> None:
-        self.max_model_len = resolve_max_model_len(self.loaded.arch, config.model.max_model_len)
+        pooler = self.pooler_config
+        self.max_model_len = resolve_max_model_len(self.loaded.arch, config.model.max_model_len,
+                                                   None if pooler is None else pooler.max_seq_length)
+        if pooler is not None:
+            config = pooling_engine_config(config, pooler, self.max_model_len)
         self.draft = self._load_draft(config)
         self.config = dataclasses.replace(
             config, scheduler=dataclasses.replace(config.scheduler, max_model_len=self.max_model_len),
@@ -140,7 +155,8 @@ class EngineCore:
                                   seed=config.model.seed,
                                   lora_config=self.config.lora,
                                   kv_cache_dtype=self.config.cache.kv_cache_dtype,
-                                  enforce_eager=self.config.model.enforce_eager)
+                                  enforce_eager=self.config.model.enforce_eager,
+                                  pooler=None if pooler is None else Pooler(pooler))
         self.proposer = self._build_proposer()  # speculative decoding's drafts, or None
         if self.tensor_parallel is not None:
             self.tensor_parallel.init_kv_cache(self.kv_plan.num_blocks, self.kv_plan.block_size,
@@ -160,7 +176,8 @@ class EngineCore:
         if config.parallel.tensor_parallel_size > 1:
             loaded = self._load_shard(config, backend)
         else:
-            loaded = load_model(config.model.model, dtype, self.device, backend, config.model.quantization)
+            loaded = load_model(config.model.model, dtype, self.device, backend, config.model.quantization,
+                                pooling=self.pooler_config is not None)
         logger.info(
             "Loaded %s (%s, %s, weights %s, %s attention%s) on %s in %.2f s", config.model.model,
             loaded.arch.architecture, str(loaded.dtype).removeprefix("torch."), loaded.weight_format, backend.name,
@@ -272,9 +289,10 @@ class EngineCore:
 
     @staticmethod
     def has_no_work(request: Request) -> bool:
-        """True for a request that neither generates (``max_tokens == 0``) nor scores its prompt:
-        it finishes at once, with ``length`` and no token."""
-        return request.max_tokens == 0 and request.sampling_params.prompt_logprobs is None
+        """True for a request that neither generates (``max_tokens == 0``), scores its prompt nor
+        pools it: it finishes at once, with ``length`` and no token."""
+        return (request.max_tokens == 0 and request.sampling_params.prompt_logprobs is None
+                and request.spec.pooling_params is None)
 
     def add_requests(self, call: list[EngineRequest]) -> None:
         """Queue the choices of one call's requests, all or none (``Scheduler.add_requests``

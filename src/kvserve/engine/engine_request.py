@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvserve.lora.request import LoRARequest
+from kvserve.pooling.params import PoolingParams
 from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
 from kvserve.structured_output.grammar_request import GrammarRequest
@@ -54,6 +55,9 @@ class EngineRequest:
         grammar: the compiled structured-output constraint (each choice gets its own matcher
             in the runner), or None.
         lora_request: the adapter the request runs with, or None for the base model.
+        pooling_params: a pooling request's resolved ``PoolingParams`` (its sampling parameters
+            then say ``max_tokens`` 0: it computes its prompt and finishes with a vector,
+            ``kvserve.pooling``), or None for a generation request.
     """
 
     request_id: str
@@ -67,6 +71,7 @@ class EngineRequest:
     arrival_time: float
     grammar: GrammarRequest | None = None
     lora_request: LoRARequest | None = None
+    pooling_params: PoolingParams | None = None
 
     @property
     def n(self) -> int:

@@ -9,6 +9,10 @@
         ▼
     EngineRequest  ──►  engine thread: queue capacity and KV fit only (the scheduler)
 
+A pooling model's requests (embeddings) go through :meth:`InputProcessor.process_pooling`
+instead (``kvserve.pooling.validation``: the pooling parameters, truncation, the context); each
+kind of model refuses the other kind of request here.
+
 The HTTP API and the offline ``LLM`` both call :meth:`InputProcessor.process`, so the same bad
 value gets the same error and message from both. The server runs it on a worker thread (the
 handlers' input stage, ``kvserve.api.serving_chat`` / ``serving_completion``): tokenizing a long
@@ -27,6 +31,10 @@ from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.param_validation import validate_sampling_params
 from kvserve.errors import InvalidRequestError
 from kvserve.lora.request import LoRARequest
+from kvserve.pooling.config import PoolerConfig
+from kvserve.pooling.params import PoolingParams
+from kvserve.pooling.validation import (GENERATION_REFUSAL, POOLING_REFUSAL, check_pooling_params, check_prompt_fits,
+                                        pooling_token_ids)
 from kvserve.sample.bad_words import tokenize_bad_words
 from kvserve.sampling_params import SamplingParams
 from kvserve.structured_output.grammar_request import GrammarRequest
@@ -60,14 +68,19 @@ DEFAULT_FIELDS = FieldNames()
 def build_input_processor(config: EngineConfig, tokenizer: Any, vocab_size: int, max_model_len: int,
                           build_backend_now: bool = False) -> InputProcessor:
     """The input processor of a model, with its structured-output backend (built in the
-    background from now on with ``build_backend_now``, else at the first constrained request)."""
+    background from now on with ``build_backend_now``, else at the first constrained request); a
+    pooling model's (``kvserve.pooling.config.resolve_pooler_config``) has its ``PoolerConfig``
+    and no structured outputs."""
+    from kvserve.pooling.config import resolve_pooler_config
+
     eos = eos_token_ids(config.model.model, tokenizer)
+    pooler = resolve_pooler_config(config.model)
+    structured = None if pooler is not None else StructuredOutputManager(
+        tokenizer, vocab_size, eos, config.structured_outputs, build_now=build_backend_now)
     return InputProcessor(tokenizer, vocab_size, max_model_len, eos,
                           priority_scheduling=config.scheduler.policy == "priority",
-                          lora_enabled=config.lora is not None,
-                          structured_outputs=StructuredOutputManager(tokenizer, vocab_size, eos,
-                                                                     config.structured_outputs,
-                                                                     build_now=build_backend_now))
+                          lora_enabled=config.lora is not None, structured_outputs=structured,
+                          pooler_config=pooler)
 
 
 class InputProcessor:
@@ -83,11 +96,14 @@ class InputProcessor:
     structured_outputs: compiles ``structured_outputs`` constraints (None: such requests are
         refused).
     lora_enabled: whether requests may carry a ``LoRARequest`` (``--enable-lora``).
+    pooler_config: a pooling model's ``PoolerConfig``: it takes only pooling requests
+        (:meth:`process_pooling`); None = a generative model, which takes only generation ones.
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, eos_token_ids: frozenset[int],
                  max_n: int = 128, priority_scheduling: bool = False,
-                 structured_outputs: StructuredOutputManager | None = None, lora_enabled: bool = False):
+                 structured_outputs: StructuredOutputManager | None = None, lora_enabled: bool = False,
+                 pooler_config: PoolerConfig | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -96,6 +112,64 @@ class InputProcessor:
         self.priority_scheduling = priority_scheduling
         self.structured_outputs = structured_outputs
         self.lora_enabled = lora_enabled
+        self.pooler_config = pooler_config
+
+    def check_generates(self) -> None:
+        """Raises InvalidRequestError (``model``) when this is a pooling model: it generates no
+        text. The API calls it first thing for every generation endpoint."""
+        if self.pooler_config is not None:
+            raise InvalidRequestError(GENERATION_REFUSAL, param="model")
+
+    def process_pooling(self, request_id: str, prompt: PromptInput, params: PoolingParams, *, priority: int = 0,
+                        arrival_time: float | None = None, fields: FieldNames = DEFAULT_FIELDS,
+                        lora_request: LoRARequest | None = None) -> EngineRequest:
+        """Validate and normalise one pooling request (``kvserve.pooling.validation``): the
+        pooling parameters against the model, the prompt (text tokenized with its special tokens
+        unless ``{"prompt": ..., "add_special_tokens": False}``, or token ids), its truncation and
+        length. The request computes its prompt (``max_tokens`` 0) and finishes with a vector.
+
+        Raises:
+            InvalidRequestError: a generative model (``model``), or any invalid value (``param``
+                names the field as ``fields`` calls it).
+        """
+        pooler = self.pooler_config
+        if pooler is None:
+            raise InvalidRequestError(POOLING_REFUSAL, param="model")
+        if lora_request is not None:
+            raise InvalidRequestError(f"LoRA adapter {lora_request.lora_name!r}: pooling runs the base model only",
+                                      param="model")
+        resolved = check_pooling_params(params, pooler, self.max_model_len)
+        self._check_call(SamplingParams(), priority, None)
+        text, token_ids = self._pooling_prompt(prompt, resolved, fields.prompt)
+        if not token_ids:
+            raise InvalidRequestError("the prompt is empty; at least 1 token is required", param=fields.prompt)
+        check_prompt_fits(len(token_ids), self.max_model_len, fields.prompt)
+        return EngineRequest(request_id=request_id, prompt=text, prompt_token_ids=token_ids,
+                             sampling_params=SamplingParams(max_tokens=0), eos_token_ids=frozenset(),
+                             bad_words_token_ids=[], priority=priority, cache_salt=None,
+                             arrival_time=time.time() if arrival_time is None else arrival_time,
+                             pooling_params=resolved)
+
+    def _pooling_prompt(self, prompt: PromptInput, params: PoolingParams, param: str) -> tuple[str | None, list[int]]:
+        """(text or None, token ids after truncation) of a pooling prompt."""
+        self._check_prompt_chars(prompt, SamplingParams(truncate_prompt_tokens=params.truncate_prompt_tokens), param)
+        add_special_tokens = True
+        if isinstance(prompt, dict):
+            add_special_tokens = bool(prompt.get("add_special_tokens", True))
+            prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt.get("prompt")
+        if prompt == "":
+            raise InvalidRequestError("Either prompt or prompt_embeds must be provided and non-empty.", param=param)
+        if isinstance(prompt, str):
+            require_valid_unicode(prompt, param)
+        elif isinstance(prompt, (list, tuple)):
+            prompt = self._checked_ids(prompt, param)
+        else:
+            raise InvalidRequestError(f"{param} must be text or a list of token ids, got {type(prompt).__name__}",
+                                      param=param)
+        token_ids = pooling_token_ids(self.tokenizer, prompt, add_special_tokens, params, self.max_model_len,
+                                      self.pooler_config.do_lower_case)
+        text = prompt if isinstance(prompt, str) and params.truncate_prompt_tokens is None else None
+        return text, token_ids
 
     def process(self, request_id: str, prompt: PromptInput, params: SamplingParams, *, priority: int = 0,
                 cache_salt: str | None = None, arrival_time: float | None = None,
@@ -112,6 +186,7 @@ class InputProcessor:
                 it) and the message says what is allowed (``StructuredOutputError`` for a
                 constraint the grammar backend refuses).
         """
+        self.check_generates()
         try:
             validate_sampling_params(params, self.vocab_size)
         except InvalidRequestError as exc:

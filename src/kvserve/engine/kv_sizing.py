@@ -57,7 +57,9 @@ def plan_kv_cache(
     available RAM, on CUDA ``free_device_bytes`` (device memory times
     ``--gpu-memory-utilization`` minus what weights and activations hold). The plan never
     exceeds what ``max_num_seqs`` requests of ``max_model_len`` tokens can use, so small models
-    do not reserve gigabytes they cannot fill.
+    do not reserve gigabytes they cannot fill. A model that caches nothing (an encoder:
+    ``bytes_per_block`` 0) gets exactly that many blocks: the scheduler's accounting of its
+    requests, no memory.
 
     Raises:
         ValueError: the budget holds fewer blocks than one request of ``max_model_len`` needs.
@@ -74,7 +76,8 @@ def plan_kv_cache(
             budget = free_device_bytes
         else:
             budget = int(available_host_memory_bytes() * cache.cpu_kv_cache_fraction)
-        num_blocks = min(budget // bytes_per_block, blocks_per_seq * max_num_seqs + 1)
+        fits = budget // bytes_per_block if bytes_per_block else blocks_per_seq * max_num_seqs + 1
+        num_blocks = min(fits, blocks_per_seq * max_num_seqs + 1)
     usable = num_blocks - 1
     if usable < blocks_per_seq and cache.num_blocks_override is None:
         needed = (blocks_per_seq + 1) * bytes_per_block

@@ -1,4 +1,5 @@
-"""The offline API, compatible with vLLM's: ``LLM(model=...).generate(prompts, SamplingParams(...))``."""
+"""The offline API, compatible with vLLM's: ``LLM(model=...).generate(prompts, SamplingParams(...))``;
+a pooling model's ``LLM(model, runner="pooling").embed(prompts)`` (``kvserve.engine.llm_pooling``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from kvserve.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence
 from kvserve.config import EngineConfig
 from kvserve.engine.arg_utils import engine_config_from_kwargs
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.llm_pooling import PoolingMixin
 from kvserve.engine.progress import Progress, UseTqdm
 from kvserve.lora.request import LoRARequest
 from kvserve.outputs import CompletionOutput, RequestOutput
@@ -57,8 +59,9 @@ def merge_delta(final: RequestOutput | None, delta: RequestOutput) -> RequestOut
     return final
 
 
-class LLM:
-    """An engine in this process, run to completion on each call.
+class LLM(PoolingMixin):
+    """An engine in this process, run to completion on each call: ``generate``, ``chat``,
+    ``beam_search``; a pooling model's ``embed`` and ``encode`` (``PoolingMixin``).
 
     Args:
         model: a Hugging Face model folder; ``None`` = the built-in model.
@@ -66,7 +69,7 @@ class LLM:
         **engine_kwargs: engine settings with vLLM's names (``dtype``, ``max_model_len``,
             ``block_size``, ``enable_prefix_caching``, ``max_num_seqs``,
             ``max_num_batched_tokens``, ``kv_cache_memory_bytes``, ``num_gpu_blocks_override``,
-            ``scheduling_policy``, ``seed``, ...).
+            ``scheduling_policy``, ``seed``, ``runner`` / ``convert`` / ``task`` for pooling, ...).
 
     Raises:
         TypeError: an unknown engine setting. CheckpointError: the model cannot be loaded.

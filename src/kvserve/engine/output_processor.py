@@ -5,6 +5,8 @@ detokenization fails finishes with ``error`` alone (the core is asked to finish 
 
 It is the one loop over a step's outputs: each request's delta goes to its sink (the server's
 ``RequestStream``) in the same pass, and a finished request is dropped after its last delta.
+A pooling request (``EngineRequest.pooling_params``) has no text: its one output is a
+``PoolingRequestOutput`` carrying the vector, when it finishes.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.stop_strings import StopStringMatcher
 from kvserve.faults import FaultInjector
 from kvserve.metrics.stats import IterationStats
-from kvserve.outputs import CompletionOutput, EngineCoreOutput, RequestOutput, TokenLogprobs
+from kvserve.outputs import (CompletionOutput, EngineCoreOutput, PoolingOutput, PoolingRequestOutput, RequestOutput,
+                             TokenLogprobs)
 from kvserve.request import RequestStatus
 from kvserve.sampling_params import SamplingParams
 
@@ -59,7 +62,7 @@ class ChoiceState:
     """One choice's progress on the front end."""
 
     index: int
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | None  # None for a pooling request (no text)
     stop_matcher: StopStringMatcher | None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -96,7 +99,8 @@ class RequestState:
     error: str | None = None
     client_error: bool = False  # the error is the request's own fault (HTTP 400)
     lora_name: str | None = None  # the adapter it runs with (metrics and logs), None: the base model
-    sink: Callable[[RequestOutput], None] | None = None  # where its deltas go (a server's stream)
+    sink: Callable[[RequestOutput | PoolingRequestOutput], None] | None = None  # where its deltas go
+    pooling: bool = False  # a pooling request: its output is a PoolingRequestOutput
 
     @property
     def finished(self) -> bool:
@@ -127,14 +131,16 @@ class OutputProcessor:
         """Register ``request`` and its choices (``request.child_ids``, in index order); its
         deltas go to ``sink`` as well as into ``process_outputs``' result."""
         params = request.sampling_params
+        pooling = request.pooling_params is not None
         choices = {}
         for index, child_id in enumerate(request.child_ids):
             matcher = StopStringMatcher(params.stop, params.include_stop_str_in_output) if params.stop else None
-            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens)
+            detok = None if pooling else IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
+                                                                 params.skip_special_tokens)
             choices[child_id] = ChoiceState(index, detok, matcher, times=RequestTimes(request.arrival_time))
             self._parent_of[child_id] = request.request_id
         state = RequestState(request.request_id, request.prompt, request.prompt_token_ids, params, choices,
-                             RequestTimes(request.arrival_time), sink=sink)
+                             RequestTimes(request.arrival_time), sink=sink, pooling=pooling)
         if request.lora_request is not None:
             state.lora_name = request.lora_request.lora_name
         if params.prompt_logprobs is not None:
@@ -154,7 +160,7 @@ class OutputProcessor:
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
         """Apply one step's outputs (see :class:`ProcessedOutputs`)."""
         now = time.time()
-        deltas: dict[str, RequestOutput] = {}
+        deltas: dict[str, RequestOutput | PoolingRequestOutput] = {}
         to_stop: list[str] = []
         to_fail: list[str] = []
         iteration = IterationStats()
@@ -165,6 +171,9 @@ class OutputProcessor:
             state = self.requests[parent_id]
             choice = state.choices[out.request_id]
             if choice.finish_reason is not None:
+                continue
+            if state.pooling:
+                deltas[parent_id] = self._pooling_output(state, choice, out, now, iteration)
                 continue
             try:
                 self.faults.check("detokenize", [out.request_id])
@@ -198,6 +207,25 @@ class OutputProcessor:
                 finished.append(state)
                 self.remove(parent_id)
         return ProcessedOutputs(list(deltas.values()), to_stop, to_fail, iteration, finished)
+
+    @staticmethod
+    def _pooling_output(state: RequestState, choice: ChoiceState, out: EngineCoreOutput, now: float,
+                        iteration: IterationStats) -> PoolingRequestOutput:
+        """A pooling request's output: its vector when it finished, or why it failed (a finished
+        request without a vector is a failure too)."""
+        choice.finish_reason = out.finish_reason
+        choice.times.first_scheduled = choice.times.first_scheduled or out.first_scheduled_time
+        error = out.error
+        if error is None and out.finished and out.pooling_output is None:
+            error = "the request finished without a pooled output"
+        if error is not None and state.error is None:
+            state.error, state.client_error = error, out.client_error
+        if out.finished:
+            choice.times.finished = now
+            iteration.num_prompt_tokens += len(state.prompt_token_ids)
+        outputs = None if error is not None or out.pooling_output is None else PoolingOutput(out.pooling_output)
+        return PoolingRequestOutput(state.request_id, outputs, state.prompt_token_ids, out.num_cached_tokens,
+                                    finished=False, prompt=state.prompt)
 
     @staticmethod
     def _fail_choice(state: RequestState, choice: ChoiceState, error: str,

@@ -8,6 +8,8 @@ aborted::
 
 A call with several prompts (``/v1/completions`` with a list) has one engine request per prompt;
 their deltas arrive in one queue, tagged with the prompt's index, in the order the engine made them.
+A pooling call's requests each deliver one ``PoolingRequestOutput`` (the same ``finished``,
+``error`` and ``client_error``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.errors import InvalidRequestError, RequestFailedError
-from kvserve.outputs import RequestOutput
+from kvserve.outputs import PoolingRequestOutput, RequestOutput
 
-Sink = Callable[[RequestOutput | BaseException], None]
+Sink = Callable[[RequestOutput | PoolingRequestOutput | BaseException], None]
 
 
 class RequestStream:
@@ -43,7 +45,7 @@ class RequestStream:
     def sink(self, index: int) -> Sink:
         """Where the engine thread puts the deltas of ``requests[index]`` (or the exception that
         ended it)."""
-        def put(item: RequestOutput | BaseException) -> None:
+        def put(item: RequestOutput | PoolingRequestOutput | BaseException) -> None:
             try:
                 self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, item))
             except RuntimeError:  # the event loop is closed (server shut down): nobody is listening
@@ -51,7 +53,7 @@ class RequestStream:
 
         return put
 
-    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput | PoolingRequestOutput]]:
         """``(prompt index, delta)`` as the engine makes them, until every request finished.
 
         Raises:

@@ -17,6 +17,12 @@ from kvserve.model.moe_config import MoeConfig, parse_moe
 from kvserve.model.rope_config import RopeScaling, parse_layer_type_rope
 
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gated MLP's: SwiGLU, GeGLU (tanh approximation)
+# Encoders (kvserve.model.bert, kvserve.model.modernbert) and their activations (exact GELU too).
+ENCODER_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+ENCODER_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "modernbert")
+# RoBERTa's position ids start after the padding id (kvserve.model.bert): pad_token_id + 1 rows
+# of its position table hold no position of a prompt.
+_OFFSET_POSITIONS_MODEL_TYPES = ("roberta", "xlm-roberta")
 
 
 @dataclass(frozen=True)
@@ -125,9 +131,11 @@ class ModelArchConfig:
             if len(rope_scaling.short_factor) != half or len(rope_scaling.long_factor) != half:
                 raise CheckpointError(f"{source}: longrope short_factor and long_factor need {half} values each")
         activation = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
-        if activation not in SUPPORTED_ACTIVATIONS:
+        encoder = raw.get("model_type") in ENCODER_MODEL_TYPES
+        supported = ENCODER_ACTIVATIONS if encoder else SUPPORTED_ACTIVATIONS
+        if activation not in supported:
             raise CheckpointError(f"{source}: hidden_act {activation!r} is not supported for {architectures[0]}; "
-                                  f"supported: {', '.join(SUPPORTED_ACTIVATIONS)}")
+                                  f"supported: {', '.join(supported)}")
         sliding_window = _parse_sliding_window(raw)
         eos = raw.get("eos_token_id")
         return cls(
@@ -143,7 +151,7 @@ class ModelArchConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            max_position_embeddings=_max_positions(raw),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v biases; Llama/Mistral/Qwen3 follow ``attention_bias``.
             attention_bias=bool(raw.get("attention_bias", raw.get("model_type") == "qwen2")),
@@ -202,6 +210,15 @@ def with_family_defaults(raw: dict[str, Any]) -> dict[str, Any]:
         raw = {**raw, "layer_types": ["sliding_attention" if (i + 1) % pattern else "full_attention"
                                       for i in range(int(raw["num_hidden_layers"]))]}
     return raw
+
+
+def _max_positions(raw: dict[str, Any]) -> int:
+    """The positions a prompt may use: ``max_position_embeddings``, less RoBERTa's offset
+    (``pad_token_id + 1``, 514 -> 512)."""
+    positions = int(raw.get("max_position_embeddings", 2048))
+    if raw.get("model_type") in _OFFSET_POSITIONS_MODEL_TYPES:
+        positions -= int(raw.get("pad_token_id", 1)) + 1
+    return positions
 
 
 def _parse_sliding_window(raw: dict[str, Any]) -> int | None:

@@ -178,6 +178,7 @@ def load_model(
     device: str | torch.device = "cpu",
     attn_backend: AttentionBackend | None = None,
     quantization: QuantizationConfig = QuantizationConfig(),
+    pooling: bool = False,
 ) -> LoadedModel:
     """Read config.json (+ generation_config.json) and the safetensors weights of ``model_dir``.
 
@@ -192,6 +193,11 @@ def load_model(
             ``lm_head``) is quantized from its float weight in ``dtype``
             (``kvserve.model.quant_linear.quantize_linears``). A GPTQ/AWQ checkpoint is read as
             such whatever this says (``gptq``/``awq`` or None; another method is refused).
+        pooling: load for pooling (``--runner pooling``): a decoder's LM head is neither built
+            nor read (a checkpoint may lack it), and a decoder checkpoint saved without the
+            ``model.`` prefix (a ``*Model`` one, as Qwen3-Embedding's) loads too, as vLLM's
+            pooling adapters do. An encoder (``attn_type`` ``encoder_only``) caches no K/V
+            (``LoadedModel.num_kv_heads`` 0).
 
     Raises:
         CheckpointError: missing config.json, unknown architecture, a quantization_config kvserve
@@ -215,8 +221,13 @@ def load_model(
     backend = attn_backend if attn_backend is not None else get_attention_backend("torch")
     with torch.device("meta"):
         model = model_cls(arch, backend)
-    renames = model_cls.checkpoint_renames
-    names = [_renamed(n, renames) for n in _tensor_names(files) if not n.startswith(model_cls.checkpoint_ignored)]
+    renames, ignored = model_cls.checkpoint_renames, model_cls.checkpoint_ignored
+    if pooling and hasattr(model, "lm_head"):
+        del model.lm_head  # embeddings pool the hidden states: the LM head is never run
+        ignored += ("lm_head.",)
+    stored_names = _tensor_names(files)
+    prefix = "model." if pooling and _lacks_model_prefix(model, stored_names, ignored) else ""
+    names = [prefix + _renamed(n, renames) for n in stored_names if not n.startswith(ignored)]
     if spec is None:
         plan = {}
     else:
@@ -224,12 +235,12 @@ def load_model(
     drop_float_weights(model, plan)
     model = model.to(dtype=torch_dtype).to_empty(device=device)
     bind_kernels(model, device)
-    if arch.tie_word_embeddings and "lm_head" not in plan:
+    if arch.tie_word_embeddings and "lm_head" not in plan and hasattr(model, "lm_head"):
         # to_empty gives each parameter its own storage; tie again.
         model.lm_head.weight = model.model.embed_tokens.weight
     packed = {shard: {} for shards in plan.values() for shard in shards}
     _load_weights(model, files, tied=arch.tie_word_embeddings, packed=packed, renames=renames,
-                  ignored=model_cls.checkpoint_ignored, split=model_cls.split_checkpoint_tensor)
+                  ignored=ignored, split=model_cls.split_checkpoint_tensor, prefix=prefix)
     if spec is not None:
         install_quantized_linears(model, plan, packed, spec, kernels_for(device), device)
     elif quantization.method is not None:
@@ -243,7 +254,17 @@ def load_model(
     weight_format = describe_weights(model, torch_dtype)
     if spec is not None:
         weight_format = f"{spec.layout}: {weight_format}"
-    return LoadedModel(model, arch, torch_dtype, generation_config, str(model_dir), weight_format, quantization)
+    encoder = getattr(model_cls, "attn_type", "decoder") == "encoder_only"
+    return LoadedModel(model, arch, torch_dtype, generation_config, str(model_dir), weight_format, quantization,
+                       num_kv_heads=0 if encoder else None)
+
+
+def _lacks_model_prefix(model: nn.Module, names: list[str], ignored: tuple[str, ...]) -> bool:
+    """Whether a decoder's checkpoint names its tensors without the ``model.`` prefix (saved from
+    transformers' ``*Model``: ``layers.0...``, ``embed_tokens.weight``)."""
+    inner = getattr(model, "model", None)
+    kept = [n for n in names if not n.startswith(ignored)]
+    return inner is not None and bool(kept) and not any(n.startswith("model.") for n in kept)
 
 
 def _load_gguf(path: Path, dtype, device, attn_backend, quantization: QuantizationConfig) -> LoadedModel:
@@ -331,12 +352,13 @@ def _is_ignorable(name: str, tied: bool) -> bool:
 def _load_weights(model: nn.Module, files: list[Path], tied: bool,
                   packed: dict[str, dict[str, torch.Tensor]] | None = None,
                   renames: tuple[tuple[str, str], ...] = (), ignored: tuple[str, ...] = (),
-                  split=None) -> None:
+                  split=None, prefix: str = "") -> None:
     """Copy each checkpoint tensor into its parameter (its name ``_renamed`` first); the packed
     tensors of the quantized checkpoint modules named in ``packed`` are collected there instead
     (and an all-zero bias of such a module without one is skipped); tensors whose stored name
     starts with one of ``ignored`` are not read. ``split(name, tensor)``: the model's
-    ``split_checkpoint_tensor``, for tensors stored several to one (GPT-OSS's experts)."""
+    ``split_checkpoint_tensor``, for tensors stored several to one (GPT-OSS's experts).
+    ``prefix``: put before every stored name (a ``*Model`` checkpoint loaded into ``*ForCausalLM``)."""
     targets, merged = _weight_targets(model), _merged_targets(model)
     packed = {} if packed is None else packed
     loaded: set[str] = set()
@@ -345,7 +367,7 @@ def _load_weights(model: nn.Module, files: list[Path], tied: bool,
             for stored in f.keys():
                 if stored.startswith(ignored):
                     continue
-                name = _renamed(stored, renames)
+                name = prefix + _renamed(stored, renames)
                 pieces = None if split is None else split(name, lambda: f.get_tensor(stored))
                 if pieces is not None:
                     for piece, tensor in pieces:

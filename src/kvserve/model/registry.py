@@ -1,8 +1,13 @@
 """Model registry: ``architectures[0]`` of config.json -> our ``nn.Module`` class.
 
 Every registered class is built as ``cls(arch: ModelArchConfig, attn_backend: AttentionBackend)``
-and offers ``forward(input_ids, positions, kv_caches, attn_metadata)`` and
-``compute_logits(hidden)`` (see ``kvserve.model.llama.LlamaForCausalLM``).
+and offers ``forward(input_ids, positions, kv_caches, attn_metadata)`` -> the final hidden states
+(after the final norm) and, for a generative model, ``compute_logits(hidden)`` (see
+``kvserve.model.llama.LlamaForCausalLM``). Encoders (``kvserve.model.bert``,
+``kvserve.model.modernbert``) set ``attn_type = "encoder_only"`` (bidirectional attention: pooling
+only, whole prompts, no KV cache) and have no ``compute_logits``; a class's
+``default_pooling_type`` (``CLS``, ``MEAN``, ``LAST``; LAST when absent, as vLLM's decoders) is how
+it pools without a sentence-transformers configuration (``kvserve.pooling.config``).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 from torch import nn
 
 from kvserve.errors import CheckpointError
+from kvserve.model.bert import BertModel, RobertaModel, XLMRobertaModel
 from kvserve.model.dense_families import (
     GraniteForCausalLM,
     Olmo2ForCausalLM,
@@ -20,11 +26,13 @@ from kvserve.model.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from kvserve.model.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from kvserve.model.gpt_oss import GptOssForCausalLM
 from kvserve.model.llama import LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM
+from kvserve.model.modernbert import ModernBertModel
 from kvserve.model.qwen2 import Qwen2ForCausalLM
 from kvserve.model.qwen3 import Qwen3ForCausalLM
 from kvserve.model.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "BertModel": BertModel,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
@@ -35,13 +43,16 @@ _MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "ModernBertModel": ModernBertModel,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "RobertaModel": RobertaModel,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "XLMRobertaModel": XLMRobertaModel,
 }
 
 
@@ -62,3 +73,15 @@ def get_model_class(architecture: str) -> type[nn.Module]:
         raise CheckpointError(
             f"unknown architecture {architecture!r}; supported: {', '.join(supported_architectures())}"
         ) from None
+
+
+def is_encoder_only(architecture: str) -> bool:
+    """Whether ``architecture`` is a registered encoder (bidirectional attention, pooling only)."""
+    model_cls = _MODELS.get(architecture)
+    return model_cls is not None and getattr(model_cls, "attn_type", "decoder") == "encoder_only"
+
+
+def default_pooling_type(architecture: str) -> str:
+    """How ``architecture`` pools without a sentence-transformers configuration: its class's
+    ``default_pooling_type``, else ``LAST`` (vLLM's default for adapted decoders)."""
+    return getattr(_MODELS.get(architecture), "default_pooling_type", "LAST")

@@ -9,6 +9,11 @@
                      when requests verify draft tokens: ``sample.rejection_sampler``)
     _commit          append sampled tokens to the batch; fill the output
 
+A pooling model's runner (``pooler``) pools, instead of sampling, each pooling request whose
+prompt completes in the step (its whole prompt: pooling requests are never chunked,
+``kvserve.pooling.engine_rules``): the final hidden states of its rows become one vector in
+``ModelRunnerOutput.pooler_output`` (``kvserve.pooling.pooler``).
+
 The drafts for the next step are the engine core's to propose (``spec_decode.proposer``).
 
 Failure isolation: if running a group of requests raises, the runner runs each half of the
@@ -40,6 +45,7 @@ from kvserve.model.kv_cache_layout import allocate_kv_caches
 from kvserve.model.loader import LoadedModel
 from kvserve.model.model_inputs import make_flat_batch, to_model_inputs
 from kvserve.outputs import ModelRunnerOutput, PromptLogprobsChunk, TokenLogprobs
+from kvserve.pooling.pooler import Pooler
 from kvserve.sample.logits_processor import build_logits_processors
 from kvserve.sample.logprobs import batch_prompt_logprobs
 from kvserve.sample.rejection_sampler import RejectionSampler, VerifiedTokens
@@ -57,12 +63,14 @@ class _RowsResult:
     """What running a group of rows produced, applied by ``_commit`` only if it all succeeded."""
 
     def __init__(self, rows: np.ndarray, sampling_rows: np.ndarray, token_ids: list[list[int]],
-                 logprobs: list[list[TokenLogprobs | None]], prompt_logprobs: dict[str, PromptLogprobsChunk]):
+                 logprobs: list[list[TokenLogprobs | None]], prompt_logprobs: dict[str, PromptLogprobsChunk],
+                 pooled: dict[str, torch.Tensor]):
         self.rows = rows
         self.sampling_rows = sampling_rows
         self.token_ids = token_ids
         self.logprobs = logprobs
         self.prompt_logprobs = prompt_logprobs
+        self.pooled = pooled
 
 
 class ModelRunner:
@@ -91,13 +99,16 @@ class ModelRunner:
             (``--kv-cache-dtype``).
         enforce_eager: always run the model's modules (``--enforce-eager``), never the decoder
             layers' C++ loop (``kvserve.model.fused_decoder``, used where it applies).
+        pooler: a pooling model's pooler (``kvserve.pooling.pooler.Pooler``); None = generative.
     """
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str | torch.device = "cpu",
                  *, max_num_reqs: int = 256, max_model_len: int | None = None, seed: int = 0,
                  prepack_linears: bool = True,
-                 lora_config: LoRAConfig | None = None, kv_cache_dtype: str = "auto", enforce_eager: bool = False):
+                 lora_config: LoRAConfig | None = None, kv_cache_dtype: str = "auto", enforce_eager: bool = False,
+                 pooler: Pooler | None = None):
         self.model = loaded.model
+        self.pooler = pooler
         self.arch = loaded.arch
         self.dtype = loaded.dtype
         self.num_blocks = num_blocks
@@ -201,8 +212,8 @@ class ModelRunner:
         batch = self.input_batch
         req_ids = [batch.req_ids[row] for row in rows.tolist()]
         self.faults.check("prepare", req_ids)
-        samples = ((batch.num_computed_tokens[rows] + num_scheduled >= batch.num_tokens[rows])
-                   & (batch.max_tokens[rows] > 0))
+        completes = batch.num_computed_tokens[rows] + num_scheduled >= batch.num_tokens[rows]
+        samples = completes & (batch.max_tokens[rows] > 0)
         drafts = [self._spec_tokens.get(req_id, []) for req_id in req_ids]
         num_logits = np.array([1 + len(d) for d in drafts], dtype=np.int64)
         flat = self._flat_batch(rows, num_scheduled, samples, num_logits)
@@ -210,14 +221,41 @@ class ModelRunner:
         self.faults.check("forward", req_ids)
         with self._adapters(rows, num_scheduled):
             hidden = model_hidden(self.model, self.fused_decoder, inputs, self.kv_caches)
+        pooled = {} if self.pooler is None else self._pool(hidden, rows, completes, flat.query_start_loc)
         prompt_logprobs = batch_prompt_logprobs(self.model, batch, rows, req_ids, hidden, flat.query_start_loc)
         sampling_rows = rows[samples]
         if len(sampling_rows) == 0:
-            return _RowsResult(rows, sampling_rows, [], [], prompt_logprobs)
+            return _RowsResult(rows, sampling_rows, [], [], prompt_logprobs, pooled)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         self.faults.check("sample", [batch.req_ids[row] for row in sampling_rows.tolist()])
         verified = self._sample(logits, sampling_rows, [d for d, s in zip(drafts, samples) if s])
-        return _RowsResult(rows, sampling_rows, verified.token_ids, verified.logprobs, prompt_logprobs)
+        return _RowsResult(rows, sampling_rows, verified.token_ids, verified.logprobs, prompt_logprobs, pooled)
+
+    def _pool(self, hidden: torch.Tensor, rows: np.ndarray, completes: np.ndarray,
+              query_start_loc: np.ndarray) -> dict[str, torch.Tensor]:
+        """The vectors of the pooling requests among ``rows`` whose prompt completes now (each the
+        pooler's output of its own rows of ``hidden`` [T, H]).
+
+        Raises:
+            ValueError: a pooling request computed only part of its prompt in this step (the
+                scheduler never chunks them).
+        """
+        batch = self.input_batch
+        req_ids, spans, params = [], [], []
+        for i, row in enumerate(rows.tolist()):
+            spec = batch.states[row].spec
+            if spec.pooling_params is None or not completes[i]:
+                continue
+            if batch.num_computed_tokens[row] != 0:
+                raise ValueError(f"pooling request {spec.request_id} computed {batch.num_computed_tokens[row]} of its "
+                                 "prompt tokens in an earlier step; pooling requests run whole (a scheduler bug)")
+            req_ids.append(spec.request_id)
+            spans.append((int(query_start_loc[i]), int(query_start_loc[i + 1])))
+            params.append(spec.pooling_params)
+        if not req_ids:
+            return {}
+        self.faults.check("pool", req_ids)
+        return dict(zip(req_ids, self.pooler(hidden, spans, params)))
 
     def _sample(self, logits: torch.Tensor, rows: np.ndarray, drafts: list[list[int]]) -> VerifiedTokens:
         """One token per row from the sampler, or, when a row verifies drafts, the rejection
@@ -261,6 +299,7 @@ class ModelRunner:
             if logprobs[0] is not None:
                 output.logprobs[req_id] = logprobs
         output.prompt_logprobs.update(result.prompt_logprobs)
+        output.pooler_output.update(result.pooled)
 
     # -- sampling inputs ---------------------------------------------------------------------------
 

@@ -24,7 +24,8 @@ class StepUpdates:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         """Apply a step's results: advance ``num_computed_tokens`` (less the rejected draft
-        positions), append sampled tokens, check stop conditions (``stop.check_stop``) after each,
+        positions), append sampled tokens (a pooling request's vector rides on its finishing
+        output), check stop conditions (``stop.check_stop``) after each,
         register newly full blocks in the prefix cache, keep new drafts and free finished
         requests. A request the runner could not process (``runner_output.errors``, or ``refused``:
         by its own fault) finishes with ``error``. Requests aborted since ``schedule()`` are skipped.
@@ -105,6 +106,7 @@ class StepUpdates:
             max(request.num_cached_tokens, 0),
             request.first_scheduled_time,
             num_preemptions=request.num_preemptions if finished else 0,
+            pooling_output=runner_output.pooler_output.get(request_id) if runner_output.pooler_output else None,
         )
 
     def _fail(self, request: Request, error: str, client_error: bool = False) -> EngineCoreOutput:

@@ -1,0 +1,118 @@
+"""The offline API of pooling models, vLLM's: ``LLM(model, runner="pooling").embed(prompts)`` and
+``LLM.encode(prompts, pooling_task="embed")``.
+
+Each prompt is one pooling request (``InputProcessor.process_pooling``: every check, as over
+HTTP); all of them are admitted together, run through the scheduler (batched, whole prompts) and
+come back in prompt order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvserve.outputs import EmbeddingRequestOutput, PoolingRequestOutput
+from kvserve.pooling.params import PoolingParams
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+class PoolingMixin:
+    """``embed`` and ``encode`` of ``kvserve.engine.llm.LLM`` (which provides ``llm_engine``,
+    ``_ids``, ``_as_list``)."""
+
+    def embed(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | Sequence[PoolingParams]
+              | None = None, *, truncate_prompt_tokens: int | None = None, use_tqdm: bool | Callable = True,
+              lora_request: Any = None, tokenization_kwargs: dict[str, Any] | None = None) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (a string, token ids, or ``{"prompt_token_ids": [...]}`` /
+        ``{"prompt": ..., "add_special_tokens": ...}``), in prompt order: each result's
+        ``outputs.embedding`` (list of floats), ``prompt_token_ids``, ``request_id``.
+
+        Args:
+            pooling_params: one for every prompt or one per prompt (None: the model's defaults).
+            truncate_prompt_tokens: keep at most this many tokens per prompt (-1: the context);
+                also ``tokenization_kwargs={"truncate_prompt_tokens": N, "truncation_side": ...}``
+                as vLLM 0.32 spells it.
+            use_tqdm: a progress bar over the finished prompts (True, False, or a tqdm factory).
+            lora_request: must be None (pooling runs the base model).
+
+        Raises:
+            InvalidRequestError: a generative model (start it with ``runner="pooling"``), or an
+                invalid prompt or parameter (nothing is run then).
+            RequestRejectedError: more prompts than the waiting queue takes (nothing is run).
+        """
+        return [EmbeddingRequestOutput.from_base(o) for o in self.encode(
+            prompts, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
+            lora_request=lora_request, pooling_task="embed", tokenization_kwargs=tokenization_kwargs)]
+
+    def encode(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams
+               | Sequence[PoolingParams] | None = None, *, truncate_prompt_tokens: int | None = None,
+               use_tqdm: bool | Callable = True, lora_request: Any = None, pooling_task: str | None = None,
+               tokenization_kwargs: dict[str, Any] | None = None) -> list[PoolingRequestOutput]:
+        """vLLM's ``LLM.encode``: each prompt's ``PoolingRequestOutput`` (``outputs.data``: a
+        float32 tensor), in prompt order. ``pooling_task`` is required, as in vLLM (``embed``).
+
+        Raises:
+            ValueError: no ``pooling_task``, or a ``tokenization_kwargs`` key other than
+                ``truncate_prompt_tokens`` / ``truncation_side``.
+            InvalidRequestError, RequestRejectedError: as :meth:`embed`.
+        """
+        if pooling_task is None:
+            raise ValueError("pooling_task required for `LLM.encode`: use `LLM.embed(...)` or pooling_task=\"embed\"")
+        prompt_list = self._as_list(prompts)
+        params_list = _params_list(pooling_params, len(prompt_list), pooling_task,
+                                   _truncation(truncate_prompt_tokens, tokenization_kwargs))
+        engine = self.llm_engine
+        lora = lora_request if not isinstance(lora_request, (list, tuple)) else next(filter(None, lora_request), None)
+        requests = [engine.input_processor.process_pooling(str(next(self._ids)), prompt, params, lora_request=lora)
+                    for prompt, params in zip(prompt_list, params_list)]
+        engine.add_requests(requests)
+        return self._run_pooling([r.request_id for r in requests], use_tqdm)
+
+    def _run_pooling(self, ids: list[str], use_tqdm: bool | Callable) -> list[PoolingRequestOutput]:
+        engine = self.llm_engine
+        finals: dict[str, PoolingRequestOutput] = {}
+        bar = _progress(use_tqdm, len(ids))
+        while len(finals) < len(ids):
+            for output in engine.step().outputs:
+                if output.finished:
+                    finals[output.request_id] = output
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [finals[i] for i in ids]
+
+
+def _truncation(truncate_prompt_tokens: int | None, tokenization_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The truncation fields ``embed``/``encode`` lay over each prompt's ``PoolingParams``."""
+    kwargs = dict(tokenization_kwargs or {})
+    unknown = sorted(set(kwargs) - {"truncate_prompt_tokens", "truncation_side"})
+    if unknown:
+        raise ValueError(f"tokenization_kwargs {unknown} are not supported; accepted: truncate_prompt_tokens, "
+                         "truncation_side")
+    if truncate_prompt_tokens is not None:
+        kwargs["truncate_prompt_tokens"] = truncate_prompt_tokens
+    return kwargs
+
+
+def _params_list(params, count: int, task: str, truncation: dict[str, Any]) -> list[PoolingParams]:
+    import dataclasses
+
+    if params is None or isinstance(params, PoolingParams):
+        params = [params or PoolingParams()] * count
+    elif len(params) != count:
+        raise ValueError(f"got {len(params)} PoolingParams for {count} prompts")
+    return [dataclasses.replace(p, task=p.task or task, **truncation) if isinstance(p, PoolingParams) else p
+            for p in params]
+
+
+def _progress(use_tqdm: bool | Callable, total: int):
+    """A tqdm bar (``use_tqdm`` True, or a factory like ``functools.partial(tqdm, leave=False)``),
+    or None."""
+    if not use_tqdm:
+        return None
+    from tqdm.auto import tqdm
+
+    factory = use_tqdm if callable(use_tqdm) else tqdm
+    return factory(total=total, desc="Processed prompts", dynamic_ncols=True)

@@ -1,0 +1,235 @@
+"""Whether a checkpoint runs as a pooling model, and how it pools (vLLM 0.32's rules).
+
+``--runner`` / ``--convert`` (vLLM's ``ModelConfig.runner`` / ``convert``; the older ``--task
+embed`` means ``--runner pooling``) resolve against the folder::
+
+    --runner auto      sentence-transformers folder (modules.json)  -> pooling
+                       encoder architecture (BertModel, ...)        -> pooling
+                       --convert embed                              -> pooling
+                       otherwise                                    -> generate
+    --runner pooling   an encoder, or a decoder (*ForCausalLM) adapted by --convert embed (the
+                       default for decoders): last-token pooling of the final hidden states
+    --runner generate  a decoder; an encoder is refused (it has no language-model head)
+
+How a pooling model pools (``PoolerConfig``): a sentence-transformers folder's ``modules.json``
+names a ``Pooling`` module whose ``config.json`` gives the mode (``pooling_mode`` or the older
+``pooling_mode_cls_token`` / ``pooling_mode_mean_tokens`` / ``pooling_mode_lasttoken`` flags) and
+a ``Normalize`` module turns L2 normalisation on (without one, embeddings are not normalised);
+otherwise the architecture's default applies (encoders: CLS; decoders: LAST) with normalisation on,
+as vLLM. ``sentence_*_config.json``'s ``max_seq_length`` caps the context and its
+``do_lower_case`` lower-cases text before tokenizing. Matryoshka dimensions come from config.json
+(``is_matryoshka``, ``matryoshka_dimensions``), as vLLM reads them.
+
+Source: vLLM 0.32 ``vllm/config/model.py`` (``_get_runner_type``, ``_get_convert_type``),
+``vllm/transformers_utils/config.py`` (``get_pooling_config``,
+``get_sentence_transformer_tokenizer_config``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from kvserve.errors import CheckpointError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+PoolingType = Literal["CLS", "MEAN", "LAST"]
+RUNNERS = ("auto", "generate", "pooling")
+CONVERTS = ("auto", "none", "embed")
+
+# sentence-transformers module types, by the end of their dotted name (its classic
+# ``sentence_transformers.models.X`` names and those of sentence-transformers >= 5).
+_ST_TRANSFORMER, _ST_POOLING, _ST_NORMALIZE = ".Transformer", ".Pooling", ".Normalize"
+# Pooling modes (sentence-transformers' names) -> ours; the other modes are refused by name.
+_ST_MODES = {"cls": "CLS", "cls_token": "CLS", "mean": "MEAN", "mean_tokens": "MEAN", "lasttoken": "LAST"}
+_ST_TOKENIZER_CONFIGS = ("sentence_bert_config.json", "sentence_roberta_config.json",
+                         "sentence_distilbert_config.json", "sentence_xlm-roberta_config.json")
+
+
+@dataclass(frozen=True)
+class PoolerConfig:
+    """How a pooling model turns a prompt's final hidden states into its output.
+
+    Attributes:
+        task: the model's task (``embed``; ``classify`` for sequence-classification heads).
+        pooling_type: ``CLS`` (the first token's state), ``MEAN`` (the mean over the prompt's
+            tokens) or ``LAST`` (the last token's state).
+        use_activation: the default of ``PoolingParams.use_activation`` (embed: L2-normalise).
+        hidden_size: the length of an embedding (the model's hidden size).
+        is_matryoshka: the model accepts ``dimensions`` (any value in [1, hidden_size], or one of
+            ``matryoshka_dimensions`` when listed).
+        matryoshka_dimensions: the dimensions the model was trained for, or None.
+        encoder_only: bidirectional attention (BERT and kin): a prompt runs whole in one step and
+            no KV cache is kept.
+        max_seq_length: sentence-transformers' ``max_seq_length`` (caps the context), or None.
+        do_lower_case: text is lower-cased before tokenizing (sentence-transformers).
+        source: where the pooling came from, for the start-up log.
+    """
+
+    task: str
+    pooling_type: PoolingType
+    use_activation: bool
+    hidden_size: int
+    is_matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] | None = None
+    encoder_only: bool = False
+    max_seq_length: int | None = None
+    do_lower_case: bool = False
+    source: str = ""
+
+    def describe(self) -> str:
+        """e.g. ``embed: CLS pooling, normalized (modules.json), 384 dimensions``."""
+        norm = "normalized" if self.use_activation else "not normalized"
+        dims = f", Matryoshka {list(self.matryoshka_dimensions)}" if self.matryoshka_dimensions else (
+            ", Matryoshka" if self.is_matryoshka else "")
+        return f"{self.task}: {self.pooling_type} pooling, {norm} ({self.source}), {self.hidden_size} dimensions{dims}"
+
+
+def resolve_runner(model_dir: str | Path, architecture: str, runner: str, convert: str) -> str:
+    """``generate`` or ``pooling`` for ``--runner`` / ``--convert`` on this folder (module
+    docstring).
+
+    Raises:
+        ConfigError: an encoder with ``--runner generate``; a decoder with ``--runner pooling
+            --convert none``; ``--convert embed`` with ``--runner generate``; unknown values.
+    """
+    from kvserve.model.registry import is_encoder_only
+
+    if runner not in RUNNERS:
+        raise ConfigError(f"--runner {runner!r} is not supported; choose one of {', '.join(RUNNERS)}")
+    if convert not in CONVERTS:
+        raise ConfigError(f"--convert {convert!r} is not supported; choose one of {', '.join(CONVERTS)}")
+    encoder = is_encoder_only(architecture)
+    if runner == "auto":
+        if encoder or convert == "embed" or (Path(model_dir) / "modules.json").is_file():
+            logger.info("Resolved `--runner auto` to `--runner pooling`. Pass the value explicitly to silence "
+                        "this message.")
+            return "pooling"
+        return "generate"
+    if runner == "generate":
+        if encoder:
+            raise ConfigError(f"{architecture} does not support `--runner generate` (an encoder has no language "
+                              "model head); use `--runner pooling` or `--runner auto`")
+        if convert == "embed":
+            raise ConfigError("--convert embed adapts a model to pooling: use it with `--runner pooling` (or auto)")
+        return "generate"
+    if not encoder and convert == "none":
+        raise ConfigError(f"{architecture} does not support `--runner pooling` as it is. You can pass "
+                          "`--convert embed` to adapt it into a pooling model (the default of --convert auto)")
+    return "pooling"
+
+
+def load_pooler_config(model_dir: str | Path, arch: Any) -> PoolerConfig:
+    """The ``PoolerConfig`` of a pooling model's folder (module docstring); ``arch`` is its
+    ``ModelArchConfig``.
+
+    Raises:
+        CheckpointError: a sentence-transformers module or pooling mode kvserve does not run
+            (named), or a modules.json / module config that is not valid JSON.
+    """
+    from kvserve.model.registry import default_pooling_type, is_encoder_only
+
+    folder = Path(model_dir)
+    st = _sentence_transformers_pooling(folder)
+    pooling_type, use_activation, source = st if st is not None else (
+        default_pooling_type(arch.architecture), True, f"{arch.architecture}'s default")
+    raw = arch.raw
+    dims = raw.get("matryoshka_dimensions")
+    tokenizer_config = _sentence_tokenizer_config(folder)
+    max_seq = tokenizer_config.get("max_seq_length")
+    return PoolerConfig(
+        task="embed", pooling_type=pooling_type, use_activation=use_activation, hidden_size=arch.hidden_size,
+        is_matryoshka=bool(dims) or bool(raw.get("is_matryoshka", False)),
+        matryoshka_dimensions=tuple(int(d) for d in dims) if dims else None,
+        encoder_only=is_encoder_only(arch.architecture),
+        max_seq_length=int(max_seq) if max_seq else None,
+        do_lower_case=bool(tokenizer_config.get("do_lower_case", False)), source=source,
+    )
+
+
+def resolve_pooler_config(model_config: Any, arch: Any = None) -> PoolerConfig | None:
+    """The ``PoolerConfig`` when ``model_config`` (a ``kvserve.config.ModelConfig``) runs as a
+    pooling model, else None. ``arch``: its ``ModelArchConfig`` when already read.
+
+    Raises:
+        ConfigError, CheckpointError: as ``resolve_runner`` and ``load_pooler_config``; a GGUF
+            file with ``--runner pooling``.
+    """
+    from kvserve.model.gguf_file import find_gguf
+    from kvserve.model.loader import load_arch_config
+
+    model = model_config.model
+    if find_gguf(model) is not None:
+        if model_config.runner == "pooling" or model_config.convert == "embed":
+            raise ConfigError("--runner pooling loads Hugging Face folders (config.json and safetensors), not GGUF files")
+        return None
+    arch = arch if arch is not None else load_arch_config(model)
+    if resolve_runner(model, arch.architecture, model_config.runner, model_config.convert) != "pooling":
+        return None
+    return load_pooler_config(model, arch)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def _sentence_transformers_pooling(folder: Path) -> tuple[PoolingType, bool, str] | None:
+    """(pooling type, normalize, source) from ``modules.json``, or None without that file."""
+    path = folder / "modules.json"
+    if not path.is_file():
+        return None
+    modules = _read_json(path)
+    if not isinstance(modules, list):
+        raise CheckpointError(f"{path} must hold a list of sentence-transformers modules")
+    pooling, normalize = None, False
+    for module in modules:
+        kind = str(module.get("type", ""))
+        if kind.endswith(_ST_POOLING):
+            pooling = _pooling_mode(folder / module.get("path", "") / "config.json")
+        elif kind.endswith(_ST_NORMALIZE):
+            normalize = True
+        elif not kind.endswith(_ST_TRANSFORMER):
+            raise CheckpointError(f"{path}: the sentence-transformers module {module.get('name', '?')!r} of type {kind} "
+                                  "is not supported; kvserve runs Transformer, Pooling and Normalize modules")
+    if pooling is None:
+        raise CheckpointError(f"{path} has no Pooling module; kvserve needs one to know how to pool")
+    return pooling, normalize, "sentence-transformers modules.json"
+
+
+def _pooling_mode(path: Path) -> PoolingType:
+    """The one pooling mode of a sentence-transformers ``Pooling`` module's ``config.json``.
+
+    Raises:
+        CheckpointError: no mode, several, one kvserve does not implement, or
+            ``include_prompt: false`` (instruction tokens left out of the mean).
+    """
+    config = _read_json(path) if path.is_file() else {}
+    mode = config.get("pooling_mode")
+    modes = ([mode] if isinstance(mode, str) else list(mode)) if mode else [
+        key.removeprefix("pooling_mode_") for key, value in config.items()
+        if key.startswith("pooling_mode_") and value is True]
+    unknown = [m for m in modes if m not in _ST_MODES]
+    if unknown or len(modes) != 1:
+        raise CheckpointError(f"{path}: pooling mode {', '.join(modes) or 'none'} is not supported; kvserve pools "
+                              "with exactly one of cls, mean and lasttoken")
+    if config.get("include_prompt", True) is False:
+        raise CheckpointError(f"{path}: include_prompt false (the instruction left out of the pooling) is not supported")
+    return _ST_MODES[modes[0]]
+
+
+def _sentence_tokenizer_config(folder: Path) -> dict[str, Any]:
+    """sentence-transformers' ``sentence_*_config.json`` (``max_seq_length``, ``do_lower_case``),
+    or {}."""
+    for name in _ST_TOKENIZER_CONFIGS:
+        path = folder / name
+        if path.is_file():
+            config = _read_json(path)
+            return config if isinstance(config, dict) else {}
+    return {}

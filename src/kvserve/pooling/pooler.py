@@ -1,0 +1,66 @@
+"""The pooler: a prompt's final hidden states (after the model's final norm) -> its output vector.
+
+    hidden [T, H] (model dtype, a step's flat batch)
+      │  the request's rows hidden[start:end] (its whole prompt: pooling requests are never chunked)
+      ▼
+    CLS: row 0 | MEAN: float32 sum of the rows / their count | LAST: the last row      -> float32 [H]
+      │  embed: first ``dimensions`` values (Matryoshka), then L2-normalised when use_activation
+      ▼
+    float32 [H'] on the CPU
+
+Each request is pooled alone, on a fresh copy of its rows, so its vector does not depend on the
+other requests of the step (batch invariance: the same bits alone or batched). Method after vLLM
+0.32's ``vllm/model_executor/layers/pooler/seqwise`` (``CLSPool``, ``MeanPool``, ``LastPool``,
+``EmbeddingPoolerHead``: dimensions are cut before the normalisation) and sentence-transformers'
+``Pooling`` / ``Normalize`` modules (``F.normalize``, eps 1e-12).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvserve.pooling.config import PoolerConfig
+from kvserve.pooling.params import PoolingParams
+
+
+class Pooler:
+    """Pools each request of a step alone (module docstring).
+
+    Args:
+        config: the model's pooling (``PoolerConfig``).
+    """
+
+    def __init__(self, config: PoolerConfig):
+        self.config = config
+
+    def __call__(self, hidden: torch.Tensor, spans: list[tuple[int, int]],
+                 params: list[PoolingParams]) -> list[torch.Tensor]:
+        """Args:
+            hidden: [T, H] final hidden states of the step's tokens.
+            spans: per pooled request, its rows ``[start, end)`` of ``hidden``: its whole prompt.
+            params: per pooled request, its resolved ``PoolingParams`` (task ``embed``).
+
+        Returns:
+            per request a float32 CPU tensor [H] (or [dimensions]).
+        """
+        return [self.pool_one(hidden[start:end], p) for (start, end), p in zip(spans, params, strict=True)]
+
+    def pool_one(self, states: torch.Tensor, params: PoolingParams) -> torch.Tensor:
+        """One request: ``states`` [n, H] -> float32 [H'] on the CPU."""
+        pooled = self._pool_states(states)
+        if params.dimensions is not None:
+            pooled = pooled[: params.dimensions]
+        if params.use_activation:
+            pooled = F.normalize(pooled, p=2.0, dim=0)
+        return pooled.cpu()
+
+    def _pool_states(self, states: torch.Tensor) -> torch.Tensor:
+        """float32 [H], computed on a copy of the request's own rows."""
+        kind = self.config.pooling_type
+        if kind == "CLS":
+            return states[0].to(torch.float32, copy=True)
+        if kind == "LAST":
+            return states[-1].to(torch.float32, copy=True)
+        rows = states.to(torch.float32, copy=True)
+        return rows.sum(dim=0) / rows.shape[0]
