@@ -1,5 +1,6 @@
 """Every route of the app against the API key (none, a wrong one, the right one), so a new route
-cannot be left open by mistake; the open probes (/health, /ping, /load, /version, /metrics); and
+cannot be left open by mistake (Anthropic's /v1/messages routes also read x-api-key and answer
+the 401 in Anthropic's shape); the open probes (/health, /ping, /load, /version, /metrics); and
 vLLM's SageMaker and load routes (/ping, /invocations, /load)."""
 
 from __future__ import annotations
@@ -37,14 +38,22 @@ def test_every_route_but_the_probes_needs_the_key(tokenizer):
         served = routes(srv)
         assert {path for _, path in served} >= OPEN | {"/v1/completions", "/v1/chat/completions", "/invocations",
                                                       "/tokenize", "/v1/models", "/docs"}
+        assert {"/v1/messages", "/v1/messages/count_tokens"} <= {path for _, path in served}
         for method, path in served:
-            for headers in ({}, {"Authorization": "Bearer wrong-key-123"}, {"Authorization": "Basic key-one"}):
+            for headers in ({}, {"Authorization": "Bearer wrong-key-123"}, {"Authorization": "Basic key-one"},
+                            {"x-api-key": "wrong-key-123"}):
                 response = http.request(method, path, headers=headers, json={})
                 if path in OPEN:
                     assert response.status_code in (200, 405), (method, path, response.text)
+                elif path.startswith("/v1/messages"):  # Anthropic's routes answer in Anthropic's shape
+                    assert response.status_code == 401 and response.json() == {"type": "error", "error": {
+                        "type": "authentication_error", "message": response.json()["error"]["message"]}}
                 else:
                     assert_error(response, 401, code="invalid_api_key")
             assert http.request(method, path, headers=KEY, json={}).status_code != 401, (method, path)
+            # x-api-key (Anthropic's header) is read on Anthropic's routes only
+            by_x_api_key = http.request(method, path, headers={"x-api-key": "key-one"}, json={})
+            assert (by_x_api_key.status_code != 401) == (path in OPEN or path.startswith("/v1/messages")), path
         assert_error(http.get("/no/such/route"), 401, code="invalid_api_key")  # no key: no route list either
         assert http.get("/no/such/route", headers=KEY).status_code == 404
         assert srv.engine.calls == []

@@ -165,7 +165,7 @@ class MessageStream:
     def finish(self) -> list[StreamEvent]:
         """The closing events: the open block's stop, ``message_delta``, ``message_stop``."""
         out: list[StreamEvent] = []
-        if self.next_index == 0:  # nothing was written: one empty text block, as non-streamed
+        if self.next_index == 0 and self.block is None:  # nothing written: one empty text block, as non-streamed
             out.append(self._start("text", TextBlock(text="")))
         out += self._close()
         tool_used = bool(self.tool_ids)

@@ -5,7 +5,8 @@ probes of :data:`OPEN_PATHS` (``/health``, ``/ping``, ``/load``, ``/version`` (t
 without a key), ``/metrics``) and CORS preflights: the API routes, ``/invocations``, the tokenizer
 and LoRA routes and the docs need it when keys are set, and so does a path that does not exist
 (a 401, not a 404 that would tell which routes do). vLLM guards only ``/v1``, ``/v2``,
-``/inference`` and ``/cohere`` (docs/api.md).
+``/inference`` and ``/cohere`` (docs/api.md). The Anthropic routes (``/v1/messages...``) also take
+the key as ``x-api-key``, and answer its 401 in Anthropic's shape (``kvserve.api.anthropic_errors``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from kvserve.api.anthropic_errors import is_anthropic_path
 from kvserve.api.errors import APIError
 
 OPEN_PATHS = frozenset({"/health", "/ping", "/load", "/version", "/metrics", "/metrics/"})
@@ -34,8 +36,18 @@ def _bearer_token(request: Request) -> str | None:
     return token.strip()
 
 
+def _anthropic_key(request: Request) -> str | None:
+    """``x-api-key``, the header Anthropic's clients send, read on the Anthropic routes only."""
+    if not is_anthropic_path(_local_path(request.scope)):
+        return None
+    token = request.headers.get("x-api-key", "").strip()
+    return token or None
+
+
 def authenticate(request: Request, api_keys: tuple[str, ...]) -> str:
-    """Return the caller's key (``ANONYMOUS_KEY`` when the server has none configured).
+    """Return the caller's key (``ANONYMOUS_KEY`` when the server has none configured): the
+    ``Authorization: Bearer`` token, or on the Anthropic routes (``/v1/messages...``) also
+    ``x-api-key`` (vLLM 0.32 reads only the bearer token).
 
     Raises:
         APIError: 401 ``invalid_api_key`` when keys are configured and the header is missing,
@@ -43,9 +55,10 @@ def authenticate(request: Request, api_keys: tuple[str, ...]) -> str:
     """
     if not api_keys:
         return ANONYMOUS_KEY
-    token = _bearer_token(request)
+    token = _bearer_token(request) or _anthropic_key(request)
     if token is None:
-        raise APIError(401, "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
+        how = "'x-api-key: YOUR_KEY' or " if is_anthropic_path(_local_path(request.scope)) else ""
+        raise APIError(401, f"You didn't provide an API key. Send it as {how}'Authorization: Bearer YOUR_KEY'.",
                        code="invalid_api_key")
     matched = [hmac.compare_digest(token.encode(), key.encode()) for key in api_keys]
     if not any(matched):

@@ -13,6 +13,9 @@
     POST /v1/unload_lora_adapter
     POST /v1/completions         see serving_completion.py
     POST /v1/chat/completions    see serving_chat.py
+    POST /v1/messages            Anthropic's Messages API, run as a chat completion (serving_messages.py);
+                                 its errors in Anthropic's shape; the key also as x-api-key
+    POST /v1/messages/count_tokens  the prompt's token count of a Messages request
     POST /tokenize, /detokenize  vLLM's tokenizer endpoints
     GET  /docs, /redoc           API pages; /openapi.json the schema (absent with
                                  --disable-fastapi-docs)
@@ -40,6 +43,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, ValidationError
 
 import kvserve
+from kvserve.api.anthropic_errors import AnthropicErrorMiddleware
+from kvserve.api.anthropic_protocol import (AnthropicCountTokensRequest, AnthropicCountTokensResponse,
+                                            AnthropicErrorResponse, AnthropicMessage, AnthropicMessagesRequest)
 from kvserve.api.auth import AuthMiddleware, api_key_of
 from kvserve.api.errors import APIError, install_error_handlers
 from kvserve.api.middleware import RequestGuardMiddleware, RequestIdMiddleware
@@ -50,6 +56,7 @@ from kvserve.api.responses import DetokenizeResponse, ModelCard, ModelList, Toke
 from kvserve.api.serving_base import ServingState, check_token_ids
 from kvserve.api.serving_chat import ChatServing, render_messages
 from kvserve.api.serving_completion import CompletionServing
+from kvserve.api.serving_messages import MessagesServing
 from kvserve.api.settings import ServerSettings
 from kvserve.api.tokenize_protocol import DetokenizeRequest, TokenizeRequest
 from kvserve.api.tokenization import tokenize_prompt
@@ -73,6 +80,7 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
     _add_middleware(app, engine, settings)
     _add_open_routes(app, state)
     _add_v1_routes(app, state)
+    _add_anthropic_routes(app, state)
     _add_lora_routes(app, state)
     _add_tokenizer_routes(app, state)
     if not settings.disable_fastapi_docs:
@@ -93,6 +101,7 @@ def _add_middleware(app: FastAPI, engine: EngineClient, settings: ServerSettings
         app.add_middleware(RejectionCounterMiddleware, metrics=metrics)
         instrument_routes(app, engine.metrics_registry)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(AnthropicErrorMiddleware)  # the errors of /v1/messages in Anthropic's shape
     app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
                        allow_methods=list(settings.allowed_methods), allow_headers=list(settings.allowed_headers),
                        allow_credentials=settings.allow_credentials, expose_headers=["X-Request-Id"])
@@ -217,6 +226,23 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
             return await completions.create(_validated(CompletionRequest, body), request, key)
         raise InvalidRequestError("Cannot find suitable handler for request. Expected one of: "
                                   "['ChatCompletionRequest', 'CompletionRequest'] (a body with 'messages' or 'prompt')")
+
+
+_ANTHROPIC_ERRORS = {status: {"model": AnthropicErrorResponse} for status in (400, 401, 404, 429, 500, 503)}
+
+
+def _add_anthropic_routes(app: FastAPI, state: ServingState) -> None:
+    messages = MessagesServing(state, ChatServing(state))
+
+    @app.post("/v1/messages", responses={200: {"model": AnthropicMessage, "content": {"text/event-stream": {}}},
+                                         **_ANTHROPIC_ERRORS})
+    async def create_message(body: AnthropicMessagesRequest, request: Request,
+                             key: str = Depends(api_key_of)) -> Response:
+        return await messages.create(body, request, key)
+
+    @app.post("/v1/messages/count_tokens", responses=_ANTHROPIC_ERRORS)
+    async def count_message_tokens(body: AnthropicCountTokensRequest) -> AnthropicCountTokensResponse:
+        return await messages.count_tokens(body)
 
 
 async def _json_body(request: Request):
