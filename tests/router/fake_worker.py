@@ -56,6 +56,13 @@ class FakeWorker:
                 return StreamingResponse(self._stream(), media_type="text/event-stream")
             return {"worker": self.name, "model": body.get("model")}
 
+        @app.post("/v1/messages")
+        async def messages(request: Request):  # Anthropic's route: the headers the router passed on
+            body = await request.json()
+            self.seen.append({"x-request-id": request.headers.get("x-request-id"), "body": body,
+                              "headers": dict(request.headers), "client_port": request.client.port})
+            return {"worker": self.name, "model": body.get("model")}
+
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -1,13 +1,15 @@
 """The router's ASGI entry: forwarded paths go to the proxy, the rest to the FastAPI app.
 
-    uvicorn ─► RouterApp ─┬─ POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize
+    uvicorn ─► RouterApp ─┬─ POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
+                          │     /v1/messages, /v1/messages/count_tokens
                           │     key, JSON body, model, prompt hashes, rate limit ─► Proxy.forward
                           └─ anything else (and the lifespan) ─► FastAPI (health, metrics, models,
                                                                  workers)
 
 The forwarded paths skip FastAPI: its routing, request object, exception middleware and
 StreamingResponse (a task group per stream) cost more CPU per request than the rest of the hop
-(docs/benchmarks.md section 5.6). Errors still answer in OpenAI's JSON (``api.errors``).
+(docs/benchmarks.md section 5.6). Errors still answer in OpenAI's JSON (``api.errors``), on
+``/v1/messages`` in Anthropic's (``api.anthropic_errors``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 
+from kvserve.api.anthropic_errors import anthropic_error_response, is_anthropic_path
 from kvserve.api.auth import authenticate
 from kvserve.api.errors import APIError, error_response
 from kvserve.router.proxy import ForwardRequest
@@ -29,9 +32,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FORWARDED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"})
+FORWARDED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
+                             "/v1/messages", "/v1/messages/count_tokens"})
 # Client headers passed on to the worker (besides X-Request-Id, which the router sets).
-_PASSED_HEADERS = frozenset({b"authorization", b"content-type", b"accept", b"user-agent", b"openai-organization"})
+_PASSED_HEADERS = frozenset({b"authorization", b"content-type", b"accept", b"user-agent", b"openai-organization",
+                             b"x-api-key", b"anthropic-version", b"anthropic-beta"})  # the last three: /v1/messages
 
 
 class _ClientLeft(Exception):
@@ -57,8 +62,9 @@ class RouterApp:
         except Exception as exc:  # noqa: BLE001 - every failure becomes the client's error response
             if not isinstance(exc, APIError):
                 logger.exception("forwarding %s failed", scope["path"])
+            respond = anthropic_error_response if is_anthropic_path(scope["path"]) else error_response
             try:
-                await error_response(exc)(scope, receive, send)
+                await respond(exc)(scope, receive, send)
             except RuntimeError:
                 pass  # the response had started: uvicorn closes the connection
 

@@ -1,6 +1,7 @@
 """The prompt's token ids at the router, as a kvserve worker computes them: ``prompt`` through
 the tokenizer (``add_special_tokens`` as the request says, default true), token-id prompts as
-given, chat ``messages`` through the chat template with ``add_generation_prompt``. Routing uses
+given, chat ``messages`` through the chat template with ``add_generation_prompt``, an Anthropic
+Messages body (``/v1/messages``) as the chat request it translates to. Routing uses
 only the first prompt of a batch. A request the router cannot tokenize (a template error, a
 content part it does not know) is routed by load: validating it is the worker's job.
 """
@@ -10,6 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kvserve.api.anthropic_protocol import AnthropicMessagesRequest
+from kvserve.api.anthropic_request import to_chat_request
+from kvserve.api.protocol import tools_for_template
 from kvserve.api.tokenization import render_chat, tokenize_prompt
 
 logger = logging.getLogger(__name__)
@@ -30,6 +34,8 @@ class PromptTokenizer:
         try:
             if path.endswith("/chat/completions"):
                 return self._chat(body)
+            if path.endswith("/v1/messages"):
+                return self._messages(body)
             return self._completion(body)
         except Exception as exc:  # noqa: BLE001 - the worker will word the error
             logger.debug("cannot tokenize a request for routing: %s", exc)
@@ -55,3 +61,12 @@ class PromptTokenizer:
                            continue_final_message=body.get("continue_final_message", False),
                            chat_template=self.chat_template, tools=body.get("tools"),
                            chat_template_kwargs=body.get("chat_template_kwargs"))
+
+    def _messages(self, body: dict) -> list[int] | None:
+        """An Anthropic Messages body (system, messages, tools) as its chat request renders
+        (without the worker's template probes and default template variables)."""
+        chat = to_chat_request(AnthropicMessagesRequest.model_validate(body))
+        messages = [message.to_template_dict(i) for i, message in enumerate(chat.messages)]
+        return render_chat(self.tokenizer, messages, add_generation_prompt=chat.add_generation_prompt,
+                           continue_final_message=chat.continue_final_message, chat_template=self.chat_template,
+                           tools=tools_for_template(chat.tools), chat_template_kwargs=chat.chat_template_kwargs)
