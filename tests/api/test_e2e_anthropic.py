@@ -2,15 +2,18 @@
 the same conversation through ``/v1/chat/completions`` (text, token counts, finish), streamed
 or not; ``stop_sequences`` and ``max_tokens`` end as Anthropic says; and a tool round trip
 (a forced ``tool_use``, its ``tool_result`` sent back) on a random-weight Qwen2 checkpoint whose
-template speaks the Qwen2.5 tool format (``kvserve.testing.tool_checkpoint``)."""
+template speaks the Qwen2.5 tool format (``kvserve.testing.tool_checkpoint``); refusals are
+counted in ``request_rejected_total`` as on the OpenAI routes."""
 
 from __future__ import annotations
 
 import json
 
 import anthropic
+import httpx
 import jsonschema
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvserve.testing.live_server import start_live_server
 from kvserve.testing.tool_checkpoint import build_tool_checkpoint
@@ -119,3 +122,21 @@ def test_any_tool_is_a_required_call(tool_server):
                                      messages=[{"role": "user", "content": "Weather?"}])
     assert message.stop_reason == "tool_use" and [block.type for block in message.content] == ["tool_use"]
     jsonschema.validate(message.content[0].input, WEATHER)
+
+
+def rejected(server, reason: str) -> float:
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "kvserve:request_rejected_total" and sample.labels.get("reason") == reason)
+
+
+def test_refusals_are_counted_as_on_the_openai_routes(live_server):
+    before = rejected(live_server, "invalid_request"), rejected(live_server, "invalid_api_key")
+    image = {"model": "tiny-llama", "max_tokens": 4, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]}
+    assert httpx.post(live_server.base_url + "/v1/messages", json=image,
+                      headers={"x-api-key": live_server.api_key}).status_code == 400
+    assert httpx.post(live_server.base_url + "/v1/messages", json=image,
+                      headers={"x-api-key": "wrong-key-123"}).status_code == 401
+    after = rejected(live_server, "invalid_request"), rejected(live_server, "invalid_api_key")
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)

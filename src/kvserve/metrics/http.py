@@ -2,7 +2,8 @@
 
 Requests are refused in two places: the API layer (context too long, rate limits, shutdown,
 authentication) and the engine (waiting queue full). Both end as an error response of
-``POST /v1/completions`` or ``POST /v1/chat/completions`` before any token, so this ASGI
+``POST /v1/completions``, ``POST /v1/chat/completions`` or ``POST /v1/messages`` (seen here in
+OpenAI's shape, before ``AnthropicErrorMiddleware`` rewrites it) before any token, so this ASGI
 middleware counts each refusal exactly once, labelled with the error's OpenAI ``code`` (e.g.
 ``queue_full``, ``shutting_down``, ``invalid_api_key``) or, without one, a reason by status
 (``invalid_request`` for 400, ``rate_limited`` for 429). Server errors (5xx other than 503) are
@@ -17,7 +18,7 @@ from typing import Any
 
 from kvserve.metrics.prometheus import PrometheusStatsLogger
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/messages"})
 _REASON_BY_STATUS = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 429: "rate_limited",
                      503: "unavailable"}
 _MAX_ERROR_BODY = 65536  # bytes read to find the error code
