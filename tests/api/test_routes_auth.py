@@ -28,7 +28,8 @@ def routes(srv: LoopbackServer) -> list[tuple[str, str]]:
     found = []
     for route in srv.server.config.app.routes:
         for method in sorted(getattr(route, "methods", ()) - {"HEAD"}):
-            found.append((method, route.path.replace("{model_id:path}", "scripted-model")))
+            found.append((method, route.path.replace("{model_id:path}", "scripted-model")
+                           .replace("{response_id}", "resp_0")))
     return found
 
 
@@ -37,7 +38,8 @@ def test_every_route_but_the_probes_needs_the_key(tokenizer):
     with LoopbackServer(ScriptedEngine(tokenizer), settings) as srv, httpx.Client(base_url=srv.base_url) as http:
         served = routes(srv)
         assert {path for _, path in served} >= OPEN | {"/v1/completions", "/v1/chat/completions", "/invocations",
-                                                      "/tokenize", "/v1/models", "/docs"}
+                                                      "/tokenize", "/v1/models", "/docs", "/v1/responses",
+                                                      "/v1/responses/resp_0", "/v1/responses/resp_0/cancel"}
         assert {"/v1/messages", "/v1/messages/count_tokens"} <= {path for _, path in served}
         for method, path in served:
             for headers in ({}, {"Authorization": "Bearer wrong-key-123"}, {"Authorization": "Basic key-one"},

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kvserve.api.chat_protocol import REASONING_EFFORTS
 from kvserve.api.protocol import OpenAIBaseModel, _is_default
@@ -124,6 +124,13 @@ class ResponsesRequest(OpenAIBaseModel):
     cache_salt: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input_shape(cls, value):
+        if not isinstance(value, (str, list)) or isinstance(value, list) and not all(isinstance(i, dict) for i in value):
+            raise ValueError("input must be a string or a list of input items (objects)")
+        return value
 
     @property
     def wants_logprobs(self) -> bool:

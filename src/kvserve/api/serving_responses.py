@@ -175,8 +175,8 @@ class ResponsesServing:
                 async for event in generated:
                     entry.events.append(event)
             entry.response = events.response
-        except asyncio.CancelledError:
-            entry.response = entry.response.model_copy(update={"status": "cancelled"})
+        except asyncio.CancelledError:  # the items streamed so far stay
+            entry.response = entry.response.model_copy(update={"status": "cancelled", "output": list(events.items)})
             raise
         except Exception as exc:  # noqa: BLE001 - a failed background response says why
             error = to_api_error(exc)

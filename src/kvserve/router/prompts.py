@@ -14,6 +14,9 @@ from typing import Any
 from kvserve.api.anthropic_protocol import AnthropicMessagesRequest
 from kvserve.api.anthropic_request import to_chat_request
 from kvserve.api.protocol import tools_for_template
+from kvserve.api.responses_input import chat_request as responses_chat_request
+from kvserve.api.responses_input import input_messages
+from kvserve.api.responses_protocol import ResponsesRequest
 from kvserve.api.tokenization import render_chat, tokenize_prompt
 
 logger = logging.getLogger(__name__)
@@ -36,6 +39,8 @@ class PromptTokenizer:
                 return self._chat(body)
             if path.endswith("/v1/messages"):
                 return self._messages(body)
+            if path.endswith("/v1/responses"):
+                return self._responses(body)
             return self._completion(body)
         except Exception as exc:  # noqa: BLE001 - the worker will word the error
             logger.debug("cannot tokenize a request for routing: %s", exc)
@@ -66,6 +71,18 @@ class PromptTokenizer:
         """An Anthropic Messages body (system, messages, tools) as its chat request renders
         (without the worker's template probes and default template variables)."""
         chat = to_chat_request(AnthropicMessagesRequest.model_validate(body))
+        messages = [message.to_template_dict(i) for i, message in enumerate(chat.messages)]
+        return render_chat(self.tokenizer, messages, add_generation_prompt=chat.add_generation_prompt,
+                           continue_final_message=chat.continue_final_message, chat_template=self.chat_template,
+                           tools=tools_for_template(chat.tools), chat_template_kwargs=chat.chat_template_kwargs)
+
+    def _responses(self, body: dict) -> list[int] | None:
+        """A Responses body (instructions, input, tools) as its chat request renders; None for a
+        follow-up (``previous_response_id``: its history is on the worker that stored it)."""
+        request = ResponsesRequest.model_validate(body)
+        if request.previous_response_id is not None:
+            return None
+        chat = responses_chat_request(request, input_messages(request.input))
         messages = [message.to_template_dict(i) for i, message in enumerate(chat.messages)]
         return render_chat(self.tokenizer, messages, add_generation_prompt=chat.add_generation_prompt,
                            continue_final_message=chat.continue_final_message, chat_template=self.chat_template,
