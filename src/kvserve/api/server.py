@@ -16,6 +16,10 @@
     POST /v1/messages            Anthropic's Messages API, run as a chat completion (serving_messages.py);
                                  its errors in Anthropic's shape; the key also as x-api-key
     POST /v1/messages/count_tokens  the prompt's token count of a Messages request
+    POST /v1/responses           OpenAI's Responses API, run as a chat completion (serving_responses.py)
+    GET, DELETE /v1/responses/{id}   a stored response (store: true); GET ?stream=true replays a
+                                 streamed background response's events
+    POST /v1/responses/{id}/cancel   cancel a background response
     POST /tokenize, /detokenize  vLLM's tokenizer endpoints
     GET  /docs, /redoc           API pages; /openapi.json the schema (absent with
                                  --disable-fastapi-docs)
@@ -56,6 +60,9 @@ from kvserve.api.responses import DetokenizeResponse, ModelCard, ModelList, Toke
 from kvserve.api.serving_base import ServingState, check_token_ids
 from kvserve.api.serving_chat import ChatServing, render_messages
 from kvserve.api.serving_completion import CompletionServing
+from kvserve.api.responses_objects import ResponseDeleted, ResponsesResponse
+from kvserve.api.responses_protocol import ResponsesRequest
+from kvserve.api.serving_responses import ResponsesServing
 from kvserve.api.serving_messages import MessagesServing
 from kvserve.api.settings import ServerSettings
 from kvserve.api.tokenize_protocol import DetokenizeRequest, TokenizeRequest
@@ -81,6 +88,7 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
     _add_open_routes(app, state)
     _add_v1_routes(app, state)
     _add_anthropic_routes(app, state)
+    _add_responses_routes(app, state)
     _add_lora_routes(app, state)
     _add_tokenizer_routes(app, state)
     if not settings.disable_fastapi_docs:
@@ -243,6 +251,28 @@ def _add_anthropic_routes(app: FastAPI, state: ServingState) -> None:
     @app.post("/v1/messages/count_tokens", responses=_ANTHROPIC_ERRORS)
     async def count_message_tokens(body: AnthropicCountTokensRequest) -> AnthropicCountTokensResponse:
         return await messages.count_tokens(body)
+
+
+def _add_responses_routes(app: FastAPI, state: ServingState) -> None:
+    responses = ResponsesServing(state, ChatServing(state))
+    answers = {200: {"model": ResponsesResponse, "content": {"text/event-stream": {}}}}
+
+    @app.post("/v1/responses", responses=answers)
+    async def create_response(body: ResponsesRequest, request: Request, key: str = Depends(api_key_of)) -> Response:
+        return await responses.create(body, request, key)
+
+    @app.get("/v1/responses/{response_id}", responses=answers)
+    async def retrieve_response(response_id: str, stream: bool = False, starting_after: int | None = None,
+                                key: str = Depends(api_key_of)) -> Response:
+        return await responses.retrieve(response_id, key, stream, starting_after)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, key: str = Depends(api_key_of)) -> ResponseDeleted:
+        return await responses.delete(response_id, key)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str, key: str = Depends(api_key_of)) -> ResponsesResponse:
+        return await responses.cancel(response_id, key)
 
 
 async def _json_body(request: Request):

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FORWARDED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
-                             "/v1/messages", "/v1/messages/count_tokens"})
+                             "/v1/messages", "/v1/messages/count_tokens",
+                             "/v1/responses"})  # POST only: a stored response lives on its worker (docs/router.md)
 # Client headers passed on to the worker (besides X-Request-Id, which the router sets).
 _PASSED_HEADERS = frozenset({b"authorization", b"content-type", b"accept", b"user-agent", b"openai-organization",
                              b"x-api-key", b"anthropic-version", b"anthropic-beta"})  # the last three: /v1/messages
@@ -110,5 +111,5 @@ async def _read_body(receive) -> bytes:
 
 
 def _max_tokens(body: dict) -> int:
-    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    value = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_output_tokens")))
     return value if isinstance(value, int) and value > 0 else 16
