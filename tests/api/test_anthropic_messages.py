@@ -76,9 +76,9 @@ class SplitEngine(TextEngine):
             last = step + 1 == len(pieces)
             text = detokenizer.add_tokens(piece) if ids else ""
             text += detokenizer.flush() if last and ids else ""
-            yield RequestOutput(request_id, prompt, list(prompt_ids), None,
-                                [CompletionOutput(0, text, piece, logprobs=None, finish_reason="stop" if last else None)],
-                                finished=last, num_cached_tokens=0)
+            output = CompletionOutput(0, text, piece, logprobs=None, finish_reason="stop" if last else None)
+            yield RequestOutput(request_id, prompt, list(prompt_ids), None, [output], finished=last,
+                                num_cached_tokens=0)
 
 
 @pytest.fixture(scope="module")
@@ -133,9 +133,10 @@ def expected_from_chat(server, text_key: str) -> dict:
                 for c in choice["message"].get("tool_calls") or []]
     stop = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}[choice["finish_reason"]]
     cached = usage["prompt_tokens_details"]["cached_tokens"]
-    return {"type": "message", "role": "assistant", "model": MODEL, "content": content or [{"type": "text", "text": ""}],
-            "stop_reason": stop, "usage": {"input_tokens": usage["prompt_tokens"] - cached,
-                                           "output_tokens": usage["completion_tokens"], "cache_read_input_tokens": cached}}
+    return {"type": "message", "role": "assistant", "model": MODEL,
+            "content": content or [{"type": "text", "text": ""}], "stop_reason": stop,
+            "usage": {"input_tokens": usage["prompt_tokens"] - cached, "output_tokens": usage["completion_tokens"],
+                      "cache_read_input_tokens": cached}}
 
 
 def create(server, **extra):

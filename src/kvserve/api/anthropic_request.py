@@ -117,8 +117,8 @@ def check_supported(request: AnthropicPromptRequest) -> None:
         if extras.get(name) is not None:
             raise InvalidRequestError(f"{name} is not supported by this server: {reason}", param=name)
     if extras.get("speed") not in (None, "standard"):
-        raise InvalidRequestError("speed 'fast' is not supported by this server: it has one speed ('standard')",
-                                  param="speed")
+        raise InvalidRequestError(f"speed {extras['speed']!r} is not supported by this server: it has one speed "
+                                  "('standard')", param="speed")
     request.check_unsupported_fields()
     if isinstance(request.thinking, ThinkingEnabled):
         raise InvalidRequestError(
