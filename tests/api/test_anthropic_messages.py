@@ -15,6 +15,8 @@ import anthropic
 import httpx
 import pytest
 
+from kvserve.api.anthropic_request import TemplateFacts
+from kvserve.api.serving_messages import probe_template
 from kvserve.api.settings import ServerSettings
 from kvserve.engine.detokenizer import IncrementalDetokenizer
 from kvserve.errors import RequestFailedError
@@ -374,3 +376,30 @@ def test_the_openapi_schema_shows_the_typed_bodies(server):
     assert {"model", "messages", "max_tokens"} <= set(fields["required"])
     assert {"system", "tools", "tool_choice", "stop_sequences", "thinking", "stream"} <= set(fields["properties"])
     assert "/v1/messages/count_tokens" in schema["paths"]
+
+
+SYSTEM_FIRST = ("{%- for m in messages %}{%- if m['role'] == 'system' and not loop.first %}"
+                "{{ raise_exception('System message must be at the beginning.') }}{%- endif %}"
+                "<|{{ m['role'] }}|>{{ m['content'] }}{%- endfor %}{%- if add_generation_prompt %}<|assistant|>{%- endif %}")
+
+
+def test_the_template_probes(server):
+    """vLLM's probes: the tool template takes a system turn anywhere and renders enable_thinking
+    (so thinking disabled is "none"); a system-first template that ignores reasoning_effort
+    merges inline system turns and gets "low"."""
+    assert probe_template(server.state) == TemplateFacts(merge_inline_system=False, disabled_thinking_effort="none")
+    with LoopbackServer(SplitEngine(build_tool_tokenizer()), ServerSettings(chat_template=SYSTEM_FIRST)) as strict:
+        assert probe_template(strict.state) == TemplateFacts(merge_inline_system=True, disabled_thinking_effort="low")
+        conversation = [*USER, {"role": "assistant", "content": "Hi."}, {"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": "Go on."}]
+        merged = [{"role": "system", "content": "S.Be brief."}, *USER, {"role": "assistant", "content": "Hi."},
+                  {"role": "user", "content": "Go on."}]
+        tokenized = httpx.post(strict.base_url + "/tokenize", json={"model": MODEL, "messages": merged}).json()
+        counted = httpx.post(strict.base_url + "/v1/messages/count_tokens",
+                             json={"model": MODEL, "system": "S.", "messages": conversation}).json()
+        assert counted["input_tokens"] == tokenized["count"]
+        strict.engine.text = "Fine."
+        reply = httpx.post(strict.base_url + "/v1/messages", json={"model": MODEL, "max_tokens": 5, "system": "S.",
+                                                                   "messages": conversation}).json()
+        assert reply["content"] == [{"type": "text", "text": "Fine."}]
+        assert reply["usage"]["input_tokens"] == tokenized["count"]
