@@ -295,7 +295,8 @@ def _kv_event_publisher(args, config):
 
 def check_model(config):
     """The start-up checks of ``config``'s model folder, before any weight is read: device,
-    architecture, safetensors weights, context length, KV budget. Returns ``(arch, max_model_len)``.
+    architecture, safetensors weights, ``--runner`` (``kvserve.pooling.config``), context length,
+    KV budget. Returns ``(arch, max_model_len)``.
 
     Raises:
         CheckpointError, ValueError: one line naming the problem (``kvserve.startup_checks``).
@@ -309,7 +310,13 @@ def check_model(config):
     check_architecture(config.model.model)
     check_weights(config.model.model)
     arch = load_arch_config(config.model.model)
-    max_model_len = resolve_max_model_len(arch, config.model.max_model_len)
+    from kvserve.pooling.config import resolve_pooler_config
+    from kvserve.pooling.engine_rules import check_pooling_options
+
+    pooler = resolve_pooler_config(config.model, arch)  # a --runner this folder cannot take stops here
+    if pooler is not None:
+        check_pooling_options(config)
+    max_model_len = resolve_max_model_len(arch, config.model.max_model_len, pooler and pooler.max_seq_length)
     if config.model.dtype == "auto":
         dtype = default_dtype_for_device(config.model.model, device)
     else:
@@ -318,7 +325,9 @@ def check_model(config):
 
     check_tensor_parallel(arch, config.parallel.tensor_parallel_size)
     check_parallel_options(config)
-    bytes_per_block = kv_cache_bytes_per_block(arch, config.cache.block_size, dtype, config.cache.kv_cache_dtype)
+    encoder = pooler is not None and pooler.encoder_only  # caches no K/V
+    bytes_per_block = kv_cache_bytes_per_block(arch, config.cache.block_size, dtype, config.cache.kv_cache_dtype,
+                                               0 if encoder else None)
     if config.cache.num_blocks_override is None:
         check_kv_budget(config.cache.kv_cache_memory_bytes, bytes_per_block, config.cache.block_size, max_model_len)
     return arch, max_model_len

@@ -21,6 +21,8 @@
                                  streamed background response's events
     POST /v1/responses/{id}/cancel   cancel a background response
     POST /tokenize, /detokenize  vLLM's tokenizer endpoints
+    POST /v1/embeddings          OpenAI's embeddings of a pooling model (--runner pooling; serving_pooling.py)
+    POST /pooling                vLLM's pooling route (its shape; serving_pooling.py)
     GET  /docs, /redoc           API pages; /openapi.json the schema (absent with
                                  --disable-fastapi-docs)
 
@@ -60,6 +62,7 @@ from kvserve.api.responses import DetokenizeResponse, ModelCard, ModelList, Toke
 from kvserve.api.serving_base import ServingState, check_token_ids
 from kvserve.api.serving_chat import ChatServing, render_messages
 from kvserve.api.serving_completion import CompletionServing
+from kvserve.api.serving_pooling import register as register_pooling_routes
 from kvserve.api.responses_objects import ResponseDeleted, ResponsesResponse
 from kvserve.api.responses_protocol import ResponsesRequest
 from kvserve.api.serving_responses import ResponsesServing
@@ -91,6 +94,7 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
     _add_responses_routes(app, state)
     _add_lora_routes(app, state)
     _add_tokenizer_routes(app, state)
+    register_pooling_routes(app, state)  # /v1/embeddings, /pooling
     if not settings.disable_fastapi_docs:
         _add_docs_routes(app, state)
     return app

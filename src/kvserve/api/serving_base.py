@@ -110,6 +110,12 @@ class ServingState:
         return lora_request.lora_name if lora_request is not None else self.model_name
 
     def check_ready(self) -> None:
+        """A generation endpoint's first check: :meth:`check_serving`, then the model generates
+        (a pooling model answers 400 naming ``model``: ``InputProcessor.check_generates``)."""
+        self.check_serving()
+        self.engine.input_processor.check_generates()
+
+    def check_serving(self) -> None:
         """Raises APIError 503 while shutting down or while the engine is not ready."""
         if not self.accepting:
             raise APIError(503, "The server is shutting down and accepts no new requests.",

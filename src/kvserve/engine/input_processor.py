@@ -120,6 +120,12 @@ class InputProcessor:
         if self.pooler_config is not None:
             raise InvalidRequestError(GENERATION_REFUSAL, param="model")
 
+    def check_pools(self) -> None:
+        """Raises InvalidRequestError (``model``) when this is a generative model: it computes no
+        embeddings (start it with ``--runner pooling``)."""
+        if self.pooler_config is None:
+            raise InvalidRequestError(POOLING_REFUSAL, param="model")
+
     def process_pooling(self, request_id: str, prompt: PromptInput, params: PoolingParams, *, priority: int = 0,
                         arrival_time: float | None = None, fields: FieldNames = DEFAULT_FIELDS,
                         lora_request: LoRARequest | None = None) -> EngineRequest:
@@ -132,9 +138,8 @@ class InputProcessor:
             InvalidRequestError: a generative model (``model``), or any invalid value (``param``
                 names the field as ``fields`` calls it).
         """
+        self.check_pools()
         pooler = self.pooler_config
-        if pooler is None:
-            raise InvalidRequestError(POOLING_REFUSAL, param="model")
         if lora_request is not None:
             raise InvalidRequestError(f"LoRA adapter {lora_request.lora_name!r}: pooling runs the base model only",
                                       param="model")

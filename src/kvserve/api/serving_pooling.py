@@ -1,0 +1,129 @@
+"""``POST /v1/embeddings`` (OpenAI's embeddings, vLLM 0.32's extensions) and vLLM's
+``POST /pooling``: one engine request per input, all admitted together (``AsyncLLM.add_requests``,
+one ``RequestStream``), run by the scheduler as pooling requests (``kvserve.pooling``)::
+
+    body ─► check_http_fields, model ─► worker thread: chat template (messages),
+    InputProcessor.process_pooling per input ─► admit (rate limits: prompt tokens) ─►
+    add_requests ─► each request's PoolingRequestOutput ─► {"data": [{"index", "embedding"}], "usage"}
+
+A generative model answers 400 (start it with ``--runner pooling``); a pooling model answers the
+generation endpoints 400 too (``InputProcessor.check_generates``, called by
+``ServingState.check_ready``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from fastapi import Depends, FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from kvserve.api.auth import api_key_of
+from kvserve.api.pooling_protocol import (EmbeddingData, EmbeddingRequest, EmbeddingResponse, PoolingData,
+                                          PoolingRequest, PoolingResponse, PoolingUsage, chat_messages, encode_vector)
+from kvserve.api.serving_base import ServingState, new_request_id, until_disconnect
+from kvserve.api.serving_chat import render_messages
+from kvserve.api.tokenize_protocol import TokenizeRequest
+from kvserve.engine.engine_request import EngineRequest
+from kvserve.engine.input_processor import FieldNames
+from kvserve.outputs import PoolingRequestOutput
+
+
+def register(app: FastAPI, state: ServingState) -> None:
+    """Add ``/v1/embeddings`` and ``/pooling`` to ``app``."""
+    serving = PoolingServing(state)
+
+    @app.post("/v1/embeddings")
+    async def create_embedding(body: EmbeddingRequest, request: Request, key: str = Depends(api_key_of)) -> Response:
+        return await serving.create(body, request, key, "embd", _embedding_response)
+
+    @app.post("/pooling")
+    async def create_pooling(body: PoolingRequest, request: Request, key: str = Depends(api_key_of)) -> Response:
+        return await serving.create(body, request, key, "pool", _pooling_response)
+
+
+class PoolingServing:
+    """Handles the pooling routes against the engine in ``state``."""
+
+    def __init__(self, state: ServingState):
+        self.state = state
+
+    async def create(self, body: EmbeddingRequest | PoolingRequest, raw_request: Request, api_key: str, prefix: str,
+                     respond: Callable[[EmbeddingRequest | PoolingRequest, str, str, list[PoolingRequestOutput]],
+                                       object]) -> Response:
+        """Check, validate (the engine's input processor, on a worker thread), admit, run, answer.
+
+        Raises:
+            InvalidRequestError, APIError, RequestRejectedError: mapped to 4xx/503 by the app.
+        """
+        self.state.check_serving()
+        lora_request = self.state.check_model(body.model)
+        self.state.engine.input_processor.check_pools()  # a generative model: 400, --runner pooling
+        body.check_http_fields()
+        request_id = f"{prefix}-{body.request_id}" if body.request_id else new_request_id(prefix, raw_request)
+        requests = await asyncio.to_thread(self._prepare, body, request_id, lora_request)
+        self.state.admit(api_key, sum(len(r.prompt_token_ids) for r in requests))
+        try:
+            stream = await self.state.engine.add_requests(requests)
+        except BaseException:
+            self.state.finish(api_key)
+            raise
+        finished, outputs = await until_disconnect(raw_request, self._collect(stream, len(requests), api_key))
+        if not finished:
+            return Response(status_code=499)
+        model = self.state.response_model_name(lora_request)
+        return JSONResponse(respond(body, request_id, model, outputs).model_dump(mode="json"))
+
+    def _prepare(self, body: EmbeddingRequest | PoolingRequest, request_id: str, lora_request) -> list[EngineRequest]:
+        """The input stage (a worker thread): each input (or rendered conversation) through
+        ``InputProcessor.process_pooling``."""
+        processor = self.state.engine.input_processor
+        texts, conversations = body.prompts()
+        add_special = body.add_special_tokens
+        prompts: list = [{"prompt": t, "add_special_tokens": add_special is not False} if isinstance(t, str)
+                         else {"prompt_token_ids": t} for t in texts]
+        param = "input" if body.messages is None else "messages"
+        for conversation in conversations or []:
+            rendered = TokenizeRequest(messages=chat_messages(conversation, param),
+                                       add_generation_prompt=body.add_generation_prompt,
+                                       continue_final_message=body.continue_final_message,
+                                       add_special_tokens=bool(add_special), chat_template_kwargs=body.chat_template_kwargs)
+            prompts.append({"prompt_token_ids": render_messages(self.state, rendered)})
+        params = body.pooling_params(getattr(body, "task", None))
+        fields = FieldNames(prompt=param)
+        return [processor.process_pooling(f"{request_id}-{i}", prompt, params, priority=body.priority,
+                                          fields=fields, lora_request=lora_request)
+                for i, prompt in enumerate(prompts)]
+
+    async def _collect(self, stream, count: int, api_key: str) -> list[PoolingRequestOutput]:
+        """Every request's output, in input order; ends the call (aborts what is left, releases
+        the admission) on every exit path."""
+        outputs: list[PoolingRequestOutput | None] = [None] * count
+        try:
+            async for index, output in stream.outputs():
+                if output.finished:
+                    outputs[index] = output
+        finally:
+            stream.close()
+            self.state.finish(api_key)
+        return outputs
+
+
+def _usage(outputs: list[PoolingRequestOutput]) -> PoolingUsage:
+    tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    return PoolingUsage(prompt_tokens=tokens, total_tokens=tokens)
+
+
+def _embedding_response(body: EmbeddingRequest, request_id: str, model: str,
+                        outputs: list[PoolingRequestOutput]) -> EmbeddingResponse:
+    data = [EmbeddingData(index=i, embedding=encode_vector(o.outputs.data, body.encoding_format, body.embed_dtype,
+                                                           body.endianness)) for i, o in enumerate(outputs)]
+    return EmbeddingResponse(id=request_id, model=model, data=data, usage=_usage(outputs))
+
+
+def _pooling_response(body: PoolingRequest, request_id: str, model: str,
+                      outputs: list[PoolingRequestOutput]) -> PoolingResponse:
+    data = [PoolingData(index=i, data=encode_vector(o.outputs.data, body.encoding_format, body.embed_dtype,
+                                                    body.endianness)) for i, o in enumerate(outputs)]
+    return PoolingResponse(id=request_id, model=model, data=data, usage=_usage(outputs))

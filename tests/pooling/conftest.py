@@ -1,0 +1,54 @@
+"""Pooling-model checkpoints (random weights, written once per session) and the references they
+are checked against: sentence-transformers where the folder has ``modules.json``, transformers'
+``AutoModel`` otherwise."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from kvserve.testing.encoder_checkpoints import add_sentence_transformers, build_encoder_checkpoint
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread(one_torch_thread):
+    """Every test here on one torch thread (tests/conftest.py)."""
+
+
+@pytest.fixture(scope="session")
+def encoder_factory(tmp_path_factory):
+    """``(architecture, sentence_transformers=None, **overrides) -> folder``, each built once."""
+    built = {}
+
+    def build(architecture: str, sentence_transformers: dict | None = None, **overrides):
+        key = repr((architecture, sorted((sentence_transformers or {}).items()), sorted(overrides.items())))
+        if key not in built:
+            folder = tmp_path_factory.mktemp(architecture)
+            built[key] = build_encoder_checkpoint(folder, architecture, sentence_transformers=sentence_transformers,
+                                                  **overrides)
+        return built[key]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def bert_cls(encoder_factory):
+    """BertModel with sentence-transformers CLS pooling and Normalize (classic module names)."""
+    return encoder_factory("BertModel", {"pooling": "cls"})
+
+
+@pytest.fixture(scope="session")
+def xlmr_mean(encoder_factory):
+    """XLMRobertaModel with sentence-transformers MEAN pooling and Normalize (sentence-transformers
+    5's module names and ``pooling_mode``)."""
+    return encoder_factory("XLMRobertaModel", {"pooling": "mean", "classic": False})
+
+
+@pytest.fixture(scope="session")
+def qwen3_last(checkpoint_factory, tmp_path_factory):
+    """A Qwen3ForCausalLM folder with Qwen3-Embedding's sentence-transformers layout (last-token
+    pooling, Normalize)."""
+    folder = tmp_path_factory.mktemp("qwen3-embedding")
+    shutil.copytree(checkpoint_factory("Qwen3ForCausalLM"), folder, dirs_exist_ok=True)
+    return add_sentence_transformers(folder, 64, pooling="lasttoken")
