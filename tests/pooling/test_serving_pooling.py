@@ -180,3 +180,10 @@ def test_a_generative_model_refuses_embeddings(tiny_llama):
 
 def test_the_router_forwards_the_pooling_routes():
     assert {"/v1/embeddings", "/pooling"} <= FORWARDED_PATHS
+
+
+def test_invocations_on_a_pooling_model_are_embeddings(bert_server, matryoshka_bert):
+    body = post(bert_server, "/invocations", {"input": DOCS}).json()
+    assert body["object"] == "list" and body["id"].startswith("embd-")
+    for data, vector in zip(body["data"], offline(matryoshka_bert, DOCS), strict=True):
+        assert np.array_equal(np.array(data["embedding"], dtype=np.float32), vector)

@@ -62,7 +62,7 @@ from kvserve.api.responses import DetokenizeResponse, ModelCard, ModelList, Toke
 from kvserve.api.serving_base import ServingState, check_token_ids
 from kvserve.api.serving_chat import ChatServing, render_messages
 from kvserve.api.serving_completion import CompletionServing
-from kvserve.api.serving_pooling import register as register_pooling_routes
+from kvserve.api.serving_pooling import invoke_embeddings, register as register_pooling_routes
 from kvserve.api.responses_objects import ResponseDeleted, ResponsesResponse
 from kvserve.api.responses_protocol import ResponsesRequest
 from kvserve.api.serving_responses import ResponsesServing
@@ -230,8 +230,11 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
     @app.post("/invocations")
     async def invocations(request: Request, key: str = Depends(api_key_of)) -> Response:
         """SageMaker's inference route, as vLLM: a body with ``messages`` is a chat completion, one
-        with ``prompt`` a completion (each refused with its own route's message)."""
+        with ``prompt`` a completion (each refused with its own route's message); on a pooling model
+        a body is an embeddings request."""
         body = await _json_body(request)
+        if isinstance(body, dict) and state.engine.input_processor.pooler_config is not None:
+            return await invoke_embeddings(state, body, request, key)
         if isinstance(body, dict) and "messages" in body:
             return await chat.create(_validated(ChatCompletionRequest, body), request, key)
         if isinstance(body, dict) and "prompt" in body:

@@ -17,6 +17,8 @@ import asyncio
 from collections.abc import Callable
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response
 
 from kvserve.api.auth import api_key_of
@@ -41,6 +43,16 @@ def register(app: FastAPI, state: ServingState) -> None:
     @app.post("/pooling")
     async def create_pooling(body: PoolingRequest, request: Request, key: str = Depends(api_key_of)) -> Response:
         return await serving.create(body, request, key, "pool", _pooling_response)
+
+
+async def invoke_embeddings(state: ServingState, body: dict, request: Request, key: str) -> Response:
+    """SageMaker's ``/invocations`` on a pooling model: the body as ``/v1/embeddings`` takes it
+    (vLLM routes it by its request types, the embeddings request first)."""
+    try:
+        parsed = EmbeddingRequest.model_validate(body)
+    except ValidationError as exc:  # worded as the route's own validation error
+        raise RequestValidationError(exc.errors()) from None
+    return await PoolingServing(state).create(parsed, request, key, "embd", _embedding_response)
 
 
 class PoolingServing:
