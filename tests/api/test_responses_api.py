@@ -20,6 +20,7 @@ from pydantic import TypeAdapter
 
 from kvserve.api.settings import ServerSettings
 from kvserve.engine.detokenizer import IncrementalDetokenizer
+from kvserve.errors import RequestFailedError
 from kvserve.outputs import CompletionOutput, RequestOutput
 from kvserve.testing.tokenizer_kinds import build_tokenizer
 from kvserve.testing.tool_checkpoint import build_tool_tokenizer
@@ -38,8 +39,10 @@ CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in t.items() if k 
 # (model text, what the items must be: (type, text or (name, arguments as an object)))
 CASES = {
     "text": ("Hello there. Café 😀 the end.", [("message", "Hello there. Café 😀 the end.")]),
-    "reasoning": (f"<think>{THINK}</think>\n\nIt is **noon**.", [("reasoning", THINK), ("message", "\n\nIt is **noon**.")]),
-    "call": (f"Let me check.\n{CALL}", [("message", "Let me check.\n"), ("function_call", ("get_time", {"tz": "UTC"}))]),
+    "reasoning": (f"<think>{THINK}</think>\n\nIt is **noon**.",
+                  [("reasoning", THINK), ("message", "\n\nIt is **noon**.")]),
+    "call": (f"Let me check.\n{CALL}",
+             [("message", "Let me check.\n"), ("function_call", ("get_time", {"tz": "UTC"}))]),
     "reasoning_calls": (f"<think>{THINK}</think>{CALL}\n{CALL2}", [
         ("reasoning", THINK), ("function_call", ("get_time", {"tz": "UTC"})),
         ("function_call", ("get_weather", {"city": "Rome", "days": 2}))]),
@@ -49,12 +52,20 @@ SPLITS = [(1,), (2,), (3, 1), (1, 4, 2), (10_000,)]  # tokens per engine step, c
 
 class PieceEngine(ScriptedEngine):
     """Writes ``text`` (then stops, as at EOS) in pieces of ``sizes`` tokens, cycled, decoded by
-    the engine's own detokenizer."""
+    the engine's own detokenizer; with ``fail_after`` set the request fails after that many
+    pieces (as the engine fails one request: its stream gets the error)."""
 
     def __init__(self, tokenizer, text: str):
         super().__init__(tokenizer, max_model_len=4096)
         self.text = text
         self.sizes: tuple[int, ...] = (1,)
+        self.fail_after: int | None = None
+
+    async def _feed(self, request, sink) -> None:
+        try:
+            await super()._feed(request, sink)
+        except RequestFailedError as exc:
+            sink(exc)
 
     async def _steps(self, prompt_ids, params, request_id, prompt):
         ids = self.tokenizer.encode(self.text, add_special_tokens=False)
@@ -65,11 +76,13 @@ class PieceEngine(ScriptedEngine):
         detokenizer = IncrementalDetokenizer(self.tokenizer, list(prompt_ids), params.skip_special_tokens)
         for step, piece in enumerate(pieces):
             await asyncio.sleep(0)
+            if step == self.fail_after:
+                raise RequestFailedError("the scripted engine failed", request_id)
             last = step + 1 == len(pieces)
             text = detokenizer.add_tokens(piece) + (detokenizer.flush() if last else "")
-            yield RequestOutput(request_id, prompt, list(prompt_ids), None,
-                                [CompletionOutput(0, text, piece, logprobs=None, finish_reason="stop" if last else None)],
-                                finished=last, num_cached_tokens=0)
+            output = CompletionOutput(0, text, piece, logprobs=None, finish_reason="stop" if last else None)
+            yield RequestOutput(request_id, prompt, list(prompt_ids), None, [output], finished=last,
+                                num_cached_tokens=0)
 
 
 def post(srv, **body) -> httpx.Response:
@@ -259,8 +272,29 @@ def test_previous_response_id_continues_the_conversation_without_its_instruction
         assert srv.engine.calls[-2][1] == apply_chat_template(
             tokenizer, [{"role": "system", "content": "New rules."}, *history], tools=chat_tools)
         assert srv.engine.calls[-1][1] == apply_chat_template(
-            tokenizer, [*history, {"role": "assistant", "content": "It is noon."}, {"role": "user", "content": "Thanks"}])
+            tokenizer, [*history, {"role": "assistant", "content": "It is noon."},
+                        {"role": "user", "content": "Thanks"}])
         assert third["status"] == "completed"
+
+
+def test_a_failure_after_the_start_is_reported_and_the_server_goes_on():
+    with parsers_server("Hello there, a text the engine fails in.") as srv:
+        srv.engine.fail_after = 3
+        events = stream(srv)
+        assert [e["type"] for e in events][-4:] == ["response.content_part.done", "response.output_item.done",
+                                                    "error", "response.failed"]
+        assert events[-2]["code"] == "server_error" and "the scripted engine failed" in events[-2]["message"]
+        failed = events[-1]["response"]
+        assert (failed["status"], failed["error"]["code"]) == ("failed", "server_error")
+        assert failed["output"][0]["status"] == "incomplete" and failed["output"][0]["content"][0]["text"]
+        assert httpx.get(f"{srv.base_url}/v1/responses/{failed['id']}").json() == failed  # stored as it ended
+        error = assert_error(post(srv), 500, type="server_error")
+        assert "the scripted engine failed" in error["message"]
+        queued = post(srv, background=True).json()
+        ended = wait_for(srv, queued["id"], ("failed",))
+        assert ended["status"] == "failed" and "the scripted engine failed" in ended["error"]["message"]
+        srv.engine.fail_after = None
+        assert post(srv).json()["status"] == "completed" and srv.state.in_flight == 0
 
 
 def test_retrieve_delete_and_store_false():

@@ -65,8 +65,8 @@ def test_a_greedy_response_equals_the_chat_answer_it_translates_to(live_server):
     """On tiny_llama (tests/api/conftest.py): the tool checkpoint's spare vocabulary rows make
     ids its tokenizer cannot name, so its top logprobs cannot be spelled."""
     response = live_server.client.responses.create(
-        model="tiny-llama", instructions="You are terse.", input="Tell me a story.", temperature=0, max_output_tokens=12,
-        include=LOGPROBS, top_logprobs=3)
+        model="tiny-llama", instructions="You are terse.", input="Tell me a story.", temperature=0,
+        max_output_tokens=12, include=LOGPROBS, top_logprobs=3)
     chat = live_server.client.chat.completions.create(
         model="tiny-llama", messages=[{"role": "system", "content": "You are terse."},
                                 {"role": "user", "content": "Tell me a story."}],

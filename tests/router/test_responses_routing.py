@@ -21,7 +21,8 @@ def test_the_prompt_of_a_responses_body_is_its_chat_conversation():
     tokenizer = build_tool_tokenizer()
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
             {"role": "assistant", "content": "",
-             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": {"city": "Paris"}}}]},
+             "tool_calls": [{"id": "c1", "type": "function",
+                             "function": {"name": "w", "arguments": {"city": "Paris"}}}]},
             {"role": "tool", "content": "18 C", "tool_call_id": "c1"}]
     tools = [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}]
     expected = render_chat(tokenizer, chat, add_generation_prompt=True, continue_final_message=False,

@@ -82,7 +82,8 @@ def output_items(message: ChatResponseMessage, finish_reason: str | None,
 def response_usage(usage: UsageInfo) -> ResponseUsage:
     cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
     reasoning = usage.completion_tokens_details.reasoning_tokens if usage.completion_tokens_details else 0
-    return ResponseUsage(input_tokens=usage.prompt_tokens, input_tokens_details=InputTokensDetails(cached_tokens=cached),
+    return ResponseUsage(input_tokens=usage.prompt_tokens,
+                         input_tokens_details=InputTokensDetails(cached_tokens=cached),
                          output_tokens=usage.completion_tokens,
                          output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning),
                          total_tokens=usage.total_tokens)

@@ -128,7 +128,8 @@ class ResponsesRequest(OpenAIBaseModel):
     @field_validator("input", mode="before")
     @classmethod
     def _input_shape(cls, value):
-        if not isinstance(value, (str, list)) or isinstance(value, list) and not all(isinstance(i, dict) for i in value):
+        items = value if isinstance(value, list) else []
+        if not isinstance(value, (str, list)) or not all(isinstance(item, dict) for item in items):
             raise ValueError("input must be a string or a list of input items (objects)")
         return value
 
