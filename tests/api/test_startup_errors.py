@@ -21,10 +21,11 @@ from kvserve.api.settings import ServerSettings
 from kvserve.cli import main
 from loopback import free_port
 
-SUPPORTED = ("DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GptOssForCausalLM, "
-             "GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, "
-             "Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
-             "SmolLM3ForCausalLM")
+SUPPORTED = ("BertModel, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+             "Gemma3ForConditionalGeneration, GptOssForCausalLM, "
+             "GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, ModernBertModel, "
+             "Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, "
+             "Qwen3MoeForCausalLM, RobertaModel, SmolLM3ForCausalLM, XLMRobertaModel")
 
 
 @pytest.fixture(autouse=True)

@@ -112,3 +112,17 @@ def test_engine_features_pooling_does_not_use_are_refused(bert_cls, kwargs, mess
 
     with pytest.raises(ConfigError, match=message):
         make_llm(bert_cls, **kwargs)
+
+
+def test_kvserve_serve_start_up_checks_and_ready_line(bert_cls, tmp_path):
+    from kvserve.api.launcher import check_model, ready_message
+    from kvserve.api.settings import ServerSettings
+
+    shutil.copytree(bert_cls, tmp_path, dirs_exist_ok=True)
+    add_sentence_transformers(tmp_path, 64, pooling="cls", max_seq_length=24)
+    arch, max_model_len = check_model(_serve("", tmp_path))  # what the launcher checks before loading
+    assert (arch.architecture, max_model_len) == ("BertModel", 24)
+    with pytest.raises(ConfigError, match="does not support `--runner generate`"):
+        check_model(_serve("--runner generate", tmp_path))
+    line = ready_message("emb", ServerSettings(), 1.0, pooling=True)
+    assert "/v1/embeddings" in line and '"input": ' in line and "kvserve chat" not in line

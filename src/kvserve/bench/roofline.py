@@ -268,7 +268,8 @@ def model_cost(arch: ModelArchConfig, fmt: ServingFormat) -> ModelCost:
             weight_bytes += module.weight.numel() * size
             body += module.weight.numel()
     row = arch.head_dim + SCALE_BYTES if fmt.kv_cache_dtype in ONE_BYTE_KV else arch.head_dim * size
-    kv_token_bytes, attention_flops = 2 * arch.num_key_value_heads * row, 4 * arch.num_attention_heads * arch.head_dim
+    cached_heads = 0 if getattr(model, "attn_type", "decoder") == "encoder_only" else arch.num_key_value_heads
+    kv_token_bytes, attention_flops = 2 * cached_heads * row, 4 * arch.num_attention_heads * arch.head_dim
     if arch.mla is not None:  # one latent row per token; each head's q.row and p.latent (absorbed)
         kv_token_bytes = arch.mla.cache_width * size
         attention_flops = 2 * arch.num_attention_heads * (arch.mla.cache_width + arch.mla.kv_lora_rank)

@@ -28,14 +28,11 @@ Source: vLLM 0.32 ``vllm/config/model.py`` (``_get_runner_type``, ``_get_convert
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from kvserve.errors import CheckpointError, ConfigError
-
-logger = logging.getLogger(__name__)
 
 PoolingType = Literal["CLS", "MEAN", "LAST"]
 RUNNERS = ("auto", "generate", "pooling")
@@ -106,8 +103,6 @@ def resolve_runner(model_dir: str | Path, architecture: str, runner: str, conver
     encoder = is_encoder_only(architecture)
     if runner == "auto":
         if encoder or convert == "embed" or (Path(model_dir) / "modules.json").is_file():
-            logger.info("Resolved `--runner auto` to `--runner pooling`. Pass the value explicitly to silence "
-                        "this message.")
             return "pooling"
         return "generate"
     if runner == "generate":

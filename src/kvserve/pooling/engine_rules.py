@@ -36,6 +36,8 @@ def check_pooling_options(config: EngineConfig) -> None:
 
 def pooling_engine_config(config: EngineConfig, pooler: PoolerConfig, max_model_len: int) -> EngineConfig:
     """``config`` with the rules of the module docstring (a log line says what changed)."""
+    if config.model.runner == "auto":
+        logger.info("Resolved `--runner auto` to `--runner pooling`. Pass the value explicitly to silence this message.")
     scheduler, cache = config.scheduler, config.cache
     budget = max(scheduler.max_num_batched_tokens, max_model_len)
     if budget != scheduler.max_num_batched_tokens or scheduler.enable_chunked_prefill or cache.enable_prefix_caching:
