@@ -6,6 +6,7 @@ chunks, every event and response checked against the official client's own types
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 
 import openai.types.responses as oai
@@ -23,6 +24,8 @@ from kvserve.api.responses_objects import ResponsesResponse, sse_event
 from kvserve.api.responses_output import output_items, response_skeleton
 from kvserve.api.responses_protocol import ResponsesRequest
 from kvserve.api.responses_store import EventLog, ResponsesStore, StoredResponse
+from kvserve.api.server_args import add_server_args
+from kvserve.api.settings import settings_from_args
 from kvserve.errors import InvalidRequestError
 from kvserve.sampling_params import SamplingParams
 
@@ -223,6 +226,15 @@ def test_the_store_drops_the_least_recently_used_and_scopes_by_key():
     off = ResponsesStore(0)
     off.put(stored("a"))
     assert not off.enabled and off.get("a", "k") is None and len(off) == 0
+
+
+def test_the_store_size_flag():
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    assert settings_from_args(parser.parse_args([])).responses_store_max == 1000
+    assert settings_from_args(parser.parse_args(["--responses-store-max", "0"])).responses_store_max == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--responses-store-max", "-1"])
 
 
 def test_a_dropped_running_background_response_is_cancelled():
