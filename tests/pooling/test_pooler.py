@@ -47,3 +47,17 @@ def test_a_request_gets_the_same_bits_wherever_it_sits():
     alone = pooler(mine, [(0, 37)], [params])[0]
     batched = pooler(torch.cat([others[:13], mine, others[13:]]), [(0, 13), (13, 50), (50, 87)], [params] * 3)[1]
     assert torch.equal(alone, batched)
+
+
+def test_only_completed_pooling_requests_pool_and_a_chunked_one_is_refused():
+    from types import SimpleNamespace
+
+    embed_params = PoolingParams(task="embed", use_activation=True)
+    specs = [SimpleNamespace(request_id="gen", pooling_params=None),
+             SimpleNamespace(request_id="a", pooling_params=embed_params),
+             SimpleNamespace(request_id="later", pooling_params=embed_params)]
+    ids, spans, params = Pooler.requests_to_pool(specs, np.array([True, True, False]), np.zeros(3, dtype=np.int64),
+                                                 np.array([0, 1, 4, 9]))
+    assert (ids, spans, params) == (["a"], [(1, 4)], [embed_params])
+    with pytest.raises(ValueError, match="pooling requests run whole"):
+        Pooler.requests_to_pool(specs, np.array([False, True, False]), np.array([0, 3, 0]), np.array([0, 1, 4, 9]))

@@ -233,25 +233,12 @@ class ModelRunner:
 
     def _pool(self, hidden: torch.Tensor, rows: np.ndarray, completes: np.ndarray,
               query_start_loc: np.ndarray) -> dict[str, torch.Tensor]:
-        """The vectors of the pooling requests among ``rows`` whose prompt completes now (each the
-        pooler's output of its own rows of ``hidden`` [T, H]).
-
-        Raises:
-            ValueError: a pooling request computed only part of its prompt in this step (the
-                scheduler never chunks them).
-        """
+        """The vectors of the pooling requests among ``rows`` whose prompt completes now
+        (``Pooler.requests_to_pool``, then the pooler on their rows of ``hidden`` [T, H])."""
         batch = self.input_batch
-        req_ids, spans, params = [], [], []
-        for i, row in enumerate(rows.tolist()):
-            spec = batch.states[row].spec
-            if spec.pooling_params is None or not completes[i]:
-                continue
-            if batch.num_computed_tokens[row] != 0:
-                raise ValueError(f"pooling request {spec.request_id} computed {batch.num_computed_tokens[row]} of its "
-                                 "prompt tokens in an earlier step; pooling requests run whole (a scheduler bug)")
-            req_ids.append(spec.request_id)
-            spans.append((int(query_start_loc[i]), int(query_start_loc[i + 1])))
-            params.append(spec.pooling_params)
+        specs = [batch.states[row].spec for row in rows.tolist()]
+        req_ids, spans, params = self.pooler.requests_to_pool(specs, completes, batch.num_computed_tokens[rows],
+                                                              query_start_loc)
         if not req_ids:
             return {}
         self.faults.check("pool", req_ids)

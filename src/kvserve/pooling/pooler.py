@@ -17,6 +17,9 @@ other requests of the step (batch invariance: the same bits alone or batched). M
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -45,6 +48,32 @@ class Pooler:
             per request a float32 CPU tensor [H] (or [dimensions]).
         """
         return [self.pool_one(hidden[start:end], p) for (start, end), p in zip(spans, params, strict=True)]
+
+    @staticmethod
+    def requests_to_pool(specs: list[Any], completes: np.ndarray, num_computed: np.ndarray,
+                         query_start_loc: np.ndarray) -> tuple[list[str], list[tuple[int, int]], list[PoolingParams]]:
+        """Which of a step's requests pool now: the pooling requests (``spec.pooling_params``)
+        whose prompt completes in it. ``specs``, ``completes`` (bool), ``num_computed`` (tokens
+        computed before the step): per request of the flat batch; ``query_start_loc``: [B + 1].
+
+        Returns:
+            (request ids, their ``[start, end)`` rows of the step's hidden states, their params).
+
+        Raises:
+            ValueError: a pooling request computed part of its prompt in an earlier step (pooling
+                requests are never chunked: a scheduler bug, which fails that request alone).
+        """
+        req_ids, spans, params = [], [], []
+        for i, spec in enumerate(specs):
+            if spec.pooling_params is None or not completes[i]:
+                continue
+            if num_computed[i] != 0:
+                raise ValueError(f"pooling request {spec.request_id} computed {num_computed[i]} of its prompt tokens "
+                                 "in an earlier step; pooling requests run whole (a scheduler bug)")
+            req_ids.append(spec.request_id)
+            spans.append((int(query_start_loc[i]), int(query_start_loc[i + 1])))
+            params.append(spec.pooling_params)
+        return req_ids, spans, params
 
     def pool_one(self, states: torch.Tensor, params: PoolingParams) -> torch.Tensor:
         """One request: ``states`` [n, H] -> float32 [H'] on the CPU."""
