@@ -23,6 +23,7 @@ from kvserve.structured_output.backend_xgrammar import XgrammarBackend
 from kvserve.testing.live_server import start_live_server
 from kvserve.testing.tool_checkpoint import build_tool_checkpoint
 from kvserve.tokenizer import apply_chat_template
+from transformers import AutoTokenizer
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "enum": ["Paris", "Rome", "Tokyo"]},
@@ -480,3 +481,17 @@ def test_mistral_parser_on_a_tekken_model(tiny_mistral_tekken):
         assert len(call.id) == 9 and call.id.isalnum()
     finally:
         srv.stop()
+
+
+def test_a_model_row_beyond_the_tokenizer_is_empty_text(server, tool_model):
+    """The checkpoint has 968 vocabulary rows and its tokenizer 964 tokens (padding, as many real
+    checkpoints); a token sampled from a padding row (forced here by logit_bias) is "" in the text
+    and in the logprobs (vLLM's rule), never a 500."""
+    padding_row = server.engine.vocab_size - 2
+    assert padding_row >= len(AutoTokenizer.from_pretrained(str(tool_model)))
+    response = server.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2, temperature=0,
+                                                     logprobs=True, top_logprobs=2,
+                                                     logit_bias={str(padding_row): 100})
+    choice = response.choices[0]
+    assert choice.message.content == ""
+    assert [(t.token, t.bytes) for t in choice.logprobs.content] == [("", []), ("", [])]

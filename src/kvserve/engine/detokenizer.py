@@ -166,6 +166,8 @@ class TokenDetokenizer:
       alphabet to raw bytes.
     - Other pieces (SentencePiece): ``▁`` becomes a space (kept also at the start: a token's own
       text, unlike ``decode``), UTF-8 encoded.
+    - An id the model has but the tokenizer does not (vocabulary padding rows): empty, as vLLM's
+      ``convert_ids_list_to_tokens``.
 
     ``text`` is ``bytes`` decoded as UTF-8 with U+FFFD for a partial character (the exact bytes
     are in ``bytes``). Results are cached per token id.
@@ -195,8 +197,8 @@ class TokenDetokenizer:
         if token_id in self._added:
             return self._added[token_id].encode("utf-8")
         piece = self.tokenizer.convert_ids_to_tokens(token_id)
-        if piece is None:
-            raise ValueError(f"token id {token_id} is not in the tokenizer's vocabulary")
+        if piece is None:  # a row the model has beyond the tokenizer's vocabulary (padding): "" as vLLM
+            return b""
         fallback = _BYTE_FALLBACK.fullmatch(piece)
         if fallback:
             return bytes([int(fallback.group(1), 16)])
