@@ -152,6 +152,9 @@ def _reasoning_text(item: dict, param: str) -> str:
         raise InvalidRequestError("Encrypted content is not supported.", param=f"{param}.encrypted_content")
     for key in ("content", "summary"):
         parts = item.get(key) or []
+        if not isinstance(parts, list):
+            raise InvalidRequestError(f"a reasoning item's {key} must be a list of parts ({{\"type\", \"text\"}})",
+                                      param=f"{param}.{key}")
         if parts:
             return _text(parts[0], "text", f"{param}.{key}.0")
     return ""

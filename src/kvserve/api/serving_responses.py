@@ -203,8 +203,12 @@ class ResponsesServing:
 
         Raises:
             APIError: 404 unknown (or dropped, or another key's); 400 ``stream`` for a
-                response that was not created with ``background`` and ``stream``.
+                response that was not created with ``background`` and ``stream``, 400
+                ``starting_after`` below -1 (sequence numbers count from 0).
         """
+        if starting_after is not None and starting_after < -1:
+            raise InvalidRequestError(f"starting_after must be a sequence number (>= 0, or -1 for every event), "
+                                      f"got {starting_after}", param="starting_after")
         entry = self._entry(response_id, api_key)
         if not stream:
             return JSONResponse(entry.response.model_dump(mode="json"))
