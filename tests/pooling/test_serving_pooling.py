@@ -191,3 +191,23 @@ def test_invocations_on_a_pooling_model_are_embeddings(bert_server, matryoshka_b
     assert body["object"] == "list" and body["id"].startswith("embd-")
     for data, vector in zip(body["data"], offline(matryoshka_bert, DOCS), strict=True):
         assert np.array_equal(np.array(data["embedding"], dtype=np.float32), vector)
+
+
+def test_requests_sharing_a_request_id_each_get_their_own_vectors(bert_server, matryoshka_bert):
+    """vLLM's ``request_id`` names the response (``embd-<id>``); two calls in flight with the same
+    one were the same engine request ids (a 500 for all but one)."""
+    from concurrent.futures import ThreadPoolExecutor
+    prompts = [[f"doc {i}", DOCS[i % 3]] for i in range(12)]
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda p: post(bert_server, "/v1/embeddings", {"input": p, "request_id": "same"}),
+                                prompts))
+    assert [a.status_code for a in answers] == [200] * 12, [a.text for a in answers if a.status_code != 200][:1]
+    for prompt, answer in zip(prompts, answers):
+        assert answer.json()["id"] == "embd-same"
+        for data, vector in zip(answer.json()["data"], offline(matryoshka_bert, prompt), strict=True):
+            assert np.array_equal(np.array(data["embedding"], dtype=np.float32), vector)
+
+
+def test_too_many_inputs_for_the_queue_name_input(bert_server):
+    assert_refused(bert_server, "/v1/embeddings", {"input": ["w"] * 5000}, "input", "split it into smaller requests")
+    assert post(bert_server, "/v1/embeddings", {"input": "x"}).status_code == 200

@@ -14,6 +14,7 @@ generation endpoints 400 too (``InputProcessor.check_generates``, called by
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 
 from fastapi import Depends, FastAPI, Request
@@ -29,6 +30,7 @@ from kvserve.api.serving_chat import render_messages
 from kvserve.api.tokenize_protocol import TokenizeRequest
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.input_processor import FieldNames
+from kvserve.errors import InvalidRequestError
 from kvserve.outputs import PoolingRequestOutput
 
 
@@ -74,10 +76,17 @@ class PoolingServing:
         self.state.engine.input_processor.check_pools()  # a generative model: 400, --runner pooling
         body.check_http_fields()
         request_id = f"{prefix}-{body.request_id}" if body.request_id else new_request_id(prefix, raw_request)
-        requests = await asyncio.to_thread(self._prepare, body, request_id, lora_request)
+        # The engine's ids must be unique among the requests in flight: a client's request_id is
+        # the response's id (vLLM's), and two calls may send the same one.
+        engine_id = f"{request_id}-{uuid.uuid4().hex[:8]}" if body.request_id else request_id
+        requests = await asyncio.to_thread(self._prepare, body, engine_id, lora_request)
         self.state.admit(api_key, sum(len(r.prompt_token_ids) for r in requests))
         try:
             stream = await self.state.engine.add_requests(requests)
+        except InvalidRequestError as exc:  # more inputs than the queue holds: named as this request names them
+            self.state.finish(api_key)
+            param = "input" if body.messages is None else "messages"
+            raise InvalidRequestError(exc.message, param=param if exc.param == "prompt" else exc.param) from None
         except BaseException:
             self.state.finish(api_key)
             raise
