@@ -57,3 +57,45 @@ def test_a_replay_starting_before_the_first_event_is_400_not_the_last_events(srv
                              param="starting_after")
         assert str(bad) in error["message"]
     assert_still_serving(srv)
+
+
+def anthropic_message(response: httpx.Response) -> str:
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    return body["error"]["message"]
+
+
+@pytest.mark.parametrize("content, field, words", [
+    ([{"type": "text"}], "messages.0.content.0.text", ["Field required"]),
+    ([{"type": "tool_result", "tool_use_id": "t", "content": 5}], "messages.0.content.0.content",
+     ["valid string", "valid list"]),
+    ([{"type": "tool_result", "tool_use_id": None, "content": "r"}], "messages.0.content.0.tool_use_id",
+     ["valid string"]),
+    (None, "messages.0.content", ["valid string", "valid list"]),
+    ([None], "messages.0.content.0", []),
+])
+def test_a_bad_content_block_is_named_by_its_own_path_not_the_string_alternative(srv, content, field, words):
+    """``content`` is a string or a list of blocks: the error of the block the client sent was
+    hidden behind the string alternative's (``messages.0.content.str: Input should be a valid
+    string``)."""
+    message = anthropic_message(messages(srv, messages=[{"role": "user", "content": content}]))
+    assert f"'{field}'" in message and ".str" not in message and "list[" not in message, message
+    for word in words:
+        assert word in message, message
+    assert_still_serving(srv)
+
+
+def test_a_tool_use_whose_input_is_not_an_object_is_named(srv):
+    turns = [{"role": "user", "content": "q"},
+             {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get", "input": "x"}]},
+             {"role": "user", "content": "go on"}]
+    message = anthropic_message(messages(srv, messages=turns))
+    assert "'messages.1.content.0.input'" in message and "dictionary" in message, message
+
+
+def test_openai_routes_name_the_union_field_too(srv):
+    error = assert_error(httpx.post(srv.base_url + "/v1/chat/completions", timeout=30, json={
+        "model": "scripted-model", "messages": [{"role": "user", "content": 5}]}), 400, param="messages.0.content")
+    assert "valid string" in error["message"] and "valid list" in error["message"]
+    assert_still_serving(srv)

@@ -115,19 +115,60 @@ def error_response(exc: BaseException) -> JSONResponse:
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:
-    """FastAPI's 422 becomes a 400 naming the first bad field (``messages.0.role`` style)."""
+    """FastAPI's 422 becomes a 400 naming the first bad field (``messages.0.role`` style).
+
+    A field that takes one of several shapes (``content``: a string or a list of blocks) gets
+    one error per shape, each under the shape's name (``content.str``, ``content.list[...]``):
+    the field is named as the request names it (the shape names and tagged-union tags dropped),
+    and of its errors those reaching deepest into the value are told (the shape the client
+    meant), several joined with "or"."""
     errors = exc.errors()
     if not errors:
         return APIError(400, "Invalid request.")
     first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
-    message = first.get("msg", "invalid value")
     if first.get("type") == "json_invalid":
-        return APIError(400, f"The request body is not valid JSON: {message}")
+        return APIError(400, f"The request body is not valid JSON: {first.get('msg', 'invalid value')}")
+    body = getattr(exc, "body", None)
+    paths = [_request_path(error, body) for error in errors]
+    chosen = [0]
+    if paths[0] != [part for part in first.get("loc", ()) if part != "body"]:
+        # one field's alternatives: the errors within the field the first one names
+        group = [i for i, path in enumerate(paths) if path[:len(paths[0])] == paths[0]]
+        deepest = max(group, key=lambda i: len(paths[i]))
+        chosen = [i for i in group if paths[i] == paths[deepest]]
+    param = ".".join(str(part) for part in paths[chosen[0]]) or None
+    messages = list(dict.fromkeys(errors[i].get("msg", "invalid value") for i in chosen))
+    message = "; or ".join(messages)
     if param:
         message = f"Invalid value for '{param}': {message}"
     return APIError(400, message, param=param)
+
+
+_SHAPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})
+
+
+def _request_path(error: dict, body) -> list:
+    """An error's location as the request names it: union shape names (``str``,
+    ``list[...]``, ``function-after[...]``) and tagged-union tags (the item's ``type``) dropped,
+    found by walking ``body`` (without it, by their names)."""
+    loc = [part for part in error.get("loc", ()) if part != "body"]
+    path: list = []
+    node = body
+    for at, part in enumerate(loc):
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            path.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            path.append(part)
+            node = node[part]
+        elif body is not None and (isinstance(node, (dict, list)) or at > 0):
+            last = at == len(loc) - 1
+            if isinstance(node, dict) and last and error.get("type") == "missing":
+                path.append(part)  # the missing field itself
+            # else: a shape name or a tag; ``node`` stays
+        elif not (isinstance(part, str) and ("[" in part or part in _SHAPE_NAMES)):
+            path.append(part)
+    return path
 
 
 def install_error_handlers(app: FastAPI) -> None:
