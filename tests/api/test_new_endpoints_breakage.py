@@ -99,3 +99,59 @@ def test_openai_routes_name_the_union_field_too(srv):
         "model": "scripted-model", "messages": [{"role": "user", "content": 5}]}), 400, param="messages.0.content")
     assert "valid string" in error["message"] and "valid list" in error["message"]
     assert_still_serving(srv)
+
+
+class CutEngine(ScriptedEngine):
+    """Writes ``text`` one token a step, cut at ``max_tokens`` (finish_reason ``length``)."""
+
+    def __init__(self, tokenizer, text: str):
+        super().__init__(tokenizer, max_model_len=4096)
+        self.text = text
+
+    async def _steps(self, prompt_ids, params, request_id, prompt):
+        import asyncio
+
+        from kvserve.engine.detokenizer import IncrementalDetokenizer
+        from kvserve.outputs import CompletionOutput, RequestOutput
+        ids = self.tokenizer.encode(self.text, add_special_tokens=False)
+        cut = len(ids) > params.max_tokens
+        ids = ids[:params.max_tokens]
+        detokenizer = IncrementalDetokenizer(self.tokenizer, list(prompt_ids), params.skip_special_tokens)
+        for step, token in enumerate(ids):
+            await asyncio.sleep(0)
+            last = step + 1 == len(ids)
+            text = detokenizer.add_tokens([token]) + (detokenizer.flush() if last else "")
+            finish = ("length" if cut else "stop") if last else None
+            yield RequestOutput(request_id, prompt, list(prompt_ids), None,
+                                [CompletionOutput(0, text, [token], logprobs=None, finish_reason=finish)],
+                                finished=last, num_cached_tokens=0)
+
+
+def test_a_response_cut_inside_a_streamed_function_call_can_be_continued():
+    """A stream cut by max_output_tokens inside a call stores the call with its arguments so far
+    (not JSON); a follow-up with previous_response_id was a 400 naming ``input`` (a field the
+    client had sent nothing wrong in). The cut call is continued as the assistant's text, as the
+    non-streamed response of the same text stores it."""
+    from kvserve.api.settings import ServerSettings
+    from kvserve.testing.tool_checkpoint import build_tool_tokenizer
+    tokenizer = build_tool_tokenizer()
+    text = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
+    cut_at = len(tokenizer.encode('<tool_call>\n{"name": "get_time", "arguments": {"tz": "U', add_special_tokens=False))
+    settings = ServerSettings(tool_call_parser="hermes", enable_auto_tool_choice=True)
+    tools = [{"type": "function", "name": "get_time", "parameters": {"type": "object"}}]
+    with LoopbackServer(CutEngine(tokenizer, text), settings) as server:
+        events = httpx.post(server.base_url + "/v1/responses", timeout=30, json={
+            "model": "scripted-model", "input": "time?", "tools": tools, "max_output_tokens": cut_at,
+            "stream": True}).text
+        final = [line for line in events.split("\n") if line.startswith("data:")][-1]
+        import json
+        stored = json.loads(final[5:])["response"]
+        assert stored["status"] == "incomplete"
+        assert [(o["type"], o["status"]) for o in stored["output"]] == [("function_call", "incomplete")]
+        follow = httpx.post(server.base_url + "/v1/responses", timeout=30, json={
+            "model": "scripted-model", "input": "go on", "previous_response_id": stored["id"], "tools": tools,
+            "max_output_tokens": 2})
+        assert follow.status_code == 200, follow.text
+        prompt = tokenizer.decode(server.engine.calls[-1][1])
+        assert stored["output"][0]["arguments"] in prompt and prompt.index("go on") > prompt.index("time?")
+        assert server.state.in_flight == 0

@@ -28,6 +28,7 @@ for every item, part or tool kvserve does not implement.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -66,12 +67,26 @@ def input_messages(items: str | list[dict[str, Any]], param: str = "input") -> l
 
 def output_messages(items: list[dict[str, Any]]) -> list[dict]:
     """Chat messages of a stored response's output items (message and function_call items;
-    reasoning is dropped, as vLLM)."""
+    reasoning is dropped, as vLLM). A function call cut short (``incomplete``: a stream ended by
+    ``max_output_tokens`` inside it) whose arguments are not JSON is the assistant's text, as
+    the non-streamed response of the same text stores it (a chat turn's calls must be JSON)."""
     messages: list[dict] = []
     for index, item in enumerate(items):
-        if item.get("type") != "reasoning":
-            _add_item(messages, item, f"previous_response_id.output.{index}")
+        if item.get("type") == "reasoning":
+            continue
+        if item.get("type") == "function_call" and item.get("status") == "incomplete" \
+                and not _is_json(item.get("arguments")):
+            item = {"type": "message", "role": "assistant", "content": item.get("arguments") or ""}
+        _add_item(messages, item, f"previous_response_id.output.{index}")
     return messages
+
+
+def _is_json(text: Any) -> bool:
+    try:
+        json.loads(text)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def continues_final_message(items: str | list[dict[str, Any]]) -> bool:
