@@ -155,3 +155,12 @@ def test_a_response_cut_inside_a_streamed_function_call_can_be_continued():
         prompt = tokenizer.decode(server.engine.calls[-1][1])
         assert stored["output"][0]["arguments"] in prompt and prompt.index("go on") > prompt.index("time?")
         assert server.state.in_flight == 0
+
+
+def test_a_function_call_item_whose_arguments_are_not_json_is_named_by_its_index(srv):
+    items = [{"role": "user", "content": "time?"},
+             {"type": "function_call", "call_id": "c1", "name": "get_time", "arguments": "{\"tz\": "},
+             {"type": "function_call_output", "call_id": "c1", "output": "noon"}]
+    error = assert_error(responses(srv, input=items), 400, param="input.1.arguments")
+    assert "JSON" in error["message"]
+    assert_still_serving(srv)

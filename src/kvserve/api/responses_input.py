@@ -109,8 +109,11 @@ def _add_item(messages: list[dict], item: Any, param: str) -> None:
     if kind == "message":
         _add_message(messages, item, param)
     elif kind == "function_call":
+        arguments = _text(item, "arguments", param)
+        if not _is_json(arguments):
+            raise InvalidRequestError(f"arguments is not valid JSON: {arguments[:80]!r}", param=f"{param}.arguments")
         call = {"id": _text(item, "call_id", param), "type": "function",
-                "function": {"name": _text(item, "name", param), "arguments": _text(item, "arguments", param)}}
+                "function": {"name": _text(item, "name", param), "arguments": arguments}}
         turn = _assistant_turn(messages, "tool_calls")
         turn["tool_calls"] = [*(turn.get("tool_calls") or []), call]
     elif kind == "function_call_output":
