@@ -6,8 +6,9 @@ vLLM user's command line carries over. Nothing mutates a config after start-up.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from kvserve.errors import ConfigError
 from kvserve.generation_config import SamplingDefaults
@@ -128,8 +129,11 @@ class ModelConfig:
             the decoder layers' C++ loop (``kvserve.model.fused_decoder``; the same bits).
         runner: ``auto``, ``generate`` or ``pooling`` (vLLM's ``--runner``; ``--task embed`` is
             ``pooling``): resolved against the folder by ``kvserve.pooling.config``.
-        convert: ``auto``, ``none`` or ``embed`` (vLLM's ``--convert``: ``embed`` adapts a
-            decoder into an embedding model, last-token pooling).
+        convert: ``auto``, ``none``, ``embed`` or ``classify`` (vLLM's ``--convert``: ``embed``
+            adapts a decoder into an embedding model, last-token pooling; ``classify`` into a
+            sequence classifier, ``kvserve.model.seq_cls``).
+        hf_overrides: config.json fields replaced when the folder is read (vLLM's
+            ``--hf-overrides``, ``kvserve.model.hf_overrides``); empty = none.
     """
 
     model: str
@@ -145,6 +149,7 @@ class ModelConfig:
     enforce_eager: bool = False
     runner: str = "auto"
     convert: str = "auto"
+    hf_overrides: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

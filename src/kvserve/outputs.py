@@ -175,3 +175,53 @@ class EmbeddingRequestOutput:
         data = [] if output.outputs is None else output.outputs.data.tolist()
         return cls(output.request_id, EmbeddingOutput(data), output.prompt_token_ids, output.num_cached_tokens,
                    output.finished, output.error)
+
+
+@dataclass
+class ClassificationOutput:
+    """vLLM's: one prompt's class probabilities (or logits, without the activation)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput:
+    """vLLM's ``LLM.classify`` result: ``outputs.probs``, ``prompt_token_ids``, ``request_id``."""
+
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    num_cached_tokens: int
+    finished: bool
+    error: Any = None
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> ClassificationRequestOutput:
+        """The probabilities of a finished ``classify`` request (an empty list when it failed)."""
+        probs = [] if output.outputs is None else output.outputs.data.tolist()
+        return cls(output.request_id, ClassificationOutput(probs), output.prompt_token_ids, output.num_cached_tokens,
+                   output.finished, output.error)
+
+
+@dataclass
+class ScoringOutput:
+    """vLLM's: one pair's score (a cross-encoder's activated logit, or two embeddings' cosine)."""
+
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """vLLM's ``LLM.score`` result: ``outputs.score``, ``prompt_token_ids`` (a bi-encoder's pair:
+    the query's, the pad id, the document's), ``request_id``."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    num_cached_tokens: int
+    finished: bool
+    error: Any = None

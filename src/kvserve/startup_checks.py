@@ -10,9 +10,10 @@ message as ``kvserve: error: ...`` and exits with status 2.
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from kvserve.errors import CheckpointError
 
@@ -25,9 +26,9 @@ def supported_architectures() -> list[str]:
     return registered()
 
 
-def check_architecture(model_dir: str | Path) -> str:
+def check_architecture(model_dir: str | Path, hf_overrides: Mapping[str, Any] | None = None) -> str:
     """The folder's ``architectures[0]`` (a GGUF file's: ``kvserve.model.gguf_file``), if kvserve
-    runs it.
+    runs it (``hf_overrides``: ``--hf-overrides``, laid over config.json).
 
     Raises:
         CheckpointError: no/invalid config.json, an architecture kvserve does not run (the
@@ -36,6 +37,7 @@ def check_architecture(model_dir: str | Path) -> str:
             unreadable GGUF file or one of another architecture.
     """
     from kvserve.model.gguf_file import find_gguf, open_gguf
+    from kvserve.model.hf_overrides import read_config_json
 
     gguf = find_gguf(model_dir)
     if gguf is not None:
@@ -44,10 +46,7 @@ def check_architecture(model_dir: str | Path) -> str:
     if not path.is_file():
         raise CheckpointError(f"{model_dir} has no config.json; a Hugging Face model folder holds config.json, "
                               "*.safetensors and the tokenizer files")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+    raw = read_config_json(model_dir, hf_overrides)
     architectures = raw.get("architectures") or []
     supported = supported_architectures()
     if not architectures:

@@ -88,8 +88,8 @@ _QUANT = ("kvserve quantizes a float checkpoint at load (int8 per channel, int4 
 _DIST = "kvserve has no distributed or disaggregated serving yet"
 _TOOL_PLUGIN = ("parser plugins are not supported; the built-in tool-call parsers are hermes, llama3_json, "
                 "mistral, openai and pythonic (--tool-call-parser)")
-_POOL = ("kvserve runs generative models and embedding models (--runner pooling, --convert embed; "
-         "docs/pooling.md); classification, scoring and token-level pooling are not implemented")
+_POOL = ("kvserve runs generative models, embedding models and sequence classifiers (--runner pooling, "
+         "--convert embed|classify; docs/pooling.md); token-level pooling and plugins are not implemented")
 _POOLER = ("pooling is read from the model folder (sentence-transformers modules.json, else the architecture's "
            "default: CLS for encoders, LAST for decoders); edit 1_Pooling/config.json instead")
 _CFG = "edit the model folder's config.json instead"
@@ -97,7 +97,7 @@ _CFG = "edit the model folder's config.json instead"
 REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     # ModelConfig
     RefusedFlag(("--runner",), "ModelConfig", _POOL, allowed=("auto", "generate", "pooling")),
-    RefusedFlag(("--convert",), "ModelConfig", _POOL, allowed=("auto", "none", "embed")),
+    RefusedFlag(("--convert",), "ModelConfig", _POOL, allowed=("auto", "none", "embed", "classify")),
     RefusedFlag(("--task",), "ModelConfig", _POOL, allowed=("auto", "generate", "embed")),
     RefusedFlag(("--tokenizer-mode",), "ModelConfig",
                 "kvserve loads the folder's Hugging Face tokenizer (tokenizer.json / tokenizer.model)",
@@ -122,7 +122,6 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--config-format",), "ModelConfig", "config.json in Hugging Face format is read",
                 allowed=("auto", "hf")),
     RefusedFlag(("--hf-token",), "ModelConfig", _HUB),
-    RefusedFlag(("--hf-overrides",), "ModelConfig", _CFG),
     RefusedFlag(("--pooler-config",), "ModelConfig", _POOLER),
     RefusedFlag(("--override-pooler-config",), "ModelConfig", _POOLER),
     RefusedFlag(("--logits-processor-pattern",), "ModelConfig", "custom logits processors are not supported"),

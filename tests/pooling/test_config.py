@@ -35,14 +35,14 @@ def test_vllm_flags_land_in_the_model_config(tiny_llama, command, runner):
     assert config.model.convert == ("embed" if "convert" in command else "auto")
 
 
-@pytest.mark.parametrize("command, named", [("--convert classify", "--convert"), ("--task classify", "--task"),
+@pytest.mark.parametrize("command, named", [("--convert token_classify", "--convert"), ("--task classify", "--task"),
                                             ("--runner draft", "--runner"), ("--task score", "--task")])
 def test_values_kvserve_does_not_run_are_refused_by_name(tiny_llama, command, named, capsys):
     with pytest.raises(SystemExit) as info:
         _serve(command, tiny_llama)
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert named in err and "classification, scoring and token-level pooling are not implemented" in err
+    assert named in err and "token-level pooling and plugins are not implemented" in err
 
 
 def test_runner_resolution(tiny_llama, bert_cls, qwen3_last, encoder_factory):

@@ -312,9 +312,9 @@ def check_model(config):
     from kvserve.startup_checks import check_architecture, check_kv_budget, check_weights
 
     device = resolve_device(config.model.device)  # fail before serving when the device is missing
-    check_architecture(config.model.model)
+    check_architecture(config.model.model, config.model.hf_overrides)
     check_weights(config.model.model)
-    arch = load_arch_config(config.model.model)
+    arch = load_arch_config(config.model.model, config.model.hf_overrides)
     from kvserve.pooling.config import resolve_pooler_config
     from kvserve.pooling.engine_rules import check_pooling_options
 

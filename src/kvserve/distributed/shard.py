@@ -186,7 +186,7 @@ class TensorParallelShard:
 
 
 def check_parallel_options(config) -> None:
-    """The engine options that do not combine with ``-tp > 1``, refused by name: a GPTQ/AWQ
+    """The engine options that do not combine with ``-tp > 1``, refused by name: ``--hf-overrides``, a GPTQ/AWQ
     checkpoint whose groups do not split over the ranks, MXFP4 experts whose width does not
     (a GGUF file's blocks are checked as the ranks load it).
 
@@ -199,6 +199,9 @@ def check_parallel_options(config) -> None:
     size = config.parallel.tensor_parallel_size
     if size == 1:
         return
+    if config.model.hf_overrides:
+        raise ConfigError(f"--tensor-parallel-size {size} with --hf-overrides is not supported: the ranks read "
+                          "config.json as it is; serve it without -tp")
     from kvserve.model.loader import load_arch_config
 
     model_arch = load_arch_config(config.model.model)

@@ -90,6 +90,10 @@ def _add_model_args(model) -> None:
                             "slower at small batches)")
     model.add_argument("--disable-cascade-attn", action="store_true",
                        help="accepted for vLLM compatibility; changes nothing: kvserve has no cascade attention")
+    model.add_argument("--hf-overrides", default=None, metavar="JSON",
+                       help="config.json fields to replace, as JSON, e.g. '{\"architectures\": "
+                            "[\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": [\"no\", \"yes\"], "
+                            "\"is_original_qwen3_reranker\": true}' (docs/pooling.md)")
 
 
 def _add_device_args(device) -> None:
@@ -285,7 +289,10 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
 
     Raises:
         GenerationConfigError: bad ``--generation-config`` / ``--override-generation-config``.
+        ValueError: ``--hf-overrides`` that is not a JSON object.
     """
+    from kvserve.model.hf_overrides import parse_hf_overrides
+
     names = served_model_names(getattr(args, "served_model_name", None))
     override = args.override_generation_config
     override = override if isinstance(override, dict) else parse_override(override)
@@ -296,6 +303,7 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
         sampling_defaults=default_sampling_values(model, args.generation_config, override),
         quantization=_with_gguf_types(model, quantization_config_from_args(args, model)),
         enforce_eager=args.enforce_eager, **_runner_and_convert(args),
+        hf_overrides=parse_hf_overrides(getattr(args, "hf_overrides", None)),
     )
     if getattr(args, "data_parallel_size", 1) > 1:
         raise ValueError(f"--data-parallel-size {args.data_parallel_size}: data parallelism runs several engine "

@@ -156,7 +156,7 @@ class EngineCore:
                                   lora_config=self.config.lora,
                                   kv_cache_dtype=self.config.cache.kv_cache_dtype,
                                   enforce_eager=self.config.model.enforce_eager,
-                                  pooler=None if pooler is None else Pooler(pooler))
+                                  pooler=None if pooler is None else Pooler(pooler, self._classifier_head()))
         self.proposer = self._build_proposer()  # speculative decoding's drafts, or None
         if self.tensor_parallel is not None:
             self.tensor_parallel.init_kv_cache(self.kv_plan.num_blocks, self.kv_plan.block_size,
@@ -165,6 +165,11 @@ class EngineCore:
         # admission, reported by the next step() without touching the scheduler or the KV cache.
         self._finished_on_admission: list[Request] = []
         self._num_failed_steps = 0
+
+    def _classifier_head(self):
+        """A ``classify`` model's head (its ``classify`` method: pooled float32 [H] -> logits), or
+        None for an embedding model (``kvserve.pooling.pooler``)."""
+        return getattr(self.loaded.model, "classify", None) if self.pooler_config.task == "classify" else None
 
     def _load(self, config: EngineConfig) -> LoadedModel:
         start = time.perf_counter()
@@ -177,7 +182,8 @@ class EngineCore:
             loaded = self._load_shard(config, backend)
         else:
             loaded = load_model(config.model.model, dtype, self.device, backend, config.model.quantization,
-                                pooling=self.pooler_config is not None)
+                                pooler=self.pooler_config, hf_overrides=config.model.hf_overrides,
+                                tokenizer_dir=config.model.tokenizer)
         logger.info(
             "Loaded %s (%s, %s, weights %s, %s attention%s) on %s in %.2f s", config.model.model,
             loaded.arch.architecture, str(loaded.dtype).removeprefix("torch."), loaded.weight_format, backend.name,
@@ -197,7 +203,7 @@ class EngineCore:
         model = config.model.model
         if find_gguf(model) is not None or resolve_quantization(model, config.model.quantization).checkpoint is not None:
             return None
-        arch = load_arch_config(model)
+        arch = load_arch_config(model, config.model.hf_overrides)
         name = str(resolve_dtype(dtype, arch)).removeprefix("torch.")
         plan = memory_plan(arch, name, config.model.quantization)
         if self.device.type == "cpu" and config.parallel.tensor_parallel_size == 1:

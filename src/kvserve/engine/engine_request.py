@@ -58,6 +58,8 @@ class EngineRequest:
         pooling_params: a pooling request's resolved ``PoolingParams`` (its sampling parameters
             then say ``max_tokens`` 0: it computes its prompt and finishes with a vector,
             ``kvserve.pooling``), or None for a generation request.
+        token_type_start: a cross-encoder pair's first token of segment type 1 (the document;
+            ``kvserve.pooling.score_inputs``), or None: every token has type 0.
     """
 
     request_id: str
@@ -72,6 +74,7 @@ class EngineRequest:
     grammar: GrammarRequest | None = None
     lora_request: LoRARequest | None = None
     pooling_params: PoolingParams | None = None
+    token_type_start: int | None = None
 
     @property
     def n(self) -> int:

@@ -9,9 +9,10 @@
         ▼
     EngineRequest  ──►  engine thread: queue capacity and KV fit only (the scheduler)
 
-A pooling model's requests (embeddings) go through :meth:`InputProcessor.process_pooling`
-instead (``kvserve.pooling.validation``: the pooling parameters, truncation, the context); each
-kind of model refuses the other kind of request here.
+A pooling model's requests (embeddings, classifications, scored pairs) go through
+:meth:`InputProcessor.process_pooling` instead (``kvserve.pooling.validation``: the pooling
+parameters, truncation, the context; a cross-encoder's ``TextPair`` tokenized as a pair,
+``kvserve.pooling.score_inputs``); each kind of model refuses the other kind of request here.
 
 The HTTP API and the offline ``LLM`` both call :meth:`InputProcessor.process`, so the same bad
 value gets the same error and message from both. The server runs it on a worker thread (the
@@ -33,15 +34,16 @@ from kvserve.errors import InvalidRequestError
 from kvserve.lora.request import LoRARequest
 from kvserve.pooling.config import PoolerConfig
 from kvserve.pooling.params import PoolingParams
-from kvserve.pooling.validation import (GENERATION_REFUSAL, POOLING_REFUSAL, check_pooling_params, check_prompt_fits,
-                                        pooling_token_ids)
+from kvserve.pooling.score_inputs import TextPair, pair_token_ids
+from kvserve.pooling.validation import (GENERATION_REFUSAL, check_pooling_params, check_prompt_fits, pooling_refusal,
+                                        pooling_token_ids, score_type)
 from kvserve.sample.bad_words import tokenize_bad_words
 from kvserve.sampling_params import SamplingParams
 from kvserve.structured_output.grammar_request import GrammarRequest
 from kvserve.structured_output.manager import StructuredOutputManager
 from kvserve.tokenizer import eos_token_ids, require_valid_unicode
 
-PromptInput = str | list[int] | dict[str, Any]
+PromptInput = str | list[int] | dict[str, Any] | TextPair
 
 
 @dataclass(frozen=True)
@@ -120,19 +122,31 @@ class InputProcessor:
         if self.pooler_config is not None:
             raise InvalidRequestError(GENERATION_REFUSAL, param="model")
 
-    def check_pools(self) -> None:
+    def check_pools(self, api: str = "embeddings") -> None:
         """Raises InvalidRequestError (``model``) when this is a generative model: it computes no
-        embeddings (start it with ``--runner pooling``)."""
+        embeddings or scores (start it with ``--runner pooling``); ``api`` names the refused API."""
         if self.pooler_config is None:
-            raise InvalidRequestError(POOLING_REFUSAL, param="model")
+            raise InvalidRequestError(pooling_refusal(api), param="model")
+
+    def check_scores(self) -> str:
+        """How this model scores a (query, document) pair: ``cross-encoder`` or ``bi-encoder``
+        (``kvserve.pooling.validation.score_type``).
+
+        Raises:
+            InvalidRequestError: a generative model, or a classifier of more than one label
+                (``model``).
+        """
+        self.check_pools("Score")
+        return score_type(self.pooler_config)
 
     def process_pooling(self, request_id: str, prompt: PromptInput, params: PoolingParams, *, priority: int = 0,
                         arrival_time: float | None = None, fields: FieldNames = DEFAULT_FIELDS,
                         lora_request: LoRARequest | None = None) -> EngineRequest:
         """Validate and normalise one pooling request (``kvserve.pooling.validation``): the
         pooling parameters against the model, the prompt (text tokenized with its special tokens
-        unless ``{"prompt": ..., "add_special_tokens": False}``, or token ids), its truncation and
-        length. The request computes its prompt (``max_tokens`` 0) and finishes with a vector.
+        unless ``{"prompt": ..., "add_special_tokens": False}``, token ids, or a cross-encoder's
+        ``TextPair`` tokenized as a pair with its segment ids), its truncation and length. The
+        request computes its prompt (``max_tokens`` 0) and finishes with a vector.
 
         Raises:
             InvalidRequestError: a generative model (``model``), or any invalid value (``param``
@@ -145,7 +159,10 @@ class InputProcessor:
                                       param="model")
         resolved = check_pooling_params(params, pooler, self.max_model_len)
         self._check_call(SamplingParams(), priority, None)
-        text, token_ids = self._pooling_prompt(prompt, resolved, fields.prompt)
+        if isinstance(prompt, TextPair):
+            text, (token_ids, token_type_start) = None, self._pair_prompt(prompt, resolved, fields.prompt)
+        else:
+            (text, token_ids), token_type_start = self._pooling_prompt(prompt, resolved, fields.prompt), None
         if not token_ids:
             raise InvalidRequestError("the prompt is empty; at least 1 token is required", param=fields.prompt)
         check_prompt_fits(len(token_ids), self.max_model_len, fields.prompt)
@@ -153,7 +170,19 @@ class InputProcessor:
                              sampling_params=SamplingParams(max_tokens=0), eos_token_ids=frozenset(),
                              bad_words_token_ids=[], priority=priority, cache_salt=None,
                              arrival_time=time.time() if arrival_time is None else arrival_time,
-                             pooling_params=resolved)
+                             pooling_params=resolved, token_type_start=token_type_start)
+
+    def _pair_prompt(self, pair: TextPair, params: PoolingParams, param: str) -> tuple[list[int], int | None]:
+        """(token ids after truncation, where segment type 1 starts) of a cross-encoder pair."""
+        for text in pair:
+            if not isinstance(text, str):
+                raise InvalidRequestError(f"{param} must be text, got {type(text).__name__}", param=param)
+            require_valid_unicode(text, param)
+        if not (pair.text or pair.text_pair):
+            raise InvalidRequestError("Either prompt or prompt_embeds must be provided and non-empty.", param=param)
+        self._check_prompt_chars(pair.text + pair.text_pair,
+                                 SamplingParams(truncate_prompt_tokens=params.truncate_prompt_tokens), param)
+        return pair_token_ids(self.tokenizer, pair, params, self.max_model_len, self.pooler_config.token_types)
 
     def _pooling_prompt(self, prompt: PromptInput, params: PoolingParams, param: str) -> tuple[str | None, list[int]]:
         """(text or None, token ids after truncation) of a pooling prompt."""

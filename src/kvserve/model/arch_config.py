@@ -6,7 +6,7 @@ ones transformers 5 writes (``rope_parameters``, ``dtype``), so checkpoints from
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,20 +73,16 @@ class ModelArchConfig:
         return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
-    def from_file(cls, config_path: str | Path) -> "ModelArchConfig":
-        """Parse a ``config.json``.
+    def from_file(cls, config_path: str | Path, overrides: Mapping[str, Any] | None = None) -> "ModelArchConfig":
+        """Parse a ``config.json``, with ``--hf-overrides`` applied (``kvserve.model.hf_overrides``).
 
         Raises:
             CheckpointError: the file is missing, is not JSON, or lacks a required field.
         """
+        from kvserve.model.hf_overrides import read_config_json
+
         path = Path(config_path)
-        if not path.is_file():
-            raise CheckpointError(f"config.json not found: {path} (a model folder needs config.json)")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
-        return cls.from_dict(raw, source=str(path))
+        return cls.from_dict(read_config_json(path.parent, overrides), source=str(path))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> "ModelArchConfig":

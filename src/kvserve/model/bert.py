@@ -12,7 +12,9 @@ query/key/value projection::
     encoder.layer.{i}.intermediate.dense, encoder.layer.{i}.output.{dense,LayerNorm}
 
 The checkpoint's ``pooler.dense`` (BERT's next-sentence head) is not loaded: embeddings pool the
-final hidden states, as vLLM's ``BertEmbeddingModel``. Every token has token type 0 (one segment).
+final hidden states, as vLLM's ``BertEmbeddingModel`` (the sequence classifiers of
+``kvserve.model.bert_classifier`` load it). A token's type is 0 (the first segment) unless the step
+gives ``token_type_ids`` (a cross-encoder's (query, document) pair: 1 on the document's tokens).
 RoBERTa's positions start after the padding id: position ``p`` of a prompt reads row
 ``pad_token_id + 1 + p`` (transformers' ``create_position_ids_from_input_ids`` for a prompt
 without padding), so its context is ``max_position_embeddings - pad_token_id - 1`` tokens.
@@ -41,8 +43,9 @@ ENCODER_ACTIVATIONS = {
 
 
 class BertEmbeddings(nn.Module):
-    """word + position + token-type (0) embeddings, then LayerNorm: ids [T], positions [T] ->
-    [T, hidden]. ``position_offset``: added to every position (RoBERTa: ``pad_token_id + 1``)."""
+    """word + position + token-type embeddings, then LayerNorm: ids [T], positions [T], token
+    types [T] (int64; None: every token type 0) -> [T, hidden]. ``position_offset``: added to every
+    position (RoBERTa: ``pad_token_id + 1``)."""
 
     def __init__(self, arch: ModelArchConfig, position_offset: int = 0):
         super().__init__()
@@ -53,8 +56,11 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(arch.hidden_size, eps=float(raw.get("layer_norm_eps", 1e-12)))
         self.position_offset = position_offset
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.word_embeddings(input_ids) + self.token_type_embeddings.weight[0]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        types = self.token_type_embeddings.weight[0] if token_type_ids is None else self.token_type_embeddings(
+            token_type_ids)
+        hidden = self.word_embeddings(input_ids) + types
         hidden = hidden + self.position_embeddings(positions + self.position_offset)
         return self.LayerNorm(hidden)
 
@@ -135,8 +141,9 @@ class BertEncoder(nn.Module):
 class BertModel(nn.Module):
     """BERT as an embedding model (vLLM's ``BertEmbeddingModel``; pooling: CLS by default).
 
-    ``forward(input_ids int64 [T], positions int64 [T], kv_caches (unused), attn_metadata)`` ->
-    final hidden states [T, hidden_size] in the model dtype (after the last layer's LayerNorm).
+    ``forward(input_ids int64 [T], positions int64 [T], kv_caches (unused), attn_metadata,
+    token_type_ids int64 [T] | None)`` -> final hidden states [T, hidden_size] in the model dtype
+    (after the last layer's LayerNorm).
     """
 
     attn_type = "encoder_only"  # bidirectional: whole prompts, no KV cache (kvserve.model.registry)
@@ -145,6 +152,7 @@ class BertModel(nn.Module):
                                                        ("LayerNorm.beta", "LayerNorm.bias"))
     checkpoint_ignored: tuple[str, ...] = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
     split_checkpoint_tensor = None
+    uses_token_type_ids = True  # a pair's segment ids reach the embeddings (kvserve.pooling.score_inputs)
 
     def __init__(self, arch: ModelArchConfig, attn_backend: AttentionBackend | None = None):
         super().__init__()
@@ -159,8 +167,8 @@ class BertModel(nn.Module):
         return 0
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
-        hidden = self.embeddings(input_ids, positions)
+                attn_metadata: AttentionMetadata, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.embeddings(input_ids, positions, token_type_ids)
         for layer in self.encoder.layer:
             hidden = layer(hidden, attn_metadata)
         return hidden
@@ -171,6 +179,7 @@ class XLMRobertaModel(BertModel):
     docstring), one token type. Pooling: CLS by default, as vLLM's ``RobertaEmbeddingModel``."""
 
     checkpoint_ignored = BertModel.checkpoint_ignored + ("lm_head.",)
+    uses_token_type_ids = False  # one segment type (type_vocab_size 1); pairs are <s> A </s></s> B </s>
 
     @classmethod
     def position_offset(cls, arch: ModelArchConfig) -> int:

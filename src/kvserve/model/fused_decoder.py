@@ -95,9 +95,13 @@ class FusedDecoder:
 def model_hidden(model: nn.Module, fused: FusedDecoder | None, inputs: ModelInputs,
                  kv_caches: list[torch.Tensor]) -> torch.Tensor:
     """Hidden states [T, hidden_size] of a step's tokens: through ``fused`` where it handles the
-    step, else the model's modules (the same bits)."""
+    step, else the model's modules (the same bits); ``inputs.token_type_ids`` go to a model that
+    reads them."""
     if fused is not None and fused.handles(inputs.attn_metadata):
         return fused(inputs.input_ids, inputs.positions, kv_caches, inputs.attn_metadata)
+    if inputs.token_type_ids is not None:
+        return model(inputs.input_ids, inputs.positions, kv_caches, inputs.attn_metadata,
+                     token_type_ids=inputs.token_type_ids)
     return model(inputs.input_ids, inputs.positions, kv_caches, inputs.attn_metadata)
 
 

@@ -21,9 +21,10 @@ same pass and repacked into ``QuantizedLinear`` layers (``kvserve.model.prequant
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -45,6 +46,9 @@ from kvserve.model.quant_linear import quantize_linears
 from kvserve.model.quant_summary import describe_weights
 from kvserve.model.registry import get_model_class
 from kvserve.startup_checks import check_architecture, missing_safetensors_message
+
+if TYPE_CHECKING:
+    from kvserve.pooling.config import PoolerConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -155,14 +159,17 @@ def default_dtype_for_device(model_dir: str | Path, device: str | torch.device) 
     return torch.float32
 
 
-def load_arch_config(model: str | Path) -> ModelArchConfig:
-    """The ``ModelArchConfig`` of a model folder (its config.json) or GGUF file (its metadata).
+def load_arch_config(model: str | Path, hf_overrides: Mapping[str, Any] | None = None) -> ModelArchConfig:
+    """The ``ModelArchConfig`` of a model folder (its config.json, ``hf_overrides`` laid over it)
+    or GGUF file (its metadata).
 
     Raises:
         CheckpointError: as ``ModelArchConfig.from_file`` / ``GGUFFile.arch``.
     """
     gguf = find_gguf(model)
-    return open_gguf(gguf).arch if gguf is not None else ModelArchConfig.from_file(Path(model) / "config.json")
+    if gguf is not None:
+        return open_gguf(gguf).arch
+    return ModelArchConfig.from_file(Path(model) / "config.json", hf_overrides)
 
 
 def _stored_dtype(files: list[Path]) -> torch.dtype | None:
@@ -178,7 +185,9 @@ def load_model(
     device: str | torch.device = "cpu",
     attn_backend: AttentionBackend | None = None,
     quantization: QuantizationConfig = QuantizationConfig(),
-    pooling: bool = False,
+    pooler: PoolerConfig | None = None,
+    hf_overrides: Mapping[str, Any] | None = None,
+    tokenizer_dir: str | Path | None = None,
 ) -> LoadedModel:
     """Read config.json (+ generation_config.json) and the safetensors weights of ``model_dir``.
 
@@ -193,11 +202,16 @@ def load_model(
             ``lm_head``) is quantized from its float weight in ``dtype``
             (``kvserve.model.quant_linear.quantize_linears``). A GPTQ/AWQ checkpoint is read as
             such whatever this says (``gptq``/``awq`` or None; another method is refused).
-        pooling: load for pooling (``--runner pooling``): a decoder's LM head is neither built
-            nor read (a checkpoint may lack it), and a decoder checkpoint saved without the
+        pooler: load for pooling (``--runner pooling``; its ``PoolerConfig``): the class built is
+            ``pooler.architecture`` (a decoder's ``*ForSequenceClassification`` under ``--convert
+            classify``); a decoder's LM head is neither built nor read (a checkpoint may lack it)
+            unless a classifier makes its head from LM-head rows (``kvserve.model.seq_cls``, then
+            the tokenizer of ``tokenizer_dir``, default ``model_dir``, names the rows); a head's
+            modules (``head_modules``) stay float32; a decoder checkpoint saved without the
             ``model.`` prefix (a ``*Model`` one, as Qwen3-Embedding's) loads too, as vLLM's
             pooling adapters do. An encoder (``attn_type`` ``encoder_only``) caches no K/V
             (``LoadedModel.num_kv_heads`` 0).
+        hf_overrides: ``--hf-overrides``, laid over config.json (``kvserve.model.hf_overrides``).
 
     Raises:
         CheckpointError: missing config.json, unknown architecture, a quantization_config kvserve
@@ -211,22 +225,23 @@ def load_model(
     gguf = find_gguf(model_dir)
     if gguf is not None:
         return _load_gguf(gguf, dtype, device, attn_backend, quantization)
-    check_architecture(model_dir)  # names an unsupported one before its config fields are parsed
-    arch = ModelArchConfig.from_file(model_dir / "config.json")
+    check_architecture(model_dir, hf_overrides)  # names an unsupported one before its config fields are parsed
+    arch = ModelArchConfig.from_file(model_dir / "config.json", hf_overrides)
     quantization = resolve_quantization(model_dir, quantization)
     spec = quantization.checkpoint
-    model_cls = get_model_class(arch.architecture)
+    model_cls = get_model_class((pooler.architecture if pooler is not None else "") or arch.architecture)
     files = _safetensors_files(model_dir)
     torch_dtype = resolve_dtype(dtype, arch, _stored_dtype(files) if arch.torch_dtype is None else None)
     backend = attn_backend if attn_backend is not None else get_attention_backend("torch")
     with torch.device("meta"):
         model = model_cls(arch, backend)
     renames, ignored = model_cls.checkpoint_renames, model_cls.checkpoint_ignored
-    if pooling and hasattr(model, "lm_head"):
-        del model.lm_head  # embeddings pool the hidden states: the LM head is never run
+    if pooler is not None and not getattr(model, "reads_lm_head", False):
+        if hasattr(model, "lm_head"):
+            del model.lm_head  # pooling runs the hidden states (or a classifier's own head), never the LM head
         ignored += ("lm_head.",)
     stored_names = _tensor_names(files)
-    prefix = "model." if pooling and _lacks_model_prefix(model, stored_names, ignored) else ""
+    prefix = "model." if pooler is not None and _lacks_model_prefix(model, stored_names, ignored) else ""
     names = [prefix + _renamed(n, renames) for n in stored_names if not n.startswith(ignored)]
     if spec is None:
         plan = {}
@@ -234,6 +249,9 @@ def load_model(
         plan = plan_mxfp4_linears(model, names) if spec.method == "mxfp4" else plan_quantized_linears(model, names, spec)
     drop_float_weights(model, plan)
     model = model.to(dtype=torch_dtype).to_empty(device=device)
+    for name in getattr(model, "head_modules", ()) if pooler is not None else ():
+        if hasattr(model, name.split(".")[0]):  # a pooling head in float32, as vLLM's head_dtype
+            model.get_submodule(name).to(torch.float32)
     bind_kernels(model, device)
     if arch.tie_word_embeddings and "lm_head" not in plan and hasattr(model, "lm_head"):
         # to_empty gives each parameter its own storage; tie again.
@@ -248,6 +266,10 @@ def load_model(
             quantize_linears(model, quantization.method, quantization.group_size, quantization.lm_head)
         except ValueError as exc:
             raise ConfigError(f"--quantization {quantization.method}: {exc}") from None
+    if getattr(model, "reads_lm_head", False):
+        from kvserve.tokenizer import load_tokenizer
+
+        model.load_head_from_lm_head(load_tokenizer(tokenizer_dir or model_dir))
     model.eval()
     gen_path = model_dir / "generation_config.json"
     generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}

@@ -27,12 +27,15 @@ class ModelInputs(NamedTuple):
         positions: int64 [T].
         attn_metadata: layout for the attention backend.
         logits_indices: int64 [num_sampling_requests], rows of the hidden states to sample from.
+        token_type_ids: int64 [T], each token's segment type, for a model that reads them (BERT
+            cross-encoders' pairs), or None: every token type 0.
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     attn_metadata: AttentionMetadata
     logits_indices: torch.Tensor
+    token_type_ids: torch.Tensor | None = None
 
 
 class FlatBatch(NamedTuple):

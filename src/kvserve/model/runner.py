@@ -12,7 +12,9 @@
 A pooling model's runner (``pooler``) pools, instead of sampling, each pooling request whose
 prompt completes in the step (its whole prompt: pooling requests are never chunked,
 ``kvserve.pooling.engine_rules``): the final hidden states of its rows become one vector in
-``ModelRunnerOutput.pooler_output`` (``kvserve.pooling.pooler``).
+``ModelRunnerOutput.pooler_output`` (``kvserve.pooling.pooler``; a classifier's logits or scores). A
+cross-encoder pair's segment ids reach the model as ``ModelInputs.token_type_ids`` (from each
+request's ``token_type_start``).
 
 The drafts for the next step are the engine core's to propose (``spec_decode.proposer``).
 
@@ -217,7 +219,7 @@ class ModelRunner:
         drafts = [self._spec_tokens.get(req_id, []) for req_id in req_ids]
         num_logits = np.array([1 + len(d) for d in drafts], dtype=np.int64)
         flat = self._flat_batch(rows, num_scheduled, samples, num_logits)
-        inputs = to_model_inputs(flat, self.device)
+        inputs = self._with_token_types(to_model_inputs(flat, self.device), rows, num_scheduled, flat.positions)
         self.faults.check("forward", req_ids)
         with self._adapters(rows, num_scheduled):
             hidden = model_hidden(self.model, self.fused_decoder, inputs, self.kv_caches)
@@ -230,6 +232,19 @@ class ModelRunner:
         self.faults.check("sample", [batch.req_ids[row] for row in sampling_rows.tolist()])
         verified = self._sample(logits, sampling_rows, [d for d, s in zip(drafts, samples) if s])
         return _RowsResult(rows, sampling_rows, verified.token_ids, verified.logprobs, prompt_logprobs, pooled)
+
+    def _with_token_types(self, inputs, rows: np.ndarray, num_scheduled: np.ndarray, positions: np.ndarray):
+        """``inputs`` with each token's segment type [T] when a row carries a pair's
+        ``token_type_start`` (type 1 from that position on), else as they are."""
+        if self.pooler is None or not self.pooler.config.token_types:
+            return inputs
+        specs = [self.input_batch.states[row].spec for row in rows.tolist()]
+        starts = [spec.token_type_start for spec in specs]
+        if all(start is None for start in starts):
+            return inputs
+        first_one = np.array([np.iinfo(np.int64).max if s is None else s for s in starts], dtype=np.int64)
+        types = (positions >= np.repeat(first_one, num_scheduled)).astype(np.int64)
+        return inputs._replace(token_type_ids=torch.from_numpy(types).to(self.device))
 
     def _pool(self, hidden: torch.Tensor, rows: np.ndarray, completes: np.ndarray,
               query_start_loc: np.ndarray) -> dict[str, torch.Tensor]:

@@ -5,11 +5,19 @@ embed`` means ``--runner pooling``) resolve against the folder::
 
     --runner auto      sentence-transformers folder (modules.json)  -> pooling
                        encoder architecture (BertModel, ...)        -> pooling
-                       --convert embed                              -> pooling
+                       sequence classifier (*ForSequenceClassification) -> pooling (classify)
+                       --convert embed | classify                   -> pooling
                        otherwise                                    -> generate
     --runner pooling   an encoder, or a decoder (*ForCausalLM) adapted by --convert embed (the
-                       default for decoders): last-token pooling of the final hidden states
-    --runner generate  a decoder; an encoder is refused (it has no language-model head)
+                       default for decoders): last-token pooling of the final hidden states;
+                       --convert classify makes a *ForCausalLM its *ForSequenceClassification
+                       (kvserve.model.seq_cls)
+    --runner generate  a decoder; an encoder or a classifier is refused (no language-model head)
+
+A sequence classifier's task is ``classify`` (``PoolerConfig.classifier``: labels, activation,
+``kvserve.pooling.classifier_config``); it pools with its architecture's default (CLS for BERT and
+RoBERTa, LAST for decoders): a sentence-transformers CrossEncoder folder's modules.json holds no
+Pooling module.
 
 How a pooling model pools (``PoolerConfig``): a sentence-transformers folder's ``modules.json``
 names a ``Pooling`` module whose ``config.json`` gives the mode (``pooling_mode`` or the older
@@ -33,10 +41,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvserve.errors import CheckpointError, ConfigError
+from kvserve.pooling.classifier_config import ClassifierConfig, read_classifier_config
 
 PoolingType = Literal["CLS", "MEAN", "LAST"]
 RUNNERS = ("auto", "generate", "pooling")
-CONVERTS = ("auto", "none", "embed")
+CONVERTS = ("auto", "none", "embed", "classify")
 
 # sentence-transformers module types, by the end of their dotted name (its classic
 # ``sentence_transformers.models.X`` names and those of sentence-transformers >= 5).
@@ -53,6 +62,8 @@ class PoolerConfig:
 
     Attributes:
         task: the model's task (``embed``; ``classify`` for sequence-classification heads).
+        architecture: the registered class to build (``*ForSequenceClassification`` for a
+            ``*ForCausalLM`` under ``--convert classify``).
         pooling_type: ``CLS`` (the first token's state), ``MEAN`` (the mean over the prompt's
             tokens) or ``LAST`` (the last token's state).
         use_activation: the default of ``PoolingParams.use_activation`` (embed: L2-normalise).
@@ -65,21 +76,31 @@ class PoolerConfig:
         max_seq_length: sentence-transformers' ``max_seq_length`` (caps the context), or None.
         do_lower_case: text is lower-cased before tokenizing (sentence-transformers).
         source: where the pooling came from, for the start-up log.
+        classifier: a ``classify`` model's labels, activation and pair rule, else None.
+        token_types: a text pair carries segment ids to the model (BERT cross-encoders).
     """
 
     task: str
     pooling_type: PoolingType
     use_activation: bool
     hidden_size: int
+    architecture: str = ""
     is_matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] | None = None
     encoder_only: bool = False
     max_seq_length: int | None = None
     do_lower_case: bool = False
     source: str = ""
+    classifier: ClassifierConfig | None = None
+    token_types: bool = False
 
     def describe(self) -> str:
-        """e.g. ``embed: CLS pooling, normalized (modules.json), 384 dimensions``."""
+        """e.g. ``embed: CLS pooling, normalized (modules.json), 384 dimensions``, ``classify: LAST
+        pooling, 1 label (classify activation) (Qwen3ForSequenceClassification's default)``."""
+        if self.classifier is not None:
+            labels = self.classifier.num_labels
+            return (f"{self.task}: {self.pooling_type} pooling, {labels} label{'s' if labels != 1 else ''} "
+                    f"({self.classifier.activation} activation) ({self.source})")
         norm = "normalized" if self.use_activation else "not normalized"
         dims = f", Matryoshka {list(self.matryoshka_dimensions)}" if self.matryoshka_dimensions else (
             ", Matryoshka" if self.is_matryoshka else "")
@@ -91,64 +112,99 @@ def resolve_runner(model_dir: str | Path, architecture: str, runner: str, conver
     docstring).
 
     Raises:
-        ConfigError: an encoder with ``--runner generate``; a decoder with ``--runner pooling
-            --convert none``; ``--convert embed`` with ``--runner generate``; unknown values.
+        ConfigError: an encoder or a classifier with ``--runner generate``; a decoder with
+            ``--runner pooling --convert none``; ``--convert embed|classify`` with ``--runner
+            generate``; unknown values.
     """
-    from kvserve.model.registry import is_encoder_only
+    from kvserve.model.registry import default_pooling_task, is_encoder_only
 
     if runner not in RUNNERS:
         raise ConfigError(f"--runner {runner!r} is not supported; choose one of {', '.join(RUNNERS)}")
     if convert not in CONVERTS:
         raise ConfigError(f"--convert {convert!r} is not supported; choose one of {', '.join(CONVERTS)}")
-    encoder = is_encoder_only(architecture)
+    pooling_only = is_encoder_only(architecture) or default_pooling_task(architecture) == "classify"
     if runner == "auto":
-        if encoder or convert == "embed" or (Path(model_dir) / "modules.json").is_file():
+        if pooling_only or convert in ("embed", "classify") or (Path(model_dir) / "modules.json").is_file():
             return "pooling"
         return "generate"
     if runner == "generate":
-        if encoder:
-            raise ConfigError(f"{architecture} does not support `--runner generate` (an encoder has no language "
-                              "model head); use `--runner pooling` or `--runner auto`")
-        if convert == "embed":
-            raise ConfigError("--convert embed adapts a model to pooling: use it with `--runner pooling` (or auto)")
+        if pooling_only:
+            raise ConfigError(f"{architecture} does not support `--runner generate` (it has no language model "
+                              "head); use `--runner pooling` or `--runner auto`")
+        if convert in ("embed", "classify"):
+            raise ConfigError(f"--convert {convert} adapts a model to pooling: use it with `--runner pooling` "
+                              "(or auto)")
         return "generate"
-    if not encoder and convert == "none":
+    if not pooling_only and convert == "none":
         raise ConfigError(f"{architecture} does not support `--runner pooling` as it is. You can pass "
                           "`--convert embed` to adapt it into a pooling model (the default of --convert auto)")
     return "pooling"
 
 
-def load_pooler_config(model_dir: str | Path, arch: Any) -> PoolerConfig:
+def pooled_architecture(architecture: str, convert: str) -> str:
+    """The class a pooling run builds: ``architecture``, or its sequence classifier under
+    ``--convert classify``.
+
+    Raises:
+        ConfigError: ``--convert classify`` on an architecture without a classifier form;
+            ``--convert embed`` on a sequence classifier.
+    """
+    from kvserve.model.registry import classifier_architecture, default_pooling_task
+
+    if convert == "classify":
+        converted = classifier_architecture(architecture)
+        if converted is None:
+            raise ConfigError(f"--convert classify: {architecture} has no sequence-classification form in kvserve "
+                              "(Llama, Mistral, Qwen2 and Qwen3 decoders convert; encoders need a "
+                              "*ForSequenceClassification checkpoint)")
+        return converted
+    if convert == "embed" and default_pooling_task(architecture) == "classify":
+        raise ConfigError(f"--convert embed: {architecture} is a sequence classifier; serve it as it is "
+                          "(--convert auto)")
+    return architecture
+
+
+def load_pooler_config(model_dir: str | Path, arch: Any, convert: str = "auto") -> PoolerConfig:
     """The ``PoolerConfig`` of a pooling model's folder (module docstring); ``arch`` is its
-    ``ModelArchConfig``.
+    ``ModelArchConfig`` (``--hf-overrides`` applied).
 
     Raises:
         CheckpointError: a sentence-transformers module or pooling mode kvserve does not run
-            (named), or a modules.json / module config that is not valid JSON.
+            (named), a modules.json / module config that is not valid JSON, a classifier's
+            config.json fields kvserve does not run (``kvserve.pooling.classifier_config``).
+        ConfigError: as :func:`pooled_architecture`.
     """
-    from kvserve.model.registry import default_pooling_type, is_encoder_only
+    from kvserve.model.registry import default_pooling_task, default_pooling_type, get_model_class, is_encoder_only
 
     folder = Path(model_dir)
-    st = _sentence_transformers_pooling(folder)
+    architecture = pooled_architecture(arch.architecture, convert)
+    task = default_pooling_task(architecture)
+    st = _sentence_transformers_pooling(folder) if task == "embed" else None
     pooling_type, use_activation, source = st if st is not None else (
-        default_pooling_type(arch.architecture), True, f"{arch.architecture}'s default")
+        default_pooling_type(architecture), True, f"{architecture}'s default")
     raw = arch.raw
-    dims = raw.get("matryoshka_dimensions")
+    dims = raw.get("matryoshka_dimensions") if task == "embed" else None
     tokenizer_config = _sentence_tokenizer_config(folder)
     max_seq = tokenizer_config.get("max_seq_length")
+    classifier = read_classifier_config(raw, str(folder / "config.json")) if task == "classify" else None
+    token_types = (classifier is not None and getattr(get_model_class(architecture), "uses_token_type_ids", False)
+                   and int(raw.get("type_vocab_size", 2)) > 1)
     return PoolerConfig(
-        task="embed", pooling_type=pooling_type, use_activation=use_activation, hidden_size=arch.hidden_size,
-        is_matryoshka=bool(dims) or bool(raw.get("is_matryoshka", False)),
+        task=task, pooling_type=pooling_type, use_activation=use_activation, hidden_size=arch.hidden_size,
+        architecture=architecture,
+        is_matryoshka=bool(dims) or (task == "embed" and bool(raw.get("is_matryoshka", False))),
         matryoshka_dimensions=tuple(int(d) for d in dims) if dims else None,
-        encoder_only=is_encoder_only(arch.architecture),
+        encoder_only=is_encoder_only(architecture),
         max_seq_length=int(max_seq) if max_seq else None,
         do_lower_case=bool(tokenizer_config.get("do_lower_case", False)), source=source,
+        classifier=classifier, token_types=token_types,
     )
 
 
 def resolve_pooler_config(model_config: Any, arch: Any = None) -> PoolerConfig | None:
     """The ``PoolerConfig`` when ``model_config`` (a ``kvserve.config.ModelConfig``) runs as a
-    pooling model, else None. ``arch``: its ``ModelArchConfig`` when already read.
+    pooling model, else None. ``arch``: its ``ModelArchConfig`` when already read (with the
+    model's ``hf_overrides``).
 
     Raises:
         ConfigError, CheckpointError: as ``resolve_runner`` and ``load_pooler_config``; a GGUF
@@ -159,13 +215,13 @@ def resolve_pooler_config(model_config: Any, arch: Any = None) -> PoolerConfig |
 
     model = model_config.model
     if find_gguf(model) is not None:
-        if model_config.runner == "pooling" or model_config.convert == "embed":
+        if model_config.runner == "pooling" or model_config.convert in ("embed", "classify"):
             raise ConfigError("--runner pooling loads Hugging Face folders (config.json and safetensors), not GGUF files")
         return None
-    arch = arch if arch is not None else load_arch_config(model)
+    arch = arch if arch is not None else load_arch_config(model, model_config.hf_overrides)
     if resolve_runner(model, arch.architecture, model_config.runner, model_config.convert) != "pooling":
         return None
-    return load_pooler_config(model, arch)
+    return load_pooler_config(model, arch, model_config.convert)
 
 
 def _read_json(path: Path) -> Any:

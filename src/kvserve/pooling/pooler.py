@@ -5,18 +5,23 @@
       ▼
     CLS: row 0 | MEAN: float32 sum of the rows / their count | LAST: the last row      -> float32 [H]
       │  embed: first ``dimensions`` values (Matryoshka), then L2-normalised when use_activation
+      │  classify: the model's head (``classify``, float32) -> logits [num_labels], then when
+      │            use_activation the classifier's activation: sigmoid for one label, softmax
+      │            over several (or each label's sigmoid, or none: ``ClassifierConfig.activation``)
       ▼
-    float32 [H'] on the CPU
+    float32 [H'] / [num_labels] on the CPU
 
 Each request is pooled alone, on a fresh copy of its rows, so its vector does not depend on the
 other requests of the step (batch invariance: the same bits alone or batched). Method after vLLM
 0.32's ``vllm/model_executor/layers/pooler/seqwise`` (``CLSPool``, ``MeanPool``, ``LastPool``,
-``EmbeddingPoolerHead``: dimensions are cut before the normalisation) and sentence-transformers'
-``Pooling`` / ``Normalize`` modules (``F.normalize``, eps 1e-12).
+``EmbeddingPoolerHead``: dimensions are cut before the normalisation; ``ClassifierPoolerHead``,
+``activations.PoolerClassify``) and sentence-transformers' ``Pooling`` / ``Normalize`` modules
+(``F.normalize``, eps 1e-12).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,25 +32,35 @@ from kvserve.pooling.config import PoolerConfig
 from kvserve.pooling.params import PoolingParams
 
 
+ClassifierHead = Callable[[torch.Tensor], torch.Tensor]  # pooled float32 [H] -> float32 logits [num_labels]
+
+
 class Pooler:
     """Pools each request of a step alone (module docstring).
 
     Args:
         config: the model's pooling (``PoolerConfig``).
+        head: a ``classify`` model's head (the model's ``classify`` method), else None.
+
+    Raises:
+        ValueError: a ``classify`` config without a head.
     """
 
-    def __init__(self, config: PoolerConfig):
+    def __init__(self, config: PoolerConfig, head: ClassifierHead | None = None):
+        if config.task == "classify" and head is None:
+            raise ValueError("a classify pooler needs the model's classifier head (its `classify` method)")
         self.config = config
+        self.head = head
 
     def __call__(self, hidden: torch.Tensor, spans: list[tuple[int, int]],
                  params: list[PoolingParams]) -> list[torch.Tensor]:
         """Args:
             hidden: [T, H] final hidden states of the step's tokens.
             spans: per pooled request, its rows ``[start, end)`` of ``hidden``: its whole prompt.
-            params: per pooled request, its resolved ``PoolingParams`` (task ``embed``).
+            params: per pooled request, its resolved ``PoolingParams`` (the model's task).
 
         Returns:
-            per request a float32 CPU tensor [H] (or [dimensions]).
+            per request a float32 CPU tensor [H] (or [dimensions]); classify: [num_labels].
         """
         return [self.pool_one(hidden[start:end], p) for (start, end), p in zip(spans, params, strict=True)]
 
@@ -76,8 +91,11 @@ class Pooler:
         return req_ids, spans, params
 
     def pool_one(self, states: torch.Tensor, params: PoolingParams) -> torch.Tensor:
-        """One request: ``states`` [n, H] -> float32 [H'] on the CPU."""
+        """One request: ``states`` [n, H] -> float32 [H'] (classify: [num_labels]) on the CPU."""
         pooled = self._pool_states(states)
+        if self.config.task == "classify":
+            logits = self.head(pooled).to(torch.float32)
+            return (_activate(logits, self.config.classifier.activation) if params.use_activation else logits).cpu()
         if params.dimensions is not None:
             pooled = pooled[: params.dimensions]
         if params.use_activation:
@@ -93,3 +111,13 @@ class Pooler:
             return states[-1].to(torch.float32, copy=True)
         rows = states.to(torch.float32, copy=True)
         return rows.sum(dim=0) / rows.shape[0]
+
+
+def _activate(logits: torch.Tensor, activation: str) -> torch.Tensor:
+    """vLLM's classifier activations on logits [num_labels]: ``classify`` (sigmoid for one label,
+    softmax for more), ``sigmoid``, ``identity``."""
+    if activation == "identity":
+        return logits
+    if activation == "sigmoid" or logits.shape[-1] < 2:
+        return torch.sigmoid(logits)
+    return torch.softmax(logits, dim=-1)

@@ -3,8 +3,8 @@
 ``PoolingParams`` against the model's ``PoolerConfig`` (``vllm/pooling_params.py``), and the
 prompt's truncation and length (``vllm/renderers/params.py`` ``TokenizeParams``).
 
-The same request gets the same refusal over HTTP (``/v1/embeddings``, ``/pooling``) and offline
-(``LLM.embed``, ``LLM.encode``).
+The same request gets the same refusal over HTTP (``/v1/embeddings``, ``/pooling``, ``/classify``,
+``/score``, ``/rerank``) and offline (``LLM.embed``, ``LLM.encode``, ``LLM.classify``, ``LLM.score``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,38 @@ from kvserve.errors import InvalidRequestError
 from kvserve.pooling.config import PoolerConfig
 from kvserve.pooling.params import POOLING_TASKS, REMOVED_TASKS, PoolingParams
 
-GENERATION_REFUSAL = ("This model is a pooling model (it runs with --runner pooling): it computes embeddings "
-                      "(/v1/embeddings, /pooling; LLM.embed offline) and generates no text. Start it with "
-                      "--runner generate to generate, if it is a generative model.")
-POOLING_REFUSAL = ("This model does not support the embeddings API: it runs as a generative model. Try passing "
-                   "`--runner pooling` to use the model as a pooling model.")
+GENERATION_REFUSAL = ("This model is a pooling model (it runs with --runner pooling): it computes embeddings or "
+                      "scores (/v1/embeddings, /pooling, /classify, /score, /rerank; LLM.embed, LLM.classify, "
+                      "LLM.score offline) and generates no text. Start it with --runner generate to generate, if it "
+                      "is a generative model.")
+
+
+def pooling_refusal(api: str) -> str:
+    """What a generative model answers a pooling request of ``api`` (``embeddings``, ``Score``,
+    ``Classification``)."""
+    return (f"This model does not support the {api} API: it runs as a generative model. Try passing "
+            "`--runner pooling` to use the model as a pooling model.")
+
+
+# vLLM's words when a pooling model is asked for the other pooling task (LLM._verify_pooling_task).
+_TASK_HINTS = {"embed": "Embedding API is not supported by this model. Try converting the model using "
+                        "`--convert embed`.",
+               "classify": "Classification API is not supported by this model. Try converting the model using "
+                           "`--convert classify`."}
+
+
+def score_type(pooler: PoolerConfig) -> str:
+    """How this pooling model scores a pair: ``cross-encoder`` (a classifier of one label) or
+    ``bi-encoder`` (the cosine of two embeddings), as vLLM's ``SCORE_TYPE_MAP``.
+
+    Raises:
+        InvalidRequestError: a classifier of more than one label (``model``; vLLM's words).
+    """
+    if pooler.task == "embed":
+        return "bi-encoder"
+    if pooler.classifier is None or pooler.classifier.num_labels != 1:
+        raise InvalidRequestError("Scoring API is only enabled for num_labels == 1.", param="model")
+    return "cross-encoder"
 
 
 def check_pooling_params(params: PoolingParams, pooler: PoolerConfig, max_model_len: int) -> PoolingParams:
@@ -50,7 +77,8 @@ def _check_task(task: Any, pooler: PoolerConfig) -> None:
     if task in REMOVED_TASKS:
         raise InvalidRequestError(REMOVED_TASKS[task], param="task")
     if task in POOLING_TASKS:
-        raise InvalidRequestError(f"Unsupported task: {task!r}. Supported tasks: ('{pooler.task}',)", param="task")
+        raise InvalidRequestError(f"Unsupported task: {task!r}. Supported tasks: ('{pooler.task}',). "
+                                  f"{_TASK_HINTS.get(task, '')}".rstrip(), param="task")
     raise InvalidRequestError(f"task {task!r} is not supported; this model runs the {pooler.task!r} task",
                               param="task")
 

@@ -1,12 +1,16 @@
-"""Small encoder checkpoints with random weights (BERT, XLM-RoBERTa, ModernBERT) and
-sentence-transformers folders, written offline for the pooling tests.
+"""Small encoder checkpoints with random weights (BERT, XLM-RoBERTa, ModernBERT, and the BERT /
+XLM-RoBERTa sequence classifiers: cross-encoders) and sentence-transformers folders, written
+offline for the pooling tests.
 
 A folder from :func:`build_encoder_checkpoint` looks like one downloaded from the Hub::
 
     <path>/
       config.json, model.safetensors        transformers' ``AutoModel.from_config`` under a seed
-      tokenizer.json, tokenizer_config.json  WordPiece ([CLS] text [SEP], BERT's ids) or byte BPE
-                                             (<s> text </s>, RoBERTa's ids: <pad> = 1)
+                                             (``AutoModelForSequenceClassification`` for a
+                                             ``*ForSequenceClassification``: its head too)
+      tokenizer.json, tokenizer_config.json  WordPiece ([CLS] text [SEP], BERT's ids; a pair
+                                             gets segment ids, as BertTokenizerFast) or byte
+                                             BPE (<s> text </s>, RoBERTa's ids: <pad> = 1)
       modules.json, 1_Pooling/config.json,   only with ``sentence_transformers=``: the classic
       [2_Normalize/], sentence_bert_config.json   sentence-transformers layout (as on the Hub)
 
@@ -25,6 +29,8 @@ ENCODERS: dict[str, str] = {
     "BertModel": "BertConfig",
     "XLMRobertaModel": "XLMRobertaConfig",
     "ModernBertModel": "ModernBertConfig",
+    "BertForSequenceClassification": "BertConfig",
+    "XLMRobertaForSequenceClassification": "XLMRobertaConfig",
 }
 ENCODER_DIMS: dict[str, Any] = {
     "hidden_size": 64,
@@ -60,7 +66,8 @@ def build_encoder_tokenizer(kind: str):
         backend.train_from_iterator(_CORPUS.splitlines() * 4, trainer)
         backend.post_processor = processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
         return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
-                                       cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+                                       cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+                                       model_input_names=["input_ids", "token_type_ids", "attention_mask"])
     if kind == "roberta":
         backend = Tokenizer(models.BPE())
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
@@ -79,8 +86,9 @@ def build_encoder_checkpoint(path: str | Path, architecture: str = "BertModel", 
     """Write a tiny random-weight encoder checkpoint to ``path``.
 
     Args:
-        architecture: ``BertModel`` and ``ModernBertModel`` (WordPiece tokenizer) or
-            ``XLMRobertaModel`` (RoBERTa's byte BPE, pad id 1).
+        architecture: ``BertModel``, ``BertForSequenceClassification`` and ``ModernBertModel``
+            (WordPiece tokenizer) or ``XLMRobertaModel``, ``XLMRobertaForSequenceClassification``
+            (RoBERTa's byte BPE, pad id 1); a classifier's labels by ``num_labels=`` (config).
         dtype: stored dtype (float32, bfloat16, float16).
         seed: seed of the weights.
         sentence_transformers: ``add_sentence_transformers``' keyword arguments, or None.
@@ -94,9 +102,10 @@ def build_encoder_checkpoint(path: str | Path, architecture: str = "BertModel", 
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_encoder_tokenizer("roberta" if architecture == "XLMRobertaModel" else "wordpiece")
+    roberta = architecture.startswith("XLMRoberta")
+    tokenizer = build_encoder_tokenizer("roberta" if roberta else "wordpiece")
     fields = dict(ENCODER_DIMS, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
-    if architecture == "XLMRobertaModel":
+    if roberta:
         fields.update(bos_token_id=0, eos_token_id=2, max_position_embeddings=ENCODER_DIMS["max_position_embeddings"] + 2,
                       type_vocab_size=1)
     if architecture == "ModernBertModel":
@@ -107,7 +116,9 @@ def build_encoder_checkpoint(path: str | Path, architecture: str = "BertModel", 
     config.architectures = [architecture]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = transformers.AutoModel.from_config(config, dtype=torch.float32)
+        auto = (transformers.AutoModelForSequenceClassification if architecture.endswith("ForSequenceClassification")
+                else transformers.AutoModel)
+        model = auto.from_config(config, dtype=torch.float32)
         _randomize_norms(model)
     model.to(getattr(torch, dtype)).save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
