@@ -1,9 +1,11 @@
-"""The offline API of pooling models, vLLM's: ``LLM(model, runner="pooling").embed(prompts)`` and
-``LLM.encode(prompts, pooling_task="embed")``.
+"""The offline API of pooling models, vLLM's: ``LLM(model, runner="pooling").embed(prompts)``,
+``LLM.encode(prompts, pooling_task="embed")``, a classifier's ``LLM.classify(prompts)`` and
+``LLM.score(queries, documents)`` (a cross-encoder's or reranker's scores, or an embedding
+model's cosine similarities: ``kvserve.pooling.scoring``).
 
-Each prompt is one pooling request (``InputProcessor.process_pooling``: every check, as over
-HTTP); all of them are admitted together, run through the scheduler (batched, whole prompts) and
-come back in prompt order.
+Each prompt (each scored pair, or each text of a bi-encoder) is one pooling request
+(``InputProcessor.process_pooling``: every check, as over HTTP); all of them are admitted together,
+run through the scheduler (batched, whole prompts) and come back in prompt order.
 """
 
 from __future__ import annotations
@@ -11,15 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvserve.outputs import EmbeddingRequestOutput, PoolingRequestOutput
+from kvserve.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput, ScoringOutput,
+                             ScoringRequestOutput)
 from kvserve.pooling.params import PoolingParams
+from kvserve.pooling.scoring import ScoreOptions, pair_scores, plan_scoring
 
 PromptType = str | list[int] | dict[str, Any]
 
 
 class PoolingMixin:
-    """``embed`` and ``encode`` of ``kvserve.engine.llm.LLM`` (which provides ``llm_engine``,
-    ``_ids``, ``_as_list``)."""
+    """``embed``, ``classify``, ``score`` and ``encode`` of ``kvserve.engine.llm.LLM`` (which
+    provides ``llm_engine``, ``_ids``, ``_as_list``)."""
 
     def embed(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | Sequence[PoolingParams]
               | None = None, *, truncate_prompt_tokens: int | None = None, use_tqdm: bool | Callable = True,
@@ -44,6 +48,58 @@ class PoolingMixin:
         return [EmbeddingRequestOutput.from_base(o) for o in self.encode(
             prompts, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
             lora_request=lora_request, pooling_task="embed", tokenization_kwargs=tokenization_kwargs)]
+
+    def classify(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams
+                 | Sequence[PoolingParams] | None = None, *, truncate_prompt_tokens: int | None = None,
+                 use_tqdm: bool | Callable = True, lora_request: Any = None,
+                 tokenization_kwargs: dict[str, Any] | None = None) -> list[ClassificationRequestOutput]:
+        """A sequence classifier's probabilities per prompt (``outputs.probs``: softmax over the
+        labels, or the sigmoid of one; logits with ``PoolingParams(use_activation=False)``), in
+        prompt order; the arguments as :meth:`embed`'s.
+
+        Raises:
+            InvalidRequestError: a generative or embedding model (vLLM's words), or an invalid
+                prompt or parameter (nothing is run then).
+            RequestRejectedError: more prompts than the waiting queue takes (nothing is run).
+        """
+        return [ClassificationRequestOutput.from_base(o) for o in self.encode(
+            prompts, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
+            lora_request=lora_request, pooling_task="classify", tokenization_kwargs=tokenization_kwargs)]
+
+    def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str], /, *,
+              truncate_prompt_tokens: int | None = None, use_tqdm: bool | Callable = True,
+              pooling_params: PoolingParams | None = None, lora_request: Any = None,
+              tokenization_kwargs: dict[str, Any] | None = None, chat_template: str | None = None
+              ) -> list[ScoringRequestOutput]:
+        """vLLM's ``LLM.score``: a score per (``data_1``, ``data_2``) pair, 1:1, 1:N or N:N, in
+        pair order (``outputs.score``). A cross-encoder (a classifier of one label) scores each
+        pair as one prompt (``tokenizer(query, document)``, or ``query + document`` for an LLM
+        reranker, or ``chat_template`` over the query and document roles); an embedding model
+        scores the cosine of the two texts' embeddings.
+
+        Raises:
+            InvalidRequestError: a generative model, a classifier of several labels, the pairing
+                rules (vLLM's words), an invalid text or parameter (nothing is run then).
+            ValueError: ``pooling_params.task`` other than the scoring task.
+            RequestRejectedError: more prompts than the waiting queue takes (nothing is run).
+        """
+        processor = self.llm_engine.input_processor
+        kind = processor.check_scores()
+        classifier = processor.pooler_config.classifier
+        plan = plan_scoring(kind, list(data_1) if isinstance(data_1, tuple) else data_1,
+                            list(data_2) if isinstance(data_2, tuple) else data_2, classifier=classifier,
+                            tokenizer=processor.tokenizer, max_model_len=processor.max_model_len,
+                            options=ScoreOptions(chat_template=chat_template))
+        params = pooling_params or PoolingParams()
+        if params.task not in (None, plan.task):
+            raise ValueError(f"You cannot overwrite pooling_params.task={params.task!r} with "
+                             f"pooling_task={plan.task!r}!")
+        outputs = self.encode(plan.prompts, params, truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
+                              lora_request=lora_request, pooling_task=plan.task,
+                              tokenization_kwargs=tokenization_kwargs)
+        pad = getattr(processor.tokenizer, "pad_token_id", None)
+        return [ScoringRequestOutput(s.request_id, ScoringOutput(s.score), s.prompt_token_ids, s.num_cached_tokens,
+                                     True, s.error) for s in pair_scores(plan, outputs, pad)]
 
     def encode(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams
                | Sequence[PoolingParams] | None = None, *, truncate_prompt_tokens: int | None = None,
