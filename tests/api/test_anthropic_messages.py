@@ -266,6 +266,11 @@ BAD = [
     ({"max_tokens": 5, "messages": USER, "service_tier": "priority"}, "service_tier", "Input should be"),
     ({"max_tokens": 5, "messages": USER, "thinking": {"type": "between_tools"}}, "thinking", "between_tools"),
     ({"max_tokens": 5, "messages": USER, "container": "c"}, "container", "not supported"),
+    # OpenAI chat fields sent by mistake: refused with the Messages field to use
+    ({"max_tokens": 5, "messages": USER, "stop": ["x"]}, "stop", "use stop_sequences"),
+    ({"max_tokens": 5, "messages": USER, "n": 2}, "n", "one reply"),
+    ({"max_tokens": 5, "messages": USER, "logprobs": True}, "logprobs", "no logprobs"),
+    ({"max_tokens": 5, "messages": USER, "seed": 1}, "seed", "no seed"),
 ]
 
 

@@ -421,6 +421,11 @@ def test_a_streamed_background_response_is_replayed_from_any_sequence_number():
     ({"model": "other"}, 404, "model", "model_not_found"),
     ({"input": 5}, 400, "input", None),
     ({"tools": [{"type": "function", "name": "f"}]}, 400, "tool_choice", None),  # "auto" needs the flags
+    # chat fields a client moving from chat may still send: refused with the Responses field to use
+    ({"max_tokens": 5}, 400, "max_tokens", None),
+    ({"messages": [{"role": "user", "content": "x"}]}, 400, "messages", None),
+    ({"response_format": {"type": "json_object"}}, 400, "response_format", None),
+    ({"logprobs": True}, 400, "logprobs", None),
 ])
 def test_bad_requests_are_refused_by_name_and_the_server_goes_on(body, status, param, code):
     with LoopbackServer(ScriptedEngine(build_tokenizer("bpe"))) as srv:

@@ -50,6 +50,21 @@ UNSUPPORTED: dict[str, str] = {
     "inference_geo": "the inference region cannot be chosen",
 }
 
+# OpenAI chat fields a client may send to the Messages API by mistake: refused with the Anthropic
+# field to use (Anthropic's API refuses unknown fields; vLLM's ignores them).
+CHAT_ONLY_FIELDS: dict[str, str] = {
+    "max_completion_tokens": "use max_tokens",
+    "stop": "use stop_sequences",
+    "n": "a message has one reply",
+    "best_of": "a message has one reply",
+    "logprobs": "the Messages API has no logprobs; use /v1/chat/completions",
+    "top_logprobs": "the Messages API has no logprobs; use /v1/chat/completions",
+    "response_format": "use output_config.format",
+    "seed": "the Messages API has no seed; use /v1/chat/completions",
+    "frequency_penalty": "the Messages API has no penalties; use /v1/chat/completions",
+    "presence_penalty": "the Messages API has no penalties; use /v1/chat/completions",
+}
+
 _BLOCK_REASONS = {
     "image": "images are not supported (kvserve serves text-only models)",
     "document": "documents are not supported (kvserve serves text-only models); send their text",
@@ -116,6 +131,9 @@ def check_supported(request: AnthropicPromptRequest) -> None:
     for name, reason in UNSUPPORTED.items():
         if extras.get(name) is not None:
             raise InvalidRequestError(f"{name} is not supported by this server: {reason}", param=name)
+    for name, hint in CHAT_ONLY_FIELDS.items():
+        if name in extras:
+            raise InvalidRequestError(f"{name} is an OpenAI chat field, not a Messages API one: {hint}", param=name)
     if extras.get("speed") not in (None, "standard"):
         raise InvalidRequestError(f"speed {extras['speed']!r} is not supported by this server: it has one speed "
                                   "('standard')", param="speed")

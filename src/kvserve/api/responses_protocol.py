@@ -41,6 +41,18 @@ REFUSED_FIELDS: dict[str, tuple[tuple, str]] = {
     "use_beam_search": ((False, None), "beam search applies to /v1/completions and /v1/chat/completions"),
     "n": ((1, None), "a response has one output"),
 }
+# Chat-completions fields a client moving to the Responses API may still send: refused with the
+# Responses field to use (neither OpenAI's Responses API nor vLLM's take them).
+CHAT_ONLY_FIELDS: dict[str, str] = {
+    "messages": "send the conversation as input (a string or items)",
+    "max_tokens": "use max_output_tokens",
+    "max_completion_tokens": "use max_output_tokens",
+    "response_format": "use text.format",
+    "logprobs": f"use include: ['{LOGPROBS_INCLUDE}'] with top_logprobs",
+    "best_of": "a response has one output",
+    "functions": "give function tools in tools",
+    "function_call": "use tool_choice",
+}
 
 
 class _Closed(BaseModel):
@@ -142,7 +154,7 @@ class ResponsesRequest(OpenAIBaseModel):
         """The Responses-only rules (values are chat's and the input processor's).
 
         Raises:
-            InvalidRequestError: a refused field (``REFUSED_FIELDS``, vLLM extensions kvserve
+            InvalidRequestError: a refused field (``REFUSED_FIELDS``, ``CHAT_ONLY_FIELDS``, vLLM extensions kvserve
                 lacks), an ``include`` value other than the logprobs, ``truncation: "auto"``,
                 ``text.verbosity`` other than medium, ``background`` without ``store``, metadata
                 over OpenAI's limits.
@@ -152,6 +164,9 @@ class ResponsesRequest(OpenAIBaseModel):
             entry = REFUSED_FIELDS.get(name)
             if entry is not None and not _is_default(value, entry[0]):
                 raise InvalidRequestError(f"{name} is not supported by this server: {entry[1]}", param=name)
+            if name in CHAT_ONLY_FIELDS:
+                raise InvalidRequestError(f"{name} is a chat completions field, not a Responses API one: "
+                                          f"{CHAT_ONLY_FIELDS[name]}", param=name)
         for value in self.include or ():
             if value != LOGPROBS_INCLUDE:
                 raise InvalidRequestError(f"include value '{value}' is not supported; only "
