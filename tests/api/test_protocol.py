@@ -163,6 +163,10 @@ def test_chat_content_parts_are_joined_and_non_text_rejected():
     with pytest.raises(InvalidRequestError) as info:
         image.to_template_dict(2)
     assert info.value.param == "messages.2.content.0.type"
+    textless = ChatMessage(role="user", content=[{"type": "text"}])
+    with pytest.raises(InvalidRequestError, match="a 'text' content part needs its 'text'") as info:
+        textless.to_template_dict(1)
+    assert info.value.param == "messages.1.content.0.text"
 
 
 def test_chat_tool_history_reaches_the_template():

@@ -389,10 +389,13 @@ class ChatMessage(OpenAIBaseModel):
         if isinstance(content, list):
             texts = []
             for part_index, part in enumerate(content):
-                if part.type != "text" or part.text is None:
+                if part.type != "text":
                     raise InvalidRequestError(
                         f"content part type '{part.type}' is not supported; only 'text' parts are",
                         param=f"messages.{index}.content.{part_index}.type")
+                if part.text is None:
+                    raise InvalidRequestError("a 'text' content part needs its 'text' (a string)",
+                                              param=f"messages.{index}.content.{part_index}.text")
                 texts.append(part.text)
             content = "\n".join(texts)
         message = {"role": self.role, "content": content or ""}
