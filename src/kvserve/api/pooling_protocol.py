@@ -1,5 +1,6 @@
 """Request and response models of ``POST /v1/embeddings`` (OpenAI's shape and vLLM 0.32's
-extensions) and vLLM's ``POST /pooling``, and the encodings of a vector in a response.
+extensions), vLLM's ``POST /pooling`` and ``POST /classify``, and the encodings of a vector in a
+response.
 
 This module only parses: the values are checked once by the engine's input processor
 (``InputProcessor.process_pooling``). Here are the rules of the HTTP shapes themselves: which
@@ -7,7 +8,7 @@ forms ``input`` takes, ``messages`` against ``input``, and the vLLM extensions k
 implement, refused by name when set to anything but vLLM's default (``UNSUPPORTED_POOLING_FIELDS``).
 
 Sources: OpenAI API reference (``/v1/embeddings``); vLLM 0.32
-``vllm/entrypoints/pooling/{base,embed,pooling}/protocol.py``.
+``vllm/entrypoints/pooling/{base,embed,pooling,classify}/protocol.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import base64
 import sys
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -161,13 +162,37 @@ def chat_messages(conversation: list[dict], param: str) -> list[ChatMessage]:
 
 
 class EmbeddingRequest(_PoolingRequestBase):
-    """``POST /v1/embeddings``."""
+    """``POST /v1/embeddings``: task ``embed``."""
+
+    api_name: ClassVar[str] = "embeddings"
+
+    @property
+    def task_name(self) -> str | None:
+        return "embed"
 
 
 class PoolingRequest(_PoolingRequestBase):
     """``POST /pooling`` (vLLM): ``task`` None = the model's."""
 
+    api_name: ClassVar[str] = "embeddings"
     task: str | None = None
+
+    @property
+    def task_name(self) -> str | None:
+        return self.task
+
+
+class ClassificationRequest(_PoolingRequestBase):
+    """vLLM's ``POST /classify``: task ``classify`` (a sequence classifier's probabilities per
+    input; ``use_activation: false`` gives the logits). The embedding fields (``dimensions``,
+    ``encoding_format``, ...) are not vLLM's here: ``dimensions`` is refused for ``classify`` by
+    the input processor and the encodings do not apply (probabilities are floats)."""
+
+    api_name: ClassVar[str] = "Classification"
+
+    @property
+    def task_name(self) -> str | None:
+        return "classify"
 
 
 def encode_vector(vector: torch.Tensor, encoding_format: str, embed_dtype: str = "float32",
@@ -211,6 +236,25 @@ class EmbeddingResponse(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str | None = None
     data: list[EmbeddingData]
+    usage: PoolingUsage
+
+
+class ClassificationData(BaseModel):
+    """One input's probabilities; ``label``: the most probable label's name (config.json's
+    ``id2label``), or None."""
+
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(BaseModel):
+    id: str = Field(default_factory=lambda: f"classify-{uuid.uuid4().hex}")
+    object: str = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[ClassificationData]
     usage: PoolingUsage
 
 

@@ -23,6 +23,11 @@
     POST /tokenize, /detokenize  vLLM's tokenizer endpoints
     POST /v1/embeddings          OpenAI's embeddings of a pooling model (--runner pooling; serving_pooling.py)
     POST /pooling                vLLM's pooling route (its shape; serving_pooling.py)
+    POST /classify               a sequence classifier's probabilities (vLLM's; serving_pooling.py)
+    POST /score, /v1/score       vLLM's pair scores: a cross-encoder / reranker, or an embedding
+                                 model's cosine (serving_score.py)
+    POST /rerank, /v1/rerank, /v2/rerank   documents ranked against a query (Jina's and Cohere's
+                                 shape; serving_score.py)
     GET  /docs, /redoc           API pages; /openapi.json the schema (absent with
                                  --disable-fastapi-docs)
 
@@ -62,7 +67,8 @@ from kvserve.api.responses import DetokenizeResponse, ModelCard, ModelList, Toke
 from kvserve.api.serving_base import ServingState, check_token_ids
 from kvserve.api.serving_chat import ChatServing, render_messages
 from kvserve.api.serving_completion import CompletionServing
-from kvserve.api.serving_pooling import invoke_embeddings, register as register_pooling_routes
+from kvserve.api.serving_pooling import register as register_pooling_routes
+from kvserve.api.serving_score import invoke_pooling, register as register_score_routes
 from kvserve.api.responses_objects import ResponseDeleted, ResponsesResponse
 from kvserve.api.responses_protocol import ResponsesRequest
 from kvserve.api.serving_responses import ResponsesServing
@@ -94,7 +100,8 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
     _add_responses_routes(app, state)
     _add_lora_routes(app, state)
     _add_tokenizer_routes(app, state)
-    register_pooling_routes(app, state)  # /v1/embeddings, /pooling
+    register_pooling_routes(app, state)  # /v1/embeddings, /pooling, /classify
+    register_score_routes(app, state)  # /score, /v1/score, /rerank, /v1/rerank, /v2/rerank
     if not settings.disable_fastapi_docs:
         _add_docs_routes(app, state)
     return app
@@ -231,10 +238,10 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
     async def invocations(request: Request, key: str = Depends(api_key_of)) -> Response:
         """SageMaker's inference route, as vLLM: a body with ``messages`` is a chat completion, one
         with ``prompt`` a completion (each refused with its own route's message); on a pooling model
-        a body is an embeddings request."""
+        a body is an embeddings or classify request, a rerank or a score (``invoke_pooling``)."""
         body = await _json_body(request)
         if isinstance(body, dict) and state.engine.input_processor.pooler_config is not None:
-            return await invoke_embeddings(state, body, request, key)
+            return await invoke_pooling(state, body, request, key)
         if isinstance(body, dict) and "messages" in body:
             return await chat.create(_validated(ChatCompletionRequest, body), request, key)
         if isinstance(body, dict) and "prompt" in body:

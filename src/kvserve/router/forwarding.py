@@ -3,7 +3,8 @@
     uvicorn ─► RouterApp ─┬─ POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
                           │     /v1/messages, /v1/messages/count_tokens
                           │     key, JSON body, model, prompt hashes, rate limit ─► Proxy.forward
-                          │  POST /v1/embeddings, /pooling (a pooling model's: no prompt hashes)
+                          │  POST /v1/embeddings, /pooling, /classify, /score, /v1/score, /rerank,
+                          │     /v1/rerank, /v2/rerank (a pooling model's: no prompt hashes)
                           └─ anything else (and the lifespan) ─► FastAPI (health, metrics, models,
                                                                  workers)
 
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FORWARDED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
-                             "/v1/embeddings", "/pooling",
+                             "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank",
+                             "/v1/rerank", "/v2/rerank",
                              "/v1/messages", "/v1/messages/count_tokens",
                              "/v1/responses"})  # POST only: a stored response lives on its worker (docs/router.md)
 # Client headers passed on to the worker (besides X-Request-Id, which the router sets).
