@@ -37,13 +37,15 @@ def check_stop(request: Request, max_model_len: int) -> bool:
 
 
 def check_prompt_only_done(request: Request) -> bool:
-    """A request that generates no token (``max_tokens == 0``, scoring its prompt) finishes with
-    ``length`` once its whole prompt is computed; set its status if so.
+    """A request that generates no token (``max_tokens == 0``: scoring its prompt, or pooling
+    it) finishes once its whole prompt is computed, with ``length``, or ``stop`` for a pooling
+    request (vLLM's scheduler: a pooled output is FINISHED_STOPPED); set its status if so.
 
     Returns:
-        True when finished (status FINISHED_LENGTH_CAPPED).
+        True when finished.
     """
     if request.max_tokens == 0 and request.num_computed_tokens >= request.num_prompt_tokens:
-        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        pooled = request.spec.pooling_params is not None
+        request.status = RequestStatus.FINISHED_STOPPED if pooled else RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
