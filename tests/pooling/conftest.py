@@ -1,6 +1,8 @@
 """Pooling-model checkpoints (random weights, written once per session) and the references they
 are checked against: sentence-transformers where the folder has ``modules.json``, transformers'
-``AutoModel`` otherwise."""
+``AutoModel`` otherwise; for the classifiers and rerankers, transformers'
+``AutoModelForSequenceClassification`` / ``AutoModelForCausalLM`` and sentence-transformers'
+``CrossEncoder``."""
 
 from __future__ import annotations
 
@@ -52,3 +54,24 @@ def qwen3_last(checkpoint_factory, tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen3-embedding")
     shutil.copytree(checkpoint_factory("Qwen3ForCausalLM"), folder, dirs_exist_ok=True)
     return add_sentence_transformers(folder, 64, pooling="lasttoken")
+
+
+@pytest.fixture(scope="session")
+def bert_cross_encoder(encoder_factory):
+    """BertForSequenceClassification with one label (a cross-encoder; pairs carry segment ids)."""
+    return encoder_factory("BertForSequenceClassification", num_labels=1)
+
+
+@pytest.fixture(scope="session")
+def xlmr_cross_encoder(encoder_factory):
+    """XLMRobertaForSequenceClassification with one label (<s> q </s></s> d </s>, one segment type)."""
+    return encoder_factory("XLMRobertaForSequenceClassification", num_labels=1)
+
+
+@pytest.fixture(scope="session")
+def qwen3_reranker(tmp_path_factory):
+    """A Qwen3ForCausalLM shaped as the original Qwen3-Reranker ("no" / "yes" tokens), to be served
+    with QWEN3_RERANKER_OVERRIDES."""
+    from kvserve.testing.reranker_checkpoints import build_original_reranker
+
+    return build_original_reranker(tmp_path_factory.mktemp("qwen3-reranker"))
