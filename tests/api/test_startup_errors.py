@@ -21,11 +21,13 @@ from kvserve.api.settings import ServerSettings
 from kvserve.cli import main
 from loopback import free_port
 
-SUPPORTED = ("BertModel, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
-             "Gemma3ForConditionalGeneration, GptOssForCausalLM, "
-             "GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, ModernBertModel, "
-             "Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, "
-             "Qwen3MoeForCausalLM, RobertaModel, SmolLM3ForCausalLM, XLMRobertaModel")
+SUPPORTED = ("BertForSequenceClassification, BertModel, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
+             "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GptOssForCausalLM, "
+             "GraniteForCausalLM, LlamaForCausalLM, LlamaForSequenceClassification, MistralForCausalLM, "
+             "MistralForSequenceClassification, MixtralForCausalLM, ModernBertModel, "
+             "Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen2MoeForCausalLM, "
+             "Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3MoeForCausalLM, RobertaForSequenceClassification, "
+             "RobertaModel, SmolLM3ForCausalLM, XLMRobertaForSequenceClassification, XLMRobertaModel")
 
 
 @pytest.fixture(autouse=True)

@@ -131,3 +131,18 @@ def test_tensor_parallel_refuses_hf_overrides(qwen3_reranker):
                           parallel=ParallelConfig(tensor_parallel_size=2))
     with pytest.raises(ConfigError, match="with --hf-overrides is not supported"):
         check_parallel_options(config)
+
+
+def test_start_up_checks_and_ready_line(qwen3_reranker):
+    from kvserve.api.launcher import check_model, ready_message
+    from kvserve.api.settings import ServerSettings
+
+    command = f"--runner pooling --hf-overrides {shlex.quote(json.dumps(QWEN3_RERANKER_OVERRIDES))}"
+    args = build_parser().parse_args(["serve", str(qwen3_reranker), *shlex.split(command)])
+    arch, _ = check_model(engine_config_from_args(model_from_args(args), args))
+    assert arch.architecture == "Qwen3ForSequenceClassification"  # the checks read config.json with the overrides
+    rerank = ready_message("rr", ServerSettings(), 1.0, pooling="rerank")
+    assert "/rerank " in rerank and '"query": ' in rerank and '"documents": ' in rerank
+    assert "/classify " in ready_message("cls", ServerSettings(), 1.0, pooling="classify")
+    assert "/v1/embeddings " in ready_message("emb", ServerSettings(), 1.0, pooling="embeddings")
+    assert "/v1/completions " in ready_message("gen", ServerSettings(), 1.0)

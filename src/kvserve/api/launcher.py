@@ -59,10 +59,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def ready_message(served_name: str, settings: ServerSettings, seconds: float, pooling: bool = False) -> str:
+def ready_message(served_name: str, settings: ServerSettings, seconds: float, pooling: bool | str = False) -> str:
     """What ``kvserve serve`` prints once it listens with the model loaded: where, and a request
     to paste (the key header in double quotes, so ``$KVSERVE_API_KEY`` expands in a shell); for a
-    pooling model an embeddings request."""
+    pooling model (``pooling`` True or ``embeddings``) an embeddings request, ``rerank`` a rerank
+    request, ``classify`` a classification request."""
     wildcard = settings.host in ("0.0.0.0", "::", "")
     shown_host = "localhost" if wildcard else (f"[{settings.host}]" if ":" in settings.host else settings.host)
     listen = f"{settings.scheme}://{settings.host}:{settings.port}{settings.root_path}"
@@ -70,18 +71,30 @@ def ready_message(served_name: str, settings: ServerSettings, seconds: float, po
     variable = settings.api_key_env or "KVSERVE_API_KEY"
     auth = f' -H "Authorization: Bearer ${variable}"' if settings.api_keys else ""
     text = "It is a truth universally acknowledged"
-    route, request = ("embeddings", {"input": text}) if pooling else ("completions", {"prompt": text, "max_tokens": 32})
+    route, request = {"rerank": ("rerank", {"query": "Who wrote it?", "documents": [text]}),
+                      "classify": ("classify", {"input": text})}.get(str(pooling), ("v1/embeddings", {"input": text}))
+    if not pooling:
+        route, request = "v1/completions", {"prompt": text, "max_tokens": 32}
     body = json.dumps({"model": served_name, **request})
     lines = [
         f"kvserve: serving {served_name!r} at {listen}/v1{' (all interfaces)' if wildcard else ''} "
         f"(ready in {seconds:.1f} s)",
-        f"  try:  curl {base}/v1/{route} -H \"Content-Type: application/json\"{auth} -d '{body}'",
+        f"  try:  curl {base}/{route} -H \"Content-Type: application/json\"{auth} -d '{body}'",
     ]
     if not pooling:
         lines.append(f"  chat: kvserve chat --base-url {base}/v1")
     if settings.api_keys and settings.api_key_env is None:
         lines.append("  (the key came from --api-key: export KVSERVE_API_KEY=<that key> in the client's shell)")
     return "\n".join(lines)
+
+
+def _ready_route(pooler) -> bool | str:
+    """What the ready line shows for a model of ``pooler`` (a ``PoolerConfig`` or None)."""
+    if pooler is None:
+        return False
+    if pooler.task != "classify":
+        return "embeddings"
+    return "rerank" if pooler.classifier.num_labels == 1 else "classify"
 
 
 class _LoadFailure:
@@ -133,8 +146,9 @@ class _Announcer:
             return
         if self.engine.wait_until_loaded(timeout=0):
             self.ready = True
-            pooling = getattr(getattr(self.engine, "input_processor", None), "pooler_config", None) is not None
-            print(ready_message(self.served_name, self.settings, self.progress.elapsed(), pooling), flush=True)
+            pooler = getattr(getattr(self.engine, "input_processor", None), "pooler_config", None)
+            print(ready_message(self.served_name, self.settings, self.progress.elapsed(), _ready_route(pooler)),
+                  flush=True)
             return
         self.failed = True  # the model could not be loaded: nothing to serve
         print(f"kvserve: error: the model could not be loaded: {self.failure.message()}", file=sys.stderr, flush=True)
