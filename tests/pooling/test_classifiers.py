@@ -81,6 +81,9 @@ def test_bert_pairs_carry_their_segment_ids(bert_cross_encoder):
     assert request.prompt_token_ids == encoded["input_ids"]
     assert request.token_type_start == encoded["token_type_ids"].index(1)
     raw = _scores(llm, QUERY, DOCS[:1], pooling_params=PoolingParams(use_activation=False))
+    one = llm.encode(TextPair(QUERY, DOCS[0]), PoolingParams(use_activation=False), pooling_task="classify",
+                     use_tqdm=False)
+    assert one[0].outputs.data.tolist() == raw.tolist()
     one_segment = _reference_logits(bert_cross_encoder, [(QUERY, DOCS[0])], token_types=False)[0]
     assert (raw[0] - one_segment[0]).abs().item() > 1e-3  # the segment ids change the logit
 

@@ -200,8 +200,12 @@ def test_a_generative_model_refuses_scoring(tiny_llama):
         server.stop()
 
 
-def test_the_router_forwards_the_scoring_routes():
-    assert {"/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"} <= FORWARDED_PATHS
+def test_the_router_forwards_the_scoring_routes_and_the_schema_lists_them(ce_server):
+    paths = {"/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"}
+    assert paths <= FORWARDED_PATHS
+    schema = httpx.get(ce_server.base_url + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert paths <= set(schema["paths"])
+    assert {"query", "documents", "top_n"} <= set(schema["components"]["schemas"]["RerankRequest"]["properties"])
 
 
 def test_langchain_retrieval_then_rerank(embed_server, ce_server, bert_cross_encoder):

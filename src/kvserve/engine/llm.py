@@ -1,5 +1,6 @@
 """The offline API, compatible with vLLM's: ``LLM(model=...).generate(prompts, SamplingParams(...))``;
-a pooling model's ``LLM(model, runner="pooling").embed(prompts)`` (``kvserve.engine.llm_pooling``)."""
+a pooling model's ``LLM(model, runner="pooling").embed(prompts)``, a classifier's ``classify`` and
+``score`` (``kvserve.engine.llm_pooling``)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def merge_delta(final: RequestOutput | None, delta: RequestOutput) -> RequestOut
 
 class LLM(PoolingMixin):
     """An engine in this process, run to completion on each call: ``generate``, ``chat``,
-    ``beam_search``; a pooling model's ``embed`` and ``encode`` (``PoolingMixin``).
+    ``beam_search``; a pooling model's ``embed``, ``encode``, ``classify`` and ``score``
+    (``PoolingMixin``).
 
     Args:
         model: a Hugging Face model folder; ``None`` = the built-in model.

@@ -16,9 +16,10 @@ from typing import Any
 from kvserve.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput, ScoringOutput,
                              ScoringRequestOutput)
 from kvserve.pooling.params import PoolingParams
+from kvserve.pooling.score_inputs import TextPair
 from kvserve.pooling.scoring import ScoreOptions, pair_scores, plan_scoring
 
-PromptType = str | list[int] | dict[str, Any]
+PromptType = str | list[int] | dict[str, Any] | TextPair  # a TextPair: a cross-encoder's (query, document)
 
 
 class PoolingMixin:
@@ -115,7 +116,7 @@ class PoolingMixin:
         """
         if pooling_task is None:
             raise ValueError("pooling_task required for `LLM.encode`: use `LLM.embed(...)` or pooling_task=\"embed\"")
-        prompt_list = self._as_list(prompts)
+        prompt_list = [prompts] if isinstance(prompts, TextPair) else self._as_list(prompts)
         params_list = _params_list(pooling_params, len(prompt_list), pooling_task,
                                    _truncation(truncate_prompt_tokens, tokenization_kwargs))
         engine = self.llm_engine
