@@ -19,7 +19,8 @@ from pooling_helpers import make_llm, sentence_transformers_reference
 from kvserve.errors import InvalidRequestError
 from kvserve.pooling.params import PoolingParams
 from kvserve.pooling.score_inputs import TextPair
-from kvserve.testing.reranker_checkpoints import QWEN3_RERANKER_OVERRIDES, build_original_reranker, build_seq_cls_decoder
+from kvserve.testing.reranker_checkpoints import (QWEN3_RERANKER_OVERRIDES, build_original_reranker,
+                                                 build_seq_cls_decoder)
 
 QUERY = "what is the capital of france"
 DOCS = ["Paris is the capital of France.", "The quick brown fox jumps over the lazy dog.", "hi",

@@ -101,7 +101,8 @@ def test_a_scoring_plan(wordpiece):
     assert cut.prompts == [TextPair(truncate_text_to_tokens(QUERY, wordpiece, 2),
                                     truncate_text_to_tokens(DOCS[0], wordpiece, 1))]
     assert len(wordpiece(*cut.prompts[0])["input_ids"]) == 2 + 1 + 3  # [CLS] q [SEP] d [SEP]
-    for field, value, message in (("max_tokens_per_query", -1, "non-negative"), ("max_tokens_per_doc", 64, "less than")):
+    for field, value, message in (("max_tokens_per_query", -1, "non-negative"),
+                                  ("max_tokens_per_doc", 64, "less than")):
         with pytest.raises(InvalidRequestError, match=message) as info:
             plan_scoring("cross-encoder", "q", "d", classifier=cross, tokenizer=wordpiece, max_model_len=64,
                          options=ScoreOptions(**{field: value}))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
+from typing import Any, NamedTuple
 
 from fastapi import Depends, FastAPI, Request
 from starlette.responses import JSONResponse, Response
@@ -80,11 +81,11 @@ async def invoke_pooling(state: ServingState, body: dict, request: Request, key:
     return await serving.score(parsed, request, key)
 
 
-class _Call:
-    """One scoring call's plan, engine requests and the field names its errors use."""
+class _Call(NamedTuple):
+    """One scoring call's plan and its engine requests (in the plan's prompt order)."""
 
-    def __init__(self, plan: ScoringPlan, requests: list[EngineRequest], names: tuple[str, str]):
-        self.plan, self.requests, self.names = plan, requests, names
+    plan: ScoringPlan
+    requests: list[EngineRequest]
 
 
 class ScoreServing:
@@ -139,8 +140,8 @@ class ScoreServing:
         self.state.engine.input_processor.check_pools("Score")  # a generative model: 400 naming model
         body.check_http_fields()
 
-    async def _run(self, body, raw_request: Request, api_key: str, names: tuple[str, str], data_1, data_2
-                   ) -> tuple[str, str, _Call, list[PairScore]] | None:
+    async def _run(self, body: ScoreRequest | RerankRequest, raw_request: Request, api_key: str,
+                   names: tuple[str, str], data_1: Any, data_2: Any) -> tuple[str, str, _Call, list[PairScore]] | None:
         """Validate and build the call's requests (a worker thread), run them, score the pairs;
         None when the client left."""
         lora_request = self.state.check_model(body.model)
@@ -153,7 +154,8 @@ class ScoreServing:
         pad = getattr(self.state.engine.input_processor.tokenizer, "pad_token_id", None)
         return request_id, self.state.response_model_name(lora_request), call, pair_scores(call.plan, outputs, pad)
 
-    def _prepare(self, body, request_id: str, names: tuple[str, str], data_1, data_2, lora_request) -> _Call:
+    def _prepare(self, body: ScoreRequest | RerankRequest, request_id: str, names: tuple[str, str], data_1: Any,
+                 data_2: Any, lora_request: Any) -> _Call:
         """The input stage: the model's scoring kind, the plan, each prompt through
         ``InputProcessor.process_pooling``."""
         processor = self.state.engine.input_processor
@@ -167,7 +169,7 @@ class ScoreServing:
             field = names[0] if i < plan.num_queries else names[1]
             requests.append(processor.process_pooling(f"{request_id}-{i}", prompt, params, priority=body.priority,
                                                       fields=FieldNames(prompt=field), lora_request=lora_request))
-        return _Call(plan, requests, names)
+        return _Call(plan, requests)
 
 
 def _prompt_tokens(call: _Call) -> int:
