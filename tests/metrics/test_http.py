@@ -44,6 +44,10 @@ def test_middleware_counts_only_refused_generation_requests():
     async def tokenize() -> JSONResponse:
         return JSONResponse({"error": {"code": "x"}}, status_code=400)
 
+    @app.post("/v1/embeddings")  # the pooling routes count too
+    async def embeddings() -> JSONResponse:
+        return JSONResponse({"error": {"code": "y"}}, status_code=400)
+
     registry = CollectorRegistry()
     metrics = PrometheusStatsLogger("m", 16, registry)
     app.add_middleware(RejectionCounterMiddleware, metrics=metrics)
@@ -54,7 +58,9 @@ def test_middleware_counts_only_refused_generation_requests():
     client.post("/v1/completions?status=200")
     client.post("/v1/completions?status=500")
     client.post("/tokenize")
+    client.post("/v1/embeddings")
     assert sample(registry, "kvserve:request_rejected_total", model_name="m", engine="0", reason="queue_full") == 2
     assert sample(registry, "kvserve:request_rejected_total", model_name="m", engine="0", reason="invalid_request") == 1
     assert sample(registry, "kvserve:request_rejected_total", model_name="m", engine="0", reason="x") == 0
+    assert sample(registry, "kvserve:request_rejected_total", model_name="m", engine="0", reason="y") == 1
     assert sample(registry, "kvserve:request_rejected_total", model_name="m", engine="0", reason="500") == 0

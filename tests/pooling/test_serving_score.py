@@ -172,6 +172,8 @@ def test_refusals_name_the_field_and_the_server_goes_on(ce_server):
         ("/score", {"text_1": QUERY, "text_2": DOCS, "normalize": True}, "normalize", "use `use_activation` instead"),
         ("/classify", {"input": [[5, vocab]]}, "input", f"prompt token id {vocab} is outside the vocabulary"),
         ("/classify", {"input": "x", "dimensions": 4}, "dimensions", "only supports ['use_activation']"),
+        ("/classify", {"input": "x", "encoding_format": "base64"}, "encoding_format", "applies to embeddings"),
+        ("/classify", {"input": "x", "embed_dtype": "float16"}, "embed_dtype", "applies to embeddings"),
         ("/v1/embeddings", {"input": "x"}, "task", "Embedding API is not supported by this model"),
         ("/v1/completions", {"prompt": "hello", "max_tokens": 3}, "model", "is a pooling model"),
     ]

@@ -186,9 +186,17 @@ class ClassificationRequest(_PoolingRequestBase):
     """vLLM's ``POST /classify``: task ``classify`` (a sequence classifier's probabilities per
     input; ``use_activation: false`` gives the logits). The embedding fields (``dimensions``,
     ``encoding_format``, ...) are not vLLM's here: ``dimensions`` is refused for ``classify`` by
-    the input processor and the encodings do not apply (probabilities are floats)."""
+    the input processor and the encodings are refused by name unless left at their defaults
+    (probabilities are floats)."""
 
     api_name: ClassVar[str] = "Classification"
+
+    def check_http_fields(self) -> None:
+        super().check_http_fields()
+        for name, default in (("encoding_format", "float"), ("embed_dtype", "float32"), ("endianness", "native")):
+            if getattr(self, name) != default:
+                raise InvalidRequestError(f"{name} applies to embeddings; /classify answers probabilities as "
+                                          f"floats (omit {name})", param=name)
 
     @property
     def task_name(self) -> str | None:

@@ -1,9 +1,10 @@
-"""Counting rejected generation requests where the client sees the refusal: the HTTP layer.
+"""Counting rejected requests (generation and pooling routes, ``GENERATION_PATHS``) where the
+client sees the refusal: the HTTP layer.
 
 Requests are refused in two places: the API layer (context too long, rate limits, shutdown,
 authentication) and the engine (waiting queue full). Both end as an error response of
-``POST /v1/completions``, ``POST /v1/chat/completions`` or ``POST /v1/messages`` (seen here in
-OpenAI's shape, before ``AnthropicErrorMiddleware`` rewrites it) before any token, so this ASGI
+one of those routes (``/v1/messages`` seen here in OpenAI's shape, before
+``AnthropicErrorMiddleware`` rewrites it) before any token, so this ASGI
 middleware counts each refusal exactly once, labelled with the error's OpenAI ``code`` (e.g.
 ``queue_full``, ``shutting_down``, ``invalid_api_key``) or, without one, a reason by status
 (``invalid_request`` for 400, ``rate_limited`` for 429). Server errors (5xx other than 503) are
@@ -18,7 +19,9 @@ from typing import Any
 
 from kvserve.metrics.prometheus import PrometheusStatsLogger
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/messages"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses",
+                              "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank",
+                              "/v1/rerank", "/v2/rerank", "/invocations"})
 _REASON_BY_STATUS = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 429: "rate_limited",
                      503: "unavailable"}
 _MAX_ERROR_BODY = 65536  # bytes read to find the error code
