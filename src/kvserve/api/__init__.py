@@ -15,4 +15,20 @@
     http_protocol.py       uvicorn's h11 protocol with a request-header deadline
     run.py                 serve(engine, settings): uvicorn with a draining SIGTERM
     launcher.py            run_server(args) for ``kvserve serve``: bind, check, load, announce
+    chat_protocol.py, chat_parsers.py, chat_output.py   the chat request, its tool/reasoning plan,
+                           its message parsed from the model's text
+    tokenize_protocol.py   /tokenize and /detokenize requests
+
+Other APIs, each translated to chat (``ChatServing.start``) and back:
+
+    serving_responses.py   /v1/responses: responses_protocol (request), responses_input (items to
+                           chat messages), responses_output / responses_objects (Response),
+                           responses_events (stream events from chat chunks), responses_store (LRU)
+    serving_messages.py    /v1/messages (Anthropic): anthropic_protocol (models), anthropic_request
+                           (to chat), anthropic_output (message and events), anthropic_errors
+
+Pooling models (``kvserve.pooling``):
+
+    serving_pooling.py     /v1/embeddings, /pooling, /classify; pooling_protocol (their models)
+    serving_score.py       /score, /rerank (/v1, /v2); score_protocol (their models)
 """
