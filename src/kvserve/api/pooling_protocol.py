@@ -134,9 +134,26 @@ def _inputs(value: Any) -> tuple[list[str | list[int]], list[list[dict]] | None]
         return [list(value)], None
     if all(isinstance(v, list) and all(_is_token_id(t) for t in v) for v in value):
         return [list(v) for v in value], None
-    if any(_is_message(v) or isinstance(v, list) for v in value):
+    if any(_is_message(v) or (isinstance(v, list) and any(_is_message(m) for m in v)) for v in value):
         return [], _conversations(value, "input")
-    raise InvalidRequestError(shape, param="input")
+    raise InvalidRequestError(f"{shape}; {_first_misfit(value)}", param="input")
+
+
+def _first_misfit(value: list[Any]) -> str:
+    """Where a list ``input`` leaves every form: the first item (or token id of a list of token
+    ids) that does not fit the form its first item starts."""
+    if isinstance(value[0], list):
+        for i, item in enumerate(value):
+            if not isinstance(item, list):
+                return f"input[{i}] is {type(item).__name__}, not a list of token ids"
+            for j, token in enumerate(item):
+                if not _is_token_id(token):
+                    return f"input[{i}][{j}] is {token!r}, not a token id (an integer)"
+    expected = str if isinstance(value[0], str) else int
+    for i, item in enumerate(value):
+        if not isinstance(item, expected) or isinstance(item, bool):
+            return f"input[{i}] is {type(item).__name__}, not a {'string' if expected is str else 'token id'}"
+    return f"input[0] is {type(value[0]).__name__}"
 
 
 def _is_token_id(value: Any) -> bool:

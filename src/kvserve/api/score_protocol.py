@@ -97,10 +97,16 @@ class ScoreRequest(_ScoringRequestBase):
         type: the first pair of ``SCORE_FIELD_PAIRS`` whose both fields are set.
 
         Raises:
-            InvalidRequestError: no pair complete (naming the missing field).
+            InvalidRequestError: no pair complete (naming the missing field), or a field of another
+                spelling beside the complete pair (naming it: one of them would be dropped).
         """
         for first, second in SCORE_FIELD_PAIRS:
             if getattr(self, first) is not None and getattr(self, second) is not None:
+                for name in dict.fromkeys(n for pair in SCORE_FIELD_PAIRS for n in pair):
+                    if name not in (first, second) and getattr(self, name) is not None:
+                        raise InvalidRequestError(f"{name} cannot be given beside {first} and {second}: give the "
+                                                  "two sides under one spelling (queries and documents, queries and "
+                                                  "items, data_1 and data_2, or text_1 and text_2)", param=name)
                 return (first, second), getattr(self, first), getattr(self, second)
         for first, second in SCORE_FIELD_PAIRS:
             if getattr(self, first) is not None or getattr(self, second) is not None:

@@ -321,7 +321,11 @@ class InputProcessor:
                                   param=param)
 
     def _checked_ids(self, token_ids: list[int], param: str) -> list[int]:
-        bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        for token in token_ids:
+            if isinstance(token, bool) or not isinstance(token, int):
+                raise InvalidRequestError(f"prompt token ids must be integers, got {token!r} "
+                                          f"({type(token).__name__})", param=param)
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequestError(
                 f"prompt token id {bad[0]!r} is outside the vocabulary (token ids are 0..{self.vocab_size - 1})",

@@ -232,8 +232,17 @@ class LLM(PoolingMixin):
 
     @staticmethod
     def _as_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+        """One prompt (a string, token ids, a dict prompt) or a sequence of them, as a list.
+
+        Raises:
+            TypeError: anything else (a number, None, a set, ...).
+        """
         if isinstance(prompts, (str, dict)):
             return [prompts]
+        if not isinstance(prompts, Sequence) or isinstance(prompts, (bytes, bytearray)):
+            raise TypeError(f"prompts must be a string, a list of token ids, a prompt dict "
+                            f"({{\"prompt\": ...}} or {{\"prompt_token_ids\": [...]}}) or a list of these; got "
+                            f"{type(prompts).__name__}")
         if prompts and isinstance(prompts[0], int):
             return [list(prompts)]
         return list(prompts)

@@ -91,7 +91,10 @@ class PoolingMixin:
                             list(data_2) if isinstance(data_2, tuple) else data_2, classifier=classifier,
                             tokenizer=processor.tokenizer, max_model_len=processor.max_model_len,
                             options=ScoreOptions(chat_template=chat_template))
-        params = pooling_params or PoolingParams()
+        params = PoolingParams() if pooling_params is None else pooling_params
+        if not isinstance(params, PoolingParams):
+            raise TypeError(f"pooling_params must be a PoolingParams (one for every pair), got "
+                            f"{type(params).__name__}")
         if params.task not in (None, plan.task):
             raise ValueError(f"You cannot overwrite pooling_params.task={params.task!r} with "
                              f"pooling_task={plan.task!r}!")

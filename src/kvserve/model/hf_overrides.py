@@ -27,7 +27,7 @@ def parse_hf_overrides(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
     """``--hf-overrides`` JSON text (or an ``LLM(hf_overrides={...})`` dict) -> a dict.
 
     Raises:
-        ValueError: not JSON, or not a JSON object.
+        ValueError: not JSON, not a JSON object, or ``architectures`` that is not a list of names.
     """
     if value is None or value == "":
         return {}
@@ -39,6 +39,11 @@ def parse_hf_overrides(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
                              f"{exc}") from None
     if not isinstance(value, Mapping):
         raise ValueError(f"--hf-overrides must be a JSON object of config.json fields, got {type(value).__name__}")
+    architectures = value.get("architectures")
+    if architectures is not None and (not isinstance(architectures, list) or not architectures
+                                      or not all(isinstance(a, str) for a in architectures)):
+        raise ValueError(f"--hf-overrides: architectures must be a non-empty list of architecture names, e.g. "
+                         f"[\"Qwen3ForSequenceClassification\"], got {json.dumps(architectures)}")
     return dict(value)
 
 

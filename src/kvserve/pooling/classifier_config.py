@@ -68,7 +68,7 @@ def read_classifier_config(raw: dict[str, Any], source: str = "config.json") -> 
             ``torch.nn.modules`` or one kvserve does not run.
     """
     method, tokens = _from_tokens(raw, source)
-    id2label = {int(k): str(v) for k, v in (raw.get("id2label") or {}).items()}
+    id2label = _id2label(raw.get("id2label"), source)
     if method == "from_2_way_softmax":
         num_labels = 1
     elif method == "no_post_processing":
@@ -78,6 +78,26 @@ def read_classifier_config(raw: dict[str, Any], source: str = "config.json") -> 
     sep = raw.get("use_pad_token", raw.get("use_sep_token", method is None))
     return ClassifierConfig(num_labels=num_labels, id2label=id2label, activation=_activation(raw, source),
                             from_tokens=tokens, method=method, use_sep_token=bool(sep))
+
+
+def _id2label(value: Any, source: str) -> dict[int, str]:
+    """config.json's ``id2label`` (``{"0": "negative", ...}``) with integer keys.
+
+    Raises:
+        CheckpointError: not an object, or a key that is not an integer.
+    """
+    if not value:
+        return {}
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{source}: id2label must be an object of label ids to names (e.g. {{\"0\": "
+                              f"\"negative\", \"1\": \"positive\"}}), got {type(value).__name__}")
+    labels = {}
+    for key, name in value.items():
+        try:
+            labels[int(key)] = str(name)
+        except (TypeError, ValueError):
+            raise CheckpointError(f"{source}: id2label's keys must be label ids (integers), got {key!r}") from None
+    return labels
 
 
 def _from_tokens(raw: dict[str, Any], source: str) -> tuple[str | None, tuple[str, ...] | None]:
