@@ -89,3 +89,19 @@ def test_hf_overrides_architectures_must_be_a_list_of_names(bert_cross_encoder):
     for value in ("BertForSequenceClassification", [5]):
         with pytest.raises((CheckpointError, ValueError), match="architectures"):
             make_llm(bert_cross_encoder, hf_overrides={"architectures": value})
+
+
+def test_hf_overrides_num_labels_is_not_silently_ignored(bert_cross_encoder):
+    """As transformers' ``num_labels`` setter (vLLM's ``config.update``): a new count rebuilds
+    ``id2label``, so a one-label checkpoint overridden to three labels fails to load by name
+    instead of serving one label; a count that is not a positive integer is refused."""
+    with pytest.raises(CheckpointError, match="classifier"):
+        make_llm(bert_cross_encoder, hf_overrides={"num_labels": 3})
+    for value in ("x", 0, True):
+        with pytest.raises(ValueError, match="num_labels"):
+            make_llm(bert_cross_encoder, hf_overrides={"num_labels": value})
+    from kvserve.model.hf_overrides import apply_hf_overrides
+
+    raw = {"id2label": {"0": "LABEL_0"}}
+    assert apply_hf_overrides(raw, {"num_labels": 2})["id2label"] == {"0": "LABEL_0", "1": "LABEL_1"}
+    assert apply_hf_overrides(raw, {"num_labels": 1})["id2label"] == {"0": "LABEL_0"}

@@ -27,7 +27,8 @@ def parse_hf_overrides(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
     """``--hf-overrides`` JSON text (or an ``LLM(hf_overrides={...})`` dict) -> a dict.
 
     Raises:
-        ValueError: not JSON, not a JSON object, or ``architectures`` that is not a list of names.
+        ValueError: not JSON, not a JSON object, ``architectures`` that is not a list of names, or
+            ``num_labels`` that is not a positive integer.
     """
     if value is None or value == "":
         return {}
@@ -44,17 +45,26 @@ def parse_hf_overrides(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
                                       or not all(isinstance(a, str) for a in architectures)):
         raise ValueError(f"--hf-overrides: architectures must be a non-empty list of architecture names, e.g. "
                          f"[\"Qwen3ForSequenceClassification\"], got {json.dumps(architectures)}")
+    num_labels = value.get("num_labels")
+    if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1):
+        raise ValueError(f"--hf-overrides: num_labels must be a positive integer, got {json.dumps(num_labels)}")
     return dict(value)
 
 
 def apply_hf_overrides(raw: dict[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A copy of config.json's ``raw`` with ``overrides`` laid over it (module docstring)."""
+    """A copy of config.json's ``raw`` with ``overrides`` laid over it (module docstring); a
+    ``num_labels`` override of another count rebuilds ``id2label`` as transformers' setter does."""
     merged = dict(raw)
     for key, value in (overrides or {}).items():
         if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
             merged[key] = {**merged[key], **value}
         else:
             merged[key] = value
+    overrides = overrides or {}
+    num_labels = overrides.get("num_labels")
+    if isinstance(num_labels, int) and "id2label" not in overrides and len(merged.get("id2label") or {}) != num_labels:
+        # transformers' num_labels setter (vLLM's config.update): a new count rebuilds the labels
+        merged["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
     return merged
 
 
