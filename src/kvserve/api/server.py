@@ -55,8 +55,6 @@ from pydantic import BaseModel, ValidationError
 
 import kvserve
 from kvserve.api.anthropic_errors import AnthropicErrorMiddleware
-from kvserve.api.anthropic_protocol import (AnthropicCountTokensRequest, AnthropicCountTokensResponse,
-                                            AnthropicErrorResponse, AnthropicMessage, AnthropicMessagesRequest)
 from kvserve.api.auth import AuthMiddleware, api_key_of
 from kvserve.api.errors import APIError, install_error_handlers
 from kvserve.api.middleware import RequestGuardMiddleware, RequestIdMiddleware
@@ -69,10 +67,8 @@ from kvserve.api.serving_chat import ChatServing, render_messages
 from kvserve.api.serving_completion import CompletionServing
 from kvserve.api.serving_pooling import register as register_pooling_routes
 from kvserve.api.serving_score import invoke_pooling, register as register_score_routes
-from kvserve.api.responses_objects import ResponseDeleted, ResponsesResponse
-from kvserve.api.responses_protocol import ResponsesRequest
-from kvserve.api.serving_responses import ResponsesServing
-from kvserve.api.serving_messages import MessagesServing
+from kvserve.api.serving_messages import register as register_messages_routes
+from kvserve.api.serving_responses import register as register_responses_routes
 from kvserve.api.settings import ServerSettings
 from kvserve.api.tokenize_protocol import DetokenizeRequest, TokenizeRequest
 from kvserve.api.tokenization import tokenize_prompt
@@ -96,8 +92,8 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
     _add_middleware(app, engine, settings)
     _add_open_routes(app, state)
     _add_v1_routes(app, state)
-    _add_anthropic_routes(app, state)
-    _add_responses_routes(app, state)
+    register_messages_routes(app, state)  # /v1/messages, /v1/messages/count_tokens
+    register_responses_routes(app, state)  # /v1/responses and /v1/responses/{id}[/cancel]
     _add_lora_routes(app, state)
     _add_tokenizer_routes(app, state)
     register_pooling_routes(app, state)  # /v1/embeddings, /pooling, /classify
@@ -248,45 +244,6 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
             return await completions.create(_validated(CompletionRequest, body), request, key)
         raise InvalidRequestError("Cannot find suitable handler for request. Expected one of: "
                                   "['ChatCompletionRequest', 'CompletionRequest'] (a body with 'messages' or 'prompt')")
-
-
-_ANTHROPIC_ERRORS = {status: {"model": AnthropicErrorResponse} for status in (400, 401, 404, 429, 500, 503)}
-
-
-def _add_anthropic_routes(app: FastAPI, state: ServingState) -> None:
-    messages = MessagesServing(state, ChatServing(state))
-
-    @app.post("/v1/messages", responses={200: {"model": AnthropicMessage, "content": {"text/event-stream": {}}},
-                                         **_ANTHROPIC_ERRORS})
-    async def create_message(body: AnthropicMessagesRequest, request: Request,
-                             key: str = Depends(api_key_of)) -> Response:
-        return await messages.create(body, request, key)
-
-    @app.post("/v1/messages/count_tokens", responses=_ANTHROPIC_ERRORS)
-    async def count_message_tokens(body: AnthropicCountTokensRequest) -> AnthropicCountTokensResponse:
-        return await messages.count_tokens(body)
-
-
-def _add_responses_routes(app: FastAPI, state: ServingState) -> None:
-    responses = ResponsesServing(state, ChatServing(state))
-    answers = {200: {"model": ResponsesResponse, "content": {"text/event-stream": {}}}}
-
-    @app.post("/v1/responses", responses=answers)
-    async def create_response(body: ResponsesRequest, request: Request, key: str = Depends(api_key_of)) -> Response:
-        return await responses.create(body, request, key)
-
-    @app.get("/v1/responses/{response_id}", responses=answers)
-    async def retrieve_response(response_id: str, stream: bool = False, starting_after: int | None = None,
-                                key: str = Depends(api_key_of)) -> Response:
-        return await responses.retrieve(response_id, key, stream, starting_after)
-
-    @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str, key: str = Depends(api_key_of)) -> ResponseDeleted:
-        return await responses.delete(response_id, key)
-
-    @app.post("/v1/responses/{response_id}/cancel")
-    async def cancel_response(response_id: str, key: str = Depends(api_key_of)) -> ResponsesResponse:
-        return await responses.cancel(response_id, key)
 
 
 async def _json_body(request: Request):

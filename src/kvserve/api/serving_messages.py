@@ -22,16 +22,18 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from typing import get_args
 
-from fastapi import Request
+from fastapi import Depends, FastAPI, Request
 from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 
 from kvserve.api.anthropic_errors import from_api_error
 from kvserve.api.anthropic_output import MessageStream, to_message
 from kvserve.api.anthropic_protocol import (AnthropicCountTokensRequest, AnthropicCountTokensResponse,
-                                            AnthropicMessagesRequest, AnthropicPromptRequest, ContextManagement,
-                                            Effort, ErrorEvent, ThinkingDisabled)
+                                            AnthropicErrorResponse, AnthropicMessage, AnthropicMessagesRequest,
+                                            AnthropicPromptRequest, ContextManagement, Effort, ErrorEvent,
+                                            ThinkingDisabled)
 from kvserve.api.anthropic_request import TemplateFacts, anthropic_param, to_chat_request
+from kvserve.api.auth import api_key_of
 from kvserve.api.chat_protocol import ChatCompletionRequest
 from kvserve.api.errors import APIError, to_api_error
 from kvserve.api.serving_base import GenerationCall, ServingState, new_request_id, until_disconnect
@@ -41,6 +43,25 @@ from kvserve.api.tokenization import render_chat
 from kvserve.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
+
+
+_ANTHROPIC_ERRORS = {status: {"model": AnthropicErrorResponse} for status in (400, 401, 404, 429, 500, 503)}
+
+
+def register(app: FastAPI, state: ServingState) -> None:
+    """Add ``/v1/messages`` and ``/v1/messages/count_tokens`` to ``app`` (errors in Anthropic's
+    shape: ``AnthropicErrorMiddleware``, installed by ``build_app``)."""
+    messages = MessagesServing(state, ChatServing(state))
+
+    @app.post("/v1/messages", responses={200: {"model": AnthropicMessage, "content": {"text/event-stream": {}}},
+                                         **_ANTHROPIC_ERRORS})
+    async def create_message(body: AnthropicMessagesRequest, request: Request,
+                             key: str = Depends(api_key_of)) -> Response:
+        return await messages.create(body, request, key)
+
+    @app.post("/v1/messages/count_tokens", responses=_ANTHROPIC_ERRORS)
+    async def count_message_tokens(body: AnthropicCountTokensRequest) -> AnthropicCountTokensResponse:
+        return await messages.count_tokens(body)
 
 
 class MessagesServing:

@@ -26,9 +26,10 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from fastapi import Request
+from fastapi import Depends, FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
+from kvserve.api.auth import api_key_of
 from kvserve.api.errors import APIError, to_api_error
 from kvserve.api.responses import ChatCompletionResponse
 from kvserve.api.responses_events import ResponseEventStream
@@ -59,6 +60,30 @@ class _Run:
         logprobs = choice.logprobs.content if choice.logprobs is not None else None
         finish = choice.finish_reason
         return finished_response(self.skeleton, output_items(choice.message, finish, logprobs), finish, body.usage)
+
+
+def register(app: FastAPI, state: ServingState) -> None:
+    """Add ``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}`` and
+    ``POST /v1/responses/{id}/cancel`` to ``app``."""
+    responses = ResponsesServing(state, ChatServing(state))
+    answers = {200: {"model": ResponsesResponse, "content": {"text/event-stream": {}}}}
+
+    @app.post("/v1/responses", responses=answers)
+    async def create_response(body: ResponsesRequest, request: Request, key: str = Depends(api_key_of)) -> Response:
+        return await responses.create(body, request, key)
+
+    @app.get("/v1/responses/{response_id}", responses=answers)
+    async def retrieve_response(response_id: str, stream: bool = False, starting_after: int | None = None,
+                                key: str = Depends(api_key_of)) -> Response:
+        return await responses.retrieve(response_id, key, stream, starting_after)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, key: str = Depends(api_key_of)) -> ResponseDeleted:
+        return await responses.delete(response_id, key)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str, key: str = Depends(api_key_of)) -> ResponsesResponse:
+        return await responses.cancel(response_id, key)
 
 
 class ResponsesServing:
