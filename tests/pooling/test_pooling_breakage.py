@@ -105,3 +105,12 @@ def test_hf_overrides_num_labels_is_not_silently_ignored(bert_cross_encoder):
     raw = {"id2label": {"0": "LABEL_0"}}
     assert apply_hf_overrides(raw, {"num_labels": 2})["id2label"] == {"0": "LABEL_0", "1": "LABEL_1"}
     assert apply_hf_overrides(raw, {"num_labels": 1})["id2label"] == {"0": "LABEL_0"}
+
+
+def test_convert_classify_on_a_causal_lm_without_a_head_says_how_to_make_one(tiny_llama):
+    from kvserve import LLM
+    from kvserve.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"missing tensor\(s\): score\.weight; a causal LM has no "
+                                              r"classification head.*classifier_from_token"):
+        LLM(str(tiny_llama), runner="pooling", convert="classify")

@@ -435,4 +435,10 @@ def check_all_loaded(targets, loaded: set[str]) -> None:
     missing = sorted(set(targets) - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
-        raise CheckpointError(f"checkpoint is missing tensor(s): {shown}")
+        hint = ""
+        if "score.weight" in missing:  # a causal LM run as a classifier (--convert classify)
+            hint = ("; a causal LM has no classification head: serve a *ForSequenceClassification checkpoint, "
+                    "or build the head from tokens' rows of lm_head with --hf-overrides "
+                    "'{\"classifier_from_token\": [\"no\", \"yes\"], \"method\": \"from_2_way_softmax\"}' "
+                    "(docs/pooling.md)")
+        raise CheckpointError(f"checkpoint is missing tensor(s): {shown}{hint}")
