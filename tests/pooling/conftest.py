@@ -11,6 +11,8 @@ import shutil
 import pytest
 
 from kvserve.testing.encoder_checkpoints import add_sentence_transformers, build_encoder_checkpoint
+from kvserve.testing.live_server import start_live_server
+from pooling_helpers import KEY, make_llm
 
 
 @pytest.fixture(autouse=True)
@@ -75,3 +77,16 @@ def qwen3_reranker(tmp_path_factory):
     from kvserve.testing.reranker_checkpoints import build_original_reranker
 
     return build_original_reranker(tmp_path_factory.mktemp("qwen3-reranker"))
+
+
+@pytest.fixture(scope="module")
+def ce_server(bert_cross_encoder):
+    """A live server of the BERT cross-encoder (served name ``bert-ce``, key ``KEY``)."""
+    server = start_live_server(str(bert_cross_encoder), served_model_name="bert-ce", api_key=KEY, dtype="float32")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def ce_offline(bert_cross_encoder):
+    return make_llm(bert_cross_encoder)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import httpx
 import torch
 import torch.nn.functional as F
 
@@ -52,3 +53,10 @@ def assert_close(ours: torch.Tensor, reference: torch.Tensor) -> tuple[float, fl
     diff = (ours - reference).abs().max().item()
     assert cosine >= 0.99999, (cosine, diff)
     return cosine, diff
+
+
+KEY = "test-key"  # the API key of the pooling tests' live servers
+
+
+def post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.base_url + path, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)

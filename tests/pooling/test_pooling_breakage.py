@@ -4,34 +4,15 @@ and the engine goes on serving the same bits afterwards."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from pooling_helpers import make_llm
+from pooling_helpers import make_llm, post
 from kvserve.errors import CheckpointError, InvalidRequestError
 from kvserve.pooling.classifier_config import read_classifier_config
 from kvserve.pooling.params import PoolingParams
-from kvserve.testing.live_server import start_live_server
 
-KEY = "test-key"
 QUERY = "what is the capital of france"
 DOCS = ["Paris is the capital of France.", "hi"]
-
-
-@pytest.fixture(scope="module")
-def ce_server(bert_cross_encoder):
-    server = start_live_server(str(bert_cross_encoder), served_model_name="bert-ce", api_key=KEY, dtype="float32")
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def ce_offline(bert_cross_encoder):
-    return make_llm(bert_cross_encoder)
-
-
-def post(server, path: str, body: dict) -> httpx.Response:
-    return httpx.post(server.base_url + path, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
 
 
 @pytest.mark.parametrize("body, param", [

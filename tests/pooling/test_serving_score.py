@@ -10,13 +10,12 @@ import time
 import httpx
 import pytest
 
-from pooling_helpers import make_llm
+from pooling_helpers import KEY, make_llm, post
 from kvserve.pooling.params import PoolingParams
 from kvserve.router.forwarding import FORWARDED_PATHS
 from kvserve.testing.live_server import start_live_server
 from kvserve.testing.reranker_checkpoints import QWEN3_RERANKER_OVERRIDES
 
-KEY = "test-key"
 QUERY = "what is the capital of france"
 DOCS = ["The quick brown fox jumps over the lazy dog.", "Paris is the capital of France.", "hi",
         "Berlin is the capital of Germany."]
@@ -26,26 +25,10 @@ TEMPLATE = ("<Instruct>: {{ instruction | default('Judge the document') }}\n"
 
 
 @pytest.fixture(scope="module")
-def ce_server(bert_cross_encoder):
-    server = start_live_server(str(bert_cross_encoder), served_model_name="bert-ce", api_key=KEY, dtype="float32")
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def embed_server(bert_cls):
     server = start_live_server(str(bert_cls), served_model_name="bert-embed", api_key=KEY, dtype="float32")
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def ce_offline(bert_cross_encoder):
-    return make_llm(bert_cross_encoder)
-
-
-def post(server, path: str, body: dict) -> httpx.Response:
-    return httpx.post(server.base_url + path, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
 
 
 def offline_scores(llm, query, documents, **kwargs) -> list[float]:
