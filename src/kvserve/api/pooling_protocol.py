@@ -16,8 +16,7 @@ from __future__ import annotations
 import base64
 import sys
 import time
-import uuid
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -249,19 +248,30 @@ class PoolingUsage(BaseModel):
     prompt_tokens_details: None = None
 
 
+DataT = TypeVar("DataT")
+
+
+class PoolingListResponse(BaseModel, Generic[DataT]):
+    """The answer of every pooling route (vLLM's shape): the call's id (the route's prefix and
+    the request id), ``object`` "list", the time, the model, one entry per input in input order,
+    the prompt tokens."""
+
+    id: str
+    object: str = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[DataT]
+    usage: PoolingUsage
+
+
 class EmbeddingData(BaseModel):
     index: int
     object: str = "embedding"
     embedding: list[float] | str
 
 
-class EmbeddingResponse(BaseModel):
-    id: str = Field(default_factory=lambda: f"embd-{uuid.uuid4().hex}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str | None = None
-    data: list[EmbeddingData]
-    usage: PoolingUsage
+class EmbeddingResponse(PoolingListResponse[EmbeddingData]):
+    """``/v1/embeddings`` (id ``embd-...``)."""
 
 
 class ClassificationData(BaseModel):
@@ -274,13 +284,8 @@ class ClassificationData(BaseModel):
     num_classes: int
 
 
-class ClassificationResponse(BaseModel):
-    id: str = Field(default_factory=lambda: f"classify-{uuid.uuid4().hex}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    data: list[ClassificationData]
-    usage: PoolingUsage
+class ClassificationResponse(PoolingListResponse[ClassificationData]):
+    """``/classify`` (id ``classify-...``)."""
 
 
 class PoolingData(BaseModel):
@@ -289,10 +294,5 @@ class PoolingData(BaseModel):
     data: list[float] | str
 
 
-class PoolingResponse(BaseModel):
-    id: str = Field(default_factory=lambda: f"pool-{uuid.uuid4().hex}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    data: list[PoolingData]
-    usage: PoolingUsage
+class PoolingResponse(PoolingListResponse[PoolingData]):
+    """``/pooling`` (id ``pool-...``)."""

@@ -13,13 +13,11 @@ as ``{"text": ...}`` objects, ``return_documents``).
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from kvserve.api.pooling_protocol import PoolingUsage
+from kvserve.api.pooling_protocol import PoolingListResponse
 from kvserve.api.protocol import OpenAIBaseModel
 from kvserve.errors import InvalidRequestError
 from kvserve.pooling.params import PoolingParams
@@ -162,13 +160,8 @@ class ScoreResponseData(BaseModel):
     score: float
 
 
-class ScoreResponse(BaseModel):
-    id: str = Field(default_factory=lambda: f"score-{uuid.uuid4().hex}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    data: list[ScoreResponseData]
-    usage: PoolingUsage
+class ScoreResponse(PoolingListResponse[ScoreResponseData]):
+    """``/score`` (id ``score-...``)."""
 
 
 class RerankDocument(BaseModel):
