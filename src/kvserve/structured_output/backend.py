@@ -44,7 +44,16 @@ from kvserve.structured_output.params import StructuredOutputsParams
 
 
 class StructuredOutputGrammar(ABC):
-    """Per-request matcher: where one output stands in its grammar."""
+    """Per-request matcher: where one output stands in its grammar.
+
+    Holds the backend's matcher, the count of tokens accepted and whether a stop token ended the
+    output; the backends implement the four operations over their matcher.
+    """
+
+    def __init__(self, matcher: Any):
+        self._matcher = matcher
+        self._count = 0
+        self._terminated = False
 
     @abstractmethod
     def accept_tokens(self, tokens: Sequence[int]) -> bool:
@@ -63,18 +72,20 @@ class StructuredOutputGrammar(ABC):
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into ``bitmask[row]`` (int32 CPU tensor [B, W])."""
 
-    @abstractmethod
     def is_terminated(self) -> bool:
         """Whether the grammar accepted a stop token (the output is complete)."""
+        return self._terminated
 
-    @abstractmethod
     def reset(self) -> None:
         """Back to the start state (before any token)."""
+        self._matcher.reset()
+        self._count = 0
+        self._terminated = False
 
     @property
-    @abstractmethod
     def num_processed_tokens(self) -> int:
         """Tokens accepted so far (after rollbacks)."""
+        return self._count
 
 
 class CompiledGrammar(ABC):

@@ -64,10 +64,8 @@ class GuidanceGrammar(StructuredOutputGrammar):
     """One request's ``llguidance.LLMatcher``."""
 
     def __init__(self, matcher: Any, stop_token_ids: frozenset[int]):
-        self._matcher = matcher
+        super().__init__(matcher)
         self._stop = stop_token_ids
-        self._count = 0
-        self._terminated = False
 
     def accept_tokens(self, tokens: Sequence[int]) -> bool:
         for token in tokens:
@@ -107,18 +105,6 @@ class GuidanceGrammar(StructuredOutputGrammar):
         import llguidance.numpy as llg_numpy
 
         llg_numpy.fill_next_token_bitmask(self._matcher, bitmask.numpy(), row)
-
-    def is_terminated(self) -> bool:
-        return self._terminated
-
-    def reset(self) -> None:
-        self._matcher.reset()
-        self._count = 0
-        self._terminated = False
-
-    @property
-    def num_processed_tokens(self) -> int:
-        return self._count
 
 
 class GuidanceCompiled(CompiledGrammar):

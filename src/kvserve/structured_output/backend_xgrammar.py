@@ -37,11 +37,6 @@ from kvserve.structured_output.schema_check import check_json_schema, unsupporte
 class XgrammarGrammar(StructuredOutputGrammar):
     """One request's ``xgrammar.GrammarMatcher``."""
 
-    def __init__(self, matcher: Any):
-        self._matcher = matcher
-        self._count = 0
-        self._terminated = False
-
     def accept_tokens(self, tokens: Sequence[int]) -> bool:
         for token in tokens:
             if self._terminated:
@@ -73,18 +68,6 @@ class XgrammarGrammar(StructuredOutputGrammar):
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
-
-    def is_terminated(self) -> bool:
-        return self._terminated
-
-    def reset(self) -> None:
-        self._matcher.reset()
-        self._count = 0
-        self._terminated = False
-
-    @property
-    def num_processed_tokens(self) -> int:
-        return self._count
 
 
 class XgrammarCompiled(CompiledGrammar):
