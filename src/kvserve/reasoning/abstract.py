@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvserve.registry import Registry
+
 logger = logging.getLogger(__name__)
 
 
@@ -134,36 +136,7 @@ def vocabulary_token_id(tokenizer: Any, token: str) -> int | None:
     return token_id
 
 
-_REGISTRY: dict[str, type[ReasoningParser]] = {}
-
-
-def register_reasoning_parser(name: str):
-    """Class decorator: make a parser available to :func:`get_reasoning_parser` as ``name``."""
-
-    def wrap(cls: type[ReasoningParser]) -> type[ReasoningParser]:
-        _REGISTRY[name] = cls
-        cls.name = name
-        return cls
-
-    return wrap
-
-
-def get_reasoning_parser(name: str) -> type[ReasoningParser]:
-    """The parser class registered as ``name`` (``--reasoning-parser``).
-
-    Raises:
-        ValueError: an unknown name (a configuration error at start; lists the names).
-    """
-    import kvserve.reasoning.parsers  # noqa: F401  (registers the built-in parsers)
-
-    if name not in _REGISTRY:
-        raise ValueError(
-            f"unknown reasoning parser {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
-
-
-def reasoning_parser_names() -> list[str]:
-    """The registered names (``--reasoning-parser`` choices)."""
-    import kvserve.reasoning.parsers  # noqa: F401
-
-    return sorted(_REGISTRY)
+_PARSERS: Registry[type[ReasoningParser]] = Registry("reasoning parser", "kvserve.reasoning.parsers")
+register_reasoning_parser = _PARSERS.register  # class decorator
+get_reasoning_parser = _PARSERS.get  # by --reasoning-parser name; ValueError lists the names
+reasoning_parser_names = _PARSERS.names

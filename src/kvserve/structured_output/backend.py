@@ -33,12 +33,14 @@ Interface notes for the lead:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from kvserve.registry import Registry
 from kvserve.structured_output.config import BACKEND_CHOICES, StructuredOutputsConfig  # noqa: F401
+from kvserve.structured_output.errors import StructuredOutputError
 from kvserve.structured_output.params import StructuredOutputsParams
 
 
@@ -123,6 +125,21 @@ class StructuredOutputBackend(ABC):
             StructuredOutputError: the backend rejects the spec (message names the problem).
         """
 
+    def spec_text(self, params: StructuredOutputsParams) -> str:
+        """The spec as the backend compiles it.
+
+        Raises:
+            StructuredOutputError: it is longer than ``config.max_spec_bytes``.
+        """
+        text = params.spec_text()
+        if len(text.encode()) > self.config.max_spec_bytes:
+            raise StructuredOutputError(
+                f"{params.source}: the spec has {len(text.encode())} bytes; the limit is "
+                f"{self.config.max_spec_bytes}",
+                param=params.source,
+            )
+        return text
+
     def allocate_token_bitmask(self, batch_size: int) -> torch.Tensor:
         """An all-allowed int32 bitmask ``[batch_size, ceil(V/32)]`` on CPU."""
         from kvserve.structured_output.bitmask import allocate_token_bitmask
@@ -136,18 +153,9 @@ class StructuredOutputBackend(ABC):
             grammar.fill_bitmask(bitmask, row)
 
 
-_REGISTRY: dict[str, Callable[..., StructuredOutputBackend]] = {}
-
-
-def register_backend(name: str):
-    """Class decorator: make a backend constructible by ``name`` in :func:`create_backend`."""
-
-    def wrap(cls):
-        _REGISTRY[name] = cls
-        cls.name = name
-        return cls
-
-    return wrap
+_BACKENDS: Registry[type[StructuredOutputBackend]] = Registry("structured outputs backend",
+                                                             "kvserve.structured_output.backend_auto")
+register_backend = _BACKENDS.register  # class decorator
 
 
 def create_backend(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
@@ -157,15 +165,9 @@ def create_backend(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int
     Raises:
         ValueError: an unknown backend name (a configuration error at start).
     """
-    import kvserve.structured_output.backend_auto  # noqa: F401  (registers the backends)
-
     from kvserve.structured_output.bitmask import warm_up_apply
 
     config = config or StructuredOutputsConfig()
+    backend = _BACKENDS.get(config.backend)
     warm_up_apply()  # imports xgrammar's kernel now (~4 s), not on the first engine step
-    if config.backend not in _REGISTRY:
-        raise ValueError(
-            f"unknown structured outputs backend {config.backend!r}; "
-            f"allowed: {', '.join(sorted(_REGISTRY))}"
-        )
-    return _REGISTRY[config.backend](tokenizer, vocab_size, stop_token_ids, config)
+    return backend(tokenizer, vocab_size, stop_token_ids, config)

@@ -136,13 +136,7 @@ class GuidanceBackend(StructuredOutputBackend):
         self._stop = frozenset(self.stop_token_ids)
 
     def compile(self, params: StructuredOutputsParams) -> GuidanceCompiled:
-        text = params.spec_text()
-        if len(text.encode()) > self.config.max_spec_bytes:
-            raise StructuredOutputError(
-                f"{params.source}: the spec has {len(text.encode())} bytes; the limit is "
-                f"{self.config.max_spec_bytes}",
-                param=params.source,
-            )
+        self.spec_text(params)  # the size check; llguidance takes the grammar it serializes
         try:
             grammar = self.serialize(params)
         except StructuredOutputError:

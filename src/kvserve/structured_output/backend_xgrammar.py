@@ -111,13 +111,7 @@ class XgrammarBackend(StructuredOutputBackend):
         return unsupported_features(params.json_schema(), "xgrammar")
 
     def compile(self, params: StructuredOutputsParams) -> XgrammarCompiled:
-        text = params.spec_text()
-        if len(text.encode()) > self.config.max_spec_bytes:
-            raise StructuredOutputError(
-                f"{params.source}: the spec has {len(text.encode())} bytes; the limit is "
-                f"{self.config.max_spec_bytes}",
-                param=params.source,
-            )
+        text = self.spec_text(params)
         try:
             compiled = self._compile(params, text)
         except StructuredOutputError:

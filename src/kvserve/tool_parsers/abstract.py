@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvserve.registry import Registry
 from kvserve.tool_parsers.types import (
     DeltaFunctionCall,
     DeltaToolCall,
@@ -214,35 +215,7 @@ class ToolParser(ABC):
                              function=DeltaFunctionCall(arguments=call.arguments[sent:]))
 
 
-_REGISTRY: dict[str, type[ToolParser]] = {}
-
-
-def register_tool_parser(name: str):
-    """Class decorator: make a parser available to :func:`get_tool_parser` as ``name``."""
-
-    def wrap(cls: type[ToolParser]) -> type[ToolParser]:
-        _REGISTRY[name] = cls
-        cls.name = name
-        return cls
-
-    return wrap
-
-
-def get_tool_parser(name: str) -> type[ToolParser]:
-    """The parser class registered as ``name`` (``--tool-call-parser``).
-
-    Raises:
-        ValueError: an unknown name (a configuration error at start; lists the names).
-    """
-    import kvserve.tool_parsers.parsers  # noqa: F401  (registers the built-in parsers)
-
-    if name not in _REGISTRY:
-        raise ValueError(
-            f"unknown tool call parser {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
-
-
-def tool_parser_names() -> list[str]:
-    import kvserve.tool_parsers.parsers  # noqa: F401
-
-    return sorted(_REGISTRY)
+_PARSERS: Registry[type[ToolParser]] = Registry("tool call parser", "kvserve.tool_parsers.parsers")
+register_tool_parser = _PARSERS.register  # class decorator
+get_tool_parser = _PARSERS.get  # by --tool-call-parser name; ValueError lists the names
+tool_parser_names = _PARSERS.names
