@@ -1,6 +1,6 @@
 """kvserve against its baselines in one run on this machine, with kvserve's ratio to each.
 
-    python benchmarks/compare.py                      # full set (~20 min on a quiet 2-vCPU machine)
+    python benchmarks/compare.py                      # full set (~20 min on a quiet 2-vCPU machine, ~20 more with vLLM)
     python benchmarks/compare.py --preset quick       # fewer prompts (~10 min), a smoke run
 
 What runs, in order, all on the Qwen2.5-0.5B-shaped checkpoint (``make_qwen_shaped_model.py``,
@@ -14,6 +14,11 @@ made if missing), random 128-token prompts and 128 output tokens with ignore_eos
    32 on the concurrency-32 prompts (``baseline_transformers.py``).
 3. llama.cpp via llama-cpp-python's server at concurrency 1 and 8 on the same prompts as kvserve's
    levels (``baseline_llamacpp.py``), when ``/tmp/llamacpp-venv`` exists.
+4. vLLM's CPU backend (``vllm serve`` from ``--vllm-venv``, made by ``scripts/install_vllm_cpu.sh``;
+   skipped with a line saying why where it cannot run) and a second kvserve server, both up at
+   once and measured alternately, case by case: concurrency 1, 16 and 64 greedy, and 64 at
+   temperature 1, each case by both load generators, ``kvserve bench serve`` and real vLLM's
+   ``vllm bench serve`` (from that venv), on the same seeds.
 
 Each level draws its own prompts (seed 1000 + C) and its baseline draws the same ones. Every run
 writes its own result file (with provenance) under ``--out``; ``summary.json`` (with provenance)
@@ -34,6 +39,7 @@ from pathlib import Path
 
 from make_qwen_shaped_model import DEFAULT_OUT, make_qwen_shaped_model
 from servers import bench_serve, kvserve_server
+from vllm_cpu import DEFAULT_VENV, unusable, vllm_bench_serve, vllm_server
 
 from kvserve.bench.provenance import collect_provenance
 from kvserve.bench.report import write_result
@@ -47,15 +53,20 @@ class Plan:
 
     prompts: dict[int, int]
     shared_prefix: tuple[int, int, int, int, int]  # groups, prompts per group, system, question, output
+    vllm_prompts: dict[int, int]  # the cases against vLLM: prompts per concurrency
     input_len: int = 128
     output_len: int = 128
 
 
 PRESETS = {
     # The issue's shared-prefix case: 16 groups sharing a 1,024-token system prompt.
-    "full": Plan({1: 4, 8: 16, 32: 64, 64: 128}, (16, 4, 1024, 32, 32)),
-    "quick": Plan({1: 2, 8: 8, 32: 32, 64: 64}, (2, 8, 512, 32, 16)),
+    "full": Plan({1: 4, 8: 16, 32: 64, 64: 128}, (16, 4, 1024, 32, 32), {1: 4, 16: 32, 64: 128}),
+    "quick": Plan({1: 2, 8: 8, 32: 32, 64: 64}, (2, 8, 512, 32, 16), {1: 2, 16: 16, 64: 64}),
 }
+
+# The cases against vLLM: (name, concurrency, temperature).
+VLLM_CASES = (("c1", 1, 0.0), ("c16", 16, 0.0), ("c64", 64, 0.0), ("c64-t1", 64, 1.0))
+GENERATORS = ("kvbench", "vllmbench")  # kvserve bench serve, vllm bench serve
 
 
 def seed_of(concurrency: int) -> int:
@@ -100,6 +111,36 @@ def run_kvserve(plan: Plan, model: str, out: Path) -> dict[str, dict]:
             off = {"kvserve-prefix-off": bench_serve(url, model, out / "kvserve-prefix-off.json",
                                                      shared_prefix_workload(plan), 8)}
     return {**docs, **off}
+
+
+def run_vs_vllm(plan: Plan, model: str, out: Path, venv: Path) -> dict[str, dict]:
+    """Both servers up at once; each case measured by kvserve's generator on kvserve then vLLM, then
+    by vLLM's on vLLM then kvserve (so neither engine always runs first); runs keyed
+    ``vs-ENGINE-CASE-GENERATOR``."""
+    names = [f"vs-{e}-{c}-{g}" for c, _, _ in VLLM_CASES for g in GENERATORS for e in ("kvserve", "vllm")]
+    docs = load_done(out, names)
+    if docs is not None:
+        return docs
+    reason = unusable(venv)
+    if reason:
+        print(f"vLLM CPU baseline skipped: {reason}")
+        return {}
+    docs = {}
+    with vllm_server(venv, model, out / "vllm-server.log") as vllm_url, \
+            kvserve_server(model, out / "kvserve-server-vs-vllm.log") as kvserve_url:
+        for case, concurrency, temperature in VLLM_CASES:
+            n, seed = plan.vllm_prompts[concurrency], seed_of(concurrency)
+            for engine, url in (("kvserve", kvserve_url), ("vllm", vllm_url)):
+                name = f"vs-{engine}-{case}-kvbench"
+                workload = ["--dataset-name", "random", "--input-len", str(plan.input_len), "--output-len",
+                            str(plan.output_len), "--num-prompts", str(n), "--seed", str(seed)]
+                docs[name] = bench_serve(url, model, out / f"{name}.json", workload, concurrency,
+                                         extra=["--temperature", str(temperature)])
+            for engine, url in (("vllm", vllm_url), ("kvserve", kvserve_url)):
+                name = f"vs-{engine}-{case}-vllmbench"
+                docs[name] = vllm_bench_serve(venv, url, "qwen-shaped", model, out / f"{name}.json", plan.input_len,
+                                              plan.output_len, n, concurrency, seed, temperature)
+    return docs
 
 
 def run_script(args: list[str]) -> None:
@@ -149,10 +190,16 @@ PAIRS = (
     ("64 concurrent: vs llama.cpp at 1", "kvserve-c64", "llamacpp-c1"),
     ("64 concurrent: vs llama.cpp at 8", "kvserve-c64", "llamacpp-c8"),
     ("shared prefix c8: prefix caching on vs off", "kvserve-prefix-on", "kvserve-prefix-off"),
+    *((f"{case} (temperature {t:g}): vs vLLM CPU, {'kvserve bench' if g == 'kvbench' else 'vllm bench'}",
+       f"vs-kvserve-{case}-{g}", f"vs-vllm-{case}-{g}") for case, _, t in VLLM_CASES for g in GENERATORS),
 )
 
 
 def figures(doc: dict) -> dict[str, float]:
+    if "metrics" not in doc:  # vllm bench serve's result: vLLM's flat keys (E2E only with --percentile-metrics e2el)
+        return {"tok_s": doc["output_throughput"], "ttft_ms": doc["median_ttft_ms"], "tpot_ms": doc["median_tpot_ms"],
+                "e2el_ms": doc.get("median_e2el_ms", float("nan")), "completed": doc["completed"],
+                "failed": doc.get("failed", 0)}
     m = doc["metrics"]
     return {"tok_s": m["output_throughput"], "ttft_ms": m["ttft_ms"]["median"], "tpot_ms": m["tpot_ms"]["median"],
             "e2el_ms": m["e2el_ms"]["median"], "completed": m["completed"], "failed": m["failed"]}
@@ -204,12 +251,14 @@ def environment_line(provenance, docs: dict[str, dict], preset: str, wall_s: flo
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="kvserve vs transformers and llama.cpp, ratios in one run")
+    p = argparse.ArgumentParser(description="kvserve vs transformers, llama.cpp and vLLM CPU, ratios in one run")
     p.add_argument("--model", default=DEFAULT_OUT, help=f"checkpoint folder (made if missing; default {DEFAULT_OUT})")
     p.add_argument("--preset", choices=tuple(PRESETS), default="full")
     p.add_argument("--out", default=None, help="result folder (default bench_results/compare-PRESET-TIME)")
     p.add_argument("--llamacpp-python", default="/tmp/llamacpp-venv/bin/python")
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: kvserve, transformers, llamacpp")
+    p.add_argument("--vllm-venv", type=Path, default=DEFAULT_VENV,
+                   help=f"vllm-cpu's venv (scripts/install_vllm_cpu.sh; default {DEFAULT_VENV})")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: kvserve, transformers, llamacpp, vllm")
     return p.parse_args(argv)
 
 
@@ -230,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         docs.update(run_transformers(plan, args.model, out))
     if "llamacpp" not in skip:
         docs.update(run_llamacpp(plan, args.model, out, args.llamacpp_python))
+    if "vllm" not in skip:
+        docs.update(run_vs_vllm(plan, args.model, out, args.vllm_venv))
     rows = compare_rows(docs)
     table = markdown_table(rows, docs)
     wall_s = (dt.datetime.now(dt.timezone.utc) - started).total_seconds()

