@@ -129,7 +129,9 @@ def run_vs_vllm(plan: Plan, model: str, out: Path, venv: Path) -> dict[str, dict
     with vllm_server(venv, model, out / "vllm-server.log") as vllm_url, \
             kvserve_server(model, out / "kvserve-server-vs-vllm.log") as kvserve_url:
         for case, concurrency, temperature in VLLM_CASES:
-            n, seed = plan.vllm_prompts[concurrency], seed_of(concurrency)
+            # Prompts of their own per case and generator: both engines cache prefixes, so a run that
+            # repeated an earlier run's prompts would measure cache hits.
+            n, seed = plan.vllm_prompts[concurrency], seed_of(concurrency) + (500 if temperature else 0)
             for engine, url in (("kvserve", kvserve_url), ("vllm", vllm_url)):
                 name = f"vs-{engine}-{case}-kvbench"
                 workload = ["--dataset-name", "random", "--input-len", str(plan.input_len), "--output-len",
@@ -139,7 +141,7 @@ def run_vs_vllm(plan: Plan, model: str, out: Path, venv: Path) -> dict[str, dict
             for engine, url in (("vllm", vllm_url), ("kvserve", kvserve_url)):
                 name = f"vs-{engine}-{case}-vllmbench"
                 docs[name] = vllm_bench_serve(venv, url, "qwen-shaped", model, out / f"{name}.json", plan.input_len,
-                                              plan.output_len, n, concurrency, seed, temperature)
+                                              plan.output_len, n, concurrency, seed + 100, temperature)
     return docs
 
 
