@@ -18,7 +18,8 @@ made if missing), random 128-token prompts and 128 output tokens with ignore_eos
    skipped with a line saying why where it cannot run) and a second kvserve server, both up at
    once and measured alternately, case by case: concurrency 1, 16 and 64 greedy, and 64 at
    temperature 1, each case by both load generators, ``kvserve bench serve`` and real vLLM's
-   ``vllm bench serve`` (from that venv), on the same seeds.
+   ``vllm bench serve`` (from that venv); each case and generator draws prompts of its own (both
+   engines cache prefixes), the same for both engines.
 
 Each level draws its own prompts (seed 1000 + C) and its baseline draws the same ones. Every run
 writes its own result file (with provenance) under ``--out``; ``summary.json`` (with provenance)
@@ -73,9 +74,9 @@ def seed_of(concurrency: int) -> int:
     return 1000 + concurrency
 
 
-def random_workload(plan: Plan, concurrency: int) -> list[str]:
+def random_workload(plan: Plan, num_prompts: int, seed: int) -> list[str]:
     return ["--dataset-name", "random", "--input-len", str(plan.input_len), "--output-len", str(plan.output_len),
-            "--num-prompts", str(plan.prompts[concurrency]), "--seed", str(seed_of(concurrency))]
+            "--num-prompts", str(num_prompts), "--seed", str(seed)]
 
 
 def shared_prefix_workload(plan: Plan) -> list[str]:
@@ -102,7 +103,7 @@ def run_kvserve(plan: Plan, model: str, out: Path) -> dict[str, dict]:
         with kvserve_server(model, out / "kvserve-server.log", prefix_caching=True) as url:
             for c in plan.prompts:
                 docs[f"kvserve-c{c}"] = bench_serve(url, model, out / f"kvserve-c{c}.json",
-                                                    random_workload(plan, c), c)
+                                                    random_workload(plan, plan.prompts[c], seed_of(c)), c)
             docs["kvserve-prefix-on"] = bench_serve(url, model, out / "kvserve-prefix-on.json",
                                                     shared_prefix_workload(plan), 8)
     off = load_done(out, ["kvserve-prefix-off"])
@@ -134,9 +135,7 @@ def run_vs_vllm(plan: Plan, model: str, out: Path, venv: Path) -> dict[str, dict
             n, seed = plan.vllm_prompts[concurrency], seed_of(concurrency) + (500 if temperature else 0)
             for engine, url in (("kvserve", kvserve_url), ("vllm", vllm_url)):
                 name = f"vs-{engine}-{case}-kvbench"
-                workload = ["--dataset-name", "random", "--input-len", str(plan.input_len), "--output-len",
-                            str(plan.output_len), "--num-prompts", str(n), "--seed", str(seed)]
-                docs[name] = bench_serve(url, model, out / f"{name}.json", workload, concurrency,
+                docs[name] = bench_serve(url, model, out / f"{name}.json", random_workload(plan, n, seed), concurrency,
                                          extra=["--temperature", str(temperature)])
             for engine, url in (("vllm", vllm_url), ("kvserve", kvserve_url)):
                 name = f"vs-{engine}-{case}-vllmbench"

@@ -12,13 +12,12 @@ import httpx
 import numpy as np
 import pytest
 
-from pooling_helpers import make_llm
+from pooling_helpers import KEY, make_llm
 from kvserve.api.pooling_protocol import decode_base64
 from kvserve.pooling.params import PoolingParams
 from kvserve.router.forwarding import FORWARDED_PATHS
 from kvserve.testing.live_server import start_live_server
 
-KEY = "test-key"
 DOCS = ["The quick brown fox jumps over the lazy dog.", "hi", "Paris is the capital of France."]
 
 
