@@ -126,6 +126,33 @@ def test_a_call_cancelled_while_being_admitted_is_aborted_not_run_to_its_end(ser
         assert aborted_total(http) == before + 1  # aborted, not run to its 200 tokens ("length")
 
 
+def test_the_answer_to_a_caller_whose_event_loop_closed_does_not_stop_the_engine(server):
+    """The race the test above can lose: the caller's ``asyncio.run`` has cancelled the call and
+    closed its loop before the engine thread admits the request. The admission has nobody to tell;
+    the engine goes on, and the abort queued behind the add still lands."""
+    from kvserve.engine.engine_messages import AddRequests
+    from kvserve.engine.request_stream import RequestStream
+    from kvserve.sampling_params import SamplingParams
+
+    engine = server.engine
+    request = engine.input_processor.process("loop-closed", "nobody waits for me",
+                                             SamplingParams(max_tokens=200, ignore_eos=True))
+    loop = asyncio.new_event_loop()
+    stream = RequestStream([request], loop, engine._abort_soon)
+    done = loop.create_future()
+    loop.close()
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": "Bearer k"}, timeout=60) as http:
+        before = aborted_total(http)
+        engine._commands.put(AddRequests(stream, done))  # as add_requests queues it
+        stream.close()  # what the cancelled caller did before its loop closed
+        assert wait_idle(server) == IDLE
+        deadline = time.monotonic() + 10
+        while aborted_total(http) == before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert aborted_total(http) == before + 1 and engine.is_ready
+        assert http.post("/v1/completions", json=PROBE).status_code == 200
+
+
 @pytest.fixture(scope="module")
 def tiny_pool(tiny_llama):
     # 24 blocks of 16 tokens hold 384 tokens: 16 requests of ~190 tokens each need 3,000

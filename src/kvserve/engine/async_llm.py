@@ -334,18 +334,18 @@ class AsyncLLM(EngineClient):
             self._add(command)
 
     def _add(self, command: AddRequests) -> None:
-        loop, requests = command.done.get_loop(), command.stream.requests
+        requests = command.stream.requests
         try:
             self.output_processor.check_new(requests)
             self.core.add_requests(requests)
         except Exception as exc:  # noqa: BLE001 - an admission error goes back to the caller
-            loop.call_soon_threadsafe(_set_exception, command.done, exc)
+            _answer(command.done, _set_exception, exc)
             for consumer in self.stats_consumers:
                 consumer.on_request_rejected(exc)
             return
         for index, request in enumerate(requests):
             self.output_processor.add_request(request, command.stream.sink(index))
-        loop.call_soon_threadsafe(_set_result, command.done, None)
+        _answer(command.done, _set_result, None)
 
     def _step(self) -> None:
         result = self.core.step()
@@ -357,6 +357,15 @@ class AsyncLLM(EngineClient):
             consumer.on_step(result.stats, processed.finished, processed.iteration)
         if result.kv_events and self.kv_event_publisher is not None:
             self.kv_event_publisher.publish(result.kv_events)
+
+
+def _answer(future: asyncio.Future, setter: Callable[[asyncio.Future, Any], None], value: Any) -> None:
+    """Resolve ``future`` on its own event loop. A closed loop means the caller is gone (its
+    ``asyncio.run`` ended after cancelling the call): nobody waits, and the abort it queued follows."""
+    try:
+        future.get_loop().call_soon_threadsafe(setter, future, value)
+    except RuntimeError:  # the loop is closed
+        pass
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:
