@@ -237,19 +237,12 @@ def render_chat_template(
         raise InvalidRequestError(f"chat template error: {message}", param="messages") from exc
 
 
-def apply_chat_template(
-    tokenizer: Any,
-    messages: list[dict[str, Any]],
-    add_generation_prompt: bool = True,
-    continue_final_message: bool = False,
-    chat_template: str | None = None,
-    tools: list[dict[str, Any]] | None = None,
-    chat_template_kwargs: dict[str, Any] | None = None,
-    add_special_tokens: bool = False,
-) -> list[int]:
-    """Prompt token ids of a conversation: :func:`render_chat_template`, then encoding without
-    adding special tokens (the template writes BOS itself where the model wants one), or with
-    them on top when ``add_special_tokens`` (vLLM's request field).
+def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], add_special_tokens: bool = False,
+                        **options: Any) -> list[int]:
+    """Prompt token ids of a conversation: :func:`render_chat_template` with ``options`` (its
+    keyword arguments), then encoding without adding special tokens (the template writes BOS itself
+    where the model wants one), or with them on top when ``add_special_tokens`` (vLLM's request
+    field).
 
     Returns:
         Token ids (``list[int]``).
@@ -257,15 +250,7 @@ def apply_chat_template(
     Raises:
         InvalidRequestError: as :func:`render_chat_template`.
     """
-    text = render_chat_template(
-        tokenizer,
-        messages,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message,
-        chat_template=chat_template,
-        tools=tools,
-        chat_template_kwargs=chat_template_kwargs,
-    )
+    text = render_chat_template(tokenizer, messages, **options)
     require_valid_unicode(text, "messages")
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 

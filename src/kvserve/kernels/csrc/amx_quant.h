@@ -11,6 +11,16 @@
 #include "amx_tiles.h"
 #include "kernels.h"
 
+// The region the AMX quantized kernels are compiled in (amx_quant_row.cpp, amx_quant_tiles.cpp,
+// amx_quant_widen.h): no fast math, no contraction, and the AMX + AVX-512 BF16 target, whatever
+// the file's own flags (run-time dispatch: amx_linear_available() in abi.cpp decides whether it runs).
+#define KVSERVE_AMX_QUANT_BEGIN                                        \
+  _Pragma("GCC push_options")                                          \
+  _Pragma("GCC optimize(\"no-fast-math\", \"fp-contract=off\")")      \
+  _Pragma("GCC push_options")                                          \
+  _Pragma("GCC target(\"amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16\")")
+#define KVSERVE_AMX_QUANT_END _Pragma("GCC pop_options") _Pragma("GCC pop_options")
+
 #pragma GCC push_options
 #pragma GCC optimize("no-fast-math", "fp-contract=off")
 

@@ -17,10 +17,7 @@
 
 #if defined(KVSERVE_AMX_BUILD)
 
-#pragma GCC push_options
-#pragma GCC optimize("no-fast-math", "fp-contract=off")
-#pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")
+KVSERVE_AMX_QUANT_BEGIN
 
 namespace kvserve_amx_quant {
 namespace {
@@ -215,7 +212,6 @@ void run_tiles(const uint16_t* x, uint16_t* out, const Layer& L, int64_t bits, b
 
 }  // namespace kvserve_amx_quant
 
-#pragma GCC pop_options
-#pragma GCC pop_options
+KVSERVE_AMX_QUANT_END
 
 #endif  // KVSERVE_AMX_BUILD

@@ -12,10 +12,7 @@
 
 #if defined(KVSERVE_AMX_BUILD)
 
-#pragma GCC push_options
-#pragma GCC optimize("no-fast-math", "fp-contract=off")
-#pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")
+KVSERVE_AMX_QUANT_BEGIN
 
 namespace kvserve_amx_quant {
 
@@ -133,7 +130,6 @@ inline void widen_chunk(const Layer& L, int64_t p, int64_t c, uint16_t* dst, __m
 
 }  // namespace kvserve_amx_quant
 
-#pragma GCC pop_options
-#pragma GCC pop_options
+KVSERVE_AMX_QUANT_END
 
 #endif  // KVSERVE_AMX_BUILD

@@ -14,9 +14,6 @@
 
 #include <cmath>
 #include <cstdint>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #include "simd.h"
 

@@ -24,3 +24,11 @@ inline kvserve::BFloat16 from_float<kvserve::BFloat16>(float v) {  // round to n
   out.x = bits;
   return out;
 }
+
+// Element i of a float32 or bfloat16 tensor, as float32; and v rounded to the dtype.
+inline float load(const void* p, kvserve::DType dtype, int64_t i) {
+  return dtype == kvserve::kFloat32 ? static_cast<const float*>(p)[i] : to_float(static_cast<const kvserve::BFloat16*>(p)[i]);
+}
+inline float rounded(float v, kvserve::DType dtype) {
+  return dtype == kvserve::kFloat32 ? v : to_float(from_float<kvserve::BFloat16>(v));
+}

@@ -31,9 +31,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace {
 

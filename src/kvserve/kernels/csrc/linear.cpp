@@ -69,16 +69,16 @@ namespace {
 // docs/benchmarks.md). KVSERVE_LINEAR_WIDTH forces the portable path at a given width (tests of
 // the layout for other widths on this machine).
 #if defined(KVSERVE_LINEAR_WIDTH)
-#define KVSERVE_LINEAR_ISA_PORTABLE 1
+#define KVSERVE_VECTOR_ISA 0
 constexpr int kW = KVSERVE_LINEAR_WIDTH;
 #elif defined(__AVX512F__)
-#define KVSERVE_LINEAR_ISA_AVX512 1
+#define KVSERVE_VECTOR_ISA 16
 constexpr int kW = 16;
 #elif defined(__AVX2__) && defined(__FMA__)
-#define KVSERVE_LINEAR_ISA_AVX2 1
+#define KVSERVE_VECTOR_ISA 8
 constexpr int kW = 8;
 #else
-#define KVSERVE_LINEAR_ISA_PORTABLE 1
+#define KVSERVE_VECTOR_ISA 0
 constexpr int kW = 4;
 #endif
 #ifndef KVSERVE_LINEAR_MR
@@ -92,43 +92,9 @@ constexpr int kNV = KVSERVE_LINEAR_NV;  // vectors per row of the tile
 constexpr int kNR = kNV * kW;           // output columns per panel
 static_assert(kNV % 2 == 0, "bfloat16 panels are read two vectors at a time");
 
-typedef float vfloat __attribute__((vector_size(kW * sizeof(float))));
 typedef uint32_t vuint __attribute__((vector_size(kW * sizeof(uint32_t))));
 
-inline vfloat broadcast(float value) {
-#if defined(KVSERVE_LINEAR_ISA_AVX512)
-  return _mm512_set1_ps(value);
-#elif defined(KVSERVE_LINEAR_ISA_AVX2)
-  return _mm256_set1_ps(value);
-#else
-  vfloat v;
-  for (int i = 0; i < kW; ++i) v[i] = value;
-  return v;
-#endif
-}
-
-// a * b + c with one rounding.
-inline vfloat fmadd(vfloat a, vfloat b, vfloat c) {
-#if defined(KVSERVE_LINEAR_ISA_AVX512)
-  return _mm512_fmadd_ps(a, b, c);
-#elif defined(KVSERVE_LINEAR_ISA_AVX2)
-  return _mm256_fmadd_ps(a, b, c);
-#else
-  vfloat r;
-  for (int i = 0; i < kW; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
-  return r;
-#endif
-}
-
-template <typename T>
-inline T load_vector(const void* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-// By value: taking an accumulator's address would keep the tile in memory instead of registers.
-inline void store_vector(float* p, vfloat v) { std::memcpy(p, &v, sizeof(v)); }
+#include "float_vectors.h"
 
 // One packed weight row (kNR columns) as kNV float32 vectors.
 inline void load_weights(const float* b, vfloat (&out)[kNV]) {

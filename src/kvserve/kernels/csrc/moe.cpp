@@ -31,9 +31,6 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #include "kernels.h"
 #include "thread_pool.h"
@@ -46,12 +43,6 @@ namespace kvserve {
 namespace {
 
 #include "bf16_convert.h"
-
-inline float load(const void* p, DType dtype, int64_t i) {
-  return dtype == kFloat32 ? static_cast<const float*>(p)[i] : to_float(static_cast<const BFloat16*>(p)[i]);
-}
-
-inline float rounded(float v, DType dtype) { return dtype == kFloat32 ? v : to_float(from_float<BFloat16>(v)); }
 
 // One value of the dtype, kept as float32: the float itself, or rounded to bfloat16 (nearest even,
 // as from_float; NaN -> 0x7fc0) with integer operations the compiler vectorises.

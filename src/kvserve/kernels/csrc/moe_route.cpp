@@ -6,9 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #include "kernels.h"
 #include "moe.h"
@@ -22,10 +19,6 @@ namespace kvserve {
 namespace {
 
 #include "bf16_convert.h"
-
-inline float load(const void* p, DType dtype, int64_t i) {
-  return dtype == kFloat32 ? static_cast<const float*>(p)[i] : to_float(static_cast<const BFloat16*>(p)[i]);
-}
 
 // exp(v[i] - m) for i < n into out, in 16 lanes where the build has AVX-512 (a masked tail), so
 // every value takes the same instructions.

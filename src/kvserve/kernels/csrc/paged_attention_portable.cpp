@@ -13,9 +13,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace kvserve::attention {
 namespace {

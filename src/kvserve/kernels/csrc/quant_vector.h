@@ -50,42 +50,10 @@ constexpr int kMR = 4;               // rows per microkernel
 constexpr int kNR = kNV * kW;        // output columns per panel
 constexpr int kNP = 8 / kNV;         // panels of the one-row kernel (8 independent accumulators)
 
-typedef float vfloat __attribute__((vector_size(kW * sizeof(float))));
+#define KVSERVE_VECTOR_ISA (QL_ISA >= 3 ? 16 : QL_ISA == 2 ? 8 : 0)
+#include "float_vectors.h"
+
 typedef int32_t vint __attribute__((vector_size(kW * sizeof(int32_t))));
-
-inline vfloat broadcast(float value) {
-#if QL_ISA >= 3
-  return _mm512_set1_ps(value);
-#elif QL_ISA == 2
-  return _mm256_set1_ps(value);
-#else
-  vfloat v;
-  for (int i = 0; i < kW; ++i) v[i] = value;
-  return v;
-#endif
-}
-
-// a * b + c with one rounding.
-inline vfloat fmadd(vfloat a, vfloat b, vfloat c) {
-#if QL_ISA >= 3
-  return _mm512_fmadd_ps(a, b, c);
-#elif QL_ISA == 2
-  return _mm256_fmadd_ps(a, b, c);
-#else
-  vfloat r;
-  for (int i = 0; i < kW; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
-  return r;
-#endif
-}
-
-template <typename T>
-inline T load_vector(const void* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-inline void store_vector(float* p, vfloat v) { std::memcpy(p, &v, sizeof(v)); }
 
 // kW consecutive bytes widened to int32 lanes: sign-extended (int8) or zero-extended (int4 pairs).
 template <bool kSigned>

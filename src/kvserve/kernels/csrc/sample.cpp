@@ -31,9 +31,6 @@
 #include <cstdint>
 #include <limits>
 #include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace {
 
