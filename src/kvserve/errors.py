@@ -16,12 +16,20 @@ class InvalidRequestError(KVServeError, ValueError):
 
 
 class RequestRejectedError(KVServeError):
-    """The engine cannot take the request now (HTTP 429 / 503), e.g. the waiting queue is full."""
+    """The engine cannot take the request now (HTTP 429 / 503), e.g. the waiting queue is full.
 
-    def __init__(self, message: str, reason: str):
+    Attributes:
+        reason: ``queue_full``, ``slo_unattainable`` (both 429), ``shutting_down``, ``engine_dead``.
+        retry_after: seconds the client should wait before retrying, or None (the API says 1).
+        details: extra fields for the error object (an SLO refusal's prediction and target), or None.
+    """
+
+    def __init__(self, message: str, reason: str, retry_after: float | None = None, details: dict | None = None):
         super().__init__(message)
         self.message = message
         self.reason = reason
+        self.retry_after = retry_after
+        self.details = details
 
 
 class CheckpointError(KVServeError, ValueError):

@@ -104,6 +104,7 @@ class CompletionOutput:
     logprobs: list[TokenLogprobs] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    slo_missed: bool | None = None  # on a finished choice of a request with latency targets
 
 
 @dataclass

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvserve.sampling_params import SamplingParams
+from kvserve.slo.targets import UNTARGETED_SLACK_S
 
 if TYPE_CHECKING:
     from kvserve.engine.engine_request import EngineRequest
+    from kvserve.slo.scheduling import RequestSLO
     from kvserve.lora.request import LoRARequest
     from kvserve.structured_output.grammar_request import GrammarRequest
 
@@ -69,6 +71,8 @@ class Request:
             decoding), to be verified in the next step it is scheduled in; never part of
             ``all_token_ids``, dropped on preemption (vLLM's ``Request.spec_token_ids``).
         block_hashes: hashes of its full blocks, filled incrementally by the KV-cache manager.
+        slo_state: the scheduling state of a request with latency targets (``spec.slo``; set at
+            admission by ``kvserve.slo.scheduling``), else None.
     """
 
     spec: EngineRequest
@@ -83,6 +87,7 @@ class Request:
     error: str | None = None
     spec_token_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
+    slo_state: RequestSLO | None = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -115,6 +120,16 @@ class Request:
     bad_words_token_ids = property(lambda self: self.spec.bad_words_token_ids)
     grammar = property(lambda self: self.spec.grammar)
     lora_request = property(lambda self: self.spec.lora_request)
+    slo = property(lambda self: self.spec.slo)
+
+    @property
+    def queue_key(self) -> float:
+        """When its prompt should start (``time.time()`` seconds), the waiting queues' order: a
+        TTFT target's start-by time, else ``arrival_time + UNTARGETED_SLACK_S``
+        (``kvserve.slo.scheduling``)."""
+        if self.slo_state is not None and self.slo_state.start_by is not None:
+            return self.slo_state.start_by
+        return self.spec.arrival_time + UNTARGETED_SLACK_S
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -212,3 +212,17 @@ def test_standby_is_promoted_when_the_active_worker_dies_and_gauges_are_exported
             assert httpx.post(router.url + "/v1/completions", json={"model": "m", "prompt": "x"}).json()["worker"] \
                 == "standby"
             assert _metric(router.url, "kvserve_router_ejections_total") >= 1
+
+
+def test_a_worker_that_refuses_with_429_is_retried_on_another_worker():
+    """A kvserve worker refuses a request whose latency targets it predicts to miss (429
+    slo_unattainable) before anything is sent: the router tries another worker."""
+    with FakeWorker("full", status=429) as full, FakeWorker("free") as free:
+        with RouterThread(_config([full, free], policy="round_robin")) as router:
+            wait_for(lambda: router.router.fleet.get(full.url).healthy and router.router.fleet.get(free.url).healthy,
+                     10, "fake workers healthy")
+            answers = [httpx.post(router.url + "/v1/completions", json={"model": "m", "prompt": str(i)}).json()
+                       for i in range(4)]
+            assert answers == [{"worker": "free", "model": "m"}] * 4 and len(full.seen) >= 1
+            assert _metric(router.url, 'kvserve_router_retries_total{reason="status_429"}') >= 1
+            assert router.router.fleet.get(full.url).breaker.state.name.lower() == "closed"  # a 429 is no failure

@@ -80,7 +80,7 @@ def test_round_robin_least_load_and_power_of_two():
     p2 = make_policy("power_of_two", RouterConfig(), random.Random(0))
     picks = {p2.select(workers, RouteRequest(None, 0)).worker.url for _ in range(50)}
     assert "http://w0" not in picks  # the most loaded one never wins a pair
-    with pytest.raises(ValueError, match="known: cache_aware, least_load, power_of_two, round_robin"):
+    with pytest.raises(ValueError, match="known: cache_aware, least_load, least_ttft, power_of_two, round_robin"):
         make_policy("random", RouterConfig())
 
 
@@ -167,3 +167,26 @@ def test_data_parallel_argv_and_core_shares():
     assert core_shares(2, [0, 1, 2, 3, 4]) == [[0, 1, 2], [3, 4]]
     assert core_shares(3, [0, 1]) == [[0], [1], [0]]
     assert sum(map(len, core_shares(4, list(range(16))))) == 16 and math.prod(map(len, core_shares(4, list(range(16))))) == 256
+
+
+def test_least_ttft_picks_the_lowest_predicted_ttft_and_falls_back_to_load():
+    from kvserve.router.monitor import parse_worker_metrics
+
+    text = ('kvserve:slo_predicted_ttft_seconds{model_name="m"} 0.8\n'
+            'kvserve:slo_step_cost_seconds{model_name="m",term="step"} 0.04\n'
+            'kvserve:slo_step_cost_seconds{model_name="m",term="prefill_token"} 0.0005\n'
+            'kvserve:num_requests_running{model_name="m",engine="0"} 3\n')
+    load = parse_worker_metrics(text)
+    assert (load.predicted_ttft, load.prefill_token_cost, load.running) == (0.8, 0.0005, 3.0)
+    slow, fast, busy = (_worker(f"http://w{i}") for i in range(3))
+    slow.load_snapshot.predicted_ttft, fast.load_snapshot.predicted_ttft, busy.load_snapshot.predicted_ttft = 2.0, 0.5, 0.45
+    for worker in (slow, fast, busy):
+        worker.load_snapshot.prefill_token_cost = 0.001
+    busy.in_flight = 1  # one request sent since its scrape: +128 prompt tokens = +0.128 s
+    policy = make_policy("least_ttft", RouterConfig())
+    decision = policy.select([slow, fast, busy], RouteRequest(None, 1128))
+    assert decision.worker is fast and decision.reason == "ttft"
+    assert policy.predicted_ttft(fast, 1128) == pytest.approx(1.5)  # 0.5 + 1000 tokens x 1 ms
+    assert policy.predicted_ttft(busy, 1128) == pytest.approx(1.578)
+    slow.load_snapshot.predicted_ttft = None  # a worker without a prediction: least load
+    assert policy.select([slow, fast, busy], RouteRequest(None, 10)).reason == "load"

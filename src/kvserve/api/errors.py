@@ -8,7 +8,8 @@ API reference's error object) with the matching status:
     404 invalid_request_error   unknown model (code ``model_not_found``) or route
     405 invalid_request_error   method not allowed on the route (+ ``Allow``)
     408/413/431                 body or headers too slow, too large, too many (``kvserve.api.middleware``)
-    429 rate_limit_exceeded     rate limits, concurrency cap, full engine queue (+ ``Retry-After``)
+    429 rate_limit_exceeded     rate limits, concurrency cap, full engine queue, latency targets
+                                predicted to be missed (+ ``Retry-After``)
     503 service_unavailable     engine not ready or shutting down
     500 server_error            the engine failed on this request (the message names it), or
                                 anything else (a generic message; the exception is logged)
@@ -53,11 +54,13 @@ class APIError(Exception):
         code: OpenAI error ``code`` (``invalid_api_key``, ``model_not_found``, ...), or None.
         retry_after: seconds for a ``Retry-After`` header (429/503), or None.
         headers: further response headers (``Allow`` on a 405), or None.
+        details: further fields of the error object (an SLO refusal's prediction), or None.
     """
 
     def __init__(self, status_code: int, message: str, *, type: str | None = None,
                  param: str | None = None, code: str | None = None,
-                 retry_after: float | None = None, headers: dict[str, str] | None = None):
+                 retry_after: float | None = None, headers: dict[str, str] | None = None,
+                 details: dict | None = None):
         super().__init__(message)
         self.status_code = status_code
         self.message = message
@@ -66,9 +69,13 @@ class APIError(Exception):
         self.code = code
         self.retry_after = retry_after
         self.headers = headers
+        self.details = details
 
     def body(self) -> dict:
-        return error_body(self.message, self.type, self.param, self.code)
+        body = error_body(self.message, self.type, self.param, self.code)
+        if self.details:
+            body["error"].update(self.details)
+        return body
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
@@ -94,9 +101,8 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, InvalidRequestError):
         return APIError(400, exc.message, param=exc.param)
     if isinstance(exc, RequestRejectedError):
-        if exc.reason == "queue_full":
-            return APIError(429, exc.message, code="queue_full", retry_after=1)
-        return APIError(503, exc.message, code=exc.reason, retry_after=1)
+        status = 429 if exc.reason in ("queue_full", "slo_unattainable") else 503
+        return APIError(status, exc.message, code=exc.reason, retry_after=exc.retry_after or 1, details=exc.details)
     if isinstance(exc, RequestFailedError):
         named = f" (request {exc.request_id})" if exc.request_id else ""
         return APIError(500, f"The server failed while processing this request{named}: {exc.message}",

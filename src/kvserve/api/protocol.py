@@ -137,6 +137,8 @@ class SamplingRequest(OpenAIBaseModel):
     guided_decoding_backend: str | None = None
     use_beam_search: bool = False
     length_penalty: float = 1.0
+    # kvserve's: latency targets {"ttft_ms", "tpot_ms", "on_miss"} (kvserve.slo.targets)
+    slo: dict[str, Any] | None = None
 
     @property
     def include_usage(self) -> bool:

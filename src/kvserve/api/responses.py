@@ -27,19 +27,23 @@ class CompletionTokensDetails(BaseModel):
 class UsageInfo(BaseModel):
     """Token counts; ``prompt_tokens_details.cached_tokens`` = prefix-cache hits;
     ``completion_tokens_details.reasoning_tokens`` (chat with ``--reasoning-parser`` only, as
-    vLLM; left out otherwise) = output tokens inside the think block."""
+    vLLM; left out otherwise) = output tokens inside the think block; ``slo_missed`` (kvserve's,
+    only for a request with latency targets, once a choice finished) = whether a choice missed
+    them."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
     completion_tokens_details: CompletionTokensDetails | None = None
+    slo_missed: bool | None = None  # kvserve's: a choice missed the request's latency targets
 
     @model_serializer(mode="wrap")
     def _drop_absent(self, handler):
         data = handler(self)
-        if data.get("completion_tokens_details") is None:
-            data.pop("completion_tokens_details", None)
+        for name in ("completion_tokens_details", "slo_missed"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
 

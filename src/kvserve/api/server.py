@@ -207,6 +207,19 @@ def _add_v1_routes(app: FastAPI, state: ServingState) -> None:
 
     names = list(dict.fromkeys([state.model_name, *state.settings.served_model_aliases]))
 
+    @app.get("/debug/slo")
+    async def debug_slo() -> dict:
+        """The latency-target side (``kvserve.slo``): the step-cost model's fit, refusals and
+        acceptances despite a predicted miss by class, and the ``--slo-classes``."""
+        slo = getattr(getattr(state.engine, "snapshot", None), "slo", None)
+        classes = {name: {"ttft_ms": c.target.ttft_ms, "tpot_ms": c.target.tpot_ms, "on_miss": c.target.on_miss,
+                          "priority": c.priority, "api_keys": len(c.api_keys)}
+                   for name, c in state.settings.slo_classes.classes.items()}
+        if slo is None:
+            return {"step_cost": None, "refused": {}, "queued_predicted_miss": {}, "classes": classes}
+        return {"step_cost": slo.step_cost, "refused": slo.refused, "queued_predicted_miss": slo.queued_predicted_miss,
+                "classes": classes}
+
     @app.get("/v1/models")
     async def models() -> ModelList:
         adapters = state.lora_registry.list() if state.lora_registry is not None else []

@@ -9,7 +9,9 @@ import json
 
 from kvserve.api.settings import (API_KEY_ENV, DEFAULT_MAX_REQUEST_BODY_BYTES, H11_MAX_HEADER_COUNT,
                                   H11_MAX_INCOMPLETE_EVENT_SIZE, VLLM_API_KEY_ENV)
+from kvserve.errors import ConfigError
 from kvserve.lora.flags import RUNTIME_UPDATING_ENV, lora_module
+from kvserve.slo.targets import SLOClasses
 from kvserve.vllm_compat import FRONTEND_REFUSED_FLAGS, add_refused_flags
 
 
@@ -144,6 +146,17 @@ def _add_kvserve_args(group) -> None:
     group.add_argument("--responses-store-max", type=_non_negative_int, default=1000,
                        help="/v1/responses keeps at most this many responses for GET and previous_response_id, "
                             "least recently used dropped first (default 1000; 0: none, store is then false)")
+    group.add_argument("--slo-classes", type=_slo_classes, default=None, metavar="JSON",
+                       help='latency-target classes, selected by API key or priority, e.g. \'{"interactive": '
+                            '{"ttft_ms": 1000, "tpot_ms": 100, "priority": 0}, "batch": {"priority": 1}}\' '
+                            "(a request's own slo field or X-SLO-* headers override its class's targets)")
+
+
+def _slo_classes(text: str) -> SLOClasses:
+    try:
+        return SLOClasses.from_json(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--slo-classes: ")) from None
 
 
 def _number(kind, minimum: float, inclusive: bool):

@@ -28,6 +28,7 @@ from kvserve.api.tokenization import TokenText, make_token_text, token_id_text
 from kvserve.beam_search import BeamSearchParams
 from kvserve.engine.beam_search_stream import BeamSearchStream
 from kvserve.engine.engine_request import EngineRequest
+from kvserve.slo.targets import SLOTarget
 from kvserve.engine.request_stream import RequestStream
 from kvserve.errors import InvalidRequestError
 from kvserve.generation_config import SamplingDefaults
@@ -68,6 +69,16 @@ class ServingState:
         self.token_text = make_token_text(self.engine.tokenizer)
         self.chat_parsers = ChatParsers.from_settings(self.settings, self.engine.tokenizer)
         self.sampling_defaults = getattr(self.engine, "sampling_defaults", None) or SamplingDefaults()
+
+    def slo_target(self, request: SamplingRequest, raw_request: Request | None, api_key: str) -> SLOTarget | None:
+        """The request's latency targets: its ``slo`` field over its ``X-SLO-*`` headers over its
+        ``--slo-classes`` class (by API key, then priority); None without any.
+
+        Raises:
+            InvalidRequestError: a bad target (the field or header is named).
+        """
+        headers = raw_request.headers if raw_request is not None else {}
+        return self.settings.slo_classes.resolve(request.slo or {}, headers, request.priority, api_key)
 
     def logprob_token_text(self, request: SamplingRequest) -> TokenText:
         """How the logprobs of ``request`` name tokens: their text, or ``token_id:<id>`` with
@@ -201,6 +212,7 @@ class GenerationCall(ABC):
         self.request_id = request_id
         self.request_stream = stream
         self.model_name = state.response_model_name(stream.requests[0].lora_request)  # every prompt's adapter
+        self.slo_missed: bool | None = None  # any finished choice missed its latency targets
 
     @abstractmethod
     def _stream_choices(self, index: int, output: RequestOutput) -> Iterator[BaseModel]:
@@ -215,8 +227,20 @@ class GenerationCall(ABC):
         """A stream chunk."""
 
     @abstractmethod
+    def _token_usage(self) -> UsageInfo:
+        """The call's token counts so far."""
+
     def _usage(self) -> UsageInfo:
-        """The call's usage so far."""
+        """The call's usage so far: the token counts, and ``slo_missed`` once a choice of a request
+        with latency targets finished."""
+        usage = self._token_usage()
+        usage.slo_missed = self.slo_missed
+        return usage
+
+    def _note_slo(self, output: RequestOutput) -> None:
+        for choice in output.outputs:
+            if choice.slo_missed is not None:
+                self.slo_missed = bool(self.slo_missed) or choice.slo_missed
 
     @abstractmethod
     def _response(self) -> BaseModel:
@@ -237,6 +261,7 @@ class GenerationCall(ABC):
         """
         try:
             async for index, output in self.request_stream.outputs():
+                self._note_slo(output)
                 for choice in self._stream_choices(index, output):
                     usage = self._usage() if self.request.continuous_usage else None
                     yield self._chunk([choice], usage)
@@ -261,6 +286,7 @@ class GenerationCall(ABC):
         """The non-streamed response: all deltas joined."""
         try:
             async for index, output in self.request_stream.outputs():
+                self._note_slo(output)
                 self._absorb(index, output)
         finally:
             self._close(api_key)

@@ -34,6 +34,7 @@ from kvserve.api.serving_base import GenerationCall, ServingState, make_usage, n
 from kvserve.api.tokenization import render_chat
 from kvserve.beam_search import BeamSearchParams
 from kvserve.engine.engine_request import EngineRequest
+from kvserve.slo.targets import SLOTarget
 from kvserve.errors import InvalidRequestError
 from kvserve.engine.input_processor import FieldNames
 from kvserve.engine.request_stream import RequestStream
@@ -109,7 +110,8 @@ class ChatServing:
         plan = state.chat_parsers.plan(request)
         beam = self._beam_search(request, plan)
         request_id = request_id or new_request_id("chatcmpl", raw_request)
-        engine_request = await asyncio.to_thread(self._prepare, request, plan, request_id, lora_request, beam)
+        slo = state.slo_target(request, raw_request, api_key)
+        engine_request = await asyncio.to_thread(self._prepare, request, plan, request_id, lora_request, beam, slo)
         return await start_call(state, api_key, [engine_request],
                                 lambda stream: _ChatCall(state, request, plan, request_id, stream),
                                 beam_search=beam, logprobs=request.num_logprobs)
@@ -130,7 +132,8 @@ class ChatServing:
         return dataclasses.replace(beam, skip_special_tokens=False) if plan.keeps_special_tokens else beam
 
     def _prepare(self, request: ChatCompletionRequest, plan: ChatPlan, request_id: str,
-                 lora_request: LoRARequest | None, beam: BeamSearchParams | None) -> EngineRequest:
+                 lora_request: LoRARequest | None, beam: BeamSearchParams | None,
+                 slo: SLOTarget | None) -> EngineRequest:
         """The input stage, on a worker thread (templates, tokenizers and grammars can be slow):
         render the messages, then validate (``InputProcessor.process``)."""
         state = self.state
@@ -150,7 +153,7 @@ class ChatServing:
         return state.engine.input_processor.process(
             request_id, {"prompt_token_ids": prompt_ids}, params, priority=request.priority,
             cache_salt=request.cache_salt, fields=fields, reasoning=plan.grammar_reasoning(params),
-            lora_request=lora_request)
+            lora_request=lora_request, slo=slo)
 
 
 class _ChatCall(GenerationCall):
@@ -241,7 +244,7 @@ class _ChatCall(GenerationCall):
             return self.state.settings.response_role
         return self.request.messages[-1].role
 
-    def _usage(self):
+    def _token_usage(self):
         reasoning = None
         if self.reasoning_counter is not None:
             reasoning = sum(self.reasoning_counter(c.token_ids) for c in self.choices)

@@ -82,10 +82,11 @@ class CompletionServing:
         prompts = [{"prompt": p, "add_special_tokens": request.add_special_tokens} if isinstance(p, str)
                    else {"prompt_token_ids": p} for p in _prompt_inputs(request)]
         process = self.state.engine.input_processor.process
+        slo = self.state.slo_target(request, raw_request, api_key)
 
         def prepare() -> list[EngineRequest]:  # the input stage, on a worker thread (tokenizers can be slow)
             return [process(f"{request_id}-{i}", prompt, params, priority=request.priority,
-                            cache_salt=request.cache_salt, lora_request=lora_request)
+                            cache_salt=request.cache_salt, lora_request=lora_request, slo=slo)
                     for i, prompt in enumerate(prompts)]
 
         engine_requests = await asyncio.to_thread(prepare)
@@ -155,7 +156,7 @@ class _Call(GenerationCall):
             return prompt.prompt
         return self.state.engine.tokenizer.decode(prompt.prompt_token_ids)
 
-    def _usage(self):
+    def _token_usage(self):
         prompt_tokens = sum(len(p.prompt_token_ids) for p in self.prompts)
         return make_usage(prompt_tokens, sum(c.num_tokens for c in self.choices), sum(self.cached_tokens))
 

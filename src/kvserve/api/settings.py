@@ -12,11 +12,12 @@ import argparse
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvserve.lora.flags import RUNTIME_UPDATING_ENV, LoRAModulePath, env_allows_runtime_updating
+from kvserve.slo.targets import SLOClasses
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class ServerSettings:
             ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``); otherwise they answer 404 saying so.
         responses_store_max: ``/v1/responses`` keeps at most this many responses (``store``),
             least recently used dropped first; 0 keeps none (``kvserve.api.responses_store``).
+        slo_classes: latency-target classes (``--slo-classes``; ``kvserve.slo.targets``).
     """
 
     host: str = "127.0.0.1"
@@ -125,6 +127,7 @@ class ServerSettings:
     lora_modules: tuple[LoRAModulePath, ...] = ()
     allow_runtime_lora_updating: bool = False
     responses_store_max: int = 1000
+    slo_classes: SLOClasses = field(default_factory=lambda: SLOClasses({}))
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -229,6 +232,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         default_chat_template_kwargs=args.default_chat_template_kwargs,
         lora_modules=lora_modules, allow_runtime_lora_updating=runtime_lora,
         responses_store_max=getattr(args, "responses_store_max", 1000),
+        slo_classes=getattr(args, "slo_classes", None) or SLOClasses({}),
     )
 
 

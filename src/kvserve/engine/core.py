@@ -353,16 +353,17 @@ class EngineCore:
             propose_drafts(self.proposer, self.runner.input_batch, scheduler_output.propose_draft_req_ids,
                            self.runner.faults, runner_output)
         self._count_failed_steps(scheduler_output, runner_output)
-        num_prefill = sum(n for req_id, n in scheduler_output.num_scheduled_tokens.items()
-                          if self.scheduler.requests[req_id].num_computed_tokens
-                          < self.scheduler.requests[req_id].num_prompt_tokens)
+        slo = self.scheduler.slo
+        work = slo.step_work(scheduler_output, self.scheduler.requests)  # before the requests advance
         outputs = finished_on_admission + self.scheduler.update_from_output(scheduler_output, runner_output)
+        duration = time.perf_counter() - start
+        slo.cost_model.observe(work, duration)
         stats = StepStats(
             timestamp=time.time(),
-            duration=time.perf_counter() - start,
+            duration=duration,
             num_requests=len(scheduler_output.num_scheduled_tokens),
-            num_prefill_tokens=num_prefill,
-            num_decode_tokens=scheduler_output.total_num_scheduled_tokens - num_prefill,
+            num_prefill_tokens=work.prefill_tokens,
+            num_decode_tokens=scheduler_output.total_num_scheduled_tokens - work.prefill_tokens,
             scheduler=self.scheduler.make_stats(),
         )
         return StepResult(outputs, stats, self.kv_cache_manager.take_events())

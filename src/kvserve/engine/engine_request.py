@@ -18,6 +18,7 @@ from kvserve.lora.request import LoRARequest
 from kvserve.pooling.params import PoolingParams
 from kvserve.request import Request
 from kvserve.sampling_params import SamplingParams
+from kvserve.slo.targets import SLOTarget
 from kvserve.structured_output.grammar_request import GrammarRequest
 
 
@@ -60,6 +61,7 @@ class EngineRequest:
             ``kvserve.pooling``), or None for a generation request.
         token_type_start: a cross-encoder pair's first token of segment type 1 (the document;
             ``kvserve.pooling.score_inputs``), or None: every token has type 0.
+        slo: the request's latency targets (``kvserve.slo``), or None.
     """
 
     request_id: str
@@ -75,6 +77,7 @@ class EngineRequest:
     lora_request: LoRARequest | None = None
     pooling_params: PoolingParams | None = None
     token_type_start: int | None = None
+    slo: SLOTarget | None = None
 
     @property
     def n(self) -> int:

@@ -39,6 +39,7 @@ from kvserve.pooling.validation import (GENERATION_REFUSAL, check_pooling_params
                                         pooling_token_ids, score_type)
 from kvserve.sample.bad_words import tokenize_bad_words
 from kvserve.sampling_params import SamplingParams
+from kvserve.slo.targets import SLOTarget
 from kvserve.structured_output.grammar_request import GrammarRequest
 from kvserve.structured_output.manager import StructuredOutputManager
 from kvserve.tokenizer import eos_token_ids, require_valid_unicode
@@ -208,12 +209,13 @@ class InputProcessor:
     def process(self, request_id: str, prompt: PromptInput, params: SamplingParams, *, priority: int = 0,
                 cache_salt: str | None = None, arrival_time: float | None = None,
                 fields: FieldNames = DEFAULT_FIELDS, reasoning: Any = None,
-                lora_request: LoRARequest | None = None) -> EngineRequest:
+                lora_request: LoRARequest | None = None, slo: SLOTarget | None = None) -> EngineRequest:
         """Validate and normalise one prompt's request (see the module docstring). A
         ``structured_outputs`` constraint is compiled here (cached; blocking, so never on the
         event loop or the engine thread); with a ``reasoning`` parser it applies only after the
         model's reasoning ends. ``lora_request``: the adapter to run with (its folder was checked
-        when it was registered), or None.
+        when it was registered), or None. ``slo``: the request's latency targets (already checked,
+        ``kvserve.slo.targets``), or None.
 
         Raises:
             InvalidRequestError: any invalid value; ``param`` names the field (as ``fields`` calls
@@ -255,6 +257,7 @@ class InputProcessor:
             arrival_time=time.time() if arrival_time is None else arrival_time,
             grammar=self._grammar(params, reasoning),
             lora_request=lora_request,
+            slo=slo,
         )
 
     def _grammar(self, params: SamplingParams, reasoning: Any) -> GrammarRequest | None:

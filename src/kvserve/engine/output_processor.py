@@ -27,6 +27,7 @@ from kvserve.outputs import (CompletionOutput, EngineCoreOutput, PoolingOutput, 
                              TokenLogprobs)
 from kvserve.request import RequestStatus
 from kvserve.sampling_params import SamplingParams
+from kvserve.slo.targets import SLOTarget
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,14 @@ class ChoiceState:
     times: RequestTimes | None = None  # this choice's own times (set by ``add_request``)
     num_preemptions: int = 0  # times the engine preempted it (known when it finished)
 
+    def latencies(self) -> tuple[float, float]:
+        """(TTFT, TPOT) of a finished choice in seconds, as the metrics define them (TPOT = decode
+        time / (tokens - 1), 0 with fewer than 2 tokens)."""
+        times = self.times
+        first = times.first_token or times.finished
+        tpot = (times.finished - first) / (self.num_output_tokens - 1) if self.num_output_tokens > 1 else 0.0
+        return first - times.arrival, tpot
+
 
 @dataclass
 class RequestTimes:
@@ -101,6 +110,7 @@ class RequestState:
     lora_name: str | None = None  # the adapter it runs with (metrics and logs), None: the base model
     sink: Callable[[RequestOutput | PoolingRequestOutput], None] | None = None  # where its deltas go
     pooling: bool = False  # a pooling request: its output is a PoolingRequestOutput
+    slo: SLOTarget | None = None  # its latency targets (usage's slo_missed, the SLO metrics)
 
     @property
     def finished(self) -> bool:
@@ -143,6 +153,7 @@ class OutputProcessor:
                              RequestTimes(request.arrival_time), sink=sink, pooling=pooling)
         if request.lora_request is not None:
             state.lora_name = request.lora_request.lora_name
+        state.slo = request.slo
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]
         self.requests[request.request_id] = state
@@ -190,6 +201,8 @@ class OutputProcessor:
                 _record_choice_times(choice, out, len(state.prompt_token_ids), now, iteration)
                 iteration.add_lora_tokens(state.lora_name, iteration.num_prompt_tokens - before[0],
                                           iteration.num_generation_tokens - before[1])
+            if completion is not None and completion.finish_reason is not None and state.slo is not None:
+                completion.slo_missed = not state.slo.met(*choice.latencies())
             delta = deltas.get(parent_id)
             if delta is None:
                 delta = deltas[parent_id] = self._new_delta(state, out)

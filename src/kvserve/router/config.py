@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from kvserve.engine.arg_types import non_negative_int, positive_int
 
-POLICIES = ("cache_aware", "round_robin", "power_of_two", "least_load")
+POLICIES = ("cache_aware", "round_robin", "power_of_two", "least_load", "least_ttft")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@
     every load interval, each active or draining worker: GET /metrics
         num_requests_running / waiting, kv_cache_usage_perc, prefix_cache_queries / hits
         (``kvserve:`` or ``vllm:`` series; SGLang's ``sglang:num_running_reqs`` /
-        ``num_queue_reqs`` / ``token_usage``)
+        ``num_queue_reqs`` / ``token_usage``), and a kvserve worker's predicted TTFT
+        (``slo_predicted_ttft_seconds``, ``slo_step_cost_seconds{term="prefill_token"}``)
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def parse_worker_metrics(text: str) -> WorkerLoad:
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         name = family.name.split(":", 1)[-1]
+        if name == "slo_predicted_ttft_seconds" and family.samples:
+            load.predicted_ttft = family.samples[0].value
+        elif name == "slo_step_cost_seconds":
+            load.prefill_token_cost = next((s.value for s in family.samples if s.labels.get("term") == "prefill_token"),
+                                           None)
         field = _SERIES.get(name)
         if field is None:
             continue

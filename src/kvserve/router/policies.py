@@ -7,6 +7,7 @@ round_robin     the next worker in turn
 power_of_two    two workers drawn at random; the less loaded one (Mitzenmacher's two choices)
 least_load      the least loaded worker (load = in flight + backlog, ``worker.py``)
 cache_aware     the default; below
+least_ttft      the lowest predicted time to first token (kvserve workers' own prediction)
 ==============  =============================================================================
 
 ``cache_aware`` (after SGLang's cache-aware router, with precise matches from KV events where the
@@ -59,7 +60,7 @@ class RouteRequest:
 @dataclass(frozen=True)
 class Decision:
     """The chosen worker, the prompt tokens it is expected to hold, and why it was chosen
-    (``turn``, ``load``, ``cache``, ``imbalance``)."""
+    (``turn``, ``load``, ``cache``, ``imbalance``, ``ttft``)."""
 
     worker: Worker
     matched_tokens: int
@@ -136,6 +137,32 @@ class LeastLoadPolicy(RoutingPolicy):
 
     def select(self, workers, request):
         return Decision(self._least_loaded(workers), 0, "load")
+
+
+@register_policy
+class LeastTTFTPolicy(RoutingPolicy):
+    """The worker whose predicted TTFT for this prompt is lowest. Each kvserve worker publishes
+    the TTFT its scheduler predicts for a 128-token prompt arriving behind its queue
+    (``slo_predicted_ttft_seconds``, from its own step-cost model) and its seconds per prompt
+    token; the router adds ``(P - 128)`` prompt tokens and, for each request it sent since the
+    scrape, 128 more. Ties, or any worker without a prediction (another engine, a cost model not
+    ready): least load."""
+
+    name = "least_ttft"
+
+    def select(self, workers, request):
+        if any(w.load_snapshot.predicted_ttft is None or w.load_snapshot.prefill_token_cost is None for w in workers):
+            return Decision(self._least_loaded(workers), 0, "load")
+        predicted = [self.predicted_ttft(w, request.num_tokens) for w in workers]
+        best = min(predicted)
+        tied = [w for w, p in zip(workers, predicted) if p == best]
+        return Decision(tied[0] if len(tied) == 1 else self._least_loaded(tied), 0, "ttft")
+
+    @staticmethod
+    def predicted_ttft(worker: Worker, num_tokens: int) -> float:
+        snap = worker.load_snapshot
+        sent_since = max(0, worker.in_flight - snap.in_flight_at_scrape)
+        return snap.predicted_ttft + (num_tokens - 128 + 128 * sent_since) * snap.prefill_token_cost
 
 
 @register_policy

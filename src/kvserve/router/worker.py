@@ -57,6 +57,8 @@ class WorkerLoad:
     prefix_hits: float = 0.0
     scraped_at: float = 0.0
     in_flight_at_scrape: int = 0
+    predicted_ttft: float | None = None  # kvserve's slo_predicted_ttft_seconds (a 128-token prompt)
+    prefill_token_cost: float | None = None  # kvserve's slo_step_cost_seconds{term="prefill_token"}
 
 
 @dataclass

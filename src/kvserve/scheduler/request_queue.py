@@ -1,12 +1,16 @@
 """Waiting queues of the scheduler: first come first served, or by priority.
 
-FCFS keeps arrival order; a preempted request goes back to the HEAD, so it resumes first::
+FCFS orders by ``Request.queue_key``: the arrival time plus a constant slack for a request without
+latency targets (so arrival order), the time its prompt must start by for one with a TTFT target
+(``kvserve.slo.scheduling``); equal keys keep insertion order. A preempted (or deferred) request
+goes back to the HEAD, so it resumes first::
 
-    prepend(preempted) -> [ p | r1 | r2 | r3 ] <- add(new)      peek()/pop() take from the left
+    prepend(preempted) -> [ p | r1 | r2 | r3 ] <- add(new), placed by its key
+                                                   peek()/pop() take from the left
 
-The priority queue orders by ``(priority, arrival_time)``: lower ``priority`` value first (vLLM's
-convention), ties by arrival; equal keys keep insertion order. A preempted request re-enters at its
-own place in that order.
+The priority queue orders by ``(priority, queue_key)``: lower ``priority`` value first (vLLM's
+convention), ties by arrival (or start-by time); equal keys keep insertion order. A preempted
+request re-enters at its own place in that order.
 """
 
 from __future__ import annotations
@@ -55,42 +59,47 @@ class RequestQueue(ABC):
 
 
 class FCFSRequestQueue(RequestQueue):
-    """Arrival order; preempted requests at the head."""
+    """By ``queue_key`` (arrival order without targets); preempted requests at the head."""
 
     def __init__(self) -> None:
-        self._queue: deque[Request] = deque()
+        self._head: deque[Request] = deque()
+        self._heap: list[tuple[float, int, Request]] = []
+        self._counter = itertools.count()
 
     def add(self, request: Request) -> None:
-        self._queue.append(request)
+        heapq.heappush(self._heap, (request.queue_key, next(self._counter), request))
 
     def prepend(self, request: Request) -> None:
-        self._queue.appendleft(request)
+        self._head.appendleft(request)
 
     def peek(self) -> Request:
-        return self._queue[0]
+        return self._head[0] if self._head else self._heap[0][2]
 
     def pop(self) -> Request:
-        return self._queue.popleft()
+        return self._head.popleft() if self._head else heapq.heappop(self._heap)[2]
 
     def remove(self, request: Request) -> None:
-        self._queue.remove(request)
+        if request in self._head:
+            self._head.remove(request)
+            return
+        self._heap = _without(self._heap, request)
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._head) + len(self._heap)
 
     def __iter__(self) -> Iterator[Request]:
-        return iter(self._queue)
+        return itertools.chain(self._head, (entry[-1] for entry in sorted(self._heap, key=lambda entry: entry[:-1])))
 
 
 class PriorityRequestQueue(RequestQueue):
-    """A heap keyed by ``(priority, arrival_time, insertion counter)``."""
+    """A heap keyed by ``(priority, queue_key, insertion counter)``."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, float, int, Request]] = []
         self._counter = itertools.count()
 
     def add(self, request: Request) -> None:
-        heapq.heappush(self._heap, (request.priority, request.arrival_time, next(self._counter), request))
+        heapq.heappush(self._heap, (request.priority, request.queue_key, next(self._counter), request))
 
     def prepend(self, request: Request) -> None:
         self.add(request)
@@ -102,17 +111,26 @@ class PriorityRequestQueue(RequestQueue):
         return heapq.heappop(self._heap)[3]
 
     def remove(self, request: Request) -> None:
-        kept = [entry for entry in self._heap if entry[3] is not request]
-        if len(kept) == len(self._heap):
-            raise ValueError(f"request {request.request_id} is not waiting")
-        self._heap = kept
-        heapq.heapify(self._heap)
+        self._heap = _without(self._heap, request)
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def __iter__(self) -> Iterator[Request]:
-        return (entry[3] for entry in sorted(self._heap, key=lambda entry: entry[:3]))
+        return (entry[-1] for entry in sorted(self._heap, key=lambda entry: entry[:-1]))
+
+
+def _without(heap: list[tuple], request: Request) -> list[tuple]:
+    """``heap`` less ``request``'s entry (the last element of each), a heap again.
+
+    Raises:
+        ValueError: ``request`` is not in it.
+    """
+    kept = [entry for entry in heap if entry[-1] is not request]
+    if len(kept) == len(heap):
+        raise ValueError(f"request {request.request_id} is not waiting")
+    heapq.heapify(kept)
+    return kept
 
 
 def create_request_queue(policy: str) -> RequestQueue:

@@ -14,7 +14,9 @@ tokens (prompt + output), and a step computes up to ``num_tokens - num_computed_
        then the rest of the prompt (chunked when it exceeds the remaining budget) while
        max_num_seqs and the KV cache allow. Under ``priority`` a waiting request may preempt
        running requests of lower priority. With LoRA, a request whose adapter would be one more
-       than ``max_loras`` among running requests waits (in its place) while later ones go.
+       than ``max_loras`` among running requests waits (in its place) while later ones go; so
+       does a request without a TPOT target while a decode step with it would break a running
+       request's TPOT target (``kvserve.slo.scheduling``).
 
 Method after vLLM v1's ``Scheduler`` (recompute preemption; preempted requests resume first).
 Applying a step's results (``update_from_output``) and finishing requests are in
@@ -37,6 +39,7 @@ from kvserve.scheduler.request_queue import create_request_queue
 from kvserve.scheduler.spec_decode import SpecDecodeScheduling
 from kvserve.scheduler.stats import LoRAStats, SchedulerStats
 from kvserve.scheduler.updates import StepUpdates
+from kvserve.slo.scheduling import SLOScheduling
 
 
 @dataclass
@@ -84,6 +87,7 @@ class Scheduler(StepUpdates):
         self.prompt_logprobs_tracker = PromptLogprobsTracker()
         self.spec = None if speculative_config is None else SpecDecodeScheduling(speculative_config, cfg.max_model_len)
         self.max_loras = max_loras
+        self.slo = SLOScheduling()
         self._init_counters()
 
     def _init_counters(self) -> None:
@@ -112,7 +116,9 @@ class Scheduler(StepUpdates):
             ValueError: a request id already in use or repeated (the caller's bug).
             InvalidRequestError: a request needs more KV blocks than the whole cache has, or the
                 requests could never fit the queue (see ``check_queue_capacity``).
-            RequestRejectedError: ``reason="queue_full"`` when they do not fit the queue now.
+            RequestRejectedError: ``reason="queue_full"`` when they do not fit the queue now;
+                ``reason="slo_unattainable"`` when a request's latency targets are predicted to be
+                missed and it asked to be refused then (``kvserve.slo.scheduling``).
         """
         ids = [r.request_id for r in requests]
         if len(set(ids)) != len(ids) or any(i in self.requests for i in ids):
@@ -121,6 +127,7 @@ class Scheduler(StepUpdates):
             check_kv_fit(request, self.kv_cache_manager)
         check_queue_capacity(len(self.waiting), len(self.running), self.scheduler_config, len(requests),
                              param=capacity_param)
+        self.slo.admit(requests, self)
         for request in requests:
             request.status = RequestStatus.WAITING
             self.requests[request.request_id] = request
@@ -135,7 +142,7 @@ class Scheduler(StepUpdates):
     def schedule(self) -> SchedulerOutput:
         """Plan the next step (see the module docstring). Requests' ``num_computed_tokens`` are
         advanced later, by ``update_from_output``."""
-        plan = _StepPlan(self.scheduler_config.max_num_batched_tokens)
+        plan = _StepPlan(self.slo.token_budget(self.running, self.scheduler_config.max_num_batched_tokens))
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
@@ -236,7 +243,8 @@ class Scheduler(StepUpdates):
             request = self.waiting.peek()
             if request.request_id in plan.preempted:
                 break  # preempted in this very step: memory is short, resume next step
-            if adapters is not None and self._adapter_full(request, adapters):
+            if adapters is not None and self._adapter_full(request, adapters) \
+                    or not self.slo.may_start(request):
                 deferred.append(self.waiting.pop())
                 continue
             hit_blocks, num_cached = self.kv_cache_manager.get_computed_blocks(request)
@@ -387,6 +395,7 @@ class Scheduler(StepUpdates):
             num_finished_requests=self.num_finished_requests,
             spec_decoding=None if self.spec is None else self.spec.stats(),
             lora=self._lora_stats(),
+            slo=self.slo.stats(self),
         )
 
     def _lora_stats(self) -> LoRAStats | None:

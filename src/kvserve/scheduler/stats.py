@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvserve.slo.scheduling import SLOStats
 from kvserve.spec_decode.stats import SpecDecodingStats
 
 
@@ -27,6 +28,7 @@ class SchedulerStats:
         num_finished_requests: requests finished or aborted since start-up (total).
         spec_decoding: speculative-decoding totals, or None when speculation is off.
         lora: adapters of running and waiting requests, or None when LoRA is off.
+        slo: the latency-target side (the step-cost model, prediction errors), or None.
     """
 
     num_running: int = 0
@@ -42,6 +44,7 @@ class SchedulerStats:
     num_finished_requests: int = 0
     spec_decoding: SpecDecodingStats | None = None
     lora: LoRAStats | None = None
+    slo: SLOStats | None = None
 
 
 @dataclass(frozen=True)

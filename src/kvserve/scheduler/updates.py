@@ -1,6 +1,6 @@
 """The scheduler's second half: a step's results applied to its requests, and requests finished
 from outside. ``Scheduler`` (``kvserve.scheduler.scheduler``) inherits these methods; they use its
-state: ``requests``, ``running``, ``waiting``, ``kv_cache_manager``, ``spec``,
+state: ``requests``, ``running``, ``waiting``, ``kv_cache_manager``, ``spec``, ``slo``,
 ``prompt_logprobs_tracker``, ``num_sent_block_ids``, ``finished_req_ids`` and the counters.
 """
 
@@ -81,6 +81,8 @@ class StepUpdates:
         new_token_ids = new_token_ids[:num_kept]
         if not new_token_ids:
             finished = check_prompt_only_done(request)
+        elif request.slo_state is not None and request.num_output_tokens == num_kept:
+            self.slo.on_first_token(request)
         block_size = self.kv_cache_manager.block_size
         computed = request.num_computed_tokens
         if computed // block_size != (computed - num_new) // block_size:  # a block filled up
