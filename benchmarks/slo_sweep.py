@@ -160,8 +160,13 @@ def summarize(mode: str, load: float, rate: float, args, outcomes: list[Outcome]
 
     for cls in ("interactive", "batch"):
         mine = [o for o in outcomes if o.cls == cls]
+        done = [o for o in mine if o.finished and o.ttft is not None]
         point.counts[cls] = {"sent": len(mine), "refused": sum(o.status == 429 for o in mine),
-                             "finished": sum(o.finished for o in mine), "met": sum(met(o) for o in mine),
+                             "finished": len(done), "met": sum(met(o) for o in mine),
+                             "ttft_over": sum(o.ttft * 1000 > args.ttft_ms for o in done),
+                             "tpot_over": sum(o.tpot * 1000 > args.tpot_ms for o in done),
+                             "ttft_p50_ms": _median([o.ttft * 1000 for o in done]),
+                             "tpot_p50_ms": _median([o.tpot * 1000 for o in done]),
                              "other_errors": sum(o.status not in (0, 200, 429) for o in mine)}
     point.counts["cancelled_at_drain"] = sum(o.cls == "cancelled" for o in outcomes)
     inter = point.counts["interactive"]
@@ -174,6 +179,10 @@ def summarize(mode: str, load: float, rate: float, args, outcomes: list[Outcome]
         point.ttft_error_within_15pct = (after.get(0.15, 0) - before.get(0.15, 0)) / total
         point.ttft_error_within_35pct = (after.get(0.35, 0) - before.get(0.35, 0)) / total
     return point
+
+
+def _median(values: list[float]) -> float | None:
+    return round(sorted(values)[len(values) // 2], 1) if values else None
 
 
 async def _error_histogram(client: httpx.AsyncClient) -> dict:

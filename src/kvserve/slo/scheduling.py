@@ -48,6 +48,10 @@ MIN_PREFILL_TOKENS = 16
 # While TPOT targets are about, requests without one hold at most this share of the rows a decode
 # step may have within the tightest target: they progress, the rest is kept for targeted requests.
 UNTARGETED_SHARE = 0.25
+# Predictions must keep targets with room to spare for the cost model's error and the host's noise:
+# a TTFT predicted above this share of its target is a miss, and steps are planned to this share
+# of the tightest TPOT target.
+PLAN_MARGIN = 0.85
 # The reference request of the TTFT a worker publishes for routers (``reference_ttft``).
 REFERENCE_PROMPT_TOKENS = 128
 REFERENCE_INTERVAL_S = 0.25
@@ -170,20 +174,21 @@ class SLOScheduling:
     def _miss(self, request: Request, predicted_ttft: float, scheduler: Scheduler, num_ahead: int) -> str | None:
         """Why the request's targets are predicted to be missed, or None."""
         target = request.spec.slo
-        if target.ttft_ms is not None and predicted_ttft * 1000 > target.ttft_ms:
+        if target.ttft_ms is not None and predicted_ttft * 1000 > PLAN_MARGIN * target.ttft_ms:
             shown = "more than 10x the target" if math.isinf(predicted_ttft) else f"{predicted_ttft * 1000:.0f} ms"
-            return (f"the predicted time to first token ({shown}) exceeds the target slo.ttft_ms={target.ttft_ms:g} "
-                    f"({len(scheduler.running)} requests running, {num_ahead} waiting ahead of this one); retry "
-                    f"later or send it to another replica")
+            return (f"the predicted time to first token ({shown}) does not keep the target slo.ttft_ms="
+                    f"{target.ttft_ms:g} (planned within {PLAN_MARGIN:.0%} of it; {len(scheduler.running)} requests "
+                    f"running, {num_ahead} waiting ahead of this one); retry later or send it to another replica")
         rows = min(scheduler.scheduler_config.max_num_seqs, len(scheduler.running) + num_ahead + 1)
         context = sum(r.num_tokens for r in scheduler.running) + request.num_prompt_tokens
         step = self.cost_model.predict(StepWork(0, rows, context))
         tightest = min([r.spec.slo.tpot_ms for r in scheduler.running if r.spec.slo and r.spec.slo.tpot_ms]
                        + ([target.tpot_ms] if target.tpot_ms is not None else []), default=None)
-        if tightest is not None and step * 1000 > tightest:
-            return (f"with this request a decode step is predicted to take {step * 1000:.0f} ms, over the "
-                    f"time-per-output-token target of {tightest:g} ms ({'slo.tpot_ms' if tightest == target.tpot_ms else 'a running request'}); "
-                    f"retry later or send it to another replica")
+        if tightest is not None and step * 1000 > PLAN_MARGIN * tightest:
+            whose = "slo.tpot_ms" if tightest == target.tpot_ms else "a running request's"
+            return (f"with this request a decode step is predicted to take {step * 1000:.0f} ms, which does not "
+                    f"keep the time-per-output-token target of {tightest:g} ms ({whose}; planned within "
+                    f"{PLAN_MARGIN:.0%} of it); retry later or send it to another replica")
         return None
 
     def _flow(self, request: Request, scheduler: Scheduler, cached: bool = False) -> Flow:
@@ -233,7 +238,7 @@ class SLOScheduling:
         """Remember the tightest TPOT target seen in the last ``UNTARGETED_SLACK_S``."""
         if target.tpot_ms is None:
             return
-        now, seconds = self._clock(), target.tpot_ms / 1000
+        now, seconds = self._clock(), PLAN_MARGIN * target.tpot_ms / 1000
         if self._floor_tpot is None or now > self._floor_until or seconds <= self._floor_tpot:
             self._floor_tpot, self._floor_until = seconds, now + UNTARGETED_SLACK_S
 
@@ -251,7 +256,7 @@ class SLOScheduling:
         decoding = [r for r in running if r.num_computed_tokens >= r.num_prompt_tokens]
         pairs = sum(r.num_computed_tokens for r in decoding) + len(decoding) / 2
         longest = max((r.num_computed_tokens for r in running if r.num_computed_tokens < r.num_prompt_tokens), default=0)
-        seconds = min(targets) / 1000
+        seconds = PLAN_MARGIN * min(targets) / 1000
         return max(MIN_PREFILL_TOKENS, self.cost_model.prefill_tokens_within(seconds, len(decoding), pairs, longest))
 
     # -- learning and reporting --------------------------------------------------------------
