@@ -52,6 +52,7 @@ class Outcome:
 
     cls: str
     status: int = 0
+    refusal: str | None = None  # "ttft" or "tpot": what a 429 said would be missed
     ttft: float | None = None
     tpot: float | None = None
     finished: bool = False
@@ -87,7 +88,9 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: list[int], 
         async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
             outcome.status = response.status_code
             if response.status_code != 200:
-                await response.aread()
+                text = (await response.aread()).decode("utf-8", "replace")
+                if response.status_code == 429:
+                    outcome.refusal = "tpot" if "decode step" in text else "ttft"
                 return outcome
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -162,6 +165,7 @@ def summarize(mode: str, load: float, rate: float, args, outcomes: list[Outcome]
         mine = [o for o in outcomes if o.cls == cls]
         done = [o for o in mine if o.finished and o.ttft is not None]
         point.counts[cls] = {"sent": len(mine), "refused": sum(o.status == 429 for o in mine),
+                             "refused_for_tpot": sum(o.refusal == "tpot" for o in mine),
                              "finished": len(done), "met": sum(met(o) for o in mine),
                              "ttft_over": sum(o.ttft * 1000 > args.ttft_ms for o in done),
                              "tpot_over": sum(o.tpot * 1000 > args.tpot_ms for o in done),

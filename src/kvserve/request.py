@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvserve.sampling_params import SamplingParams
-from kvserve.slo.targets import UNTARGETED_SLACK_S
+from kvserve.slo.targets import UNTARGETED_AFTER_S
 
 if TYPE_CHECKING:
     from kvserve.engine.engine_request import EngineRequest
@@ -125,11 +125,11 @@ class Request:
     @property
     def queue_key(self) -> float:
         """When its prompt should start (``time.time()`` seconds), the waiting queues' order: a
-        TTFT target's start-by time, else ``arrival_time + UNTARGETED_SLACK_S``
+        TTFT target's start-by time, else ``arrival_time + UNTARGETED_AFTER_S``
         (``kvserve.slo.scheduling``)."""
         if self.slo_state is not None and self.slo_state.start_by is not None:
             return self.slo_state.start_by
-        return self.spec.arrival_time + UNTARGETED_SLACK_S
+        return self.spec.arrival_time + UNTARGETED_AFTER_S
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -43,3 +43,18 @@ def test_priority_order_ties_and_remove():
 def test_unknown_policy():
     with pytest.raises(ValueError, match="unknown scheduling policy 'lifo'; allowed: 'fcfs', 'priority'"):
         create_request_queue("lifo")
+
+
+def test_split_says_where_a_new_request_would_go():
+    fcfs = create_request_queue("fcfs")
+    a, b, c, preempted = req("a", arrival_time=1.0), req("b", arrival_time=3.0), req("c", arrival_time=5.0), req("p", arrival_time=9.0)
+    for request in (c, a, b):
+        fcfs.add(request)
+    fcfs.prepend(preempted)  # resumes first whatever its arrival
+    before, after = fcfs.split(req("new", arrival_time=3.0))  # ties go after the queued
+    assert [r.request_id for r in before] == ["p", "a", "b"] and [r.request_id for r in after] == ["c"]
+    priority = create_request_queue("priority")
+    for request in (req("low", 2, 0.0), req("high", 0, 5.0), req("mid", 1, 1.0)):
+        priority.add(request)
+    before, after = priority.split(req("new", 1, 0.5))
+    assert [r.request_id for r in before] == ["high"] and [r.request_id for r in after] == ["mid", "low"]

@@ -59,14 +59,16 @@ def play(scheduler, runner, clock, until=None, max_steps=2000) -> None:
     raise AssertionError("did not finish")
 
 
-@pytest.mark.parametrize("budget,max_seqs,warm_steps", [(16, 3, 2), (16, 2, 0), (40, 4, 5), (7, 3, 3)])
-def test_the_predicted_ttft_is_what_the_scheduler_then_gives(budget, max_seqs, warm_steps):
+@pytest.mark.parametrize("budget,max_seqs,warm_steps,policy", [(16, 3, 2, "fcfs"), (16, 2, 0, "fcfs"),
+                                                                (40, 4, 5, "fcfs"), (7, 3, 3, "fcfs"),
+                                                                (16, 3, 2, "priority")])
+def test_the_predicted_ttft_is_what_the_scheduler_then_gives(budget, max_seqs, warm_steps, policy):
     clock = Clock()
-    scheduler, runner = setup(budget, max_seqs, clock)
+    scheduler, runner = setup(budget, max_seqs, clock, policy=policy)
     shapes = [(10, 3), (23, 7), (5, 2), (40, 5), (3, 1), (17, 9)]
-    for i, (prompt, max_tokens) in enumerate(shapes):
+    for i, (prompt, max_tokens) in enumerate(shapes):  # under priority: some before the new one, some after
         scheduler.add_request(build_request(f"r{i}", range(100 * i, 100 * i + prompt), max_tokens=max_tokens,
-                                            arrival_time=clock.now))
+                                            arrival_time=clock.now, priority=i % 2 if policy == "priority" else 0))
     for _ in range(warm_steps):  # some running mid-prefill, some decoding, some waiting
         output = scheduler.schedule()
         clock.now += scheduler.slo.cost_model.predict(scheduler.slo.step_work(output, scheduler.requests))
@@ -126,11 +128,11 @@ def test_targeted_requests_pass_untargeted_ones_and_untargeted_ones_keep_arrival
                       ttft_ms=10_000, on_miss="queue")
     scheduler.add_requests([urgent])
     assert [r.request_id for r in scheduler.waiting] == ["urgent", "plain0", "plain1", "plain2"]
-    # an untargeted request waits at most UNTARGETED_SLACK_S (30 s) behind targeted ones
-    later = targeted(build_request("later", range(400, 405), max_tokens=2, arrival_time=clock.now + 40),
+    # however late it arrives, a targeted request goes before every untargeted one
+    later = targeted(build_request("later", range(400, 405), max_tokens=2, arrival_time=clock.now + 4000),
                      ttft_ms=1000, on_miss="queue")
     scheduler.add_requests([later])
-    assert [r.request_id for r in scheduler.waiting] == ["urgent", "plain0", "plain1", "plain2", "later"]
+    assert [r.request_id for r in scheduler.waiting] == ["urgent", "later", "plain0", "plain1", "plain2"]
 
 
 def test_without_targets_the_order_is_arrival_and_nothing_is_capped():
@@ -178,8 +180,53 @@ def test_requests_without_targets_hold_a_share_of_the_rows_while_tpot_targets_ar
     output = scheduler.schedule()  # two decode rows
     assert scheduler.slo.cost_model.predict(scheduler.slo.step_work(output, scheduler.requests)) <= 0.85 * 0.0135
     scheduler.update_from_output(output, runner.execute(output))
-    clock.now += 31  # no TPOT target seen for 30 s: no limit
+    clock.now += 31  # no TPOT target seen for 30 s (TPOT_WINDOW_S): no limit
     for _ in range(3):
         output = scheduler.schedule()
         scheduler.update_from_output(output, runner.execute(output))
     assert len(scheduler.running) == 9 and not scheduler.waiting
+
+
+def test_a_prefix_cache_hit_is_credited_in_the_prediction():
+    clock = Clock()
+    scheduler = build_scheduler(num_blocks=512, block_size=4, enable_caching=True, max_num_batched_tokens=16,
+                                max_num_seqs=4)
+    scheduler.slo = SLOScheduling(known_model(), clock=clock)
+    runner = FakeModelRunner(4)
+    shared = list(range(500, 540))
+    first = build_request("first", shared + [1], max_tokens=2, arrival_time=clock.now)
+    scheduler.add_request(first)
+    play(scheduler, runner, clock)  # its 40 shared tokens are now cached blocks
+    again = targeted(build_request("again", shared + [2], max_tokens=2, arrival_time=clock.now), ttft_ms=1e7)
+    scheduler.add_requests([again])
+    play(scheduler, runner, clock, until=again)
+    assert again.num_cached_tokens == 40
+    assert again.slo_state.predicted_ttft == pytest.approx(clock.now - again.arrival_time, rel=1e-9)
+    play(scheduler, runner, clock)
+    start = clock.now  # a request of the same length without a hit is predicted slower
+    cold = targeted(build_request("cold", list(range(600, 641)), max_tokens=2, arrival_time=start), ttft_ms=1e7)
+    scheduler.add_requests([cold])
+    assert cold.slo_state.predicted_ttft > again.slo_state.predicted_ttft
+    play(scheduler, runner, clock, until=cold)
+    assert cold.slo_state.predicted_ttft == pytest.approx(clock.now - start, rel=1e-9)
+
+
+def test_predictions_under_preemption_are_made_and_every_request_finishes():
+    clock = Clock()
+    # 12 usable blocks of 4 tokens: three requests of 8 + 12 tokens preempt each other
+    scheduler = build_scheduler(num_blocks=13, block_size=4, enable_caching=False, max_num_batched_tokens=16,
+                                max_num_seqs=4, max_model_len=32)
+    scheduler.slo = SLOScheduling(known_model(), clock=clock)
+    runner = FakeModelRunner(4)
+    for i in range(3):
+        scheduler.add_request(build_request(f"r{i}", range(10 * i, 10 * i + 8), max_tokens=12, arrival_time=clock.now))
+    for _ in range(6):
+        output = scheduler.schedule()
+        scheduler.update_from_output(output, runner.execute(output))
+    late = targeted(build_request("late", range(300, 308), max_tokens=4, arrival_time=clock.now),
+                    ttft_ms=1e7, tpot_ms=1e6)
+    scheduler.add_requests([late])
+    assert late.slo_state.predicted_ttft > 0
+    play(scheduler, runner, clock)
+    assert scheduler.num_preemptions >= 1 and not scheduler.has_unfinished_requests()
+    assert late.num_output_tokens == 4

@@ -28,12 +28,12 @@ from kvserve.api.tokenization import TokenText, make_token_text, token_id_text
 from kvserve.beam_search import BeamSearchParams
 from kvserve.engine.beam_search_stream import BeamSearchStream
 from kvserve.engine.engine_request import EngineRequest
-from kvserve.slo.targets import SLOTarget
 from kvserve.engine.request_stream import RequestStream
 from kvserve.errors import InvalidRequestError
 from kvserve.generation_config import SamplingDefaults
 from kvserve.lora.request import LoRARequest
 from kvserve.outputs import RequestOutput
+from kvserve.slo.targets import SLOTarget
 
 if TYPE_CHECKING:
     from kvserve.api.protocol import SamplingRequest

@@ -34,12 +34,12 @@ from kvserve.api.serving_base import GenerationCall, ServingState, make_usage, n
 from kvserve.api.tokenization import render_chat
 from kvserve.beam_search import BeamSearchParams
 from kvserve.engine.engine_request import EngineRequest
-from kvserve.slo.targets import SLOTarget
 from kvserve.errors import InvalidRequestError
 from kvserve.engine.input_processor import FieldNames
 from kvserve.engine.request_stream import RequestStream
 from kvserve.lora.request import LoRARequest
 from kvserve.outputs import CompletionOutput, RequestOutput
+from kvserve.slo.targets import SLOTarget
 
 
 @dataclasses.dataclass

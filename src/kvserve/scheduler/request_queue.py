@@ -48,6 +48,11 @@ class RequestQueue(ABC):
         """Remove a request from anywhere in the queue (O(n); aborts only)."""
 
     @abstractmethod
+    def split(self, request: Request) -> tuple[list[Request], list[Request]]:
+        """The waiting requests that would be scheduled before ``request`` (not queued) if it
+        were added now, and those after it, each in scheduling order."""
+
+    @abstractmethod
     def __len__(self) -> int: ...
 
     @abstractmethod
@@ -84,6 +89,11 @@ class FCFSRequestQueue(RequestQueue):
             return
         self._heap = _without(self._heap, request)
 
+    def split(self, request: Request) -> tuple[list[Request], list[Request]]:
+        ordered = sorted(self._heap, key=lambda entry: entry[:-1])
+        cut = next((i for i, entry in enumerate(ordered) if entry[0] > request.queue_key), len(ordered))
+        return list(self._head) + [e[-1] for e in ordered[:cut]], [e[-1] for e in ordered[cut:]]
+
     def __len__(self) -> int:
         return len(self._head) + len(self._heap)
 
@@ -112,6 +122,12 @@ class PriorityRequestQueue(RequestQueue):
 
     def remove(self, request: Request) -> None:
         self._heap = _without(self._heap, request)
+
+    def split(self, request: Request) -> tuple[list[Request], list[Request]]:
+        ordered = sorted(self._heap, key=lambda entry: entry[:-1])
+        key = (request.priority, request.queue_key)
+        cut = next((i for i, entry in enumerate(ordered) if entry[:2] > key), len(ordered))
+        return [e[-1] for e in ordered[:cut]], [e[-1] for e in ordered[cut:]]
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -37,13 +37,15 @@ class Flow:
 
 def predict_first_token(model: StepCostModel, running: list[Flow], waiting: list[Flow], new: Flow, *,
                         budget: int, max_seqs: int, prefill_cap: int | None = None,
-                        horizon: float = math.inf) -> float:
+                        horizon: float = math.inf, behind: list[Flow] = ()) -> float:
     """Seconds from now until ``new`` (queued behind ``waiting``) samples its first token; ``inf``
     once the prediction passes ``horizon`` seconds.
 
     Args:
         running: the running requests in batch order (decoding ones have ``prefill == 0``).
         waiting: the waiting requests ahead of ``new``, in queue order.
+        behind: the first waiting requests after it: they share the budget left in the step that
+            completes its prompt (a budget's worth is enough).
         budget: tokens per step (``max_num_batched_tokens``).
         max_seqs: most requests running at once.
         prefill_cap: most prompt tokens per step (the TPOT cap), or None.
@@ -58,7 +60,8 @@ def predict_first_token(model: StepCostModel, running: list[Flow], waiting: list
         elif flow.decode > 0:
             heapq.heappush(decoders, (flow.decode - 1, flow.length + flow.decode))
             context += flow.length
-    queue = deque([Flow(f.prefill, f.decode, f.length) for f in waiting] + [new])
+    queue = deque([Flow(f.prefill, f.decode, f.length) for f in waiting] + [new]
+                  + [Flow(f.prefill, f.decode, f.length) for f in behind])
     seats = len(decoders) + len(prefilling)
     step, elapsed = 0, 0.0
     while elapsed <= horizon:

@@ -15,15 +15,14 @@ queued anyway. Before the cost model is ready (``StepCostModel.ready``) nothing 
 
 Steps: while a running request has a TPOT target, a step's prompt tokens are capped so the step
 keeps the tightest one (``token_budget``); while TPOT targets have been seen in the last
-``UNTARGETED_SLACK_S``, requests without one hold at most ``UNTARGETED_SHARE`` of the rows a decode
-step may have within the tightest of them (``may_start``: they progress, the rest is kept for
-targeted requests, which admission then checks against every row).
+``TPOT_WINDOW_S``, requests without one hold at most ``UNTARGETED_SHARE`` of the rows a decode step
+may have within the tightest of them, and at least one (``may_start``: they always progress, the
+rest is kept for targeted requests, which admission then checks against every row).
 
 Order (``Request.queue_key``): the time a request's prompt must start by: ``arrival + TTFT target -
-its own predicted prefill time`` for a TTFT target (least slack first), ``arrival +
-UNTARGETED_SLACK_S`` (``kvserve.slo.targets``) without one, so later targeted requests pass a
-request without target for at most that long; among requests without targets the order is
-arrival.
+its own predicted prefill time`` for a TTFT target (least slack first); requests without one come
+after every targeted request (``UNTARGETED_AFTER_S``, ``kvserve.slo.targets``), in arrival order,
+so the queue a targeted request's prediction plays is exactly the targeted requests ahead of it.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING
 from kvserve.errors import RequestRejectedError
 from kvserve.slo.cost_model import StepCostModel, StepWork
 from kvserve.slo.predictor import Flow, predict_first_token
-from kvserve.slo.targets import UNTARGETED_SLACK_S, SLOTarget
+from kvserve.slo.targets import SLOTarget
 
 if TYPE_CHECKING:
     from kvserve.request import Request
@@ -48,6 +47,7 @@ MIN_PREFILL_TOKENS = 16
 # While TPOT targets are about, requests without one hold at most this share of the rows a decode
 # step may have within the tightest target: they progress, the rest is kept for targeted requests.
 UNTARGETED_SHARE = 0.25
+TPOT_WINDOW_S = 30.0  # ... for this long after a TPOT target was last seen
 # Predictions must keep targets with room to spare for the cost model's error and the host's noise:
 # a TTFT predicted above this share of its target is a miss, and steps are planned to this share
 # of the tightest TPOT target.
@@ -142,13 +142,13 @@ class SLOScheduling:
             if target.ttft_ms is not None:
                 state.start_by = request.arrival_time + target.ttft_ms / 1000 - own
             waited = max(0.0, now - request.arrival_time)
-            horizon = 10 * target.ttft_ms / 1000 if target.ttft_ms is not None else math.inf
-            ahead = [self._flow(r, scheduler) for r in scheduler.waiting if r.queue_key <= request.queue_key]
+            horizon = 10 * target.ttft_ms / 1000 if target.ttft_ms is not None else REFERENCE_HORIZON_S
+            budget = scheduler.scheduler_config.max_num_batched_tokens
+            ahead, behind = self._around(request, scheduler, budget)
             state.predicted_ttft = waited + predict_first_token(
                 self.cost_model, [self._flow(r, scheduler) for r in scheduler.running], ahead, new,
-                budget=scheduler.scheduler_config.max_num_batched_tokens,
-                max_seqs=scheduler.scheduler_config.max_num_seqs,
-                prefill_cap=self.prefill_cap(scheduler.running, extra=request), horizon=horizon)
+                budget=budget, max_seqs=scheduler.scheduler_config.max_num_seqs,
+                prefill_cap=self.prefill_cap(scheduler.running, extra=request), horizon=horizon, behind=behind)
             why = self._miss(request, state.predicted_ttft, scheduler, len(ahead))
             if why is None:
                 continue
@@ -191,6 +191,19 @@ class SLOScheduling:
                     f"{PLAN_MARGIN:.0%} of it); retry later or send it to another replica")
         return None
 
+    def _around(self, request: Request, scheduler: Scheduler, budget: int) -> tuple[list[Flow], list[Flow]]:
+        """The waiting requests ahead of ``request`` in queue order, and the first ones after it
+        (up to a step's budget of prompt tokens)."""
+        before, after = scheduler.waiting.split(request)
+        behind: list[Flow] = []
+        tokens_behind = 0
+        for waiting in after:
+            if tokens_behind >= budget:
+                break
+            behind.append(self._flow(waiting, scheduler))
+            tokens_behind += behind[-1].prefill
+        return [self._flow(r, scheduler) for r in before], behind
+
     def _flow(self, request: Request, scheduler: Scheduler, cached: bool = False) -> Flow:
         """The request as the prediction plays it (``cached``: credit its prefix-cache hit)."""
         computed = request.num_computed_tokens
@@ -217,7 +230,7 @@ class SLOScheduling:
     def may_start(self, request: Request) -> bool:
         """Whether a waiting request may start in this step: yes for one with a TPOT target (its
         admission checked it) and whenever no TPOT target was seen in the last
-        ``UNTARGETED_SLACK_S``; otherwise requests without one share at most ``UNTARGETED_SHARE``
+        ``TPOT_WINDOW_S``; otherwise requests without one share at most ``UNTARGETED_SHARE``
         of the rows a decode step may have within the tightest recent target (at least one)."""
         if self._untargeted_limit is None or _has_tpot(request):
             return True
@@ -235,12 +248,12 @@ class SLOScheduling:
         return max(1, int(UNTARGETED_SHARE * rows))
 
     def _note_tpot(self, target: SLOTarget) -> None:
-        """Remember the tightest TPOT target seen in the last ``UNTARGETED_SLACK_S``."""
+        """Remember the tightest TPOT target seen in the last ``TPOT_WINDOW_S``."""
         if target.tpot_ms is None:
             return
         now, seconds = self._clock(), PLAN_MARGIN * target.tpot_ms / 1000
         if self._floor_tpot is None or now > self._floor_until or seconds <= self._floor_tpot:
-            self._floor_tpot, self._floor_until = seconds, now + UNTARGETED_SLACK_S
+            self._floor_tpot, self._floor_until = seconds, now + TPOT_WINDOW_S
 
     def prefill_cap(self, running: list[Request], extra: Request | None = None) -> int | None:
         """Most prompt tokens a step may take so that the decoding requests' steps stay within the

@@ -28,8 +28,9 @@ ON_MISS_VALUES = ("reject", "queue")
 MIN_TARGET_MS = 1.0
 MAX_TARGET_MS = 86_400_000.0
 # A waiting request without TTFT target is ordered as if its prompt had to start this long after
-# its arrival (``Request.queue_key``): later targeted requests pass it for at most this long.
-UNTARGETED_SLACK_S = 30.0
+# its arrival (``Request.queue_key``): after every request with one, in arrival order among
+# themselves (they progress through their share of the rows, ``kvserve.slo.scheduling``).
+UNTARGETED_AFTER_S = 1e9
 HEADERS = {"ttft_ms": "x-slo-ttft-ms", "tpot_ms": "x-slo-tpot-ms", "on_miss": "x-slo-on-miss"}
 
 
