@@ -130,6 +130,7 @@ async def sweep_point(base_url: str, model: str, mode: str, load: float, capacit
     rng = random.Random(int(load * 1000) + 17)
     headers_interactive = {"X-SLO-TTFT-Ms": str(args.ttft_ms), "X-SLO-TPOT-Ms": str(args.tpot_ms)} if mode == "slo" else {}
     tasks: list[asyncio.Task] = []
+    classes: list[str] = []
     async with httpx.AsyncClient(base_url=base_url, timeout=None,
                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)) as client:
         before = await _error_histogram(client)
@@ -144,6 +145,7 @@ async def sweep_point(base_url: str, model: str, mode: str, load: float, capacit
                 await asyncio.sleep(delay)
             cls = "interactive" if rng.random() < 0.5 else "batch"
             headers = headers_interactive if cls == "interactive" else {}
+            classes.append(cls)
             tasks.append(asyncio.ensure_future(one_request(client, model, prompt_ids(rng, args.input_len),
                                                            args.output_len, cls, headers)))
         done, pending = await asyncio.wait(tasks, timeout=args.drain) if tasks else (set(), set())
@@ -151,7 +153,7 @@ async def sweep_point(base_url: str, model: str, mode: str, load: float, capacit
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         after = await _error_histogram(client)
-    outcomes = [t.result() for t in done if not t.cancelled()] + [Outcome("cancelled")] * len(pending)
+    outcomes = [t.result() if t in done and not t.cancelled() else Outcome(cls) for t, cls in zip(tasks, classes)]
     return summarize(mode, load, rate, args, outcomes, before, after)
 
 
@@ -172,7 +174,7 @@ def summarize(mode: str, load: float, rate: float, args, outcomes: list[Outcome]
                              "ttft_p50_ms": _median([o.ttft * 1000 for o in done]),
                              "tpot_p50_ms": _median([o.tpot * 1000 for o in done]),
                              "other_errors": sum(o.status not in (0, 200, 429) for o in mine)}
-    point.counts["cancelled_at_drain"] = sum(o.cls == "cancelled" for o in outcomes)
+    point.counts["cancelled_at_drain"] = len(outcomes) - sum(o.finished or o.status not in (0, 200) for o in outcomes)
     inter = point.counts["interactive"]
     point.goodput_interactive = inter["met"] / args.duration
     accepted = inter["sent"] - inter["refused"]

@@ -51,7 +51,7 @@ TPOT_WINDOW_S = 30.0  # ... for this long after a TPOT target was last seen
 # Predictions must keep targets with room to spare for the cost model's error and the host's noise:
 # a TTFT predicted above this share of its target is a miss, and steps are planned to this share
 # of the tightest TPOT target.
-PLAN_MARGIN = 0.85
+PLAN_MARGIN = 0.75
 # The reference request of the TTFT a worker publishes for routers (``reference_ttft``).
 REFERENCE_PROMPT_TOKENS = 128
 REFERENCE_INTERVAL_S = 0.25
