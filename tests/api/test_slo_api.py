@@ -114,3 +114,23 @@ def test_an_accepted_request_reports_its_outcome_and_one_without_targets_is_unch
         assert metric(http, "slo_step_cost_ready") == 1.0
         assert metric(http, "slo_step_cost_seconds", term="step") > 0
         assert 'kvserve:slo_ttft_prediction_error_count{model_name="' in http.get("/metrics").text
+
+
+def test_with_speculative_decoding_targets_change_nothing_but_the_report(tiny_llama):
+    """Speculation runs decode rows of 1 + k tokens; the cost model learns those steps as they are,
+    and a request with targets gets the same tokens as without them."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    srv = start_live_server(str(tiny_llama), served_model_name=MODEL, api_key="k", max_model_len=512, block_size=16,
+                            num_gpu_blocks_override=128, dtype="float32", speculative_config=spec)
+    try:
+        with httpx.Client(base_url=srv.base_url, headers=KEYS, timeout=120) as http:
+            for i in range(12):
+                assert http.post("/v1/completions", json=body(f"a b c a b c warm {i}", max_tokens=6)).status_code == 200
+            plain = http.post("/v1/completions", json=body("a b c a b c a b", max_tokens=24)).json()
+            with_targets = http.post("/v1/completions", json=body("a b c a b c a b", max_tokens=24,
+                                                                  slo={"ttft_ms": 60000, "tpot_ms": 60000})).json()
+            assert with_targets["choices"][0]["text"] == plain["choices"][0]["text"]
+            assert with_targets["usage"]["slo_missed"] is False and "slo_missed" not in plain["usage"]
+            assert http.get("/debug/slo").json()["step_cost"]["ready"]
+    finally:
+        srv.stop()

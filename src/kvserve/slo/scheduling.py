@@ -6,8 +6,8 @@ arrival order, exactly first come first served) and learns the step costs.
 Admission (``admit``, before anything is queued):
 
     predicted TTFT = time already waited + predict_first_token(running, waiting ahead, request)
-    miss when predicted TTFT > ttft target, or when a decode step with the request's row added is
-    predicted slower than its own TPOT target or a running request's
+    miss when predicted TTFT > PLAN_MARGIN x ttft target, or when a decode step with the request's
+    row added is predicted slower than PLAN_MARGIN x its own TPOT target or a running request's
 
 A miss with ``on_miss: "reject"`` raises ``RequestRejectedError`` (reason ``slo_unattainable``,
 HTTP 429 with ``Retry-After``) naming the prediction and the target; with ``"queue"`` the request is
@@ -220,8 +220,9 @@ class SLOScheduling:
         """The next step's token budget: ``budget``, or less so that the prompt tokens it takes
         keep the decoders' tightest TPOT target (``prefill_cap``). Called once at the start of each
         step's plan (it also prepares ``may_start``)."""
-        self._untargeted_rows = sum(1 for r in running if not _has_tpot(r))
         self._untargeted_limit = self._share_of_rows(running)
+        if self._untargeted_limit is not None:
+            self._untargeted_rows = sum(1 for r in running if not _has_tpot(r))
         cap = self.prefill_cap(running)
         if cap is None:
             return budget
@@ -259,8 +260,8 @@ class SLOScheduling:
         """Most prompt tokens a step may take so that the decoding requests' steps stay within the
         tightest TPOT target among them (and ``extra``'s), or None when none has one (or the cost
         model is not ready). At least ``MIN_PREFILL_TOKENS``."""
-        if not self.cost_model.ready:
-            return None
+        if not self.cost_model.ready or (self._floor_tpot is None and extra is None):
+            return None  # no TPOT target seen since start: nothing to look for
         targets = [r.spec.slo.tpot_ms for r in running if r.spec.slo is not None and r.spec.slo.tpot_ms]
         if extra is not None and extra.spec.slo is not None and extra.spec.slo.tpot_ms:
             targets.append(extra.spec.slo.tpot_ms)
