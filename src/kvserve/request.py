@@ -120,7 +120,6 @@ class Request:
     bad_words_token_ids = property(lambda self: self.spec.bad_words_token_ids)
     grammar = property(lambda self: self.spec.grammar)
     lora_request = property(lambda self: self.spec.lora_request)
-    slo = property(lambda self: self.spec.slo)
 
     @property
     def queue_key(self) -> float:

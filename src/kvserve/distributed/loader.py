@@ -30,7 +30,6 @@ quantization blocks).
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 from typing import NamedTuple
@@ -54,7 +53,7 @@ from kvserve.model.gguf_file import find_gguf
 from kvserve.model.kernel_layer import bind_kernels
 from kvserve.model.layers import MergedLinear
 from kvserve.model.loader import (LoadedModel, _is_ignorable, _renamed, _safetensors_files, _tensor_names,
-                                  check_all_loaded)
+                                  check_all_loaded, finished_facts)
 from kvserve.model.prequantized import (PACKED_TENSORS, drop_float_weights, install_quantized_linears,
                                         plan_mxfp4_linears, plan_quantized_linears)
 from kvserve.model.quant_linear import quantize_linears
@@ -125,11 +124,7 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
             raise ConfigError(f"--quantization {quantization.method} with --tensor-parallel-size "
                               f"{communicator.world_size}: {exc}") from None
     model.eval()
-    gen_path = model_dir / "generation_config.json"
-    generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-    weight_format = describe_weights(model, dtype)
-    if spec is not None:
-        weight_format = f"{spec.layout}: {weight_format}"
+    generation_config, weight_format = finished_facts(model, model_dir, dtype, spec)
     return LoadedModel(model, arch, dtype, generation_config, str(model_dir), weight_format, quantization,
                        num_kv_heads=shard.num_kv_heads, shard=shard)
 

@@ -271,14 +271,21 @@ def load_model(
 
         model.load_head_from_lm_head(load_tokenizer(tokenizer_dir or model_dir))
     model.eval()
-    gen_path = model_dir / "generation_config.json"
-    generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-    weight_format = describe_weights(model, torch_dtype)
-    if spec is not None:
-        weight_format = f"{spec.layout}: {weight_format}"
+    generation_config, weight_format = finished_facts(model, model_dir, torch_dtype, spec)
     encoder = getattr(model_cls, "attn_type", "decoder") == "encoder_only"
     return LoadedModel(model, arch, torch_dtype, generation_config, str(model_dir), weight_format, quantization,
                        num_kv_heads=0 if encoder else None)
+
+
+def finished_facts(model: nn.Module, model_dir: Path, dtype: torch.dtype, spec: Any) -> tuple[dict, str]:
+    """A loaded checkpoint's ``generation_config.json`` (empty when absent) and its weights' format
+    as the logs and ``/version`` say it (a prequantized ``spec``'s layout first)."""
+    gen_path = model_dir / "generation_config.json"
+    generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+    weight_format = describe_weights(model, dtype)
+    if spec is not None:
+        weight_format = f"{spec.layout}: {weight_format}"
+    return generation_config, weight_format
 
 
 def _lacks_model_prefix(model: nn.Module, names: list[str], ignored: tuple[str, ...]) -> bool:

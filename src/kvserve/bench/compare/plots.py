@@ -39,8 +39,13 @@ def _measured(data: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in data["engines"] if e["levels"]]
 
 
-def _no_data(ax: Any) -> None:
-    ax.text(0.5, 0.5, "no measured levels", ha="center", va="center", transform=ax.transAxes)
+def _finish(ax: Any, has_data: bool) -> None:
+    """A grid, and the legend, or a note that nothing was measured."""
+    ax.grid(alpha=0.3)
+    if has_data:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no measured levels", ha="center", va="center", transform=ax.transAxes)
 
 
 def throughput_latency(data: dict[str, Any]) -> str:
@@ -63,11 +68,7 @@ def throughput_latency(data: dict[str, Any]) -> str:
         if limit:
             ax.axhline(limit["limit_ms"], color="grey", linestyle=":", label=f"SLO p{limit['percentile']:g}")
         ax.set(xlabel="output throughput (tok/s)", ylabel=f"{title} (ms)", title=f"{title} vs throughput")
-        ax.grid(alpha=0.3)
-        if engines:
-            ax.legend(fontsize=7)
-        else:
-            _no_data(ax)
+        _finish(ax, bool(engines))
     return _svg(fig)
 
 
@@ -85,11 +86,7 @@ def goodput_load(data: dict[str, Any]) -> str:
             ax.plot([engine["knee"]["load"]], [engine["knee"]["goodput"]], "*", color=f"C{i}", markersize=16)
     axis = "concurrency (requests in flight)" if data["axis"] == "concurrency" else "offered load (requests/s)"
     ax.set(xlabel=axis, ylabel="requests/s", title="Goodput (requests within every SLO) vs load")
-    ax.grid(alpha=0.3)
-    if engines:
-        ax.legend(fontsize=7)
-    else:
-        _no_data(ax)
+    _finish(ax, bool(engines))
     return _svg(fig)
 
 
@@ -116,11 +113,7 @@ def latency_cdf(data: dict[str, Any], records: dict[str, Sequence[Sequence[Reque
     name = "TTFT" if metric == "ttft" else "inter-token gap"
     ax.set(xlabel=f"{name} (ms)", ylabel="fraction of requests" if metric == "ttft" else "fraction of gaps",
            title=f"{name} CDF at the knee", ylim=(0, 1.02))
-    ax.grid(alpha=0.3)
-    if engines:
-        ax.legend(fontsize=7)
-    else:
-        _no_data(ax)
+    _finish(ax, bool(engines))
     return _svg(fig)
 
 
