@@ -13,8 +13,8 @@ from kvserve.slo.targets import UNTARGETED_AFTER_S
 
 if TYPE_CHECKING:
     from kvserve.engine.engine_request import EngineRequest
-    from kvserve.slo.scheduling import RequestSLO
     from kvserve.lora.request import LoRARequest
+    from kvserve.slo.scheduling import RequestSLO
     from kvserve.structured_output.grammar_request import GrammarRequest
 
 

@@ -15,8 +15,8 @@ tokens (prompt + output), and a step computes up to ``num_tokens - num_computed_
        max_num_seqs and the KV cache allow. Under ``priority`` a waiting request may preempt
        running requests of lower priority. With LoRA, a request whose adapter would be one more
        than ``max_loras`` among running requests waits (in its place) while later ones go; so
-       does a request without a TPOT target while a decode step with it would break a running
-       request's TPOT target (``kvserve.slo.scheduling``).
+       does a request without a TPOT target while such requests hold their share of the rows
+       that recent TPOT targets leave (``kvserve.slo.scheduling``).
 
 Method after vLLM v1's ``Scheduler`` (recompute preemption; preempted requests resume first).
 Applying a step's results (``update_from_output``) and finishing requests are in
@@ -262,8 +262,11 @@ class Scheduler(StepUpdates):
             in_flight.update(self._uncomputed_prompt_hashes(request))
             if adapters is not None and request.lora_request is not None:
                 adapters.add(request.lora_request)
-        for request in reversed(deferred):  # back at the head, in their order
-            self.waiting.prepend(request)
+        for request in reversed(deferred):  # back in their place: preempted ones at the head, the others by key
+            if request.status == RequestStatus.PREEMPTED:
+                self.waiting.prepend(request)
+            else:
+                self.waiting.add(request)
         self.deferred_ids = {r.request_id for r in deferred}
 
     def _running_adapters(self) -> set | None:
