@@ -90,15 +90,14 @@ class FCFSRequestQueue(RequestQueue):
         self._heap = _without(self._heap, request)
 
     def split(self, request: Request) -> tuple[list[Request], list[Request]]:
-        ordered = sorted(self._heap, key=lambda entry: entry[:-1])
-        cut = next((i for i, entry in enumerate(ordered) if entry[0] > request.queue_key), len(ordered))
-        return list(self._head) + [e[-1] for e in ordered[:cut]], [e[-1] for e in ordered[cut:]]
+        before, after = _split(self._heap, (request.queue_key,))
+        return list(self._head) + before, after
 
     def __len__(self) -> int:
         return len(self._head) + len(self._heap)
 
     def __iter__(self) -> Iterator[Request]:
-        return itertools.chain(self._head, (entry[-1] for entry in sorted(self._heap, key=lambda entry: entry[:-1])))
+        return itertools.chain(self._head, _ordered(self._heap))
 
 
 class PriorityRequestQueue(RequestQueue):
@@ -124,16 +123,26 @@ class PriorityRequestQueue(RequestQueue):
         self._heap = _without(self._heap, request)
 
     def split(self, request: Request) -> tuple[list[Request], list[Request]]:
-        ordered = sorted(self._heap, key=lambda entry: entry[:-1])
-        key = (request.priority, request.queue_key)
-        cut = next((i for i, entry in enumerate(ordered) if entry[:2] > key), len(ordered))
-        return [e[-1] for e in ordered[:cut]], [e[-1] for e in ordered[cut:]]
+        return _split(self._heap, (request.priority, request.queue_key))
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def __iter__(self) -> Iterator[Request]:
-        return (entry[-1] for entry in sorted(self._heap, key=lambda entry: entry[:-1]))
+        return iter(_ordered(self._heap))
+
+
+def _ordered(heap: list[tuple]) -> list[Request]:
+    """The requests of ``heap`` (each entry ``(*key, insertion counter, request)``) in key order."""
+    return [entry[-1] for entry in sorted(heap, key=lambda entry: entry[:-1])]
+
+
+def _split(heap: list[tuple], key: tuple) -> tuple[list[Request], list[Request]]:
+    """``heap``'s requests whose entries' leading ``key`` fields are at most ``key`` (a new request
+    with that key goes after them: it has the largest counter), and the rest, each in order."""
+    ordered = sorted(heap, key=lambda entry: entry[:-1])
+    cut = next((i for i, entry in enumerate(ordered) if entry[:len(key)] > key), len(ordered))
+    return [e[-1] for e in ordered[:cut]], [e[-1] for e in ordered[cut:]]
 
 
 def _without(heap: list[tuple], request: Request) -> list[tuple]:
