@@ -182,8 +182,7 @@ class SLOScheduling:
         rows = min(scheduler.scheduler_config.max_num_seqs, len(scheduler.running) + num_ahead + 1)
         context = sum(r.num_tokens for r in scheduler.running) + request.num_prompt_tokens
         step = self.cost_model.predict(StepWork(0, rows, context))
-        tightest = min([r.spec.slo.tpot_ms for r in scheduler.running if r.spec.slo and r.spec.slo.tpot_ms]
-                       + ([target.tpot_ms] if target.tpot_ms is not None else []), default=None)
+        tightest = _tightest_tpot_ms(scheduler.running, request)
         if tightest is not None and step * 1000 > PLAN_MARGIN * tightest:
             whose = "slo.tpot_ms" if tightest == target.tpot_ms else "a running request's"
             return (f"with this request a decode step is predicted to take {step * 1000:.0f} ms, which does not "
@@ -223,10 +222,11 @@ class SLOScheduling:
         self._untargeted_limit = self._share_of_rows(running)
         if self._untargeted_limit is not None:
             self._untargeted_rows = sum(1 for r in running if not _has_tpot(r))
-        cap = self.prefill_cap(running)
-        if cap is None:
+        plan = self._prefill_plan(running)
+        if plan is None:
             return budget
-        return min(budget, sum(1 for r in running if r.num_computed_tokens >= r.num_prompt_tokens) + cap)
+        cap, decode_rows = plan
+        return min(budget, decode_rows + cap)
 
     def may_start(self, request: Request) -> bool:
         """Whether a waiting request may start in this step: yes for one with a TPOT target (its
@@ -260,18 +260,22 @@ class SLOScheduling:
         """Most prompt tokens a step may take so that the decoding requests' steps stay within the
         tightest TPOT target among them (and ``extra``'s), or None when none has one (or the cost
         model is not ready). At least ``MIN_PREFILL_TOKENS``."""
+        plan = self._prefill_plan(running, extra)
+        return None if plan is None else plan[0]
+
+    def _prefill_plan(self, running: list[Request], extra: Request | None = None) -> tuple[int, int] | None:
+        """``(prefill_cap, decode rows)`` of the next step, or None when nothing caps it."""
         if not self.cost_model.ready or (self._floor_tpot is None and extra is None):
             return None  # no TPOT target seen since start: nothing to look for
-        targets = [r.spec.slo.tpot_ms for r in running if r.spec.slo is not None and r.spec.slo.tpot_ms]
-        if extra is not None and extra.spec.slo is not None and extra.spec.slo.tpot_ms:
-            targets.append(extra.spec.slo.tpot_ms)
-        if not targets:
+        tightest = _tightest_tpot_ms(running, extra)
+        if tightest is None:
             return None
         decoding = [r for r in running if r.num_computed_tokens >= r.num_prompt_tokens]
         pairs = sum(r.num_computed_tokens for r in decoding) + len(decoding) / 2
         longest = max((r.num_computed_tokens for r in running if r.num_computed_tokens < r.num_prompt_tokens), default=0)
-        seconds = PLAN_MARGIN * min(targets) / 1000
-        return max(MIN_PREFILL_TOKENS, self.cost_model.prefill_tokens_within(seconds, len(decoding), pairs, longest))
+        seconds = PLAN_MARGIN * tightest / 1000
+        cap = self.cost_model.prefill_tokens_within(seconds, len(decoding), pairs, longest)
+        return max(MIN_PREFILL_TOKENS, cap), len(decoding)
 
     # -- learning and reporting --------------------------------------------------------------
 
@@ -330,3 +334,9 @@ class SLOScheduling:
 
 def _has_tpot(request: Request) -> bool:
     return request.spec.slo is not None and request.spec.slo.tpot_ms is not None
+
+
+def _tightest_tpot_ms(running: list[Request], extra: Request | None = None) -> float | None:
+    """The smallest TPOT target (ms) among ``running`` and ``extra``, or None when none has one."""
+    requests = running if extra is None else [*running, extra]
+    return min((r.spec.slo.tpot_ms for r in requests if _has_tpot(r)), default=None)
