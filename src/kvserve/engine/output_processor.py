@@ -70,6 +70,7 @@ class ChoiceState:
     num_output_tokens: int = 0
     times: RequestTimes | None = None  # this choice's own times (set by ``add_request``)
     num_preemptions: int = 0  # times the engine preempted it (known when it finished)
+    slo_missed: bool | None = None  # a finished choice of a request with latency targets: missed them
 
     def latencies(self) -> tuple[float, float]:
         """(TTFT, TPOT) of a finished choice in seconds, as the metrics define them (TPOT = decode
@@ -202,7 +203,7 @@ class OutputProcessor:
                 iteration.add_lora_tokens(state.lora_name, iteration.num_prompt_tokens - before[0],
                                           iteration.num_generation_tokens - before[1])
             if completion is not None and completion.finish_reason is not None and state.slo is not None:
-                completion.slo_missed = not state.slo.met(*choice.latencies())
+                choice.slo_missed = completion.slo_missed = not state.slo.met(*choice.latencies())
             delta = deltas.get(parent_id)
             if delta is None:
                 delta = deltas[parent_id] = self._new_delta(state, out)

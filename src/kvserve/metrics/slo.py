@@ -22,7 +22,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from kvserve.errors import RequestRejectedError
-from kvserve.metrics.stats import finished_request_stats
 from kvserve.scheduler.stats import SchedulerStats
 from kvserve.slo.cost_model import TERMS
 
@@ -57,11 +56,10 @@ class SLOStatsLogger:
             if state.slo is None:
                 continue
             name = state.slo.slo_class or OWN_TARGETS
-            for stats in finished_request_stats(state):
-                if stats.finish_reason == "abort":
+            for choice in state.choices.values():  # judged once, by the output processor (usage's slo_missed)
+                if choice.finish_reason == "abort" or choice.slo_missed is None:
                     continue
-                met = stats.finish_reason != "error" and state.slo.met(stats.time_to_first_token,
-                                                                       stats.time_per_output_token)
+                met = choice.finish_reason != "error" and not choice.slo_missed
                 self.requests.labels(self.model_name, name, "met" if met else "missed").inc()
 
     def on_request_aborted(self, request_id: str) -> None:

@@ -45,6 +45,7 @@ from typing import ClassVar
 from kvserve.router.config import RouterConfig
 from kvserve.router.prefix import hittable_blocks
 from kvserve.router.worker import Worker
+from kvserve.slo.scheduling import REFERENCE_PROMPT_TOKENS
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,8 @@ class LeastTTFTPolicy(RoutingPolicy):
     def predicted_ttft(worker: Worker, num_tokens: int) -> float:
         snap = worker.load_snapshot
         sent_since = max(0, worker.in_flight - snap.in_flight_at_scrape)
-        return snap.predicted_ttft + (num_tokens - 128 + 128 * sent_since) * snap.prefill_token_cost
+        reference = REFERENCE_PROMPT_TOKENS
+        return snap.predicted_ttft + (num_tokens - reference + reference * sent_since) * snap.prefill_token_cost
 
 
 @register_policy
