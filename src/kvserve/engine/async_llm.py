@@ -35,7 +35,7 @@ from kvserve.engine.engine_messages import AbortAll, AbortRequest, AddRequests, 
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.input_processor import InputProcessor, PromptInput
 from kvserve.engine.output_processor import OutputProcessor
-from kvserve.engine.request_stream import RequestStream
+from kvserve.engine.request_stream import RequestStream, call_in_loop
 from kvserve.errors import RequestFailedError, RequestRejectedError
 from kvserve.generation_config import SamplingDefaults
 from kvserve.outputs import RequestOutput
@@ -339,13 +339,13 @@ class AsyncLLM(EngineClient):
             self.output_processor.check_new(requests)
             self.core.add_requests(requests)
         except Exception as exc:  # noqa: BLE001 - an admission error goes back to the caller
-            _answer(command.done, _set_exception, exc)
+            call_in_loop(command.done.get_loop(), _set_exception, command.done, exc)
             for consumer in self.stats_consumers:
                 consumer.on_request_rejected(exc)
             return
         for index, request in enumerate(requests):
             self.output_processor.add_request(request, command.stream.sink(index))
-        _answer(command.done, _set_result, None)
+        call_in_loop(command.done.get_loop(), _set_result, command.done, None)  # the caller may be gone
 
     def _step(self) -> None:
         result = self.core.step()
@@ -357,15 +357,6 @@ class AsyncLLM(EngineClient):
             consumer.on_step(result.stats, processed.finished, processed.iteration)
         if result.kv_events and self.kv_event_publisher is not None:
             self.kv_event_publisher.publish(result.kv_events)
-
-
-def _answer(future: asyncio.Future, setter: Callable[[asyncio.Future, Any], None], value: Any) -> None:
-    """Resolve ``future`` on its own event loop. A closed loop means the caller is gone (its
-    ``asyncio.run`` ended after cancelling the call): nobody waits, and the abort it queued follows."""
-    try:
-        future.get_loop().call_soon_threadsafe(setter, future, value)
-    except RuntimeError:  # the loop is closed
-        pass
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:

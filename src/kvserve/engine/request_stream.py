@@ -16,11 +16,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.errors import InvalidRequestError, RequestFailedError
 from kvserve.outputs import PoolingRequestOutput, RequestOutput
 
 Sink = Callable[[RequestOutput | PoolingRequestOutput | BaseException], None]
+
+
+def call_in_loop(loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: Any) -> None:
+    """Run ``callback(*args)`` on ``loop`` (from the engine thread). A closed loop means nobody
+    listens any more (the server shut down, or the caller's ``asyncio.run`` ended): nothing runs."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # the event loop is closed
+        pass
 
 
 class RequestStream:
@@ -46,10 +56,7 @@ class RequestStream:
         """Where the engine thread puts the deltas of ``requests[index]`` (or the exception that
         ended it)."""
         def put(item: RequestOutput | PoolingRequestOutput | BaseException) -> None:
-            try:
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, item))
-            except RuntimeError:  # the event loop is closed (server shut down): nobody is listening
-                pass
+            call_in_loop(self._loop, self._queue.put_nowait, (index, item))
 
         return put
 
