@@ -31,7 +31,7 @@ MAX_TARGET_MS = 86_400_000.0
 # its arrival (``Request.queue_key``): after every request with one, in arrival order among
 # themselves (they progress through their share of the rows, ``kvserve.slo.scheduling``).
 UNTARGETED_AFTER_S = 1e9
-HEADERS = {"ttft_ms": "x-slo-ttft-ms", "tpot_ms": "x-slo-tpot-ms", "on_miss": "x-slo-on-miss"}
+HEADERS = {"ttft_ms": "X-SLO-TTFT-Ms", "tpot_ms": "X-SLO-TPOT-Ms", "on_miss": "X-SLO-On-Miss"}
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,7 @@ class SLOTarget:
         if unknown:
             raise InvalidRequestError(f"{param} has unknown field(s) {unknown}; allowed: {sorted(HEADERS)}",
                                       param=f"{param}.{unknown[0]}")
-        on_miss = fields.get("on_miss", "reject")
-        if on_miss not in ON_MISS_VALUES:
-            raise InvalidRequestError(f"{param}.on_miss must be one of {list(ON_MISS_VALUES)}, got {on_miss!r}",
-                                      param=f"{param}.on_miss")
-        return cls(ttft_ms=_target(fields.get("ttft_ms"), f"{param}.ttft_ms"),
-                   tpot_ms=_target(fields.get("tpot_ms"), f"{param}.tpot_ms"), on_miss=on_miss, slo_class=slo_class)
+        return cls._checked(fields, {name: f"{param}.{name}" for name in HEADERS}, slo_class)
 
     @classmethod
     def from_headers(cls, fields: Mapping[str, str]) -> SLOTarget:
@@ -92,12 +87,19 @@ class SLOTarget:
         Raises:
             InvalidRequestError: as :meth:`parse`.
         """
-        on_miss = fields.get("on_miss", "reject").strip().lower()
+        if "on_miss" in fields:
+            fields = {**fields, "on_miss": fields["on_miss"].strip().lower()}
+        return cls._checked(fields, HEADERS)
+
+    @classmethod
+    def _checked(cls, fields: Mapping[str, Any], names: Mapping[str, str], slo_class: str | None = None) -> SLOTarget:
+        """The targets of ``fields``, each bad value blamed by its name in ``names``."""
+        on_miss = fields.get("on_miss", "reject")
         if on_miss not in ON_MISS_VALUES:
-            raise InvalidRequestError(f"X-SLO-On-Miss must be one of {list(ON_MISS_VALUES)}, got {on_miss!r}",
-                                      param="X-SLO-On-Miss")
-        return cls(ttft_ms=_target(fields.get("ttft_ms"), "X-SLO-TTFT-Ms"),
-                   tpot_ms=_target(fields.get("tpot_ms"), "X-SLO-TPOT-Ms"), on_miss=on_miss)
+            raise InvalidRequestError(f"{names['on_miss']} must be one of {list(ON_MISS_VALUES)}, got {on_miss!r}",
+                                      param=names["on_miss"])
+        return cls(ttft_ms=_target(fields.get("ttft_ms"), names["ttft_ms"]),
+                   tpot_ms=_target(fields.get("tpot_ms"), names["tpot_ms"]), on_miss=on_miss, slo_class=slo_class)
 
 
 def _target(value: Any, param: str) -> float | None:
@@ -193,7 +195,7 @@ class SLOClasses:
         name = self._by_key.get(api_key) if api_key is not None else None
         name = name or self._by_priority.get(priority)
         base = self.classes[name].target if name is not None else SLOTarget()
-        from_headers = {field: headers[header] for field, header in HEADERS.items() if header in headers}
+        from_headers = {field: headers[header.lower()] for field, header in HEADERS.items() if header.lower() in headers}
         if from_headers:
             base = _merged(base, SLOTarget.from_headers(from_headers), from_headers)
         if own:
