@@ -117,6 +117,8 @@ def test_an_accepted_request_reports_its_outcome_and_one_without_targets_is_unch
         costs = [metric(http, "slo_step_cost_seconds", term=term)
                  for term in ("step", "prefill_token", "decode_row", "attention_mpair")]
         assert all(c >= 0 for c in costs) and sum(costs) > 0
+        margin = http.get("/debug/slo").json()["step_cost"]["margin"]
+        assert 0.4 <= margin <= 0.8 and metric(http, "slo_plan_margin") == margin
         assert all(f'term="{term}"' in http.get("/metrics").text
                    for term in ("step", "prefill_token", "decode_row", "attention_mpair"))
         assert 'kvserve:slo_ttft_prediction_error_count{model_name="' in http.get("/metrics").text

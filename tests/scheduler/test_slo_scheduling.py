@@ -14,7 +14,8 @@ from fake_model_runner import FakeModelRunner
 from kvserve.errors import RequestRejectedError
 from kvserve.request import Request
 from kvserve.slo.cost_model import StepCostModel
-from kvserve.slo.scheduling import PLAN_MARGIN, SLOScheduling
+from kvserve.slo.cost_model import DEFAULT_MARGIN as PLAN_MARGIN  # a model set by hand plans to it
+from kvserve.slo.scheduling import SLOScheduling
 from kvserve.slo.targets import SLOTarget
 from scheduler_helpers import build_request, build_scheduler
 

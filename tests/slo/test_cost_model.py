@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvserve.slo.cost_model import StepCostModel, StepWork
+from kvserve.slo.cost_model import DEFAULT_MARGIN, MARGIN_BOUNDS, StepCostModel, StepWork
 
 TRUE = np.array([0.012, 0.0006, 0.0002, 0.35])
 
@@ -68,3 +68,25 @@ def test_prefill_tokens_within_is_the_largest_chunk_that_fits():
         fits = lambda n: model.predict(StepWork(n, rows, pairs + n * (context + n / 2))) <= limit  # noqa: E731
         assert fits(x) and not fits(x + 1)
     assert model.prefill_tokens_within(0.001, 4, 0.0) == 0  # the decodes alone take longer
+
+
+def test_the_margin_is_the_inverse_of_the_90th_percentile_of_actual_over_predicted():
+    model = StepCostModel(refit_every=1 << 20, min_observations=8)  # no refit: each step meets one fit
+    model.coefficients = TRUE.copy()
+    assert model.margin == DEFAULT_MARGIN  # nothing compared yet
+    ratios = [1.0 + 0.5 * (i % 11) / 10 for i in range(110)]  # 1.0, 1.05, ..., 1.5, eleven times
+    for work, ratio in zip(works(110), ratios):
+        model.observe(work, ratio * seconds(work))
+    model.fit()
+    assert model.margin == pytest.approx(1 / np.quantile(ratios, 0.9), rel=1e-9)  # 1 / 1.45
+    assert model.describe()["margin"] == model.margin
+
+
+@pytest.mark.parametrize("ratio,expected", [(1.0, MARGIN_BOUNDS[1]), (4.0, MARGIN_BOUNDS[0])])
+def test_the_margin_stays_within_its_bounds(ratio, expected):
+    model = StepCostModel(refit_every=1 << 20, min_observations=8)
+    model.coefficients = TRUE.copy()
+    for work in works(16):
+        model.observe(work, ratio * seconds(work))
+    model.fit()
+    assert model.margin == expected

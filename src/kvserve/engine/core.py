@@ -34,6 +34,7 @@ from kvserve.spec_decode.proposer import build_proposer, propose_drafts
 
 if TYPE_CHECKING:
     from kvserve.lora.registry import LoRARegistry
+    from kvserve.slo.cost_model import StepWork
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +166,9 @@ class EngineCore:
         # admission, reported by the next step() without touching the scheduler or the KV cache.
         self._finished_on_admission: list[Request] = []
         self._num_failed_steps = 0
+        # the last step's work and start while its cost waits for the next step's start (the loop
+        # went on at once: what requests wait for is the interval, output processing included)
+        self._step_to_learn: tuple[StepWork, float] | None = None
 
     def _classifier_head(self):
         """A ``classify`` model's head (its ``classify`` method: pooled float32 [H] -> logits), or
@@ -341,6 +345,10 @@ class EngineCore:
                 request of the step failed alone).
         """
         start = time.perf_counter()
+        if self._step_to_learn is not None:
+            work, began = self._step_to_learn
+            self._step_to_learn = None
+            self.scheduler.slo.cost_model.observe(work, start - began)
         finished_on_admission = self._take_finished_on_admission()
         try:
             scheduler_output = self.scheduler.schedule()
@@ -357,7 +365,10 @@ class EngineCore:
         work = slo.step_work(scheduler_output, self.scheduler.requests)  # before the requests advance
         outputs = finished_on_admission + self.scheduler.update_from_output(scheduler_output, runner_output)
         duration = time.perf_counter() - start
-        slo.cost_model.observe(work, duration)
+        if self.has_unfinished_requests():  # the next step follows at once: learn the interval
+            self._step_to_learn = (work, start)
+        else:
+            slo.cost_model.observe(work, duration)
         stats = StepStats(
             timestamp=time.time(),
             duration=duration,

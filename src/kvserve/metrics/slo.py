@@ -6,6 +6,8 @@
                                                        targeted request's first token (histogram)
     <prefix>slo_step_cost_seconds{term}                the step-cost model's fit (gauge)
     <prefix>slo_step_cost_ready                        1 once admission uses predictions (gauge)
+    <prefix>slo_plan_margin                            share of a target plans fill (gauge; learned
+                                                       from the steps' actual / predicted times)
     <prefix>slo_predicted_ttft_seconds                 TTFT of a 128-token prompt arriving now (gauge;
                                                        a router's input)
 
@@ -88,6 +90,10 @@ class SLOStepCostCollector:
         ready = GaugeMetricFamily(self.prefix + "slo_step_cost_ready",
                                   "1 once the step-cost model has seen enough steps to predict (admission uses it).",
                                   labels=["model_name"])
+        margin = GaugeMetricFamily(self.prefix + "slo_plan_margin",
+                                   "Share of a latency target that admission and step plans fill: the inverse of "
+                                   "the 90th percentile of actual / predicted step time, within [0.4, 0.8].",
+                                   labels=["model_name"])
         predicted = GaugeMetricFamily(self.prefix + "slo_predicted_ttft_seconds",
                                       "Predicted TTFT of a 128-token prompt arriving now behind every waiting "
                                       "request (what a router compares); absent until the cost model is ready.",
@@ -96,8 +102,10 @@ class SLOStepCostCollector:
             for term in TERMS:
                 cost.add_metric([self.model_name, term], slo.step_cost["coefficients"][term])
             ready.add_metric([self.model_name], float(slo.step_cost["ready"]))
+            margin.add_metric([self.model_name], slo.step_cost["margin"])
             if slo.reference_ttft is not None:
                 predicted.add_metric([self.model_name], slo.reference_ttft)
         yield cost
         yield ready
+        yield margin
         yield predicted

@@ -12,6 +12,11 @@ observations, with no coefficient below zero (a negative one is dropped and the 
 
 Until ``min_observations`` steps of both kinds (with prefill, decode only) have been seen the
 model says it is not ready, and callers admit and schedule as without targets.
+
+``margin`` is the share of a latency target that plans may fill: the inverse of the 90th
+percentile of actual / predicted step time over the window (each step compared with the fit made
+before it), within ``MARGIN_BOUNDS``; ``DEFAULT_MARGIN`` until ``min_observations`` steps have been
+compared. A noisy host plans with more room, a steady one with less.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 TERMS = ("step", "prefill_token", "decode_row", "attention_mpair")
+DEFAULT_MARGIN = 0.75
+MARGIN_BOUNDS = (0.4, 0.8)
+MARGIN_QUANTILE = 0.9
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,7 @@ class StepCostModel:
     def __init__(self, window: int = 512, refit_every: int = 8, min_observations: int = 8):
         self._rows: deque[tuple[float, float, float, float]] = deque(maxlen=window)
         self._seconds: deque[float] = deque(maxlen=window)
+        self._ratios: deque[float] = deque(maxlen=window)  # actual / predicted, by the fit before
         self._refit_every = refit_every
         self._min_observations = min_observations
         self._since_fit = 0
@@ -55,6 +64,7 @@ class StepCostModel:
         self._seen_decode = 0
         self.coefficients = np.zeros(len(TERMS))
         self.observations = 0
+        self.margin = DEFAULT_MARGIN
 
     @property
     def ready(self) -> bool:
@@ -63,6 +73,9 @@ class StepCostModel:
 
     def observe(self, work: StepWork, seconds: float) -> None:
         """Record one step's work and its measured duration."""
+        predicted = self.predict(work)
+        if predicted > 0:
+            self._ratios.append(seconds / predicted)
         self._rows.append(work.features())
         self._seconds.append(seconds)
         self.observations += 1
@@ -89,6 +102,9 @@ class StepCostModel:
                 break
             active.pop(int(np.argmin(solution)))
         self.coefficients = coefficients
+        if len(self._ratios) >= max(1, self._min_observations):
+            low, high = MARGIN_BOUNDS
+            self.margin = min(high, max(low, 1 / float(np.quantile(self._ratios, MARGIN_QUANTILE))))
 
     def predict(self, work: StepWork) -> float:
         """Seconds the step is expected to take (0 before the first fit)."""
@@ -118,6 +134,8 @@ class StepCostModel:
         return int(spare / per_row) if per_row > 0 else 1 << 30
 
     def describe(self) -> dict:
-        """The fit, for ``/debug/slo`` and the metrics: seconds per term, observations, readiness."""
+        """The fit, for ``/debug/slo`` and the metrics: seconds per term, observations, readiness,
+        the planning margin."""
         return {"coefficients": dict(zip(TERMS, (float(c) for c in self.coefficients))),
-                "observations": self.observations, "window": len(self._rows), "ready": self.ready}
+                "observations": self.observations, "window": len(self._rows), "ready": self.ready,
+                "margin": self.margin}

@@ -6,8 +6,11 @@ arrival order, exactly first come first served) and learns the step costs.
 Admission (``admit``, before anything is queued):
 
     predicted TTFT = time already waited + predict_first_token(running, waiting ahead, request)
-    miss when predicted TTFT > PLAN_MARGIN x ttft target, or when a decode step with the request's
-    row added is predicted slower than PLAN_MARGIN x its own TPOT target or a running request's
+    miss when predicted TTFT > margin x ttft target, or when a decode step with the request's
+    row added is predicted slower than margin x its own TPOT target or a running request's
+
+where ``margin`` is ``StepCostModel.margin``: the share of a target plans may fill, learned from
+how far the engine's steps have been from their predictions (steps are also planned to it).
 
 A miss with ``on_miss: "reject"`` raises ``RequestRejectedError`` (reason ``slo_unattainable``,
 HTTP 429 with ``Retry-After``) naming the prediction and the target; with ``"queue"`` the request is
@@ -48,10 +51,6 @@ MIN_PREFILL_TOKENS = 16
 # step may have within the tightest target: they progress, the rest is kept for targeted requests.
 UNTARGETED_SHARE = 0.25
 TPOT_WINDOW_S = 30.0  # ... for this long after a TPOT target was last seen
-# Predictions must keep targets with room to spare for the cost model's error and the host's noise:
-# a TTFT predicted above this share of its target is a miss, and steps are planned to this share
-# of the tightest TPOT target.
-PLAN_MARGIN = 0.75
 # The reference request of the TTFT a worker publishes for routers (``reference_ttft``).
 REFERENCE_PROMPT_TOKENS = 128
 REFERENCE_INTERVAL_S = 0.25
@@ -108,7 +107,7 @@ class SLOScheduling:
         self.cost_model = cost_model or StepCostModel()
         self.counters = SLOCounters()
         self._clock = clock
-        self._floor_tpot: float | None = None  # the tightest TPOT target seen lately, seconds
+        self._floor_tpot: float | None = None  # the tightest TPOT target seen lately, ms
         self._floor_until = -math.inf  # ... until then
         self._untargeted_rows = 0  # this step's running requests without TPOT target (token_budget)
         self._untargeted_limit: int | None = None  # ... and how many they may be
@@ -173,21 +172,21 @@ class SLOScheduling:
 
     def _miss(self, request: Request, predicted_ttft: float, scheduler: Scheduler, num_ahead: int) -> str | None:
         """Why the request's targets are predicted to be missed, or None."""
-        target = request.spec.slo
-        if target.ttft_ms is not None and predicted_ttft * 1000 > PLAN_MARGIN * target.ttft_ms:
+        target, margin = request.spec.slo, self.cost_model.margin
+        if target.ttft_ms is not None and predicted_ttft * 1000 > margin * target.ttft_ms:
             shown = "more than 10x the target" if math.isinf(predicted_ttft) else f"{predicted_ttft * 1000:.0f} ms"
             return (f"the predicted time to first token ({shown}) does not keep the target slo.ttft_ms="
-                    f"{target.ttft_ms:g} (planned within {PLAN_MARGIN:.0%} of it; {len(scheduler.running)} requests "
+                    f"{target.ttft_ms:g} (planned within {margin:.0%} of it; {len(scheduler.running)} requests "
                     f"running, {num_ahead} waiting ahead of this one); retry later or send it to another replica")
         rows = min(scheduler.scheduler_config.max_num_seqs, len(scheduler.running) + num_ahead + 1)
         context = sum(r.num_tokens for r in scheduler.running) + request.num_prompt_tokens
         step = self.cost_model.predict(StepWork(0, rows, context))
         tightest = _tightest_tpot_ms(scheduler.running, request)
-        if tightest is not None and step * 1000 > PLAN_MARGIN * tightest:
+        if tightest is not None and step * 1000 > margin * tightest:
             whose = "slo.tpot_ms" if tightest == target.tpot_ms else "a running request's"
             return (f"with this request a decode step is predicted to take {step * 1000:.0f} ms, which does not "
                     f"keep the time-per-output-token target of {tightest:g} ms ({whose}; planned within "
-                    f"{PLAN_MARGIN:.0%} of it); retry later or send it to another replica")
+                    f"{margin:.0%} of it); retry later or send it to another replica")
         return None
 
     def _around(self, request: Request, scheduler: Scheduler, budget: int) -> tuple[list[Flow], list[Flow]]:
@@ -245,16 +244,16 @@ class SLOScheduling:
         if self._floor_tpot is None or self._clock() > self._floor_until or not self.cost_model.ready:
             return None
         context = sum(r.num_computed_tokens for r in running) / len(running) if running else 0.0
-        rows = self.cost_model.rows_within(self._floor_tpot, context)
+        rows = self.cost_model.rows_within(self.cost_model.margin * self._floor_tpot / 1000, context)
         return max(1, int(UNTARGETED_SHARE * rows))
 
     def _note_tpot(self, target: SLOTarget) -> None:
         """Remember the tightest TPOT target seen in the last ``TPOT_WINDOW_S``."""
         if target.tpot_ms is None:
             return
-        now, seconds = self._clock(), PLAN_MARGIN * target.tpot_ms / 1000
-        if self._floor_tpot is None or now > self._floor_until or seconds <= self._floor_tpot:
-            self._floor_tpot, self._floor_until = seconds, now + TPOT_WINDOW_S
+        now = self._clock()
+        if self._floor_tpot is None or now > self._floor_until or target.tpot_ms <= self._floor_tpot:
+            self._floor_tpot, self._floor_until = target.tpot_ms, now + TPOT_WINDOW_S
 
     def prefill_cap(self, running: list[Request], extra: Request | None = None) -> int | None:
         """Most prompt tokens a step may take so that the decoding requests' steps stay within the
@@ -273,7 +272,7 @@ class SLOScheduling:
         decoding = [r for r in running if r.num_computed_tokens >= r.num_prompt_tokens]
         pairs = sum(r.num_computed_tokens for r in decoding) + len(decoding) / 2
         longest = max((r.num_computed_tokens for r in running if r.num_computed_tokens < r.num_prompt_tokens), default=0)
-        seconds = PLAN_MARGIN * tightest / 1000
+        seconds = self.cost_model.margin * tightest / 1000
         cap = self.cost_model.prefill_tokens_within(seconds, len(decoding), pairs, longest)
         return max(MIN_PREFILL_TOKENS, cap), len(decoding)
 
