@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from kvserve.errors import ConfigError
 from kvserve.generation_config import SamplingDefaults
+from kvserve.kv_transfer.config import KVTransferConfig
 from kvserve.structured_output.config import StructuredOutputsConfig
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -318,7 +319,8 @@ class ParallelConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine core needs, passed down explicitly. ``lora`` is None unless
-    ``--enable-lora``."""
+    ``--enable-lora``; ``kv_transfer`` unless ``--kv-transfer-config`` (or ``--kv-offload-dir``,
+    ``--kv-role``)."""
 
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -327,3 +329,4 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     lora: LoRAConfig | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    kv_transfer: KVTransferConfig | None = None

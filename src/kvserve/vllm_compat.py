@@ -217,7 +217,6 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--cuda-graph-sizes",), "CompilationConfig", _EAGER, kind="list"),
     RefusedFlag(("--max-cudagraph-capture-size",), "CompilationConfig", _EAGER),
     RefusedFlag(("--compilation-config", "-O"), "VllmConfig", _EAGER),
-    RefusedFlag(("--kv-transfer-config",), "VllmConfig", _DIST),
     RefusedFlag(("--additional-config",), "VllmConfig", "there are no platform plugins to configure"),
     RefusedFlag(("--aggregate-engine-logging",), "VllmConfig", _PAR, kind="bool"),
 )

@@ -48,6 +48,8 @@ UNSUPPORTED: dict[str, str] = {
     "context_management": "server-side context management is not supported",
     "diagnostics": "prompt-cache diagnostics are not supported",
     "inference_geo": "the inference region cannot be chosen",
+    "kv_transfer_params": "disaggregated prefill/decode (KV transfer) applies to /v1/completions and "
+                          "/v1/chat/completions",
 }
 
 # OpenAI chat fields a client may send to the Messages API by mistake: refused with the Anthropic

@@ -53,7 +53,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple, str]] = {
     "return_prompt_text": ((False, None), "the rendered prompt is not returned; use POST /tokenize"),
     "return_mm_kwargs": ((True, None), "multimodal inputs are not supported"),
     "routed_experts_prompt_start": ((0, None), "mixture-of-experts routing data is not supported"),
-    "kv_transfer_params": ((None,), "disaggregated serving (KV transfer) is not supported"),
     "ec_transfer_params": ((None,), "disaggregated serving (encoder-cache transfer) is not supported"),
     "vllm_xargs": ((None,), "custom request extensions are not supported"),
     "repetition_detection": ((None,), "repetition detection is not supported"),
@@ -122,6 +121,7 @@ class SamplingRequest(OpenAIBaseModel):
     skip_special_tokens: bool = True
     priority: int = 0
     cache_salt: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # disaggregated prefill/decode (kvserve.kv_transfer.params)
     prompt_logprobs: int | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None

@@ -98,7 +98,7 @@ class CompletionResponse(CompletionStreamResponse):
     response only."""
 
     service_tier: str | None = None
-    kv_transfer_params: dict | None = None  # null: no disaggregated serving
+    kv_transfer_params: dict | None = None  # a P/D prefill instance's: where its KV is (else null)
 
 
 class ChatTopLogprob(BaseModel):
@@ -163,7 +163,7 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo | None = None
     prompt_logprobs: PromptLogprobsJSON | None = None
     prompt_token_ids: list[int] | None = None  # return_token_ids
-    kv_transfer_params: dict | None = None  # null: no disaggregated serving
+    kv_transfer_params: dict | None = None  # a P/D prefill instance's: where its KV is (else null)
 
 
 class DeltaMessage(BaseModel):

@@ -30,6 +30,8 @@ REFUSED_FIELDS: dict[str, tuple[tuple, str]] = {
     "context_management": ((None,), "context management (compaction) is not supported"),
     "prompt_cache_retention": ((None, "in_memory"), "the prefix cache is in memory only"),
     "prompt_cache_options": ((None,), "prompt cache options are not supported"),
+    "kv_transfer_params": ((None,), "disaggregated prefill/decode (KV transfer) applies to /v1/completions and "
+                                    "/v1/chat/completions"),
     "background_options": ((None,), "background options are not supported"),
     "moderation": ((None,), "moderation is not supported"),
     "image": ((None,), "image generation is not supported"),

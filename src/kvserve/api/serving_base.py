@@ -31,6 +31,7 @@ from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.request_stream import RequestStream
 from kvserve.errors import InvalidRequestError
 from kvserve.generation_config import SamplingDefaults
+from kvserve.kv_transfer.params import check_kv_transfer_params
 from kvserve.lora.request import LoRARequest
 from kvserve.outputs import RequestOutput
 from kvserve.slo.targets import SLOTarget
@@ -213,6 +214,7 @@ class GenerationCall(ABC):
         self.request_stream = stream
         self.model_name = state.response_model_name(stream.requests[0].lora_request)  # every prompt's adapter
         self.slo_missed: bool | None = None  # any finished choice missed its latency targets
+        self.kv_transfer_params: dict | None = None  # a P/D producer's answer (``start_call``)
 
     @abstractmethod
     def _stream_choices(self, index: int, output: RequestOutput) -> Iterator[BaseModel]:
@@ -295,28 +297,43 @@ class GenerationCall(ABC):
 
 async def start_call(state: ServingState, api_key: str, requests: list[EngineRequest],
                      make_call: Callable[[RequestStream], GenerationCall],
-                     beam_search: BeamSearchParams | None = None, logprobs: int | None = None) -> GenerationCall:
+                     beam_search: BeamSearchParams | None = None, logprobs: int | None = None,
+                     kv_transfer_params: dict | None = None) -> GenerationCall:
     """Admit a call (rate limits charged its prompt tokens plus ``n * max_tokens`` per prompt,
     ``n`` = the beam width for a beam search) and queue its engine requests (all or none) or
     start its beam searches (``beam_search``; ``logprobs``: top logprobs per token of its output).
     The caller must end the call: :meth:`GenerationCall.stream`, ``chunks`` or ``aggregate``.
 
     ``make_call(stream)`` builds the endpoint's ``GenerationCall`` from the call's ``RequestStream``.
+    ``kv_transfer_params`` (disaggregated prefill/decode, ``kvserve.kv_transfer.params``): on a
+    decode instance the prompts' blocks are fetched from the prefill instance first; on a prefill
+    instance the response says where to fetch them.
 
     Raises:
         InvalidRequestError, RequestRejectedError: nothing was queued (``add_requests``).
     """
+    transfer = getattr(getattr(state.engine, "core", None), "kv_transfer", None)
+    role = check_kv_transfer_params(kv_transfer_params, transfer)
+    if role is not None and beam_search is not None:
+        raise InvalidRequestError("kv_transfer_params: disaggregated prefill/decode does not apply to beam search",
+                                  param="kv_transfer_params")
     width = beam_search.beam_width if beam_search is not None else None
     state.admit(api_key, sum(len(r.prompt_token_ids) + (width or r.n) * r.max_tokens for r in requests))
     try:
         if beam_search is not None:
             request_stream = BeamSearchStream(state.engine, requests, beam_search, logprobs)
         else:
+            if role == "consumer":
+                for request in requests:
+                    await transfer.consumer.prefetch(request, kv_transfer_params)
             request_stream = await state.engine.add_requests(requests)
     except BaseException:
         state.finish(api_key)
         raise
-    return make_call(request_stream)
+    call = make_call(request_stream)
+    if role == "producer":
+        call.kv_transfer_params = transfer.kv_transfer_params()
+    return call
 
 
 async def answer(call: GenerationCall, api_key: str, stream: bool, raw_request: Request) -> Response:

@@ -114,7 +114,8 @@ class ChatServing:
         engine_request = await asyncio.to_thread(self._prepare, request, plan, request_id, lora_request, beam, slo)
         return await start_call(state, api_key, [engine_request],
                                 lambda stream: _ChatCall(state, request, plan, request_id, stream),
-                                beam_search=beam, logprobs=request.num_logprobs)
+                                beam_search=beam, logprobs=request.num_logprobs,
+                                kv_transfer_params=request.kv_transfer_params)
 
     def _beam_search(self, request: ChatCompletionRequest, plan: ChatPlan) -> BeamSearchParams | None:
         """The request's beam search (``use_beam_search``), decoded as the plan's parsers need.
@@ -256,7 +257,7 @@ class _ChatCall(GenerationCall):
         first = bool(choices) and choices[0].delta.role is not None  # a role chunk: vLLM's place for the prompt
         prompt_ids = list(self.engine_request.prompt_token_ids) if first and self.request.return_token_ids else None
         return ChatCompletionStreamResponse(id=self.request_id, model=self.model_name, choices=choices, usage=usage,
-                                            prompt_token_ids=prompt_ids)
+                                            prompt_token_ids=prompt_ids, kv_transfer_params=self.kv_transfer_params)
 
     def _stream_choices(self, index: int, output: RequestOutput) -> Iterator[ChatCompletionStreamChoice]:
         """A role delta per choice first (sent with the first engine output, as vLLM, so they
@@ -299,7 +300,7 @@ class _ChatCall(GenerationCall):
         prompt_ids = list(self.engine_request.prompt_token_ids) if self.request.return_token_ids else None
         return ChatCompletionResponse(id=self.request_id, model=self.model_name, choices=choices,
                                       usage=self._usage(), prompt_logprobs=prompt_logprobs,
-                                      prompt_token_ids=prompt_ids)
+                                      prompt_token_ids=prompt_ids, kv_transfer_params=self.kv_transfer_params)
 
 
 def _delta_message(delta: MessageDelta | None) -> DeltaMessage:

@@ -92,7 +92,8 @@ class CompletionServing:
         engine_requests = await asyncio.to_thread(prepare)
         call = await start_call(self.state, api_key, engine_requests,
                                 lambda stream: _Call(self.state, request, request_id, stream),
-                                beam_search=beam, logprobs=request.logprobs)
+                                beam_search=beam, logprobs=request.logprobs,
+                                kv_transfer_params=request.kv_transfer_params)
         return await answer(call, api_key, request.stream, raw_request)
 
 
@@ -194,4 +195,4 @@ class _Call(GenerationCall):
                                             if ids else None,
                                             token_ids=choice.token_ids if ids else None))
         return CompletionResponse(id=self.request_id, model=self.model_name, choices=choices,
-                                  usage=self._usage())
+                                  usage=self._usage(), kv_transfer_params=self.kv_transfer_params)

@@ -71,6 +71,14 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
 def fraction(text: str) -> float:
     """argparse type: a number in (0, 1]."""
     value = float(text)

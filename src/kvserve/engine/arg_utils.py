@@ -9,7 +9,7 @@ from kvserve.config import (CacheConfig, EngineConfig, ModelConfig, ParallelConf
                             SchedulerConfig)
 from kvserve.engine.arg_types import (byte_size, device_name, dtype_name, fraction, generation_config_mode,
                                       human_readable_positive_int, int4_group_size, non_negative_int,
-                                      positive_int)
+                                      positive_float, positive_int)
 from kvserve.engine.feature_args import (add_lora_args, add_structured_output_args, lora_config_from_args,
                                          structured_outputs_config_from_args)
 from kvserve.generation_config import default_sampling_values, parse_override
@@ -43,12 +43,34 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="vLLM's KV-cache events over ZMQ, e.g. '{\"enable_kv_cache_events\": true, "
                              "\"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
                              "(keys: kvserve.kv_events.config)")
+    _add_kv_transfer_args(parser)
     _add_parallel_args(groups["ParallelConfig"])
     _add_cache_args(groups["CacheConfig"])
     _add_scheduler_args(groups["SchedulerConfig"])
     add_structured_output_args(groups["StructuredOutputsConfig"])
     add_lora_args(groups["LoRAConfig"])
     add_refused_flags(groups, parser)
+
+
+def _add_kv_transfer_args(parser) -> None:
+    group = parser.add_argument_group("KVTransferConfig", "KV beyond the pool: a disk tier, disaggregated "
+                                      "prefill/decode (docs/kv_tiers.md)")
+    group.add_argument("--kv-transfer-config", default=None, metavar="JSON",
+                       help="vLLM's KV-connector JSON with kvserve's connectors, e.g. '{\"kv_connector\": "
+                            "\"DiskConnector\", \"kv_role\": \"kv_both\", \"kv_connector_extra_config\": "
+                            "{\"path\": \"/var/cache/kvserve\"}}' (keys: kvserve.kv_transfer.config)")
+    group.add_argument("--kv-offload-dir", default=None, metavar="DIR",
+                       help="a disk tier in DIR: full KV blocks are written there and loaded on a prefix-cache "
+                            "miss instead of recomputed; kept across restarts")
+    group.add_argument("--kv-offload-size", type=positive_float, default=None, metavar="GIB",
+                       help="size bound of --kv-offload-dir in GiB (default 10; least recently used blocks go)")
+    group.add_argument("--kv-role", choices=("producer", "consumer"), default=None,
+                       help="disaggregated prefill/decode: producer = a prefill instance serving its blocks "
+                            "over TCP, consumer = a decode instance fetching them (kvserve route --pd)")
+    group.add_argument("--kv-ip", default=None, help="producer: the address consumers reach its block server at "
+                                                     "(default 127.0.0.1; it binds there)")
+    group.add_argument("--kv-port", type=positive_int, default=None,
+                       help="producer: its block server's TCP port (default 14579)")
 
 
 def _add_model_args(model) -> None:
@@ -324,12 +346,18 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
         policy=args.scheduling_policy, enable_chunked_prefill=args.enable_chunked_prefill,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
     )
+    from kvserve.kv_transfer.config import kv_transfer_config_from_flags, kv_transfer_config_from_json
     from kvserve.spec_decode.config import speculative_config_from_json
 
+    kv_transfer = kv_transfer_config_from_flags(
+        kv_transfer_config_from_json(getattr(args, "kv_transfer_config", None)), getattr(args, "kv_offload_dir", None),
+        getattr(args, "kv_offload_size", None), getattr(args, "kv_role", None), getattr(args, "kv_port", None),
+        getattr(args, "kv_ip", None))
     return EngineConfig(model=model_config, cache=cache_config, scheduler=scheduler_config,
                         structured_outputs=structured_outputs_config_from_args(args),
                         speculative=speculative_config_from_json(getattr(args, "speculative_config", None)),
-                        lora=lora_config_from_args(args), parallel=parallel_config_from_args(args))
+                        lora=lora_config_from_args(args), parallel=parallel_config_from_args(args),
+                        kv_transfer=kv_transfer)
 
 
 def engine_config_from_kwargs(model: str, **kwargs) -> EngineConfig:

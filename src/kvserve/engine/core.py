@@ -159,6 +159,7 @@ class EngineCore:
                                   enforce_eager=self.config.model.enforce_eager,
                                   pooler=None if pooler is None else Pooler(pooler, self._classifier_head()))
         self.proposer = self._build_proposer()  # speculative decoding's drafts, or None
+        self.kv_transfer = self._build_kv_transfer()  # KV beyond the pool (kvserve.kv_transfer), or None
         if self.tensor_parallel is not None:
             self.tensor_parallel.init_kv_cache(self.kv_plan.num_blocks, self.kv_plan.block_size,
                                                self.config.cache.kv_cache_dtype)
@@ -169,6 +170,21 @@ class EngineCore:
         # the last step's work and start while its cost waits for the next step's start (the loop
         # went on at once: what requests wait for is the interval, output processing included)
         self._step_to_learn: tuple[StepWork, float] | None = None
+
+    def _build_kv_transfer(self):
+        transfer = self.config.kv_transfer
+        if transfer is None:
+            return None
+        from kvserve.kv_transfer.scheduling import ExternalKV
+        from kvserve.kv_transfer.setup import build_kv_transfer, check_kv_transfer_options
+
+        check_kv_transfer_options(self.config)
+        if self.pooler_config is not None:
+            raise ConfigError("--kv-transfer-config applies to generative models (this one pools)")
+        built = build_kv_transfer(self.config, self.loaded, self.runner.kv_caches, self.kv_plan.block_size, transfer)
+        self.scheduler.external_kv = ExternalKV(built.connector, self.kv_plan.block_size)
+        self.kv_cache_manager.record_cached_blocks()
+        return built
 
     def _classifier_head(self):
         """A ``classify`` model's head (its ``classify`` method: pooled float32 [H] -> logits), or
@@ -246,9 +262,13 @@ class EngineCore:
         return HEALTH_CHECK_INTERVAL
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel worker ranks, if any (idempotent)."""
+        """Stop the tensor-parallel worker ranks, if any, and the KV transfer's threads (writing
+        what the disk tier has queued) (idempotent)."""
         if self.tensor_parallel is not None:
             self.tensor_parallel.shutdown()
+        transfer, self.kv_transfer = getattr(self, "kv_transfer", None), None
+        if transfer is not None:
+            transfer.close()
 
     def _load_draft(self, config: EngineConfig) -> LoadedModel | None:
         """The draft model of ``--speculative-config`` method draft_model (target's dtype,
@@ -354,6 +374,8 @@ class EngineCore:
             scheduler_output = self.scheduler.schedule()
         except Exception as exc:
             raise EngineDeadError(f"the scheduler failed: {type(exc).__name__}: {exc}") from exc
+        if scheduler_output.kv_loads:
+            self.kv_transfer.connector.load(scheduler_output.kv_loads)
         runner_output = self.runner.execute_model(scheduler_output)
         if scheduler_output.is_empty:
             return StepResult(finished_on_admission, None, self.kv_cache_manager.take_events())
@@ -364,6 +386,8 @@ class EngineCore:
         slo = self.scheduler.slo
         work = slo.step_work(scheduler_output, self.scheduler.requests)  # before the requests advance
         outputs = finished_on_admission + self.scheduler.update_from_output(scheduler_output, runner_output)
+        if self.kv_transfer is not None:  # blocks that entered the prefix cache, before the pool reuses them
+            self.kv_transfer.connector.save(self.kv_cache_manager.take_cached_blocks())
         duration = time.perf_counter() - start
         if self.has_unfinished_requests():  # the next step follows at once: learn the interval
             self._step_to_learn = (work, start)

@@ -68,6 +68,9 @@ class KVCacheManager:
         self.num_cached_block: dict[str, int] = {}
         self._queries = 0
         self._hits = 0
+        # (block id, hash) of the blocks cache_blocks registered, for a KV connector's sinks
+        # (``record_cached_blocks``); None records nothing
+        self._newly_cached: list[tuple[int, int]] | None = None
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -181,10 +184,14 @@ class KVCacheManager:
             return
         block_hashes = update_block_hashes(request, self.block_size)
         blocks = self.req_to_blocks[request_id]
-        unhashed = [block.block_hash is None for block in blocks[start:num_full]] if self.events.enabled else None
+        record = self.events.enabled or self._newly_cached is not None
+        unhashed = [block.block_hash is None for block in blocks[start:num_full]] if record else None
         self.block_pool.cache_full_blocks(blocks[start:num_full], block_hashes[start:num_full])
         self.num_cached_block[request_id] = num_full
-        if unhashed is not None:
+        if self._newly_cached is not None:
+            self._newly_cached.extend((block.block_id, block.block_hash) for block, was in
+                                      zip(blocks[start:num_full], unhashed) if was and block.block_hash is not None)
+        if self.events.enabled:
             self._record_stored(request, blocks, block_hashes, start, unhashed)
 
     def _record_stored(self, request: Request, blocks: list[KVCacheBlock], block_hashes: list[int], start: int,
@@ -208,6 +215,17 @@ class KVCacheManager:
                 parent_block_hash=block_hashes[first - 1] if first > 0 else None,
                 token_ids=tuple(request.all_token_ids[first * size:(last + 1) * size]),
                 block_size=size, extra_keys=(extra,) * len(run)))
+
+    def record_cached_blocks(self) -> None:
+        """From now on, remember the blocks ``cache_blocks`` registers (``take_cached_blocks``)."""
+        self._newly_cached = []
+
+    def take_cached_blocks(self) -> list[tuple[int, int]]:
+        """``(block id, hash)`` of the blocks registered since the last call, oldest first."""
+        if self._newly_cached is None:
+            return []
+        taken, self._newly_cached = self._newly_cached, []
+        return taken
 
     def take_events(self) -> list[KVCacheEvent]:
         """Events recorded since the last call, oldest first (empty when events are off)."""

@@ -13,7 +13,7 @@ Source of the names, label sets and buckets: vLLM 0.32's ``vllm/v1/metrics/logge
 (``PrometheusStatLogger``), ``vllm/v1/metrics/buckets.py`` and ``vllm/v1/engine/parallel_sampling.py``
 (what is observed once per request of ``n`` choices). Series about what kvserve does not have are
 exported as vLLM exports them on a server without it: the external (KV-connector) prefix cache
-and the multi-modal cache count 0, ``engine_sleep_state`` reads ``awake`` (kvserve has no sleep
+counts 0 without a connector, the multi-modal cache 0, ``engine_sleep_state`` reads ``awake`` (kvserve has no sleep
 mode). Two deprecated vLLM names are exported beside their successors because vLLM's previous
 Grafana dashboard queries them: ``time_per_output_token_seconds`` (the same per-token observations
 as ``inter_token_latency_seconds``) and ``gpu_cache_usage_perc`` (= ``kv_cache_usage_perc``).
@@ -116,14 +116,20 @@ class SchedulerStatsCollector:
         yield self._counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                             s.prefix_cache_queries)
         yield self._counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits)
-        yield self._counter("external_prefix_cache_queries", "Prompt tokens looked up in an external "
-                            "(KV-connector) prefix cache: kvserve has none.", 0)
-        yield self._counter("external_prefix_cache_hits", "Prompt tokens found in an external prefix cache.", 0)
+        transfer = s.kv_transfer
+        yield self._counter("external_prefix_cache_queries", "Prompt tokens looked up beyond the prefix cache "
+                            "(the KV connector's tiers: --kv-offload-dir, --kv-role consumer).",
+                            0 if transfer is None else transfer.external_queries)
+        yield self._counter("external_prefix_cache_hits", "Prompt tokens found beyond the prefix cache and loaded.",
+                            0 if transfer is None else transfer.external_hits)
         yield self._counter("mm_cache_queries", "Multi-modal cache queries: kvserve serves text models.", 0)
         yield self._counter("mm_cache_hits", "Multi-modal cache hits.", 0)
+        by_source = {} if transfer is None else transfer.hits_by_source
         yield self._labelled(CounterMetricFamily, "prompt_tokens_cached_by_source",
-                             "Prefix-cache hit tokens by the tier that supplied them (kvserve: device).", "source",
-                             {source: s.prefix_cache_hits if source == "device" else 0 for source in CACHE_HIT_SOURCES})
+                             "Cached prompt tokens by the tier that supplied them: device = the prefix cache, "
+                             "disk = --kv-offload-dir, p2p = a prefill instance (--kv-role consumer).", "source",
+                             {source: s.prefix_cache_hits if source == "device" else by_source.get(source, 0)
+                              for source in CACHE_HIT_SOURCES})
         yield self._counter("num_preemptions", "Requests preempted (recompute).", s.num_preemptions)
         info = self.cache_info()
         if info is not None:

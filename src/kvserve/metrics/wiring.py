@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from kvserve.metrics.log_format import LOG_FORMATS
 from kvserve.metrics.log_stats import LoggingStatsLogger, RequestLogger
 from kvserve.metrics.prometheus import DEFAULT_PREFIX, PrometheusStatsLogger, SchedulerStatsCollector, metric_prefix
+from kvserve.metrics.kv_transfer import KVTransferCollector
 from kvserve.metrics.slo import SLOStatsLogger, SLOStepCostCollector
 from kvserve.metrics.stats import IterationStats
 
@@ -127,6 +128,7 @@ def install_metrics(async_llm: AsyncLLM, model_name: str | None = None,
     registry.register(SchedulerStatsCollector(name, lambda: async_llm.snapshot, start,
                                               lambda: cache_config_info(async_llm.core)))
     registry.register(SLOStepCostCollector(name, lambda: async_llm.snapshot, start))
+    registry.register(KVTransferCollector(name, lambda: async_llm.snapshot, start))
     async_llm.stats_consumers.append(metrics)
     async_llm.stats_consumers.append(SLOStatsLogger(name, registry, start))
     async_llm.metrics_registry = registry

@@ -89,6 +89,11 @@ class Router:
         self.proxy = Proxy(self.fleet, self.upstream, self.config.retry, self.metrics, self.config.request_timeout,
                            self._on_failure, self._on_routed)
         self.proxy.ttft_window, self.proxy.itl_window = self.ttft_window, self.itl_window
+        if self.config.pd:
+            from kvserve.router.pd import PrefillLeg
+
+            self.proxy.prefill_leg = PrefillLeg(self.config.prefill_urls, self.upstream, self.config.request_timeout,
+                                                self.metrics.registry)
         await self.monitor.check_all()
         await self.monitor.scrape_all()
         self.monitor.start()

@@ -97,6 +97,8 @@ class RouterConfig:
             routing (``kvserve.router.policies``).
         api_keys, requests_per_minute, tokens_per_minute, max_concurrent_requests: as
             ``kvserve serve``'s, enforced at the router.
+        pd, prefill_urls: disaggregated prefill/decode (``kvserve.router.pd``): every completion's
+            prefill runs on one of ``prefill_urls``, then ``worker_urls`` decode it.
         request_timeout: seconds a worker may take to answer a request.
         drain_timeout: seconds ``DELETE /workers/{url}`` waits for in-flight requests.
     """
@@ -119,6 +121,8 @@ class RouterConfig:
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
     max_concurrent_requests: int | None = None
+    pd: bool = False
+    prefill_urls: tuple[str, ...] = ()
     request_timeout: float = 600.0
     drain_timeout: float = 600.0
     retry: RetryConfig = field(default_factory=RetryConfig)
@@ -152,6 +156,10 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--standby-workers", nargs="+", default=[], metavar="URL",
                    help="the warm pool: loaded workers kept out of rotation, promoted when a worker is ejected "
                         "or desired_replicas exceeds the active count")
+    g.add_argument("--pd", action="store_true",
+                   help="disaggregated prefill/decode: each completion is prefilled on a --prefill-urls worker "
+                        "(kvserve serve --kv-role producer), then decoded on a --worker-urls one (--kv-role consumer)")
+    g.add_argument("--prefill-urls", nargs="+", default=[], metavar="URL", help="--pd: the prefill workers")
     g.add_argument("--registry-file", default=None, help="YAML list of workers (docs/router.md)")
     g.add_argument("--model-registry", default=None, help="YAML list of models (docs/router.md)")
     g.add_argument("--tokenizer", default=None, help="tokenizer folder of the workers' model (default: built-in)")
@@ -195,6 +203,8 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
 
 def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
     """Build the config (``$KVSERVE_API_KEY`` is read here, once, when no ``--api-key``)."""
+    if args.pd != bool(args.prefill_urls):
+        raise ValueError("--pd needs --prefill-urls (the prefill workers), and --prefill-urls needs --pd")
     keys = tuple(args.api_key) or ((os.environ["KVSERVE_API_KEY"],) if os.environ.get("KVSERVE_API_KEY") else ())
     return RouterConfig(
         host=args.host, port=args.port, worker_urls=tuple(args.worker_urls),
@@ -204,6 +214,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         balance_abs_threshold=args.balance_abs_threshold, balance_rel_threshold=args.balance_rel_threshold,
         queue_token_cost=args.queue_token_cost, api_keys=keys, requests_per_minute=args.requests_per_minute,
         tokens_per_minute=args.tokens_per_minute, max_concurrent_requests=args.max_concurrent_requests,
+        pd=args.pd, prefill_urls=tuple(u.rstrip("/") for u in args.prefill_urls),
         request_timeout=args.request_timeout, drain_timeout=args.drain_timeout,
         retry=RetryConfig(max_retries=args.retry_max_retries, initial_backoff=args.retry_initial_backoff_ms / 1000,
                           max_backoff=args.retry_max_backoff_ms / 1000),

@@ -105,6 +105,7 @@ class Proxy:
         self.rng = rng or random.Random()
         self.ttft_window = None  # set by the app: SlidingWindow
         self.itl_window = None
+        self.prefill_leg = None  # set by the app with --pd: kvserve.router.pd.PrefillLeg
 
     def backoff(self, retry_index: int) -> float:
         """Seconds before retry number ``retry_index`` (0-based)."""
@@ -119,6 +120,8 @@ class Proxy:
         Raises:
             APIError: 503 ``no_worker_available`` when no worker could be tried (nothing was sent).
         """
+        if self.prefill_leg is not None:
+            request = await self.prefill_leg.prepare(request)
         tried: set[str] = set()
         last: _Retry | None = None
         for attempt in range(self.retry.max_retries + 1):

@@ -30,6 +30,7 @@ from kvserve.request import Request
 
 if TYPE_CHECKING:
     from kvserve.engine.engine_request import EngineRequest
+    from kvserve.kv_transfer.scheduling import ExternalBlocks
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ class SchedulerOutput:
             last ``len(drafts)`` of its scheduled tokens); requests without drafts are absent.
         propose_draft_req_ids: requests for which the runner proposes drafts after sampling this
             step (the adaptive switch's choice; empty without speculative decoding).
+        kv_loads: blocks the KV connector read for newly admitted requests: the engine writes them
+            into the cache before the forward (``kvserve.kv_transfer``; empty without one).
     """
 
     scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
@@ -106,6 +109,7 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     propose_draft_req_ids: frozenset[str] = frozenset()
+    kv_loads: list[ExternalBlocks] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from kvserve.config import SchedulerConfig, SpeculativeConfig
 from kvserve.kv_cache.block import KVCacheBlock
 from kvserve.kv_cache.manager import KVCacheManager
+from kvserve.kv_transfer.scheduling import ExternalBlocks, ExternalKV
 from kvserve.request import Request, RequestStatus
 from kvserve.scheduler.admission import check_kv_fit, check_queue_capacity
 from kvserve.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -50,6 +51,7 @@ class _StepPlan:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     preempted: dict[str, Request] = field(default_factory=dict)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
+    kv_loads: list[ExternalBlocks] = field(default_factory=list)
 
 
 class Scheduler(StepUpdates):
@@ -88,6 +90,7 @@ class Scheduler(StepUpdates):
         self.spec = None if speculative_config is None else SpecDecodeScheduling(speculative_config, cfg.max_model_len)
         self.max_loras = max_loras
         self.slo = SLOScheduling()
+        self.external_kv: ExternalKV | None = None  # KV from outside the pool (kvserve.kv_transfer)
         self._init_counters()
 
     def _init_counters(self) -> None:
@@ -251,13 +254,14 @@ class Scheduler(StepUpdates):
             if self._next_block_in_flight(request, len(hit_blocks), in_flight):
                 deferred.append(self.waiting.pop())
                 continue
+            external = 0 if self.external_kv is None else self.external_kv.num_tokens(request, len(hit_blocks))
             if self.scheduler_config.enable_chunked_prefill:
-                num_new = self._num_new_tokens(request, num_cached, plan.token_budget)
+                num_new = self._num_new_tokens(request, num_cached + external, plan.token_budget)
             else:
-                num_new = request.num_tokens - num_cached
+                num_new = request.num_tokens - num_cached - external
                 if num_new > plan.token_budget:
                     break
-            if not self._admit(request, num_new, hit_blocks, num_cached, plan):
+            if not self._admit(request, num_new, hit_blocks, num_cached, plan, external):
                 break
             in_flight.update(self._uncomputed_prompt_hashes(request))
             if adapters is not None and request.lora_request is not None:
@@ -309,13 +313,13 @@ class Scheduler(StepUpdates):
         hashes = request.block_hashes
         return bool(in_flight) and num_hit_blocks < len(hashes) and hashes[num_hit_blocks] in in_flight
 
-    def _admit(
-        self, request: Request, num_new: int, hit_blocks: list[KVCacheBlock], num_cached: int, plan: _StepPlan
-    ) -> bool:
-        """Allocate for the head of waiting and move it to running (False: it must wait)."""
+    def _admit(self, request: Request, num_new: int, hit_blocks: list[KVCacheBlock], num_cached: int,
+               plan: _StepPlan, external: int = 0) -> bool:
+        """Allocate for the head of waiting and move it to running (False: it must wait).
+        ``external``: tokens after the hit that the KV connector loads (allocated here too)."""
         kv = self.kv_cache_manager
-        lookahead = self._lookahead(request, num_cached + num_new)
-        while kv.allocate_slots(request, num_new, hit_blocks, num_cached, lookahead) is None:
+        lookahead = self._lookahead(request, num_cached + external + num_new)
+        while kv.allocate_slots(request, external + num_new, hit_blocks, num_cached, lookahead) is None:
             victim = self._select_victim_for_waiting(request)
             if victim is None:
                 return False
@@ -323,6 +327,8 @@ class Scheduler(StepUpdates):
         popped = self.waiting.pop()
         assert popped is request, f"waiting head changed from {request.request_id} to {popped.request_id}"
         request.status = RequestStatus.RUNNING
+        if self.external_kv is not None:
+            num_cached += self._load_external(request, len(hit_blocks), external, plan)
         request.num_computed_tokens = num_cached
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_cached
@@ -331,6 +337,19 @@ class Scheduler(StepUpdates):
         plan.num_scheduled_tokens[request.request_id] = num_new
         plan.token_budget -= num_new
         return True
+
+    def _load_external(self, request: Request, num_hit_blocks: int, external: int, plan: _StepPlan) -> int:
+        """Read the connector's blocks into the request's new blocks (the step loads them before
+        its forward); returns the tokens read (fewer than ``external`` when a block could not be:
+        the rest is computed, the step's tokens starting earlier)."""
+        if not external:
+            self.external_kv.count_miss(request, num_hit_blocks)
+            return 0
+        blocks = self.external_kv.read(request, self.kv_cache_manager.req_to_block_ids[request.request_id],
+                                       num_hit_blocks, external)
+        if blocks.block_ids:
+            plan.kv_loads.append(blocks)
+        return len(blocks.block_ids) * self.kv_cache_manager.block_size
 
     def _select_victim_for_waiting(self, request: Request) -> Request | None:
         """Under ``priority``, the running request with strictly lower priority than ``request``
@@ -370,7 +389,7 @@ class Scheduler(StepUpdates):
             propose = frozenset(r for r, n in plan.num_scheduled_tokens.items()
                                 if self.spec.proposes(requests[r], requests[r].num_computed_tokens + n))
         return SchedulerOutput(new_reqs, cached, plan.num_scheduled_tokens, total, finished, set(plan.preempted),
-                               plan.spec_tokens, propose)
+                               plan.spec_tokens, propose, plan.kv_loads)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -399,6 +418,7 @@ class Scheduler(StepUpdates):
             spec_decoding=None if self.spec is None else self.spec.stats(),
             lora=self._lora_stats(),
             slo=self.slo.stats(self),
+            kv_transfer=None if self.external_kv is None else self.external_kv.connector.stats(self.external_kv.stats),
         )
 
     def _lora_stats(self) -> LoRAStats | None:

@@ -29,6 +29,7 @@ class SchedulerStats:
         spec_decoding: speculative-decoding totals, or None when speculation is off.
         lora: adapters of running and waiting requests, or None when LoRA is off.
         slo: the latency-target side (the step-cost model, prediction errors), or None.
+        kv_transfer: the KV connector's lookups, loads, stores and tiers, or None without one.
     """
 
     num_running: int = 0
@@ -45,6 +46,30 @@ class SchedulerStats:
     spec_decoding: SpecDecodingStats | None = None
     lora: LoRAStats | None = None
     slo: SLOStats | None = None
+    kv_transfer: KVTransferStats | None = None
+
+
+@dataclass(frozen=True)
+class KVTransferStats:
+    """The KV connector's totals since start-up (``kvserve.kv_transfer``).
+
+    Attributes:
+        external_queries, external_hits: prompt tokens looked up beyond the pool / found (vLLM's
+            ``external_prefix_cache_*``).
+        hits_by_source: found tokens by tier (``disk``, ``p2p``).
+        loaded_bytes, stored_bytes: by tier.
+        load_seconds: time spent writing loaded blocks into the cache.
+        tier_blocks, tier_bytes: what each tier holds now.
+    """
+
+    external_queries: int = 0
+    external_hits: int = 0
+    hits_by_source: dict[str, int] = field(default_factory=dict)
+    loaded_bytes: dict[str, int] = field(default_factory=dict)
+    stored_bytes: dict[str, int] = field(default_factory=dict)
+    load_seconds: float = 0.0
+    tier_blocks: dict[str, int] = field(default_factory=dict)
+    tier_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,206 @@
+"""The disk tier: full KV blocks as files, found by their prefix-cache hash, kept across restarts.
+
+    <path>/<fingerprint>/<first 2 hex digits>/<block hash, 64 hex digits>.kvb
+    file = header (magic, fingerprint, block hash, payload length, CRC-32 of the payload) + payload
+
+One file per block (every layer's K and V of the block: ``kvserve.kv_transfer.block_io``). Files are
+written by one writer thread (``put`` only queues; the engine thread never waits on the disk),
+each to a temporary name then renamed, so a crash leaves whole files or none. The index (hash ->
+bytes, least recently used first) is rebuilt from the folder at start-up, oldest modification
+first; a read refreshes a file's place (and its modification time). Past ``max_bytes`` the least
+recently used files are deleted. A file whose header or checksum does not match is deleted and
+counts as a miss, never as KV.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"KVSBLK01"
+_HEADER = struct.Struct("<8s16s32sQI")  # magic, fingerprint, block hash, payload bytes, crc32
+SUFFIX = ".kvb"
+QUEUE_BYTES = 256 << 20  # blocks waiting for the writer at most; later ones are dropped (counted)
+
+
+class DiskKVStore:
+    """Args:
+        path: the tier's folder (created).
+        fingerprint: 32 hex digits (``kvserve.kv_transfer.fingerprint``): a sub-folder.
+        max_bytes: size bound of the files (headers included).
+        block_nbytes: a payload's size (files of another size are ignored).
+    """
+
+    name = "disk"
+
+    def __init__(self, path: str, fingerprint: str, max_bytes: int, block_nbytes: int):
+        self.root = Path(path) / fingerprint
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.fingerprint = bytes.fromhex(fingerprint)[:16]
+        self.max_bytes = max_bytes
+        self.file_bytes = _HEADER.size + block_nbytes
+        self.block_nbytes = block_nbytes
+        self._index: OrderedDict[int, None] = OrderedDict()  # block hash, least recently used first
+        self._pending: set[int] = set()
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, QUEUE_BYTES // self.file_bytes))
+        self.dropped_writes = 0
+        self.corrupt = 0
+        self._scan()
+        self._writer = threading.Thread(target=self._write_loop, name="kvserve-kv-disk", daemon=True)
+        self._writer.start()
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self._index
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._index)
+
+    @property
+    def used_bytes(self) -> int:
+        return len(self._index) * self.file_bytes
+
+    def get(self, block_hash: int) -> bytes | None:
+        """The block's payload, or None (absent, unreadable or corrupt: then deleted)."""
+        if block_hash not in self._index:
+            return None
+        path = self._path(block_hash)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            self._forget(block_hash)
+            return None
+        payload = self._check(data, block_hash)
+        if payload is None:
+            self.corrupt += 1
+            logger.warning("KV disk tier: %s is corrupt; deleted (its block is recomputed)", path)
+            self._forget(block_hash, delete=True)
+            return None
+        with self._lock:
+            if block_hash in self._index:
+                self._index.move_to_end(block_hash)
+        try:
+            os.utime(path)  # its place in the LRU order after a restart
+        except OSError:
+            pass
+        return payload
+
+    def _check(self, data: bytes, block_hash: int) -> bytes | None:
+        if len(data) != self.file_bytes:
+            return None
+        magic, fingerprint, stored_hash, length, crc = _HEADER.unpack_from(data)
+        payload = data[_HEADER.size:]
+        if magic != MAGIC or fingerprint != self.fingerprint or stored_hash != block_hash.to_bytes(32, "big") \
+                or length != len(payload) or zlib.crc32(payload) != crc:
+            return None
+        return payload
+
+    # -- changes -----------------------------------------------------------------------------
+
+    def put(self, block_hash: int, payload) -> None:
+        """Queue a block for writing (nothing when it is stored or queued already; dropped and
+        counted when the writer is ``QUEUE_BYTES`` behind)."""
+        with self._lock:
+            if block_hash in self._index or block_hash in self._pending:
+                return
+            self._pending.add(block_hash)
+        try:
+            self._queue.put_nowait((block_hash, payload))
+        except queue.Full:
+            with self._lock:
+                self._pending.discard(block_hash)
+            self.dropped_writes += 1
+
+    def flush(self) -> None:
+        """Wait until every queued block is written."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the writer."""
+        self._queue.put(None)
+        self._writer.join()
+
+    # -- the writer and the index ------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(*item)
+            except Exception:  # noqa: BLE001 - a full or broken disk must not stop the engine
+                logger.exception("KV disk tier: writing a block failed")
+            finally:
+                if item is not None:
+                    with self._lock:
+                        self._pending.discard(item[0])
+                self._queue.task_done()
+
+    def _write(self, block_hash: int, payload) -> None:
+        payload = memoryview(payload).cast("B")
+        header = _HEADER.pack(MAGIC, self.fingerprint, block_hash.to_bytes(32, "big"), len(payload),
+                              zlib.crc32(payload))
+        path = self._path(block_hash)
+        path.parent.mkdir(exist_ok=True)
+        temporary = path.with_suffix(f".{threading.get_ident()}.tmp")
+        with open(temporary, "wb") as f:
+            f.write(header)
+            f.write(payload)
+        os.replace(temporary, path)
+        with self._lock:
+            self._index[block_hash] = None
+            victims = []
+            while len(self._index) * self.file_bytes > self.max_bytes and self._index:
+                victims.append(self._index.popitem(last=False)[0])
+        for victim in victims:
+            self._path(victim).unlink(missing_ok=True)
+
+    def _forget(self, block_hash: int, delete: bool = False) -> None:
+        with self._lock:
+            self._index.pop(block_hash, None)
+        if delete:
+            self._path(block_hash).unlink(missing_ok=True)
+
+    def _path(self, block_hash: int) -> Path:
+        name = f"{block_hash:064x}"
+        return self.root / name[:2] / (name + SUFFIX)
+
+    def _scan(self) -> None:
+        """Rebuild the index from the folder (oldest first), dropping unfinished writes and files
+        of another size; trim to ``max_bytes``."""
+        started = time.perf_counter()
+        found = []
+        for path in self.root.glob(f"*/*{SUFFIX}"):
+            try:
+                stat = path.stat()
+                block_hash = int(path.stem, 16)
+            except (OSError, ValueError):
+                continue
+            if stat.st_size != self.file_bytes:
+                path.unlink(missing_ok=True)
+                continue
+            found.append((stat.st_mtime, block_hash))
+        for path in self.root.glob("*/*.tmp"):
+            path.unlink(missing_ok=True)
+        found.sort()
+        excess = max(0, len(found) - self.max_bytes // self.file_bytes)
+        for _, block_hash in found[:excess]:
+            self._path(block_hash).unlink(missing_ok=True)
+        self._index = OrderedDict((block_hash, None) for _, block_hash in found[excess:])
+        if self._index:
+            logger.info("KV disk tier %s: %d blocks (%.1f MiB) found in %.2f s", self.root, len(self._index),
+                        self.used_bytes / (1 << 20), time.perf_counter() - started)
