@@ -86,6 +86,7 @@ class EngineCoreOutput:
     client_error: bool = False
     num_preemptions: int = 0
     pooling_output: torch.Tensor | None = None
+    num_external_tokens: int = 0  # of num_cached_tokens, loaded by the KV connector
 
     @property
     def finished(self) -> bool:

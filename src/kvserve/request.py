@@ -63,7 +63,8 @@ class Request:
     Attributes:
         spec: what the input processor made of this choice (``EngineRequest``; a choice of an
             ``n > 1`` request has its own id and seed, see ``EngineRequest.choices``).
-        num_cached_tokens: prompt tokens found in the prefix cache when first scheduled (-1 until).
+        num_cached_tokens: prompt tokens found in the prefix cache when first scheduled (-1 until),
+            including those the KV connector loaded (``num_external_tokens`` of them).
         first_scheduled_time: seconds (``time.time()``) when the scheduler first admitted the
             request to running (its queue time ends); None until then. Kept across preemption.
         error: why the request failed (status FINISHED_ERROR), else None.
@@ -81,6 +82,7 @@ class Request:
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1
+    num_external_tokens: int = 0
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     stop_reason: int | str | None = None

@@ -67,6 +67,9 @@ def test_the_router_prefills_on_one_server_and_decodes_on_the_other(servers, tmp
         metrics = httpx.get(consumer.base_url + "/metrics").text
         assert 'prompt_tokens_cached_by_source_total{engine="0",model_name="tiny",source="p2p"}' in metrics
         assert 'kv_connector_bytes_total{direction="load",model_name="tiny",tier="p2p"}' in metrics
+        external = [line for line in metrics.splitlines()
+                    if line.startswith("kvserve:prompt_tokens_by_source_total") and "external_kv_transfer" in line]
+        assert float(external[0].split()[-1]) >= 2 * 16 * 4
         assert 'kvserve_router_pd_prefills_total{outcome="ok"}' in httpx.get(router.url + "/metrics").text
     finally:
         router.stop()

@@ -355,6 +355,7 @@ def _record_choice_times(
             times.first_token = now
             iteration.num_prompt_tokens += num_prompt_tokens
             iteration.num_cached_prompt_tokens += min(out.num_cached_tokens, num_prompt_tokens)
+            iteration.num_external_prompt_tokens += min(out.num_external_tokens, num_prompt_tokens)
             iteration.time_to_first_tokens.append(now - times.arrival)
         else:
             iteration.inter_token_latencies.append(now - times.last_token)

@@ -302,7 +302,9 @@ class PrometheusStatsLogger:
         computed = iteration.num_prompt_tokens - iteration.num_cached_prompt_tokens
         self.prompt_tokens.inc(iteration.num_prompt_tokens)
         self.prompt_tokens_by_source["local_compute"].inc(computed)
-        self.prompt_tokens_by_source["local_cache_hit"].inc(iteration.num_cached_prompt_tokens)
+        external = iteration.num_external_prompt_tokens
+        self.prompt_tokens_by_source["local_cache_hit"].inc(iteration.num_cached_prompt_tokens - external)
+        self.prompt_tokens_by_source["external_kv_transfer"].inc(external)
         self.prompt_tokens_cached.inc(iteration.num_cached_prompt_tokens)
         self.generation_tokens.inc(iteration.num_generation_tokens)
         if step_ran:

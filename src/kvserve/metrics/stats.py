@@ -41,6 +41,7 @@ class IterationStats:
     inter_token_latencies: list[float] = field(default_factory=list)
     lora_tokens: dict[str, list[int]] = field(default_factory=dict)
     num_cached_prompt_tokens: int = 0
+    num_external_prompt_tokens: int = 0  # of the cached ones, loaded by the KV connector
 
     def add_lora_tokens(self, lora_name: str, num_prompt_tokens: int, num_generation_tokens: int) -> None:
         counts = self.lora_tokens.setdefault(lora_name, [0, 0])

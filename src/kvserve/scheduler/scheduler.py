@@ -332,6 +332,7 @@ class Scheduler(StepUpdates):
         request.num_computed_tokens = num_cached
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_cached
+            request.num_external_tokens = num_cached - len(hit_blocks) * kv.block_size
         request.first_scheduled_time = request.first_scheduled_time or time.time()  # metrics: queue time ends
         self.running.append(request)
         plan.num_scheduled_tokens[request.request_id] = num_new

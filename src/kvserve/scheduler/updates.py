@@ -108,6 +108,7 @@ class StepUpdates:
             max(request.num_cached_tokens, 0),
             request.first_scheduled_time,
             num_preemptions=request.num_preemptions if finished else 0,
+            num_external_tokens=request.num_external_tokens,
             pooling_output=runner_output.pooler_output.get(request_id) if runner_output.pooler_output else None,
         )
 
