@@ -118,6 +118,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
         if args.tensor_parallel_size > 1:
             raise ValueError("--data-parallel-size with --tensor-parallel-size > 1 is not supported yet")
+        if args.kv_role or args.kv_transfer_config:
+            raise ValueError("--kv-role and --kv-transfer-config serve one engine: start one kvserve serve per "
+                             "prefill or decode instance instead of --data-parallel-size (docs/kv_tiers.md)")
 
         return run_data_parallel(args, argv[argv.index("serve") + 1:])
     if args.command == "serve":

@@ -95,3 +95,47 @@ def test_the_memory_store_keeps_the_newest_within_its_bound():
     assert store.num_blocks == 3 and 0 not in store and store.used_bytes == 3 * 256
     assert store.prefix([1, 2, 9, 3]) == [payload(1), payload(2)]
     assert store.get(3) == payload(3)
+
+
+def test_a_truncated_block_is_a_miss(tmp_path):
+    store = DiskKVStore(str(tmp_path), FINGERPRINT, max_bytes=1 << 20, block_nbytes=256)
+    store.put(5, payload(5))
+    store.flush()
+    path = store._path(5)
+    path.write_bytes(path.read_bytes()[:-10])
+    assert store.get(5) is None and 5 not in store and not path.exists()
+    store.close()
+
+
+def test_an_unusable_folder_disables_the_tier_and_nothing_fails(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    store = DiskKVStore(str(blocker), FINGERPRINT, max_bytes=1 << 20, block_nbytes=256)
+    assert store.disabled and "cannot be used" in store.disabled
+    store.put(1, payload(1))
+    store.flush()
+    assert store.get(1) is None and store.num_blocks == 0
+    store.close()
+
+
+def test_a_failed_write_disables_the_tier(tmp_path, monkeypatch):
+    import errno
+
+    from kvserve.kv_transfer import disk_store
+
+    store = DiskKVStore(str(tmp_path), FINGERPRINT, max_bytes=1 << 20, block_nbytes=256)
+    store.put(1, payload(1))
+    store.flush()
+    assert store.get(1) == payload(1)
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk_store.os, "replace", full)
+    store.put(2, payload(2))
+    store.flush()
+    assert store.disabled and "No space left" in store.disabled
+    assert store.get(1) is None and 2 not in store  # the tier is off: nothing is read or written
+    assert not list(tmp_path.glob("*/*/*.tmp"))  # the half-written file is gone
+    store.put(3, payload(3))
+    store.close()

@@ -8,8 +8,10 @@ written by one writer thread (``put`` only queues; the engine thread never waits
 each to a temporary name then renamed, so a crash leaves whole files or none. The index (hash ->
 bytes, least recently used first) is rebuilt from the folder at start-up, oldest modification
 first; a read refreshes a file's place (and its modification time). Past ``max_bytes`` the least
-recently used files are deleted. A file whose header or checksum does not match is deleted and
-counts as a miss, never as KV.
+recently used files are deleted. A file whose header or checksum does not match (bit flips, a
+truncated file) is deleted and counts as a miss, never as KV. A folder that cannot be created or a
+write that fails (a full disk, a read-only folder) is logged and disables the tier: it then holds
+nothing and takes nothing, and serving goes on without it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class DiskKVStore:
 
     def __init__(self, path: str, fingerprint: str, max_bytes: int, block_nbytes: int):
         self.root = Path(path) / fingerprint
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.disabled: str | None = None  # why the tier stopped (a failed write), or None
         self.fingerprint = bytes.fromhex(fingerprint)[:16]
         self.max_bytes = max_bytes
         self.file_bytes = _HEADER.size + block_nbytes
@@ -55,7 +57,11 @@ class DiskKVStore:
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, QUEUE_BYTES // self.file_bytes))
         self.dropped_writes = 0
         self.corrupt = 0
-        self._scan()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._scan()
+        except OSError as exc:
+            self._disable(f"its folder {self.root} cannot be used: {exc}")
         self._writer = threading.Thread(target=self._write_loop, name="kvserve-kv-disk", daemon=True)
         self._writer.start()
 
@@ -111,8 +117,10 @@ class DiskKVStore:
     # -- changes -----------------------------------------------------------------------------
 
     def put(self, block_hash: int, payload) -> None:
-        """Queue a block for writing (nothing when it is stored or queued already; dropped and
-        counted when the writer is ``QUEUE_BYTES`` behind)."""
+        """Queue a block for writing (nothing when it is stored or queued already or the tier is
+        disabled; dropped and counted when the writer is ``QUEUE_BYTES`` behind)."""
+        if self.disabled:
+            return
         with self._lock:
             if block_hash in self._index or block_hash in self._pending:
                 return
@@ -141,9 +149,10 @@ class DiskKVStore:
             try:
                 if item is None:
                     return
-                self._write(*item)
-            except Exception:  # noqa: BLE001 - a full or broken disk must not stop the engine
-                logger.exception("KV disk tier: writing a block failed")
+                if not self.disabled:
+                    self._write(*item)
+            except OSError as exc:  # a full disk, a read-only folder: serving goes on without the tier
+                self._disable(f"writing a block failed: {exc}")
             finally:
                 if item is not None:
                     with self._lock:
@@ -157,10 +166,14 @@ class DiskKVStore:
         path = self._path(block_hash)
         path.parent.mkdir(exist_ok=True)
         temporary = path.with_suffix(f".{threading.get_ident()}.tmp")
-        with open(temporary, "wb") as f:
-            f.write(header)
-            f.write(payload)
-        os.replace(temporary, path)
+        try:
+            with open(temporary, "wb") as f:
+                f.write(header)
+                f.write(payload)
+            os.replace(temporary, path)
+        except OSError:
+            temporary.unlink(missing_ok=True)
+            raise
         with self._lock:
             self._index[block_hash] = None
             victims = []
@@ -168,6 +181,12 @@ class DiskKVStore:
                 victims.append(self._index.popitem(last=False)[0])
         for victim in victims:
             self._path(victim).unlink(missing_ok=True)
+
+    def _disable(self, why: str) -> None:
+        logger.error("KV disk tier disabled (serving goes on without it): %s", why)
+        with self._lock:
+            self.disabled = why
+            self._index.clear()
 
     def _forget(self, block_hash: int, delete: bool = False) -> None:
         with self._lock:

@@ -11,7 +11,8 @@ tokens (prompt + output), and a step computes up to ``num_tokens - num_computed_
        allocate_slots() -> None: preempt (recompute) the lowest-priority / latest running request
        and retry; if that victim is the request itself, stop.
     2. WAITING requests in policy order (only when step 1 preempted nobody): prefix-cache lookup,
-       then the rest of the prompt (chunked when it exceeds the remaining budget) while
+       then the blocks after the hit that the KV connector can load (``kvserve.kv_transfer``:
+       allocated, read, written before the forward), then the rest of the prompt (chunked when it exceeds the remaining budget) while
        max_num_seqs and the KV cache allow. Under ``priority`` a waiting request may preempt
        running requests of lower priority. With LoRA, a request whose adapter would be one more
        than ``max_loras`` among running requests waits (in its place) while later ones go; so
