@@ -330,3 +330,13 @@ class EngineConfig:
     lora: LoRAConfig | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     kv_transfer: KVTransferConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_transfer is None:
+            return
+        if not self.cache.enable_prefix_caching:
+            raise ConfigError("--kv-transfer-config (and --kv-offload-dir, --kv-role) finds blocks by their "
+                              "prefix-cache hashes: it needs prefix caching (drop --no-enable-prefix-caching)")
+        if self.parallel.tensor_parallel_size > 1:
+            raise ConfigError("--kv-transfer-config (and --kv-offload-dir, --kv-role) runs with one process: "
+                              "-tp > 1 is not supported with it")

@@ -77,3 +77,17 @@ def test_the_short_flags():
     disk = KVTransferConfig(disk=DiskTierConfig("/x"))
     with pytest.raises(ConfigError, match="give the disk tier once"):
         kv_transfer_config_from_flags(disk, "/d", None, None, None, None)
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(kv_offload_dir="/tmp/x", enable_prefix_caching=False), "it needs prefix caching"),
+    (dict(kv_role="consumer", tensor_parallel_size=2), "-tp > 1 is not supported"),
+    (dict(kv_role="producer", kv_port=70000), "--kv-port must be in 1..65535"),
+    (dict(kv_transfer_config='{"kv_connector": "NixlConnector"}'), "kv_connector 'NixlConnector' is not supported"),
+])
+def test_engine_options_a_connector_cannot_work_with_are_refused_before_loading(kwargs, words):
+    from kvserve.engine.arg_utils import engine_config_from_kwargs
+
+    with pytest.raises(ConfigError) as error:
+        engine_config_from_kwargs("/nonexistent-model", **kwargs)
+    assert words in str(error.value)

@@ -176,9 +176,8 @@ class EngineCore:
         if transfer is None:
             return None
         from kvserve.kv_transfer.scheduling import ExternalKV
-        from kvserve.kv_transfer.setup import build_kv_transfer, check_kv_transfer_options
+        from kvserve.kv_transfer.setup import build_kv_transfer
 
-        check_kv_transfer_options(self.config)
         if self.pooler_config is not None:
             raise ConfigError("--kv-transfer-config applies to generative models (this one pools)")
         built = build_kv_transfer(self.config, self.loaded, self.runner.kv_caches, self.kv_plan.block_size, transfer)

@@ -203,7 +203,9 @@ def kv_transfer_config_from_flags(config: KVTransferConfig | None, offload_dir: 
     if role is not None:
         if pd is not None:
             raise ConfigError("--kv-role and a TcpConnector in --kv-transfer-config: give the P/D role once")
-        pd = PDConfig(role, host or "127.0.0.1", DEFAULT_PORT if port is None else _port(port))
+        if port is not None and not 0 < port < 65536:
+            raise ConfigError(f"--kv-port must be in 1..65535, got {port}")
+        pd = PDConfig(role, host or "127.0.0.1", DEFAULT_PORT if port is None else port)
     if disk is None and pd is None:
         return None
     return KVTransferConfig(disk=disk, pd=pd)

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kvserve.errors import ConfigError
 from kvserve.kv_transfer.block_io import BlockCodec
 from kvserve.kv_transfer.config import KVTransferConfig, PDConfig
 from kvserve.kv_transfer.connector import KVConnector, KVTier
@@ -43,19 +42,9 @@ class KVTransfer:
         self.connector.close()
 
 
-def check_kv_transfer_options(config) -> None:
-    """Raises ConfigError for engine options a connector cannot work with (named)."""
-    if not config.cache.enable_prefix_caching:
-        raise ConfigError("--kv-transfer-config (and --kv-offload-dir, --kv-role) finds blocks by their "
-                          "prefix-cache hashes: it needs prefix caching (drop --no-enable-prefix-caching)")
-    if config.parallel.tensor_parallel_size > 1:
-        raise ConfigError("--kv-transfer-config (and --kv-offload-dir, --kv-role) runs with one process: "
-                          "-tp > 1 is not supported with it")
-
-
 def build_kv_transfer(config, loaded, kv_caches: list[torch.Tensor], block_size: int,
                       transfer: KVTransferConfig) -> KVTransfer:
-    """The connector for ``transfer`` over ``kv_caches`` (see ``check_kv_transfer_options``).
+    """The connector for ``transfer`` over ``kv_caches`` (``EngineConfig`` checked the options).
 
     Raises:
         OSError: the disk tier's folder or the producer's port cannot be used.
