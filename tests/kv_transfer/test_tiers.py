@@ -139,3 +139,23 @@ def test_a_failed_write_disables_the_tier(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*/*/*.tmp"))  # the half-written file is gone
     store.put(3, payload(3))
     store.close()
+
+
+def test_blocks_read_ahead_come_from_memory(tmp_path):
+    import time
+
+    store = DiskKVStore(str(tmp_path), FINGERPRINT, max_bytes=1 << 20, block_nbytes=256)
+    for i in range(4):
+        store.put(i, payload(i))
+    store.flush()
+    store.prefetch([0, 1, 9, 2])  # a miss ends the run: 2 is not read ahead
+    deadline = time.monotonic() + 10
+    while len(store._ready) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert list(store._ready) == [0, 1]
+    for i in range(4):
+        store._path(i).unlink()  # what was read ahead no longer needs the files
+    assert store.get(0) == payload(0) and store.get(1) == payload(1)
+    assert store.get(2) is None and 2 not in store  # not read ahead, and its file is gone: a miss
+    assert store.get(0) is None  # taken once
+    store.close()

@@ -4,6 +4,7 @@
     scheduler   count(hashes)  how many of a waiting request's next blocks can be loaded
                                (consecutive, after its prefix-cache hit)      -> allocate them
                 read(hashes)   their payloads, tier by tier (stops at the first that fails)
+    queued      prefetch(...)  tiers that can read ahead start reading a new request's blocks
     step        load(...)      before the forward: payloads into the allocated blocks
                 save(...)      after the step: blocks that entered the prefix cache, to the sinks
 
@@ -75,6 +76,13 @@ class KVConnector:
                 break
             n += 1
         return n
+
+    def prefetch(self, hashes: Sequence[int]) -> None:
+        """Let tiers that can read ahead (the disk tier) start reading these blocks."""
+        for tier in self.tiers:
+            prefetch = getattr(tier, "prefetch", None)
+            if prefetch is not None:
+                prefetch(list(hashes))
 
     def read(self, hashes: Sequence[int]) -> tuple[list[bytes], list[str]]:
         """The payloads of ``hashes`` from the first, and the tier each came from; shorter when a

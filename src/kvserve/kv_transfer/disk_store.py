@@ -5,7 +5,10 @@
 
 One file per block (every layer's K and V of the block: ``kvserve.kv_transfer.block_io``). Files are
 written by one writer thread (``put`` only queues; the engine thread never waits on the disk),
-each to a temporary name then renamed, so a crash leaves whole files or none. The index (hash ->
+each to a temporary name then renamed, so a crash leaves whole files or none. A request's blocks
+are read ahead by a reader thread when it is queued (``prefetch``): by the time it is admitted,
+``get`` usually finds them checked and in memory (``READ_AHEAD_BYTES`` at most) and only reads the
+disk itself for those not read yet. The index (hash ->
 bytes, least recently used first) is rebuilt from the folder at start-up, oldest modification
 first; a read refreshes a file's place (and its modification time). Past ``max_bytes`` the least
 recently used files are deleted. A file whose header or checksum does not match (bit flips, a
@@ -32,6 +35,7 @@ MAGIC = b"KVSBLK01"
 _HEADER = struct.Struct("<8s16s32sQI")  # magic, fingerprint, block hash, payload bytes, crc32
 SUFFIX = ".kvb"
 QUEUE_BYTES = 256 << 20  # blocks waiting for the writer at most; later ones are dropped (counted)
+READ_AHEAD_BYTES = 256 << 20  # blocks read ahead and not taken yet at most (the oldest dropped)
 
 
 class DiskKVStore:
@@ -47,6 +51,8 @@ class DiskKVStore:
     def __init__(self, path: str, fingerprint: str, max_bytes: int, block_nbytes: int):
         self.root = Path(path) / fingerprint
         self.disabled: str | None = None  # why the tier stopped (a failed write), or None
+        self._ready: OrderedDict[int, bytes] = OrderedDict()  # read ahead, checked, not taken yet
+        self._reads: queue.Queue = queue.Queue()
         self.fingerprint = bytes.fromhex(fingerprint)[:16]
         self.max_bytes = max_bytes
         self.file_bytes = _HEADER.size + block_nbytes
@@ -64,6 +70,8 @@ class DiskKVStore:
             self._disable(f"its folder {self.root} cannot be used: {exc}")
         self._writer = threading.Thread(target=self._write_loop, name="kvserve-kv-disk", daemon=True)
         self._writer.start()
+        self._reader = threading.Thread(target=self._read_loop, name="kvserve-kv-disk-read", daemon=True)
+        self._reader.start()
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -80,6 +88,40 @@ class DiskKVStore:
 
     def get(self, block_hash: int) -> bytes | None:
         """The block's payload, or None (absent, unreadable or corrupt: then deleted)."""
+        with self._lock:
+            payload = self._ready.pop(block_hash, None)
+        if payload is not None:
+            return payload
+        return self._read(block_hash)
+
+    def prefetch(self, hashes: list[int]) -> None:
+        """Read these blocks ahead, on the reader thread: the run of them from the first that the
+        tier holds (the blocks after a miss cannot be used)."""
+        wanted = []
+        for block_hash in hashes:
+            if block_hash not in self._index:
+                break
+            wanted.append(block_hash)
+        if wanted:
+            self._reads.put(wanted)
+
+    def _read_loop(self) -> None:
+        while True:
+            hashes = self._reads.get()
+            if hashes is None:
+                return
+            for block_hash in hashes:
+                if block_hash in self._ready:
+                    continue
+                payload = self._read(block_hash)
+                if payload is None:
+                    break  # the blocks after a miss cannot be used
+                with self._lock:
+                    self._ready[block_hash] = payload
+                    while len(self._ready) * self.block_nbytes > READ_AHEAD_BYTES:
+                        self._ready.popitem(last=False)
+
+    def _read(self, block_hash: int) -> bytes | None:
         if block_hash not in self._index:
             return None
         path = self._path(block_hash)
@@ -137,9 +179,11 @@ class DiskKVStore:
         self._queue.join()
 
     def close(self) -> None:
-        """Write what is queued, then stop the writer."""
+        """Write what is queued, then stop the writer and the reader."""
         self._queue.put(None)
         self._writer.join()
+        self._reads.put(None)
+        self._reader.join()
 
     # -- the writer and the index ------------------------------------------------------------
 
@@ -187,6 +231,7 @@ class DiskKVStore:
         with self._lock:
             self.disabled = why
             self._index.clear()
+            self._ready.clear()
 
     def _forget(self, block_hash: int, delete: bool = False) -> None:
         with self._lock:

@@ -140,12 +140,14 @@ class PDConsumer:
         inbox: the blocks fetched, until the engine loads them.
         fingerprint: this engine's.
         block_size: tokens per block.
+        block_nbytes: a block's payload size (a payload of another size is not kept).
     """
 
-    def __init__(self, inbox: MemoryKVStore, fingerprint: str, block_size: int):
+    def __init__(self, inbox: MemoryKVStore, fingerprint: str, block_size: int, block_nbytes: int):
         self.inbox = inbox
         self.fingerprint = fingerprint
         self.block_size = block_size
+        self.block_nbytes = block_nbytes
         self.fetched_blocks = 0
         self.failures = 0
 
@@ -162,12 +164,19 @@ class PDConsumer:
         try:
             payloads = await fetch_blocks(str(params["remote_host"]), int(params["remote_port"]), self.fingerprint,
                                           hashes[start:])
-        except (ConnectionError, OSError, zmq.ZMQError, KeyError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the producer did, the prompt is computed here
             self.failures += 1
             logger.warning("request %s: fetching its prompt's KV failed (%s); it is computed here instead",
                            request.request_id, exc)
             return start
+        kept = 0
         for block_hash, payload in zip(hashes[start:], payloads):
+            if len(payload) != self.block_nbytes:
+                logger.warning("request %s: the prefill instance sent a block of %d bytes, not %d; the rest of "
+                               "its prompt is computed here", request.request_id, len(payload), self.block_nbytes)
+                break
             self.inbox.put(block_hash, payload)
+            kept += 1
+        payloads = payloads[:kept]
         self.fetched_blocks += len(payloads)
         return start + len(payloads)

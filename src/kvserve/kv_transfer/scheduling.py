@@ -43,6 +43,12 @@ class ExternalKV:
         self.block_size = block_size
         self.stats = ExternalCacheStats()
 
+    def prefetch(self, request: Request, num_hit_blocks: int) -> None:
+        """A request was queued: let the tiers read ahead its blocks after its prefix-cache hit."""
+        if request.sampling_params.prompt_logprobs is None:
+            last = (request.num_tokens - 1) // self.block_size
+            self.connector.prefetch(request.block_hashes[num_hit_blocks:last])
+
     def num_tokens(self, request: Request, num_hit_blocks: int) -> int:
         """Tokens after the request's ``num_hit_blocks`` prefix-cache blocks that a tier holds
         (whole blocks; never the last known token, which the step computes to sample from). 0 for

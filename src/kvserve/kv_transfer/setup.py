@@ -64,7 +64,7 @@ def build_kv_transfer(config, loaded, kv_caches: list[torch.Tensor], block_size:
             server = BlockServer(store, fingerprint, transfer.pd.host, transfer.pd.port)
         else:
             tiers.append(store)
-            consumer = PDConsumer(store, fingerprint, block_size)
+            consumer = PDConsumer(store, fingerprint, block_size, codec.nbytes)
     if transfer.disk is not None:
         disk = DiskKVStore(transfer.disk.path, fingerprint, transfer.disk.max_bytes, codec.nbytes)
         tiers.append(disk)

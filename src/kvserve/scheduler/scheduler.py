@@ -136,6 +136,8 @@ class Scheduler(StepUpdates):
             request.status = RequestStatus.WAITING
             self.requests[request.request_id] = request
             self.waiting.add(request)
+            if self.external_kv is not None:
+                self.external_kv.prefetch(request, len(self.kv_cache_manager.get_computed_blocks(request).blocks))
 
     def add_request(self, request: Request) -> None:
         """Queue one request (see :meth:`add_requests`)."""
