@@ -154,5 +154,5 @@ def test_bfloat16_output_dtype_and_values():
 def test_registry():
     assert isinstance(get_attention_backend(), TorchAttentionBackend)
     assert get_attention_backend("torch").name == "torch"
-    with pytest.raises(ConfigError, match="available: auto, cpu_paged, torch"):
+    with pytest.raises(ConfigError, match="available: auto, cpu_paged, torch, triton"):
         get_attention_backend("flash")

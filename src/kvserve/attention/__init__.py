@@ -1,6 +1,7 @@
 """Attention backends, by name. The portable ``torch`` backend is the reference every faster
-backend is tested against; ``cpu_paged`` is the C++ kernel for CPUs; ``auto`` picks the fastest
-one that works for a device."""
+backend is tested against; ``cpu_paged`` is the C++ kernel for CPUs; ``triton`` the Triton kernels
+for NVIDIA GPUs (when the triton package is installed); ``auto`` picks the fastest one that works
+for a device."""
 
 from __future__ import annotations
 
@@ -9,26 +10,34 @@ import torch
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.attention.cpu_paged import CpuPagedAttentionBackend, cpu_paged_available
 from kvserve.attention.torch_backend import TorchAttentionBackend
+from kvserve.attention.triton_paged import TritonPagedAttentionBackend, triton_available
 from kvserve.errors import ConfigError
 
 _BACKENDS: dict[str, type[AttentionBackend]] = {
     TorchAttentionBackend.name: TorchAttentionBackend,
     CpuPagedAttentionBackend.name: CpuPagedAttentionBackend,
+    TritonPagedAttentionBackend.name: TritonPagedAttentionBackend,
 }
 
 
 def get_attention_backend(name: str = "torch", device: str | torch.device = "cpu") -> AttentionBackend:
     """A new instance of the backend registered as ``name``.
 
-    ``auto``: ``cpu_paged`` on a CPU device when its kernel builds here, else ``torch``.
+    ``auto``: ``cpu_paged`` on a CPU device when its kernel builds here, ``triton`` on a CUDA
+    device when triton imports, else ``torch``.
 
     Raises:
         ConfigError: no backend has that name (the message lists the available ones).
         RuntimeError: ``cpu_paged`` was asked for by name and its kernel cannot be built.
     """
     if name == "auto":
-        on_cpu = torch.device(device).type == "cpu"
-        name = CpuPagedAttentionBackend.name if on_cpu and cpu_paged_available() else TorchAttentionBackend.name
+        kind = torch.device(device).type
+        if kind == "cpu" and cpu_paged_available():
+            name = CpuPagedAttentionBackend.name
+        elif kind == "cuda" and triton_available():
+            name = TritonPagedAttentionBackend.name
+        else:
+            name = TorchAttentionBackend.name
     try:
         backend_cls = _BACKENDS[name]
     except KeyError:
@@ -43,6 +52,7 @@ __all__ = [
     "AttentionMetadata",
     "CpuPagedAttentionBackend",
     "TorchAttentionBackend",
+    "TritonPagedAttentionBackend",
     "cpu_paged_available",
     "get_attention_backend",
 ]

@@ -84,9 +84,10 @@ def _add_model_args(model) -> None:
                        help="auto, float32 (float), bfloat16, float16 (half); auto = the checkpoint's "
                             "torch_dtype (on CPU: bfloat16 with AMX/AVX512-BF16, else float32)")
     model.add_argument("--seed", type=int, default=0, help="seed of requests without their own (default 0)")
-    model.add_argument("--attention-backend", choices=["auto", "torch", "cpu_paged"], default="auto",
-                       help="attention implementation: auto (the C++ paged kernel on CPU where it builds, else "
-                            "torch), torch (the portable reference), cpu_paged")
+    model.add_argument("--attention-backend", choices=["auto", "torch", "cpu_paged", "triton"], default="auto",
+                       help="attention implementation: auto (the C++ paged kernel on CPU where it builds, the "
+                            "Triton kernels on CUDA where triton imports, else torch), torch (the portable "
+                            "reference), cpu_paged, triton")
     # --quantization/-q (vLLM's flag, accepted at None, int8, int4, gptq and awq) is in vllm_compat's table.
     model.add_argument("--quantization-group-size", type=int4_group_size, default=QuantizationConfig.group_size,
                        metavar="{32,64,128}",
