@@ -151,6 +151,7 @@ class ModelConfig:
     runner: str = "auto"
     convert: str = "auto"
     hf_overrides: Mapping[str, Any] = field(default_factory=dict)
+    load_format: str = "auto"  # "dummy": random weights, only config.json read (vLLM's)
 
 
 @dataclass(frozen=True)
@@ -332,6 +333,8 @@ class EngineConfig:
     kv_transfer: KVTransferConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.model.load_format == "dummy" and self.parallel.tensor_parallel_size > 1:
+            raise ConfigError("--load-format dummy runs one process: -tp > 1 loads each rank's shard from the files")
         if self.kv_transfer is None:
             return
         if not self.cache.enable_prefix_caching:

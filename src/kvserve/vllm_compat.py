@@ -131,9 +131,6 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag(("--override-attention-dtype",), "ModelConfig", "attention runs in the model's dtype"),
     RefusedFlag(("--io-processor-plugin",), "ModelConfig", "plugins are not supported"),
     # LoadConfig
-    RefusedFlag(("--load-format",), "LoadConfig",
-                "kvserve reads safetensors weights only (convert .bin/.pt checkpoints with "
-                "transformers' save_pretrained(safe_serialization=True))", allowed=("auto", "safetensors")),
     RefusedFlag(("--download-dir",), "LoadConfig", _HUB),
     RefusedFlag(("--safetensors-load-strategy",), "LoadConfig",
                 "weights are read through a memory map", allowed=("lazy",)),

@@ -71,6 +71,16 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def load_format(text: str) -> str:
+    """argparse type: ``--load-format`` auto, safetensors or dummy (vLLM's other formats named)."""
+    if text not in ("auto", "safetensors", "dummy"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not supported: kvserve reads safetensors weights only (convert .bin/.pt checkpoints "
+            "with transformers' save_pretrained(safe_serialization=True)) or makes random ones (dummy); "
+            "accepted: auto, safetensors, dummy")
+    return text
+
+
 def positive_float(text: str) -> float:
     """argparse type: a number > 0."""
     value = float(text)

@@ -8,8 +8,8 @@ import dataclasses
 from kvserve.config import (CacheConfig, EngineConfig, ModelConfig, ParallelConfig, QuantizationConfig,
                             SchedulerConfig)
 from kvserve.engine.arg_types import (byte_size, device_name, dtype_name, fraction, generation_config_mode,
-                                      human_readable_positive_int, int4_group_size, non_negative_int,
-                                      positive_float, positive_int)
+                                      human_readable_positive_int, int4_group_size, load_format,
+                                      non_negative_int, positive_float, positive_int)
 from kvserve.engine.feature_args import (add_lora_args, add_structured_output_args, lora_config_from_args,
                                          structured_outputs_config_from_args)
 from kvserve.generation_config import default_sampling_values, parse_override
@@ -23,6 +23,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "ModelConfig", "LoadConfig", "DeviceConfig", "ParallelConfig", "CacheConfig", "SchedulerConfig",
         "StructuredOutputsConfig", "LoRAConfig")}
     _add_model_args(groups["ModelConfig"])
+    _add_load_args(groups["LoadConfig"])
     _add_device_args(groups["DeviceConfig"])
     groups["ParallelConfig"].add_argument(
         "--disable-custom-all-reduce", action="store_true",
@@ -71,6 +72,12 @@ def _add_kv_transfer_args(parser) -> None:
                                                      "(default 127.0.0.1; it binds there)")
     group.add_argument("--kv-port", type=positive_int, default=None,
                        help="producer: its block server's TCP port (default 14579)")
+
+
+def _add_load_args(group) -> None:
+    group.add_argument("--load-format", type=load_format, default="auto", metavar="{auto,safetensors,dummy}",
+                       help="auto/safetensors: the folder's safetensors weights; dummy: random weights, only "
+                            "config.json read (vLLM's: benchmarks of a model's shape without its files)")
 
 
 def _add_model_args(model) -> None:
@@ -327,6 +334,7 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
         quantization=_with_gguf_types(model, quantization_config_from_args(args, model)),
         enforce_eager=args.enforce_eager, **_runner_and_convert(args),
         hf_overrides=parse_hf_overrides(getattr(args, "hf_overrides", None)),
+        load_format=getattr(args, "load_format", "auto"),
     )
     if getattr(args, "data_parallel_size", 1) > 1:
         raise ValueError(f"--data-parallel-size {args.data_parallel_size}: data parallelism runs several engine "

@@ -194,7 +194,7 @@ class EngineCore:
         start = time.perf_counter()
         dtype = config.model.dtype
         if dtype == "auto":
-            dtype = default_dtype_for_device(config.model.model, self.device)
+            dtype = default_dtype_for_device(config.model.model, self.device, config.model.load_format)
         backend = get_attention_backend(config.model.attention_backend, self.device)
         plan = self._memory_plan(config, dtype)
         if config.parallel.tensor_parallel_size > 1:
@@ -202,7 +202,7 @@ class EngineCore:
         else:
             loaded = load_model(config.model.model, dtype, self.device, backend, config.model.quantization,
                                 pooler=self.pooler_config, hf_overrides=config.model.hf_overrides,
-                                tokenizer_dir=config.model.tokenizer)
+                                tokenizer_dir=config.model.tokenizer, load_format=config.model.load_format)
         logger.info(
             "Loaded %s (%s, %s, weights %s, %s attention%s) on %s in %.2f s", config.model.model,
             loaded.arch.architecture, str(loaded.dtype).removeprefix("torch."), loaded.weight_format, backend.name,

@@ -128,7 +128,7 @@ def cpu_supports_bf16() -> bool:
     return bool(flags & {"amx_bf16", "avx512_bf16"})
 
 
-def default_dtype_for_device(model_dir: str | Path, device: str | torch.device) -> torch.dtype:
+def default_dtype_for_device(model_dir: str | Path, device: str | torch.device, load_format: str = "auto") -> torch.dtype:
     """What ``--dtype auto`` means for the engine (vLLM's rule, adapted to CPUs):
 
     - CUDA: the checkpoint's dtype (``resolve_dtype(\"auto\")``).
@@ -150,7 +150,9 @@ def default_dtype_for_device(model_dir: str | Path, device: str | torch.device) 
         arch, stored = opened.arch, opened.stored_dtype()
     else:
         arch = ModelArchConfig.from_file(model_dir / "config.json")
-        stored = _stored_dtype(_safetensors_files(model_dir)) if arch.torch_dtype is None else None
+        stored = None
+        if arch.torch_dtype is None and load_format != "dummy":
+            stored = _stored_dtype(_safetensors_files(model_dir))
     checkpoint = resolve_dtype("auto", arch, stored)
     if torch.device(device).type != "cpu":
         return checkpoint
@@ -188,6 +190,7 @@ def load_model(
     pooler: PoolerConfig | None = None,
     hf_overrides: Mapping[str, Any] | None = None,
     tokenizer_dir: str | Path | None = None,
+    load_format: str = "auto",
 ) -> LoadedModel:
     """Read config.json (+ generation_config.json) and the safetensors weights of ``model_dir``.
 
@@ -212,6 +215,8 @@ def load_model(
             pooling adapters do. An encoder (``attn_type`` ``encoder_only``) caches no K/V
             (``LoadedModel.num_kv_heads`` 0).
         hf_overrides: ``--hf-overrides``, laid over config.json (``kvserve.model.hf_overrides``).
+        load_format: ``dummy`` (vLLM's): no weight file is read; every parameter is drawn
+            uniformly from [-1e-3, 1e-3] (``dummy_weights``), for benchmarks of a model's shape.
 
     Raises:
         CheckpointError: missing config.json, unknown architecture, a quantization_config kvserve
@@ -224,13 +229,16 @@ def load_model(
     model_dir = Path(model_dir)
     gguf = find_gguf(model_dir)
     if gguf is not None:
+        if load_format == "dummy":
+            raise ConfigError("--load-format dummy makes a Hugging Face folder's weights; a GGUF file holds its own")
         return _load_gguf(gguf, dtype, device, attn_backend, quantization)
     check_architecture(model_dir, hf_overrides)  # names an unsupported one before its config fields are parsed
     arch = ModelArchConfig.from_file(model_dir / "config.json", hf_overrides)
     quantization = resolve_quantization(model_dir, quantization)
     spec = quantization.checkpoint
     model_cls = get_model_class((pooler.architecture if pooler is not None else "") or arch.architecture)
-    files = _safetensors_files(model_dir)
+    dummy = load_format == "dummy"
+    files = [] if dummy else _safetensors_files(model_dir)
     torch_dtype = resolve_dtype(dtype, arch, _stored_dtype(files) if arch.torch_dtype is None else None)
     backend = attn_backend if attn_backend is not None else get_attention_backend("torch")
     with torch.device("meta"):
@@ -257,8 +265,11 @@ def load_model(
         # to_empty gives each parameter its own storage; tie again.
         model.lm_head.weight = model.model.embed_tokens.weight
     packed = {shard: {} for shards in plan.values() for shard in shards}
-    _load_weights(model, files, tied=arch.tie_word_embeddings, packed=packed, renames=renames,
-                  ignored=ignored, split=model_cls.split_checkpoint_tensor, prefix=prefix)
+    if dummy:
+        dummy_weights(model)
+    else:
+        _load_weights(model, files, tied=arch.tie_word_embeddings, packed=packed, renames=renames,
+                      ignored=ignored, split=model_cls.split_checkpoint_tensor, prefix=prefix)
     if spec is not None:
         install_quantized_linears(model, plan, packed, spec, kernels_for(device), device)
     elif quantization.method is not None:
@@ -275,6 +286,16 @@ def load_model(
     encoder = getattr(model_cls, "attn_type", "decoder") == "encoder_only"
     return LoadedModel(model, arch, torch_dtype, generation_config, str(model_dir), weight_format, quantization,
                        num_kv_heads=0 if encoder else None)
+
+
+def dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Every parameter drawn uniformly from [-1e-3, 1e-3] (vLLM's dummy load format), seeded, on
+    the parameter's device; norms' weights too (activations stay small, which is all a benchmark
+    of the shape needs)."""
+    for index, parameter in enumerate(model.parameters()):
+        generator = torch.Generator(device=parameter.device).manual_seed(seed + index)
+        with torch.no_grad():
+            parameter.uniform_(-1e-3, 1e-3, generator=generator)
 
 
 def finished_facts(model: nn.Module, model_dir: Path, dtype: torch.dtype, spec: Any) -> tuple[dict, str]:

@@ -1,0 +1,281 @@
+"""The GPU check (issue 41): what a lent NVIDIA GPU must show, in one run that writes one JSON.
+
+    bash scripts/gpu_check.sh [--out gpu_check.json]        # on the GPU machine
+    bash scripts/gpu_check.sh --dry-run                      # the same code on the CPU, tiny shapes
+
+Sections (each recorded on its own: one that fails leaves the others' results):
+
+1. ``environment``: torch, Triton, the device; the measured copy bandwidth (GB/s) and bf16 matmul
+   peak (TFLOP/s) that the benchmarks are judged against.
+2. ``attention``: the Triton paged-attention backend against the torch reference on the device
+   (a mixed batch of prefill chunks and decodes, GQA, a sliding window; float32 and bf16), and a
+   row alone against the same row in the batch (batch invariance).
+3. ``engine_parity``: a small random Llama checkpoint: kvserve's greedy tokens on the device equal
+   its tokens on the CPU in float32; in bf16, kvserve's logprobs against transformers' on the same
+   device.
+4. ``benchmarks``: a Llama-3.1-8B-shaped model with random bf16 weights made on the device
+   (``--load-format dummy``): the batch-1 decode step against the weights' bandwidth bound (target
+   <= 1.3x), the batch-64 decode step against its bound (<= 1.5x), a 4,096-token prefill against
+   the matmul peak (>= 60%).
+
+``--dry-run`` runs every section on the CPU with tiny shapes (Triton under its interpreter), so CI
+keeps the check working; its figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+LLAMA31_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+}
+TINY = {**LLAMA31_8B, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1024,
+        "max_position_embeddings": 4096}
+
+
+def section(results: dict, name: str):
+    """Decorator: run the section, record its result or its error and time."""
+    def wrap(fn):
+        start = time.perf_counter()
+        try:
+            results[name] = fn()
+        except Exception as exc:  # noqa: BLE001 - one failing section must not lose the others
+            results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+        results[name]["seconds"] = round(time.perf_counter() - start, 2)
+        print(f"[{name}] {json.dumps(results[name], default=str)[:600]}", flush=True)
+        return fn
+    return wrap
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def environment(device, dry_run: bool) -> dict:
+    import torch
+
+    facts = {"torch": torch.__version__, "device": str(device), "dry_run": dry_run}
+    try:
+        import triton
+
+        facts["triton"] = triton.__version__
+    except ImportError:
+        facts["triton"] = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        facts.update(name=props.name, memory_gib=round(props.total_memory / 2**30, 1),
+                     capability=f"{props.major}.{props.minor}")
+    size = (64 << 20) if dry_run else (2 << 30)
+    src = torch.empty(size, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(5):
+        dst.copy_(src)
+    sync(device)
+    facts["copy_gb_s"] = round(2 * size * 5 / (time.perf_counter() - start) / 1e9, 1)
+    n = 512 if dry_run else 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    a @ b
+    sync(device)
+    start = time.perf_counter()
+    reps = 3 if dry_run else 20
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    facts["bf16_matmul_tflops"] = round(2 * n**3 * reps / (time.perf_counter() - start) / 1e12, 4)
+    return facts
+
+
+def attention(device) -> dict:
+    import torch
+
+    from kvserve.attention import TorchAttentionBackend
+    from kvserve.attention.backend import AttentionMetadata
+    from kvserve.attention.triton_paged import TritonPagedAttentionBackend
+
+    block, heads, kv_heads, dim = 16, 8, 2, 64
+    computed, new = [0, 40, 17], [23, 1, 5]
+    tables = [[3, 9], [1, 4, 7, 12], [2, 5]]
+
+    def metadata(rows):
+        c, n, t = ([x[i] for i in rows] for x in (computed, new, tables))
+        q_lens = torch.tensor(n)
+        seq = torch.tensor(c) + q_lens
+        qsl = torch.zeros(len(n) + 1, dtype=torch.int32)
+        qsl[1:] = torch.cumsum(q_lens, 0)
+        width = max(len(x) for x in t)
+        bt = torch.tensor([x + [0] * (width - len(x)) for x in t], dtype=torch.int32)
+        slots = [t[r][p // block] * block + p % block for r in range(len(n)) for p in range(c[r], c[r] + n[r])]
+        return AttentionMetadata(qsl.to(device), seq.to(device, torch.int32), bt.to(device),
+                                 torch.tensor(slots, dtype=torch.int64, device=device), int(q_lens.max()),
+                                 int(seq.max()), qsl, seq.to(torch.int32))
+
+    result = {}
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        cache0 = (torch.randn(2, 16, block, kv_heads, dim, generator=gen) * 0.5).to(device, dtype)
+        q = torch.randn(sum(new), heads, dim, generator=gen).to(device, dtype)
+        k = torch.randn(sum(new), kv_heads, dim, generator=gen).to(device, dtype)
+        v = torch.randn(sum(new), kv_heads, dim, generator=gen).to(device, dtype)
+        outs = {}
+        for name, backend in (("triton", TritonPagedAttentionBackend()), ("torch", TorchAttentionBackend())):
+            cache = cache0.clone()
+            outs[name] = backend.forward(q, k, v, cache, metadata([0, 1, 2]), scale=dim**-0.5, sliding_window=20)
+            outs[name + "_cache"] = cache
+        alone = TritonPagedAttentionBackend().forward(q[23:24], k[23:24], v[23:24], cache0.clone(), metadata([1]),
+                                                     scale=dim**-0.5, sliding_window=20)
+        label = str(dtype).removeprefix("torch.")
+        result[label] = {
+            "max_abs_diff_vs_torch": float((outs["triton"].float() - outs["torch"].float()).abs().max()),
+            "cache_equal": bool(torch.equal(outs["triton_cache"], outs["torch_cache"])),
+            "row_alone_equals_batched": bool(torch.equal(alone[0], outs["triton"][23])),
+        }
+    result["ok"] = all(r["cache_equal"] and r["row_alone_equals_batched"] for r in result.values()) and \
+        result["float32"]["max_abs_diff_vs_torch"] < 1e-4 and result["bfloat16"]["max_abs_diff_vs_torch"] < 3e-2
+    return result
+
+
+def engine_parity(device, folder: Path) -> dict:
+    import torch
+
+    from kvserve import LLM, SamplingParams
+    from kvserve.testing.checkpoints import build_checkpoint
+
+    model = build_checkpoint(folder / "tiny-llama", "LlamaForCausalLM", "bpe", "float32", seed=0)
+    prompts = [[5, 17, 99, 230, 7, 64], [400, 3, 3, 12, 800, 41, 9, 2, 15]]
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+    common = dict(max_model_len=128, num_gpu_blocks_override=64, seed=0)
+
+    def run(dev, dtype):
+        llm = LLM(str(model), device=dev, dtype=dtype, **common)
+        return [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs])
+                for o in llm.generate(prompts, greedy, use_tqdm=False)]
+
+    on_device, on_cpu = run(str(device), "float32"), run("cpu", "float32")
+    result = {"float32_tokens_equal_cpu": [a[0] == b[0] for a, b in zip(on_device, on_cpu)]}
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.bfloat16).to(device).eval()
+    worst = 0.0
+    for prompt, (tokens, logprobs) in zip(prompts, run(str(device), "bfloat16")):
+        ids = torch.tensor([prompt + tokens], device=device)
+        with torch.no_grad():
+            logits = reference(ids).logits[0].float()
+        expected = torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1)
+        got = expected.gather(1, torch.tensor(tokens, device=device)[:, None])[:, 0]
+        worst = max(worst, float((got.cpu() - torch.tensor(logprobs)).abs().max()))
+    result["bf16_max_logprob_diff_vs_transformers"] = worst
+    result["ok"] = all(result["float32_tokens_equal_cpu"]) and worst < 0.1
+    return result
+
+
+def benchmarks(device, folder: Path, dry_run: bool, env: dict) -> dict:
+    import torch
+
+    from kvserve import LLM, SamplingParams
+    from make_qwen_shaped_model import full_vocab_tokenizer
+
+    shape = TINY if dry_run else LLAMA31_8B
+    model = folder / "llama-8b-shaped"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps(shape))
+    full_vocab_tokenizer(shape["vocab_size"]).save_pretrained(model)
+    prefill_len, batch = (256, 4) if dry_run else (4096, 64)
+    llm = LLM(str(model), load_format="dummy", dtype="bfloat16", device=str(device), max_model_len=prefill_len + 64,
+              max_num_seqs=batch, max_num_batched_tokens=prefill_len, seed=0)
+    params = sum(p.numel() for p in llm.llm_engine.core.loaded.model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in llm.llm_engine.core.loaded.model.parameters())
+    gen = torch.Generator().manual_seed(1)
+
+    def prompts(n, length):
+        return torch.randint(10, shape["vocab_size"], (n, length), generator=gen).tolist()
+
+    def timed(batch_prompts, max_tokens):
+        sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        sync(device)
+        start = time.perf_counter()
+        llm.generate(batch_prompts, sp, use_tqdm=False)
+        sync(device)
+        return time.perf_counter() - start
+
+    def step(n):  # a decode step at batch n: (N tokens - 1 token) / (N - 1)
+        p = prompts(n, 16)
+        timed(p, 2)  # warm
+        steps = 8 if dry_run else 32
+        return (timed(p, steps + 1) - timed(p, 1)) / steps
+
+    bandwidth = env.get("copy_gb_s") or 1.0
+    bound_1 = weight_bytes / (bandwidth * 1e9)
+    one, many = step(1), step(batch)
+    kv_bytes = batch * (16 + 16) * shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * shape["head_dim"] * 2
+    bound_many = (weight_bytes + kv_bytes) / (bandwidth * 1e9)
+    long_prompt = prompts(1, prefill_len)
+    timed(long_prompt, 1)
+    prefill = timed(prompts(1, prefill_len), 1)
+    flops = 2 * params * prefill_len + 2 * shape["num_hidden_layers"] * shape["num_attention_heads"] * \
+        shape["head_dim"] * prefill_len**2  # + causal attention (QK and PV, half the square each)
+    peak = env.get("bf16_matmul_tflops") or 1.0
+    result = {
+        "shape": "tiny (dry run)" if dry_run else "Llama-3.1-8B", "parameters": params, "weight_gb": weight_bytes / 1e9,
+        "batch1_step_ms": one * 1000, "batch1_bound_ms": bound_1 * 1000, "batch1_ratio": one / bound_1,
+        f"batch{batch}_step_ms": many * 1000, f"batch{batch}_bound_ms": bound_many * 1000,
+        f"batch{batch}_ratio": many / bound_many,
+        f"prefill{prefill_len}_s": prefill, "prefill_tflops": flops / prefill / 1e12,
+        "prefill_share_of_peak": flops / prefill / 1e12 / peak,
+    }
+    result["targets_met"] = {"batch1<=1.3x": result["batch1_ratio"] <= 1.3,
+                             f"batch{batch}<=1.5x": result[f"batch{batch}_ratio"] <= 1.5,
+                             "prefill>=60%": result["prefill_share_of_peak"] >= 0.6}
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="the CPU half: tiny shapes, Triton's interpreter")
+    parser.add_argument("--out", default="gpu_check.json")
+    args = parser.parse_args()
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here; use --dry-run for the CPU half", file=sys.stderr)
+        return 2
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        section(results, "environment")(lambda: environment(device, args.dry_run))
+        section(results, "attention")(lambda: attention(device))
+        section(results, "engine_parity")(lambda: engine_parity(device, folder))
+        section(results, "benchmarks")(lambda: benchmarks(device, folder, args.dry_run, results["environment"]))
+    Path(args.out).write_text(json.dumps(results, indent=2, default=str))
+    failed = [name for name, r in results.items() if "error" in r or r.get("ok") is False]
+    print(f"gpu_check: wrote {args.out}; {'failed: ' + ', '.join(failed) if failed else 'every section ran'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
