@@ -141,7 +141,7 @@ def pd(args, folder: Path) -> dict:
     producer = ["taskset", "-c", "0", *kvserve_command(args.model, producer_port, True, [
         *common, "--cpu-threads", "1", "--kv-role", "producer", "--kv-port", str(kv_port)])]
     consumer = ["taskset", "-c", "1", *kvserve_command(args.model, consumer_port, True, [
-        *common, "--cpu-threads", "1", "--kv-role", "consumer"])]
+        *common, "--cpu-threads", "1", "--kv-role", "consumer", "--kv-producers", f"127.0.0.1:{kv_port}"])]
     router = [*KVSERVE, "route", "--host", "127.0.0.1", "--port", str(router_port), "--worker-urls",
               f"http://127.0.0.1:{consumer_port}", "--pd", "--prefill-urls", f"http://127.0.0.1:{producer_port}",
               "--log-level", "warning"]

@@ -26,7 +26,7 @@ def test_the_consumer_decodes_what_the_producer_prefilled(model_dir, dtype):
     expected = results(reference.generate(PROMPTS, PARAMS, use_tqdm=False))
     port = free_port()
     producer = make_llm(model_dir, dtype=dtype, kv_role="producer", kv_port=port)
-    consumer = make_llm(model_dir, dtype=dtype, kv_role="consumer")
+    consumer = make_llm(model_dir, dtype=dtype, kv_role="consumer", kv_producers=[f"127.0.0.1:{port}"])
     try:
         producer.generate(PROMPTS, SamplingParams(max_tokens=1), use_tqdm=False)
         transfer = consumer.llm_engine.core.kv_transfer

@@ -22,11 +22,14 @@ def test_the_connectors_parse():
         KVTransferConfig(disk=DiskTierConfig("/x", 1024))
     assert parse({"kv_connector": "TcpConnector", "kv_role": "kv_producer", "kv_ip": "10.0.0.5", "kv_port": 7000}) == \
         KVTransferConfig(pd=PDConfig("producer", "10.0.0.5", 7000))
-    assert parse({"kv_connector": "TcpConnector", "kv_role": "kv_consumer"}).pd.role == "consumer"
+    consumer = parse({"kv_connector": "TcpConnector", "kv_role": "kv_consumer",
+                      "kv_connector_extra_config": {"producers": ["10.0.0.5:14579"]}})
+    assert consumer.pd.role == "consumer" and consumer.pd.producers == ("10.0.0.5:14579",)
     multi = parse({"kv_connector": "MultiConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {
-        "connectors": [{"kv_connector": "TcpConnector"},
+        "connectors": [{"kv_connector": "TcpConnector", "kv_connector_extra_config": {"producers": ["h:1"]}},
                        {"kv_connector": "DiskConnector", "kv_connector_extra_config": {"path": "/d"}}]}})
-    assert multi == KVTransferConfig(disk=DiskTierConfig("/d", DEFAULT_DISK_BYTES), pd=PDConfig("consumer"))
+    assert multi == KVTransferConfig(disk=DiskTierConfig("/d", DEFAULT_DISK_BYTES),
+                                     pd=PDConfig("consumer", producers=("h:1",)))
     assert kv_transfer_config_from_json(None) is None
 
 
@@ -49,6 +52,11 @@ def test_the_connectors_parse():
      "kv_load_failure_policy 'fail' is not supported"),
     ({"kv_connector": "TcpConnector", "kv_role": "kv_producer", "colour": 1}, "unknown key 'colour'"),
     ({"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": []}}, "a list of connectors"),
+    ({"kv_connector": "TcpConnector", "kv_role": "kv_consumer"}, "needs the block servers it may fetch from"),
+    ({"kv_connector": "TcpConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"producers": "h:1"}},
+     "producers must be a list"),
+    ({"kv_connector": "TcpConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"producers": ["h"]}},
+     "'h' is not HOST:PORT"),
     (["DiskConnector"], "must be a JSON object"),
 ])
 def test_bad_configs_are_refused_by_name(value, words):
@@ -68,11 +76,11 @@ def test_the_short_flags():
     assert kv_transfer_config_from_flags(None, None, None, "producer", 9000, "10.1.1.1") == \
         KVTransferConfig(pd=PDConfig("producer", "10.1.1.1", 9000))
     assert kv_transfer_config_from_flags(None, None, None, None, None, None) is None
-    both = kv_transfer_config_from_flags(None, "/d", None, "consumer", None, None)
+    both = kv_transfer_config_from_flags(None, "/d", None, "consumer", None, None, ["127.0.0.1:9"])
     assert both.disk.path == "/d" and both.pd.role == "consumer"
     with pytest.raises(ConfigError, match="--kv-offload-size needs --kv-offload-dir"):
         kv_transfer_config_from_flags(None, None, 1.0, None, None, None)
-    with pytest.raises(ConfigError, match="--kv-port and --kv-ip need --kv-role"):
+    with pytest.raises(ConfigError, match="--kv-producers need --kv-role"):
         kv_transfer_config_from_flags(None, None, None, None, 9000, None)
     disk = KVTransferConfig(disk=DiskTierConfig("/x"))
     with pytest.raises(ConfigError, match="give the disk tier once"):
@@ -81,7 +89,8 @@ def test_the_short_flags():
 
 @pytest.mark.parametrize("kwargs,words", [
     (dict(kv_offload_dir="/tmp/x", enable_prefix_caching=False), "it needs prefix caching"),
-    (dict(kv_role="consumer", tensor_parallel_size=2), "-tp > 1 is not supported"),
+    (dict(kv_role="consumer", kv_producers=["h:1"], tensor_parallel_size=2), "-tp > 1 is not supported"),
+    (dict(kv_role="consumer"), "--kv-producers HOST:PORT"),
     (dict(kv_role="producer", kv_port=70000), "--kv-port must be in 1..65535"),
     (dict(kv_transfer_config='{"kv_connector": "NixlConnector"}'), "kv_connector 'NixlConnector' is not supported"),
 ])

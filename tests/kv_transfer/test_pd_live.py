@@ -2,9 +2,12 @@
 instance (--kv-role consumer) and ``kvserve route --pd`` in front. The decode instance loads the
 prompt's blocks from the prefill instance and gives outputs identical, bit for bit, to a colocated
 server's; a prefill instance that is gone leaves the decode instance to compute the prompt
-(same output); a bad kv_transfer_params is a 400 naming it."""
+(same output); a bad kv_transfer_params, or one naming a server that is not one of the decode
+instance's --kv-producers, is a 400 naming it."""
 
 from __future__ import annotations
+
+import time
 
 import httpx
 import pytest
@@ -22,11 +25,12 @@ PROMPT = "the quick brown fox jumps over the lazy dog " * 8
 
 @pytest.fixture(scope="module")
 def servers(tiny_llama):
-    port = free_port()
+    port, dead = free_port(), free_port()
     producer = start_live_server(str(tiny_llama), kv_role="producer", kv_port=port, **ENGINE)
-    consumer = start_live_server(str(tiny_llama), kv_role="consumer", **ENGINE)
+    consumer = start_live_server(str(tiny_llama), kv_role="consumer",
+                                 kv_producers=[f"127.0.0.1:{port}", f"127.0.0.1:{dead}"], **ENGINE)
     colocated = start_live_server(str(tiny_llama), **ENGINE)
-    yield producer, consumer, colocated, port
+    yield producer, consumer, colocated, (port, dead)
     for server in (producer, consumer, colocated):
         server.stop()
 
@@ -51,9 +55,12 @@ def test_the_router_prefills_on_one_server_and_decodes_on_the_other(servers, tmp
     router = RouterProcess(tmp_path, [], "--worker-urls", consumer.base_url, "--pd", "--prefill-urls",
                            producer.base_url, "--api-key", "test-key").start()
     try:
-        for i, extra in enumerate([{}, {"temperature": 1.0, "seed": 7}]):
+        planted = {"kv_transfer_params": {"do_remote_prefill": True, "remote_host": "127.0.0.1",
+                                          "remote_port": servers[3][1]}}  # a client's own: the router drops it
+        for i, extra in enumerate([{}, {"temperature": 1.0, "seed": 7, **planted}]):
             prompt = f"{i} " + PROMPT
-            want = choice(httpx.post(colocated.base_url + "/v1/completions", json=body(prompt, **extra), headers=KEY))
+            plain = {k: v for k, v in extra.items() if k != "kv_transfer_params"}
+            want = choice(httpx.post(colocated.base_url + "/v1/completions", json=body(prompt, **plain), headers=KEY))
             before = p2p_tokens(consumer)
             got = choice(httpx.post(router.url + "/v1/completions", json=body(prompt, **extra), headers=KEY,
                                     timeout=60))
@@ -87,7 +94,7 @@ def _content(sse: str) -> str:
 
 
 def test_the_producer_answers_where_its_blocks_are(servers):
-    producer, _, _, port = servers
+    producer, _, _, (port, _) = servers
     data = httpx.post(producer.base_url + "/v1/completions", headers=KEY,
                       json=body(max_tokens=1, kv_transfer_params={"do_remote_decode": True})).json()
     params = data["kv_transfer_params"]
@@ -97,25 +104,36 @@ def test_the_producer_answers_where_its_blocks_are(servers):
     assert plain["kv_transfer_params"] is None
 
 
-def test_a_prefill_instance_that_is_gone_leaves_the_decode_instance_to_compute(servers, monkeypatch):
-    _, consumer, colocated, _ = servers
+def test_a_prefill_instance_that_is_gone_or_another_model_leaves_the_decode_instance_to_compute(servers,
+                                                                                                monkeypatch):
+    _, consumer, colocated, (port, dead) = servers
     monkeypatch.setattr(pd, "FETCH_TIMEOUT_S", 1.0)
-    prompt = "gone " + PROMPT
-    params = {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": free_port()}
-    before = consumer.core.kv_transfer.consumer.failures
-    got = choice(httpx.post(consumer.base_url + "/v1/completions", headers=KEY, timeout=60,
-                            json=body(prompt, kv_transfer_params=params)))
-    assert got == choice(httpx.post(colocated.base_url + "/v1/completions", json=body(prompt), headers=KEY))
-    assert consumer.core.kv_transfer.consumer.failures == before + 1
+    failures = consumer.core.kv_transfer.consumer.failures
+    for name, params in [("gone", {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": dead}),
+                         ("other", {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": port,
+                                    "remote_engine_id": "another-model"})]:
+        prompt = f"{name} " + PROMPT
+        got = choice(httpx.post(consumer.base_url + "/v1/completions", headers=KEY, timeout=60,
+                                json=body(prompt, kv_transfer_params=params)))
+        assert got == choice(httpx.post(colocated.base_url + "/v1/completions", json=body(prompt), headers=KEY))
+        failures += 1
+        assert consumer.core.kv_transfer.consumer.failures == failures
+    started = time.monotonic()  # the dead producer is not waited on again for a while
+    httpx.post(consumer.base_url + "/v1/completions", headers=KEY, timeout=60,
+               json=body("again " + PROMPT, kv_transfer_params={"do_remote_prefill": True, "remote_host": "127.0.0.1",
+                                                                "remote_port": dead}))
+    assert time.monotonic() - started < 1.0
 
 
 @pytest.mark.parametrize("params,words", [
     ("yes", "should be a valid dictionary"),
     ({"do_remote_decode": True}, "do_remote_decode needs a server started with --kv-role producer"),
-    ({"do_remote_prefill": True}, "remote_host must be the producer's address"),
+    ({"do_remote_prefill": True}, "needs remote_host and remote_port"),
     ({"do_remote_prefill": True, "remote_host": "h", "remote_port": 0}, "remote_port must be an integer"),
-    ({"do_remote_prefill": True, "remote_host": "h", "remote_port": 5, "remote_engine_id": "x"},
-     "another model or KV layout"),
+    ({"do_remote_prefill": True, "remote_host": "10.9.9.9", "remote_port": 5},
+     "10.9.9.9:5 is not one of this server's producers"),
+    ({"remote_port": "x"}, "remote_port must be an integer"),
+    ({"remote_engine_id": {"x": 1}}, "remote_engine_id must be a string"),
     ({"remote_block_ids": [1]}, "unknown key 'remote_block_ids'"),
     ({"do_remote_prefill": "yes"}, "do_remote_prefill must be a boolean"),
 ])

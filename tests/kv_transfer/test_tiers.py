@@ -159,3 +159,17 @@ def test_blocks_read_ahead_come_from_memory(tmp_path):
     assert store.get(2) is None and 2 not in store  # not read ahead, and its file is gone: a miss
     assert store.get(0) is None  # taken once
     store.close()
+
+
+def test_a_fifo_or_device_in_a_block_place_is_a_miss_not_a_hang(tmp_path):
+    store = DiskKVStore(str(tmp_path), FINGERPRINT, max_bytes=1 << 20, block_nbytes=256)
+    for i in range(2):
+        store.put(i, payload(i))
+    store.flush()
+    store._path(0).unlink()
+    os.mkfifo(store._path(0))  # nothing ever writes it: a plain read would wait for ever
+    store._path(1).unlink()
+    store._path(1).symlink_to("/dev/zero")  # a read without end
+    assert store.get(0) is None and store.get(1) is None
+    assert 0 not in store and 1 not in store
+    store.close()

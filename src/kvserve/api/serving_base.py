@@ -323,9 +323,8 @@ async def start_call(state: ServingState, api_key: str, requests: list[EngineReq
         if beam_search is not None:
             request_stream = BeamSearchStream(state.engine, requests, beam_search, logprobs)
         else:
-            if role == "consumer":
-                for request in requests:
-                    await transfer.consumer.prefetch(request, kv_transfer_params)
+            if role == "consumer":  # the prompts' blocks, fetched together
+                await asyncio.gather(*(transfer.consumer.prefetch(r, kv_transfer_params) for r in requests))
             request_stream = await state.engine.add_requests(requests)
     except BaseException:
         state.finish(api_key)

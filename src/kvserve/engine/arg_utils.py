@@ -72,6 +72,9 @@ def _add_kv_transfer_args(parser) -> None:
                                                      "(default 127.0.0.1; it binds there)")
     group.add_argument("--kv-port", type=positive_int, default=None,
                        help="producer: its block server's TCP port (default 14579)")
+    group.add_argument("--kv-producers", nargs="+", default=None, metavar="HOST:PORT",
+                       help="consumer: the producers' block servers it may fetch from (required; a request naming "
+                            "another is refused)")
 
 
 def _add_load_args(group) -> None:
@@ -361,7 +364,7 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
     kv_transfer = kv_transfer_config_from_flags(
         kv_transfer_config_from_json(getattr(args, "kv_transfer_config", None)), getattr(args, "kv_offload_dir", None),
         getattr(args, "kv_offload_size", None), getattr(args, "kv_role", None), getattr(args, "kv_port", None),
-        getattr(args, "kv_ip", None))
+        getattr(args, "kv_ip", None), getattr(args, "kv_producers", None))
     return EngineConfig(model=model_config, cache=cache_config, scheduler=scheduler_config,
                         structured_outputs=structured_outputs_config_from_args(args),
                         speculative=speculative_config_from_json(getattr(args, "speculative_config", None)),

@@ -4,13 +4,15 @@
         "kv_connector_extra_config": {"path": "/var/cache/kvserve", "max_bytes": 10737418240}}'
     kvserve serve M --kv-transfer-config '{"kv_connector": "TcpConnector", "kv_role": "kv_producer",
         "kv_ip": "10.0.0.5", "kv_port": 14579}'
-    kvserve serve M --kv-transfer-config '{"kv_connector": "TcpConnector", "kv_role": "kv_consumer"}'
+    kvserve serve M --kv-transfer-config '{"kv_connector": "TcpConnector", "kv_role": "kv_consumer",
+        "kv_connector_extra_config": {"producers": ["10.0.0.5:14579"]}}'
     kvserve serve M --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_consumer",
         "kv_connector_extra_config": {"connectors": [{"kv_connector": "TcpConnector"},
                                                      {"kv_connector": "DiskConnector", ...}]}}'
 
 and the short forms ``--kv-offload-dir DIR [--kv-offload-size GIB]`` (the disk tier) and
-``--kv-role producer|consumer [--kv-port PORT]`` (disaggregated prefill/decode over TCP).
+``--kv-role producer [--kv-ip IP] [--kv-port PORT]`` / ``--kv-role consumer --kv-producers HOST:PORT ...``
+(disaggregated prefill/decode over TCP).
 
 =========================  ==============  =================================================
 key                        default         meaning
@@ -26,6 +28,9 @@ extra: path                (required)      DiskConnector: the tier's folder
 extra: max_bytes           10 GiB          DiskConnector: size bound (LRU by block)
 extra: staging_bytes       1 GiB           TcpConnector: blocks a producer keeps for consumers
                                            (LRU), or a consumer holds between fetch and load
+extra: producers           (required)      TcpConnector consumer: the producers' block servers
+                                           (HOST:PORT) it may fetch from; a request naming
+                                           another is refused (a client cannot plant K/V)
 =========================  ==============  =================================================
 
 vLLM's other connectors (``NixlConnector``, ``LMCacheConnectorV1``, ``OffloadingConnector``, ...)
@@ -71,6 +76,19 @@ class PDConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     staging_bytes: int = DEFAULT_STAGING_BYTES
+    producers: tuple[str, ...] = ()  # a consumer's: the block servers it may fetch from, "host:port"
+
+    def __post_init__(self) -> None:
+        if self.role == "consumer" and not self.producers:
+            raise ConfigError("a P/D consumer (--kv-role consumer) needs the block servers it may fetch from: "
+                              "--kv-producers HOST:PORT ... (kv_connector_extra_config.producers), each a prefill "
+                              "instance's --kv-ip:--kv-port")
+        if self.role == "producer" and self.producers:
+            raise ConfigError("--kv-producers applies to --kv-role consumer")
+        for producer in self.producers:
+            host, _, port = producer.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"--kv-producers: {producer!r} is not HOST:PORT")
 
 
 @dataclass(frozen=True)
@@ -125,7 +143,7 @@ def _connector(entry: Any, role: str | None, inherited: dict) -> tuple[DiskTierC
         raise _fail(f"kv_connector_extra_config must be a JSON object, got {extra!r}")
     if name == "MultiConnector":
         return _multi(extra, role, entry)
-    allowed = {"DiskConnector": ("path", "max_bytes"), "TcpConnector": ("staging_bytes",)}[name]
+    allowed = {"DiskConnector": ("path", "max_bytes"), "TcpConnector": ("staging_bytes", "producers")}[name]
     for key in extra:
         if key not in allowed:
             raise _fail(f"{name}: unknown kv_connector_extra_config key {key!r}; accepted: {', '.join(allowed)}")
@@ -144,7 +162,15 @@ def _connector(entry: Any, role: str | None, inherited: dict) -> tuple[DiskTierC
     if not isinstance(host, str) or not host:
         raise _fail(f"kv_ip must be a host name or address, got {host!r}")
     staging = _positive_int(extra.get("staging_bytes", DEFAULT_STAGING_BYTES), "staging_bytes")
-    return None, PDConfig(role.removeprefix("kv_"), host, _port(merged.get("kv_port", DEFAULT_PORT)), staging)
+    producers = extra.get("producers", [])
+    if not isinstance(producers, list) or not all(isinstance(p, str) for p in producers):
+        raise _fail(f"producers must be a list of \"HOST:PORT\" strings, got {producers!r}")
+    try:
+        return None, PDConfig(role.removeprefix("kv_"), host, _port(merged.get("kv_port", DEFAULT_PORT)), staging,
+                              tuple(producers))
+    except ConfigError as exc:
+        raise _fail(str(exc).replace("--kv-producers HOST:PORT ... (kv_connector_extra_config.producers)",
+                                     "kv_connector_extra_config.producers")) from None
 
 
 def _multi(extra: dict, role: str, entry: dict) -> tuple[DiskTierConfig | None, PDConfig | None]:
@@ -182,7 +208,7 @@ def kv_transfer_config_from_json(text: str | dict | None) -> KVTransferConfig | 
 
 def kv_transfer_config_from_flags(config: KVTransferConfig | None, offload_dir: str | None,
                                   offload_gib: float | None, role: str | None, port: int | None,
-                                  host: str | None) -> KVTransferConfig | None:
+                                  host: str | None, producers: list[str] | None = None) -> KVTransferConfig | None:
     """Merge the short flags into ``--kv-transfer-config`` (each kind given once).
 
     Raises:
@@ -198,14 +224,14 @@ def kv_transfer_config_from_flags(config: KVTransferConfig | None, offload_dir: 
         if size < 1:
             raise ConfigError(f"--kv-offload-size must be > 0 GiB, got {offload_gib}")
         disk = DiskTierConfig(offload_dir, size)
-    if (port is not None or host is not None) and role is None:
-        raise ConfigError("--kv-port and --kv-ip need --kv-role producer|consumer")
+    if (port is not None or host is not None or producers) and role is None:
+        raise ConfigError("--kv-port, --kv-ip and --kv-producers need --kv-role producer|consumer")
     if role is not None:
         if pd is not None:
             raise ConfigError("--kv-role and a TcpConnector in --kv-transfer-config: give the P/D role once")
         if port is not None and not 0 < port < 65536:
             raise ConfigError(f"--kv-port must be in 1..65535, got {port}")
-        pd = PDConfig(role, host or "127.0.0.1", DEFAULT_PORT if port is None else port)
+        pd = PDConfig(role, host or "127.0.0.1", DEFAULT_PORT if port is None else port, producers=tuple(producers or ()))
     if disk is None and pd is None:
         return None
     return KVTransferConfig(disk=disk, pd=pd)

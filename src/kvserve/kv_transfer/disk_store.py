@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import stat
 import struct
 import threading
 import time
@@ -126,12 +127,11 @@ class DiskKVStore:
             return None
         path = self._path(block_hash)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = self._read_file(path)
         except OSError:
             self._forget(block_hash)
             return None
-        payload = self._check(data, block_hash)
+        payload = None if data is None else self._check(data, block_hash)
         if payload is None:
             self.corrupt += 1
             logger.warning("KV disk tier: %s is corrupt; deleted (its block is recomputed)", path)
@@ -145,6 +145,19 @@ class DiskKVStore:
         except OSError:
             pass
         return payload
+
+    def _read_file(self, path: Path) -> bytes | None:
+        """The file's bytes, or None when it is not a regular file of a block's size (a FIFO or a
+        device put in its place must not block or flood the engine thread)."""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size != self.file_bytes:
+                return None
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read(self.file_bytes)
+        finally:
+            os.close(fd)
 
     def _check(self, data: bytes, block_hash: int) -> bytes | None:
         if len(data) != self.file_bytes:

@@ -6,7 +6,11 @@ against the server's role, in one place:
            "remote_engine_id"} for the decode instance (``KVTransfer.kv_transfer_params``)
     on a consumer (--kv-role consumer):  {"do_remote_prefill": true, "remote_host": H,
                                           "remote_port": P, "remote_engine_id": FINGERPRINT}
-        -> the prompt's blocks are fetched from H:P before the request is queued
+        -> the prompt's blocks are fetched from H:P before the request is queued; H:P must be
+           one of the consumer's --kv-producers (a client cannot make the server load K/V from
+           a server of its choosing); a remote_engine_id that is not this server's fingerprint
+           (another model or dtype: an operator's mistake, not the client's) leaves the prompt
+           to be computed here
 """
 
 from __future__ import annotations
@@ -43,6 +47,13 @@ def check_kv_transfer_params(params: Any, transfer) -> str | None:
             raise _fail(f"unknown key {key!r}; accepted: {', '.join(KEYS)}")
         if key.startswith("do_") and not isinstance(value, bool):
             raise _fail(f"{key} must be a boolean, got {value!r}")
+    host, port, engine = params.get("remote_host"), params.get("remote_port"), params.get("remote_engine_id")
+    if host is not None and (not isinstance(host, str) or not host):
+        raise _fail(f"remote_host must be the producer's address, got {host!r}")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+        raise _fail(f"remote_port must be an integer in 1..65535, got {port!r}")
+    if engine is not None and not isinstance(engine, str):
+        raise _fail(f"remote_engine_id must be a string, got {engine!r}")
     decode, prefill = params.get("do_remote_decode", False), params.get("do_remote_prefill", False)
     if decode and prefill:
         raise _fail("do_remote_decode and do_remote_prefill cannot both be true")
@@ -55,13 +66,9 @@ def check_kv_transfer_params(params: Any, transfer) -> str | None:
         raise _fail(f"{'do_remote_decode' if decode else 'do_remote_prefill'} needs a server started with {flag} "
                     f"(this one: {'no --kv-role' if own is None else '--kv-role ' + own})")
     if role == "consumer":
-        host, port = params.get("remote_host"), params.get("remote_port")
-        if not isinstance(host, str) or not host:
-            raise _fail(f"remote_host must be the producer's address, got {host!r}")
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            raise _fail(f"remote_port must be an integer in 1..65535, got {port!r}")
-        engine = params.get("remote_engine_id")
-        if engine is not None and engine != transfer.fingerprint:
-            raise _fail(f"remote_engine_id {engine!r} is another model or KV layout than this server's "
-                        f"({transfer.fingerprint}): its blocks cannot be used here")
+        if host is None or port is None:
+            raise _fail("do_remote_prefill needs remote_host and remote_port (the prefill instance's block server)")
+        if f"{host}:{port}" not in transfer.pd.producers:
+            raise _fail(f"{host}:{port} is not one of this server's producers (--kv-producers "
+                        f"{' '.join(transfer.pd.producers)})")
     return role

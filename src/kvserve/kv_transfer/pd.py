@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_S = 10.0  # a producer silent this long is taken to be gone
+FAILED_PRODUCER_S = 30.0  # ... and is not asked again for this long (its requests compute their prompts)
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(dict)
 
@@ -150,12 +152,22 @@ class PDConsumer:
         self.block_nbytes = block_nbytes
         self.fetched_blocks = 0
         self.failures = 0
+        self._failed_until: dict[str, float] = {}  # producer "host:port" -> monotonic time
 
     async def prefetch(self, spec: EngineRequest, params: dict) -> int:
         """Fetch the prompt blocks of ``spec`` from the producer ``params`` names
         (``remote_host``, ``remote_port``); returns the blocks now held. A failure is logged
         and counted: the request computes its prompt itself."""
         request = Request(spec)
+        engine = params.get("remote_engine_id")
+        if engine is not None and engine != self.fingerprint:
+            self.failures += 1
+            logger.warning("request %s: the prefill instance is another model or KV layout (engine %s, this "
+                           "server %s); its prompt is computed here", request.request_id, engine, self.fingerprint)
+            return 0
+        address = f"{params['remote_host']}:{params['remote_port']}"
+        if time.monotonic() < self._failed_until.get(address, 0.0):
+            return 0  # it failed moments ago: do not wait on it again
         hashes = prompt_block_hashes(request, self.block_size)[:(request.num_tokens - 1) // self.block_size]
         missing = [h for h in hashes if h not in self.inbox]
         if not missing:
@@ -166,6 +178,7 @@ class PDConsumer:
                                           hashes[start:])
         except Exception as exc:  # noqa: BLE001 - whatever the producer did, the prompt is computed here
             self.failures += 1
+            self._failed_until[address] = time.monotonic() + FAILED_PRODUCER_S
             logger.warning("request %s: fetching its prompt's KV failed (%s); it is computed here instead",
                            request.request_id, exc)
             return start

@@ -69,6 +69,7 @@ def build_kv_transfer(config, loaded, kv_caches: list[torch.Tensor], block_size:
         disk = DiskKVStore(transfer.disk.path, fingerprint, transfer.disk.max_bytes, codec.nbytes)
         tiers.append(disk)
         sinks.append(disk)
-        logger.info("KV disk tier: %s (%.1f of %.1f GiB used, %d KiB per block)", disk.root,
-                    disk.used_bytes / (1 << 30), transfer.disk.max_bytes / (1 << 30), codec.nbytes >> 10)
+        if not disk.disabled:
+            logger.info("KV disk tier: %s (%.1f of %.1f GiB used, %d KiB per block)", disk.root,
+                        disk.used_bytes / (1 << 30), transfer.disk.max_bytes / (1 << 30), codec.nbytes >> 10)
     return KVTransfer(KVConnector(tiers, sinks, codec), fingerprint, transfer.pd, server, consumer)

@@ -92,8 +92,8 @@ class Router:
         if self.config.pd:
             from kvserve.router.pd import PrefillLeg
 
-            self.proxy.prefill_leg = PrefillLeg(self.config.prefill_urls, self.upstream, self.config.request_timeout,
-                                                self.metrics.registry)
+            self.proxy.prefill_leg = PrefillLeg(self.config.prefill_urls, self.upstream,
+                                                self.config.pd_prefill_timeout, self.metrics.registry)
         await self.monitor.check_all()
         await self.monitor.scrape_all()
         self.monitor.start()

@@ -97,8 +97,9 @@ class RouterConfig:
             routing (``kvserve.router.policies``).
         api_keys, requests_per_minute, tokens_per_minute, max_concurrent_requests: as
             ``kvserve serve``'s, enforced at the router.
-        pd, prefill_urls: disaggregated prefill/decode (``kvserve.router.pd``): every completion's
-            prefill runs on one of ``prefill_urls``, then ``worker_urls`` decode it.
+        pd, prefill_urls, pd_prefill_timeout: disaggregated prefill/decode (``kvserve.router.pd``):
+            every completion's prefill runs on one of ``prefill_urls`` (given up after
+            ``pd_prefill_timeout`` seconds), then ``worker_urls`` decode it.
         request_timeout: seconds a worker may take to answer a request.
         drain_timeout: seconds ``DELETE /workers/{url}`` waits for in-flight requests.
     """
@@ -123,6 +124,7 @@ class RouterConfig:
     max_concurrent_requests: int | None = None
     pd: bool = False
     prefill_urls: tuple[str, ...] = ()
+    pd_prefill_timeout: float = 120.0
     request_timeout: float = 600.0
     drain_timeout: float = 600.0
     retry: RetryConfig = field(default_factory=RetryConfig)
@@ -160,6 +162,9 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
                    help="disaggregated prefill/decode: each completion is prefilled on a --prefill-urls worker "
                         "(kvserve serve --kv-role producer), then decoded on a --worker-urls one (--kv-role consumer)")
     g.add_argument("--prefill-urls", nargs="+", default=[], metavar="URL", help="--pd: the prefill workers")
+    g.add_argument("--pd-prefill-timeout", type=_positive_float, default=120.0,
+                   help="--pd: seconds a prefill may take before the decode worker computes the prompt itself "
+                        "(default 120)")
     g.add_argument("--registry-file", default=None, help="YAML list of workers (docs/router.md)")
     g.add_argument("--model-registry", default=None, help="YAML list of models (docs/router.md)")
     g.add_argument("--tokenizer", default=None, help="tokenizer folder of the workers' model (default: built-in)")
@@ -215,6 +220,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         queue_token_cost=args.queue_token_cost, api_keys=keys, requests_per_minute=args.requests_per_minute,
         tokens_per_minute=args.tokens_per_minute, max_concurrent_requests=args.max_concurrent_requests,
         pd=args.pd, prefill_urls=tuple(u.rstrip("/") for u in args.prefill_urls),
+        pd_prefill_timeout=args.pd_prefill_timeout,
         request_timeout=args.request_timeout, drain_timeout=args.drain_timeout,
         retry=RetryConfig(max_retries=args.retry_max_retries, initial_backoff=args.retry_initial_backoff_ms / 1000,
                           max_backoff=args.retry_max_backoff_ms / 1000),
