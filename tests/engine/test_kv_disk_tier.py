@@ -81,3 +81,19 @@ def test_another_dtype_is_a_miss_and_prompt_logprobs_compute_every_position(mode
     assert same.generate(PROMPTS[:1], scoring, use_tqdm=False)[0].prompt_logprobs == want
     assert loaded_tokens(same) == 0
     same.llm_engine.core.shutdown()
+
+
+def test_a_host_tier_holds_what_the_pool_evicted_before_the_disk(model_dir, tmp_path):
+    prompts = random_prompts(12, seed=21, min_len=60, max_len=90)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=1)
+    small = dict(num_gpu_blocks_override=32, max_num_seqs=2)
+    reference = make_llm(model_dir, enable_prefix_caching=False, **small)
+    expected = [(o.outputs[0].token_ids, list(o.outputs[0].logprobs)) for o in reference.generate(prompts, params)]
+    llm = make_llm(model_dir, kv_offloading_size=0.01, kv_offload_dir=str(tmp_path), **small)
+    for _ in range(2):
+        got = [(o.outputs[0].token_ids, list(o.outputs[0].logprobs)) for o in llm.generate(prompts, params)]
+        assert got == expected
+    hits = llm.llm_engine.core.make_stats().kv_transfer.hits_by_source
+    assert hits.get("host", 0) > 0 and hits.get("disk", 0) == 0  # the host tier is looked up first
+    assert_kv_clean(llm)
+    llm.llm_engine.core.shutdown()

@@ -100,3 +100,12 @@ def test_engine_options_a_connector_cannot_work_with_are_refused_before_loading(
     with pytest.raises(ConfigError) as error:
         engine_config_from_kwargs("/nonexistent-model", **kwargs)
     assert words in str(error.value)
+
+
+def test_vllms_offloading_flags_make_a_host_tier():
+    assert kv_transfer_config_from_flags(None, None, None, None, None, None, None, 2.0, "native") == \
+        KVTransferConfig(host_bytes=2 << 30)
+    with pytest.raises(ConfigError, match="--kv-offloading-backend lmcache is not supported"):
+        kv_transfer_config_from_flags(None, None, None, None, None, None, None, 2.0, "lmcache")
+    with pytest.raises(ConfigError, match="needs --kv-offloading-size"):
+        kv_transfer_config_from_flags(None, None, None, None, None, None, None, None, "native")

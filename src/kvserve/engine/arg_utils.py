@@ -65,6 +65,11 @@ def _add_kv_transfer_args(parser) -> None:
                             "miss instead of recomputed; kept across restarts")
     group.add_argument("--kv-offload-size", type=positive_float, default=None, metavar="GIB",
                        help="size bound of --kv-offload-dir in GiB (default 10; least recently used blocks go)")
+    group.add_argument("--kv-offloading-size", type=positive_float, default=None, metavar="GIB",
+                       help="vLLM's: a host-memory tier of GIB for KV blocks beyond the pool (before the disk "
+                            "tier; on a GPU between the device pool and the disk)")
+    group.add_argument("--kv-offloading-backend", default=None, metavar="native",
+                       help="vLLM's: native (kvserve's own host tier; lmcache is not supported)")
     group.add_argument("--kv-role", choices=("producer", "consumer"), default=None,
                        help="disaggregated prefill/decode: producer = a prefill instance serving its blocks "
                             "over TCP, consumer = a decode instance fetching them (kvserve route --pd)")
@@ -364,7 +369,8 @@ def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfi
     kv_transfer = kv_transfer_config_from_flags(
         kv_transfer_config_from_json(getattr(args, "kv_transfer_config", None)), getattr(args, "kv_offload_dir", None),
         getattr(args, "kv_offload_size", None), getattr(args, "kv_role", None), getattr(args, "kv_port", None),
-        getattr(args, "kv_ip", None), getattr(args, "kv_producers", None))
+        getattr(args, "kv_ip", None), getattr(args, "kv_producers", None), getattr(args, "kv_offloading_size", None),
+        getattr(args, "kv_offloading_backend", None))
     return EngineConfig(model=model_config, cache=cache_config, scheduler=scheduler_config,
                         structured_outputs=structured_outputs_config_from_args(args),
                         speculative=speculative_config_from_json(getattr(args, "speculative_config", None)),

@@ -10,7 +10,9 @@
         "kv_connector_extra_config": {"connectors": [{"kv_connector": "TcpConnector"},
                                                      {"kv_connector": "DiskConnector", ...}]}}'
 
-and the short forms ``--kv-offload-dir DIR [--kv-offload-size GIB]`` (the disk tier) and
+and the short forms ``--kv-offloading-size GIB`` (vLLM's: a host-memory tier, looked up before the
+disk; on a GPU it holds blocks between the device pool and the disk), ``--kv-offload-dir DIR
+[--kv-offload-size GIB]`` (the disk tier) and
 ``--kv-role producer [--kv-ip IP] [--kv-port PORT]`` / ``--kv-role consumer --kv-producers HOST:PORT ...``
 (disaggregated prefill/decode over TCP).
 
@@ -93,13 +95,15 @@ class PDConfig:
 
 @dataclass(frozen=True)
 class KVTransferConfig:
-    """What the engine builds its ``KVConnector`` from: a disk tier, a P/D role, or both."""
+    """What the engine builds its ``KVConnector`` from: a host-memory tier (``host_bytes`` > 0),
+    a disk tier, a P/D role, or several."""
 
     disk: DiskTierConfig | None = None
     pd: PDConfig | None = None
+    host_bytes: int = 0
 
     def __post_init__(self) -> None:
-        if self.disk is None and self.pd is None:
+        if self.disk is None and self.pd is None and not self.host_bytes:
             raise ConfigError("--kv-transfer-config: no connector configured")
 
 
@@ -208,7 +212,9 @@ def kv_transfer_config_from_json(text: str | dict | None) -> KVTransferConfig | 
 
 def kv_transfer_config_from_flags(config: KVTransferConfig | None, offload_dir: str | None,
                                   offload_gib: float | None, role: str | None, port: int | None,
-                                  host: str | None, producers: list[str] | None = None) -> KVTransferConfig | None:
+                                  host: str | None, producers: list[str] | None = None,
+                                  offloading_gib: float | None = None,
+                                  offloading_backend: str | None = None) -> KVTransferConfig | None:
     """Merge the short flags into ``--kv-transfer-config`` (each kind given once).
 
     Raises:
@@ -232,6 +238,14 @@ def kv_transfer_config_from_flags(config: KVTransferConfig | None, offload_dir: 
         if port is not None and not 0 < port < 65536:
             raise ConfigError(f"--kv-port must be in 1..65535, got {port}")
         pd = PDConfig(role, host or "127.0.0.1", DEFAULT_PORT if port is None else port, producers=tuple(producers or ()))
-    if disk is None and pd is None:
+    if offloading_backend not in (None, "native"):
+        raise ConfigError(f"--kv-offloading-backend {offloading_backend} is not supported: kvserve's host-memory "
+                          "tier is its own (native)")
+    if offloading_backend is not None and offloading_gib is None:
+        raise ConfigError("--kv-offloading-backend needs --kv-offloading-size (the host tier's GiB)")
+    host_bytes = 0 if offloading_gib is None else int(offloading_gib * (1 << 30))
+    if offloading_gib is not None and host_bytes < 1:
+        raise ConfigError(f"--kv-offloading-size must be > 0 GiB, got {offloading_gib}")
+    if disk is None and pd is None and not host_bytes:
         return None
-    return KVTransferConfig(disk=disk, pd=pd)
+    return KVTransferConfig(disk=disk, pd=pd, host_bytes=host_bytes)

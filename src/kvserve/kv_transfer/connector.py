@@ -8,8 +8,9 @@
     step        load(...)      before the forward: payloads into the allocated blocks
                 save(...)      after the step: blocks that entered the prefix cache, to the sinks
 
-Tiers are looked up in order: the blocks a decode instance fetched from its prefill instance
-(``p2p``, ``kvserve.kv_transfer.pd``), then the disk tier (``disk``). Sinks receive every full
+Tiers are looked up in order: the host-memory tier (``host``, ``--kv-offloading-size``), the blocks
+a decode instance fetched from its prefill instance (``p2p``, ``kvserve.kv_transfer.pd``), then the
+disk tier (``disk``). Sinks receive every full
 block computed here: the disk tier, and a prefill instance's store its consumers fetch from.
 A block that cannot be read counts as a miss: the request computes it (``recompute``).
 """

@@ -57,6 +57,10 @@ def build_kv_transfer(config, loaded, kv_caches: list[torch.Tensor], block_size:
     sinks: list[KVTier] = []
     server = consumer = None
     codec = BlockCodec(kv_caches)
+    if transfer.host_bytes:  # first: the cheapest place to find a block
+        host = MemoryKVStore("host", transfer.host_bytes)
+        tiers.append(host)
+        sinks.append(host)
     if transfer.pd is not None:
         store = MemoryKVStore("p2p", transfer.pd.staging_bytes)
         if transfer.pd.role == "producer":
