@@ -14,7 +14,11 @@ import os
 import sys
 from pathlib import Path
 
-from kvserve.cpu_threads import process_environment
+# Triton kernels run under Triton's interpreter here (their tests give CPU tensors): Triton reads
+# this when it is imported, whichever test imports it first.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from kvserve.cpu_threads import process_environment  # noqa: E402
 
 # The process settings of `kvserve serve` (OpenMP's threads sleep at once, so the C++ kernels run
 # on their own worker pool), set before torch loads: libgomp reads them once.

@@ -1,21 +1,18 @@
 """The Triton paged-attention backend (for NVIDIA GPUs), run on the CPU by Triton's interpreter,
 against the float64 attention and the reference backend: mixed prefill chunks and decodes, GQA,
 sliding windows, soft-capping, sinks, float32 and bfloat16, the KV cache written at its slots,
-and rows identical whatever else the batch holds."""
+and rows identical whatever else the batch holds. (tests/conftest.py sets ``TRITON_INTERPRET=1``
+before anything imports Triton.)"""
 
 from __future__ import annotations
 
-import os
+import pytest
+import torch
+import test_softmax_variants as variants
+import test_torch_backend as helpers
 
-os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined (first use)
-
-import torch  # noqa: E402
-import test_softmax_variants as variants  # noqa: E402
-import test_torch_backend as helpers  # noqa: E402
-import pytest  # noqa: E402
-
-from kvserve.attention import TorchAttentionBackend  # noqa: E402
-from kvserve.attention.triton_paged import TritonPagedAttentionBackend  # noqa: E402
+from kvserve.attention import TorchAttentionBackend
+from kvserve.attention.triton_paged import TritonPagedAttentionBackend
 
 
 @pytest.mark.parametrize("window", [None, 3])

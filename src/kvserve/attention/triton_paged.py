@@ -19,30 +19,31 @@ size to stay batch-invariant; one-byte KV caches (``--kv-cache-dtype int8|fp8``)
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.attention.kv_quant import ONE_BYTE_DTYPES
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the backend is then not offered (``triton_available``)
-    triton = None
-
-
-def triton_available() -> bool:
-    return triton is not None
-
-
+# Imported at first use (``_kernels``): Triton decides between its compiler and its interpreter
+# (``TRITON_INTERPRET=1``) when it is imported, and a process that never runs these kernels
+# need not pay for the import.
+triton = tl = None
 _KERNELS: tuple | None = None
 
 
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def _kernels() -> tuple:
-    """The two kernels, defined at first use (Triton reads ``TRITON_INTERPRET`` when a kernel is
-    defined, so a test can turn the interpreter on before)."""
-    global _KERNELS
+    """The two kernels, defined at first use."""
+    global _KERNELS, triton, tl
     if _KERNELS is None:
+        import triton
+        import triton.language as tl
+
         _KERNELS = _define_kernels()
     return _KERNELS
 
@@ -124,7 +125,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
     name = "triton"
 
     def __init__(self):
-        if triton is None:
+        if not triton_available():
             raise RuntimeError("the triton attention backend needs the triton package (pip install triton)")
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
