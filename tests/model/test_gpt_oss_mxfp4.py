@@ -28,12 +28,16 @@ def mxfp4_checkpoint(tmp_path_factory):
 
     def get(dtype):
         if dtype not in cache:
-            from transformers import AutoModelForCausalLM
+            from transformers import AutoModelForCausalLM, Mxfp4Config
 
             path = tmp_path_factory.mktemp(f"gpt_oss_mxfp4_{str(dtype).split('.')[-1]}")
             save_checkpoint(path, *VARIANTS["gpt_oss"], dtype)
             store_experts_as_mxfp4(path)
-            cache[dtype] = path, AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+            # dequantized, as transformers does on a CPU without Triton (with Triton installed it
+            # would fetch GPU kernels from the Hub)
+            reference = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype,
+                                                             quantization_config=Mxfp4Config(dequantize=True))
+            cache[dtype] = path, reference.eval()
         return cache[dtype]
 
     return get
