@@ -112,25 +112,15 @@ def attention(device) -> dict:
     import torch
 
     from kvserve.attention import TorchAttentionBackend
-    from kvserve.attention.backend import AttentionMetadata
     from kvserve.attention.triton_paged import TritonPagedAttentionBackend
+    from kvserve.testing.attention import paged_metadata
 
     block, heads, kv_heads, dim = 16, 8, 2, 64
     computed, new = [0, 40, 17], [23, 1, 5]
     tables = [[3, 9], [1, 4, 7, 12], [2, 5]]
 
     def metadata(rows):
-        c, n, t = ([x[i] for i in rows] for x in (computed, new, tables))
-        q_lens = torch.tensor(n)
-        seq = torch.tensor(c) + q_lens
-        qsl = torch.zeros(len(n) + 1, dtype=torch.int32)
-        qsl[1:] = torch.cumsum(q_lens, 0)
-        width = max(len(x) for x in t)
-        bt = torch.tensor([x + [0] * (width - len(x)) for x in t], dtype=torch.int32)
-        slots = [t[r][p // block] * block + p % block for r in range(len(n)) for p in range(c[r], c[r] + n[r])]
-        return AttentionMetadata(qsl.to(device), seq.to(device, torch.int32), bt.to(device),
-                                 torch.tensor(slots, dtype=torch.int64, device=device), int(q_lens.max()),
-                                 int(seq.max()), qsl, seq.to(torch.int32))
+        return paged_metadata(*([x[i] for i in rows] for x in (computed, new, tables)), block, device)
 
     result = {}
     gen = torch.Generator().manual_seed(0)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kvserve.attention import TorchAttentionBackend, get_attention_backend
-from kvserve.attention.backend import AttentionMetadata
 from kvserve.errors import ConfigError
+from kvserve.testing.attention import paged_metadata
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 4, 2, 8, 4, 32
 
@@ -29,26 +29,7 @@ def dense_attention(q, k, v, window):
 
 def metadata_for(computed, new, block_tables):
     """AttentionMetadata for requests with ``computed`` cached and ``new`` new tokens each."""
-    q_lens = torch.tensor(new)
-    seq_lens = torch.tensor(computed) + q_lens
-    qsl = torch.zeros(len(new) + 1, dtype=torch.int32)
-    qsl[1:] = torch.cumsum(q_lens, 0)
-    width = max(len(b) for b in block_tables)
-    tables = torch.tensor([b + [0] * (width - len(b)) for b in block_tables], dtype=torch.int32)
-    slots = []
-    for r, (c, n) in enumerate(zip(computed, new)):
-        for p in range(c, c + n):
-            slots.append(block_tables[r][p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE)
-    return AttentionMetadata(
-        query_start_loc=qsl,
-        seq_lens=seq_lens.to(torch.int32),
-        block_tables=tables,
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        max_query_len=int(q_lens.max()),
-        max_seq_len=int(seq_lens.max()),
-        query_start_loc_cpu=qsl,
-        seq_lens_cpu=seq_lens.to(torch.int32),
-    )
+    return paged_metadata(computed, new, block_tables, BLOCK_SIZE)
 
 
 def run_in_steps(steps, seqs, block_tables, window, batch_invariant=True, backend=None):

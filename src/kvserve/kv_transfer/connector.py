@@ -18,6 +18,7 @@ A block that cannot be read counts as a miss: the request computes it (``recompu
 from __future__ import annotations
 
 import time
+from itertools import takewhile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -69,14 +70,7 @@ class KVConnector:
 
     def count(self, hashes: Sequence[int]) -> int:
         """How many of ``hashes``, from the first, some tier holds."""
-        if not self.tiers:
-            return 0
-        n = 0
-        for block_hash in hashes:
-            if not any(block_hash in tier for tier in self.tiers):
-                break
-            n += 1
-        return n
+        return sum(1 for _ in takewhile(lambda h: any(h in tier for tier in self.tiers), hashes))
 
     def prefetch(self, hashes: Sequence[int]) -> None:
         """Let tiers that can read ahead (the disk tier) start reading these blocks."""

@@ -28,6 +28,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
+from itertools import takewhile
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -98,11 +99,7 @@ class DiskKVStore:
     def prefetch(self, hashes: list[int]) -> None:
         """Read these blocks ahead, on the reader thread: the run of them from the first that the
         tier holds (the blocks after a miss cannot be used)."""
-        wanted = []
-        for block_hash in hashes:
-            if block_hash not in self._index:
-                break
-            wanted.append(block_hash)
+        wanted = list(takewhile(self._index.__contains__, hashes))
         if wanted:
             self._reads.put(wanted)
 

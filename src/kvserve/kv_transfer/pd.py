@@ -101,11 +101,6 @@ class BlockServer:
         self._thread.join()
 
 
-def prompt_block_hashes(request: Request, block_size: int) -> list[int]:
-    """The hashes of a new request's full prompt blocks (as its engine will compute them)."""
-    return list(update_block_hashes(request, block_size))
-
-
 async def fetch_blocks(host: str, port: int, fingerprint: str, hashes: list[int],
                        timeout: float | None = None) -> list[bytes]:
     """The payloads of the longest run of ``hashes`` the producer at ``host:port`` holds.
@@ -168,7 +163,7 @@ class PDConsumer:
         address = f"{params['remote_host']}:{params['remote_port']}"
         if time.monotonic() < self._failed_until.get(address, 0.0):
             return 0  # it failed moments ago: do not wait on it again
-        hashes = prompt_block_hashes(request, self.block_size)[:(request.num_tokens - 1) // self.block_size]
+        hashes = update_block_hashes(request, self.block_size)[:(request.num_tokens - 1) // self.block_size]
         missing = [h for h in hashes if h not in self.inbox]
         if not missing:
             return len(hashes)
