@@ -111,7 +111,7 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     packed = _Packed({s: {} for shards in plan.values() for s in shards}, splits, spec)
     drop_float_weights(model, plan)
     model = model.to(dtype=dtype).to_empty(device=device)
-    bind_kernels(model, device)
+    bind_kernels(model, device, triton=backend.name == "triton")
     if arch.tie_word_embeddings and "lm_head" not in plan:
         model.lm_head.weight = model.model.embed_tokens.weight
     _load_slices(model, files, shard, packed, model_cls)

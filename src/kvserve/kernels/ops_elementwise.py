@@ -61,6 +61,12 @@ class ElementwiseOps:
             self._lib.call("kvserve_softmax_prefix_rows", ptr(x), ptr(lengths), x.shape[0], x.shape[1])
         return x
 
+    @staticmethod
+    def rotary_takes(x: torch.Tensor, cos: torch.Tensor) -> bool:
+        """Whether :meth:`rotary_embedding` takes x and cos (else the caller runs torch code)."""
+        return (x.dtype == torch.bfloat16 and x.dim() == 3 and x.shape[-1] % 32 == 0 and x.stride(-1) == 1
+                and cos.dtype == torch.bfloat16)
+
     def rotary_embedding(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x bfloat16 [T, H, D] (unit stride in D), cos/sin bfloat16 [T, D] contiguous -> contiguous
         [T, H, D], bit-identical to RotaryEmbedding.apply's torch operators; D % 32 == 0."""

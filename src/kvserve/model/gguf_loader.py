@@ -80,7 +80,7 @@ def load_gguf_model(gguf: GGUFFile, dtype: torch.dtype, device: torch.device | s
 
             parallelize(model, shard, communicator)
     model = model.to(dtype=dtype).to_empty(device=device)
-    bind_kernels(model, device)
+    bind_kernels(model, device, triton=backend.name == "triton")
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     _GGUFFiller(gguf, model, dtype, device, shard).fill()

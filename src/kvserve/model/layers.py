@@ -8,7 +8,8 @@ RMSNorm (with the residual add before it), SiLU-and-multiply and the bfloat16 ro
 as one C++ pass each (``kvserve/kernels/csrc/elementwise.cpp``: the rotary embedding and the
 residual sums give torch's bits; RMSNorm's sum of squares and SiLU's exp may differ in the last
 float32 place) instead of several torch operators, whose per-call cost dominated these small
-tensors in a decode step.
+tensors in a decode step. On a CUDA device the same three run in Triton
+(``kvserve/kernels/triton_elementwise.py``, same rules).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvserve.kernels import CpuKernels
+from kvserve.kernels.triton_elementwise import TritonElementwise
 from kvserve.model.arch_config import RopeScaling
 from kvserve.model.kernel_layer import KernelLayer
 
@@ -30,6 +32,8 @@ class RMSNorm(KernelLayer):
     ``y = weight * (x / sqrt(mean(x^2, -1) + eps))``, statistics in float32.
     Input/output: [..., hidden_size], any float dtype (output has the input's dtype).
     """
+
+    triton_kernels = True
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
@@ -55,8 +59,9 @@ class RMSNorm(KernelLayer):
         total = residual + x
         return self.forward(total), total
 
-    def _fused_ops(self, x: torch.Tensor) -> CpuKernels | None:
-        """The C++ kernels (``elementwise.cpp``) when this layer has them and they take x, else None."""
+    def _fused_ops(self, x: torch.Tensor) -> CpuKernels | TritonElementwise | None:
+        """The kernels (``elementwise.cpp``, or Triton's on a GPU) when this layer has them and they
+        take x, else None."""
         if (self.ops is None or x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != self.weight.dtype
                 or x.stride(-1) != 1 or x.requires_grad or self.weight.requires_grad and torch.is_grad_enabled()):
             return None
@@ -99,6 +104,8 @@ class SiluAndMul(KernelLayer):
 
     Input [..., 2 * d] = [gate | up]; output [..., d] = silu(gate) * up.
     """
+
+    triton_kernels = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ops is not None and x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16):
@@ -253,16 +260,16 @@ class RotaryEmbedding(nn.Module):
         return cos.to(dtype), sin.to(dtype)
 
     @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: CpuKernels | None = None) -> torch.Tensor:
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              ops: CpuKernels | TritonElementwise | None = None) -> torch.Tensor:
         """x: [T, heads, head_dim]; cos, sin: [T, rotary_dim] (same dtype as x): the first
         rotary_dim dimensions rotated, the others as they are; on ``ops`` (the calling layer's
-        kernels) where they take x (bfloat16), else in torch."""
+        kernels) where they take x (``ops.rotary_takes``), else in torch."""
         rotary_dim = cos.shape[-1]
         if rotary_dim != x.shape[-1]:
             rotated = RotaryEmbedding.apply(x[..., :rotary_dim], cos, sin, ops)
             return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
-        if (ops is not None and x.dtype == torch.bfloat16 and x.dim() == 3 and x.shape[-1] % 32 == 0
-                and x.stride(-1) == 1 and cos.dtype == torch.bfloat16):
+        if ops is not None and ops.rotary_takes(x, cos):
             return ops.rotary_embedding(x, cos.contiguous(), sin.contiguous())
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)

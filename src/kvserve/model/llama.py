@@ -72,6 +72,8 @@ class LlamaAttention(KernelLayer):
     ``kv_cache`` ([2, num_blocks, block_size, num_kv_heads, head_dim]) through the backend.
     """
 
+    triton_kernels = True  # its ops run the rotary embedding only
+
     def __init__(
         self,
         arch: ModelArchConfig,

@@ -260,7 +260,7 @@ def load_model(
     for name in getattr(model, "head_modules", ()) if pooler is not None else ():
         if hasattr(model, name.split(".")[0]):  # a pooling head in float32, as vLLM's head_dtype
             model.get_submodule(name).to(torch.float32)
-    bind_kernels(model, device)
+    bind_kernels(model, device, triton=backend.name == "triton")
     if arch.tie_word_embeddings and "lm_head" not in plan and hasattr(model, "lm_head"):
         # to_empty gives each parameter its own storage; tie again.
         model.lm_head.weight = model.model.embed_tokens.weight
