@@ -10,10 +10,13 @@ Sections (each recorded on its own: one that fails leaves the others' results):
 2. ``attention``: the Triton paged-attention backend against the torch reference on the device
    (a mixed batch of prefill chunks and decodes, GQA, a sliding window; float32 and bf16), and a
    row alone against the same row in the batch (batch invariance).
-3. ``engine_parity``: a small random Llama checkpoint: kvserve's greedy tokens on the device equal
+3. ``elementwise``: the Triton RMSNorm (with the residual add), SiLU-and-multiply and rotary
+   embedding against the torch code they replace, bf16 on the device: residual sums and the
+   rotary embedding bit-identical, the others within one bf16 step.
+4. ``engine_parity``: a small random Llama checkpoint: kvserve's greedy tokens on the device equal
    its tokens on the CPU in float32; in bf16, kvserve's logprobs against transformers' on the same
    device.
-4. ``benchmarks``: a Llama-3.1-8B-shaped model with random bf16 weights made on the device
+5. ``benchmarks``: a Llama-3.1-8B-shaped model with random bf16 weights made on the device
    (``--load-format dummy``): the batch-1 decode step against the weights' bandwidth bound (target
    <= 1.3x), the batch-64 decode step against its bound (<= 1.5x), a 4,096-token prefill against
    the matmul peak (>= 60%).
@@ -147,6 +150,47 @@ def attention(device) -> dict:
     return result
 
 
+def elementwise(device) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from kvserve.kernels.triton_elementwise import TritonElementwise
+    from kvserve.model.layers import RMSNorm, RotaryEmbedding
+
+    ops, gen = TritonElementwise(), torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=gen) * 3).to(device, torch.bfloat16)
+
+    def steps_apart(got, want):  # the largest difference in bf16 steps of the reference
+        return float(((got.float() - want.float()).abs() / (want.float().abs() * 2**-7 + 1e-30)).max())
+
+    x, residual, weight = rand(33, 4096), rand(33, 4096), rand(4096)
+    norm = RMSNorm(4096, 1e-5).to(device, torch.bfloat16)
+    norm.weight.data.copy_(weight)
+    norm.ops = None
+    with torch.no_grad():
+        want_normed, want_total = norm.add_and_norm(x, residual)
+    normed, total = ops.rms_norm(x, weight, residual, 1e-5)
+    gate_up = rand(33, 2 * 14336)
+    gate, up = gate_up.chunk(2, dim=-1)
+    silu = ops.silu_and_mul(gate_up)
+    q = rand(33, 48, 128)[:, :32]  # strided heads, as a view of a fused qkv output
+    cos, sin = RotaryEmbedding(128, 500000.0, None).cos_sin(torch.arange(0, 33 * 97, 97, device=device), torch.bfloat16)
+    rotary = ops.rotary_embedding(q, cos, sin)
+    result = {
+        "rms_norm_total_equal": bool(torch.equal(total, want_total)),
+        "rms_norm_steps_apart": steps_apart(normed, want_normed),
+        "silu_and_mul_steps_apart": steps_apart(silu, F.silu(gate) * up),
+        "rotary_equal": bool(torch.equal(rotary, RotaryEmbedding.apply(q, cos, sin))),
+        "rows_alone_equal": bool(torch.equal(ops.rms_norm(x[5:6], weight, residual[5:6], 1e-5)[0], normed[5:6])
+                                 and torch.equal(ops.silu_and_mul(gate_up[5:6]), silu[5:6])),
+    }
+    result["ok"] = (result["rms_norm_total_equal"] and result["rotary_equal"] and result["rows_alone_equal"]
+                    and result["rms_norm_steps_apart"] <= 1 and result["silu_and_mul_steps_apart"] <= 1)
+    return result
+
+
 def engine_parity(device, folder: Path) -> dict:
     import torch
 
@@ -259,6 +303,7 @@ def main() -> int:
         folder = Path(tmp)
         section(results, "environment")(lambda: environment(device, args.dry_run))
         section(results, "attention")(lambda: attention(device))
+        section(results, "elementwise")(lambda: elementwise(device))
         section(results, "engine_parity")(lambda: engine_parity(device, folder))
         section(results, "benchmarks")(lambda: benchmarks(device, folder, args.dry_run, results["environment"]))
     Path(args.out).write_text(json.dumps(results, indent=2, default=str))
