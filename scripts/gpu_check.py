@@ -18,8 +18,8 @@ Sections (each recorded on its own: one that fails leaves the others' results):
    device.
 5. ``benchmarks``: a Llama-3.1-8B-shaped model with random bf16 weights made on the device
    (``--load-format dummy``): the batch-1 decode step against the weights' bandwidth bound (target
-   <= 1.3x), the batch-64 decode step against its bound (<= 1.5x), a 4,096-token prefill against
-   the matmul peak (>= 60%).
+   <= 1.3x; with CUDA graphs, and without them beside it), the batch-64 decode step against its
+   bound (<= 1.5x), a 4,096-token prefill against the matmul peak (>= 60%).
 
 ``--dry-run`` runs every section on the CPU with tiny shapes (Triton under its interpreter), so CI
 keeps the check working; its figures mean nothing.
@@ -263,6 +263,10 @@ def benchmarks(device, folder: Path, dry_run: bool, env: dict) -> dict:
     bandwidth = env.get("copy_gb_s") or 1.0
     bound_1 = weight_bytes / (bandwidth * 1e9)
     one, many = step(1), step(batch)
+    runner = llm.llm_engine.core.runner
+    graphs, runner.decode_graphs = runner.decode_graphs, None
+    one_eager = step(1)  # the same step without CUDA graphs (as --enforce-eager runs it)
+    runner.decode_graphs = graphs
     kv_bytes = batch * (16 + 16) * shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * shape["head_dim"] * 2
     bound_many = (weight_bytes + kv_bytes) / (bandwidth * 1e9)
     long_prompt = prompts(1, prefill_len)
@@ -273,6 +277,7 @@ def benchmarks(device, folder: Path, dry_run: bool, env: dict) -> dict:
     peak = env.get("bf16_matmul_tflops") or 1.0
     result = {
         "shape": "tiny (dry run)" if dry_run else "Llama-3.1-8B", "parameters": params, "weight_gb": weight_bytes / 1e9,
+        "cuda_graphs": graphs is not None, "batch1_step_eager_ms": one_eager * 1000,
         "batch1_step_ms": one * 1000, "batch1_bound_ms": bound_1 * 1000, "batch1_ratio": one / bound_1,
         f"batch{batch}_step_ms": many * 1000, f"batch{batch}_bound_ms": bound_many * 1000,
         f"batch{batch}_ratio": many / bound_many,

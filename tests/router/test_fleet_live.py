@@ -33,8 +33,8 @@ HEALTH_INTERVAL = 0.5
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fleet")
-    workers = [WorkerProcess(folder, f"w{i}", BLOCKS_PER_WORKER) for i in range(3)]
-    single = WorkerProcess(folder, "single", 3 * BLOCKS_PER_WORKER)
+    workers = [WorkerProcess(folder, f"w{i}", BLOCKS_PER_WORKER) for i in range(2)]
+    single = WorkerProcess(folder, "single", 2 * BLOCKS_PER_WORKER)
     for worker in (*workers, single):
         worker.start()
     try:
@@ -133,7 +133,7 @@ def test_shared_prefix_hit_rate_cache_aware_vs_single_worker(fleet):
             router.stop()
     # 8 groups x 4 prompts, 160-token system prompts (the built-in model's context is 256): a
     # single worker misses each group's first prompt only (hit rate 3 * 160 / (4 * 192) = 0.625 at
-    # most); round robin spreads a group over up to three workers.
+    # most); round robin spreads a group over both workers.
     print(f"\nprefix-cache hit rate: single {single_rate:.3f}, cache_aware {rates['cache_aware']:.3f}, "
           f"round_robin {rates['round_robin']:.3f}")
     assert single_rate <= 3 * 160 / (4 * 192) + 1e-9
@@ -175,6 +175,7 @@ def test_sigkill_mid_run_retries_the_unstarted_and_ends_streams_in_band(fleet):
 
 
 def test_rolling_restart_under_load_fails_no_request(fleet):
+    """The fleet's last test: the workers it leaves running are the script's, stopped at its end."""
     folder, workers, _ = fleet
     router = RouterProcess(folder, workers).start()
     for worker in workers:
@@ -194,7 +195,7 @@ def test_rolling_restart_under_load_fails_no_request(fleet):
 
     try:
         wait_for(lambda: all(w["routable"] for w in router.workers().values()), 20, "workers routable")
-        threads = [threading.Thread(target=load, args=(k,)) for k in range(4)]
+        threads = [threading.Thread(target=load, args=(k,)) for k in range(2)]
         for thread in threads:
             thread.start()
         script = Path(__file__).parents[2] / "scripts" / "rolling_restart.py"
@@ -205,7 +206,7 @@ def test_rolling_restart_under_load_fails_no_request(fleet):
         for thread in threads:
             thread.join(120)
         assert run.returncode == 0, run.stdout + run.stderr
-        assert "restarted 3 workers" in run.stdout
+        assert f"restarted {len(workers)} workers" in run.stdout
         failed = [o for o in outcomes if not (o["status"] == 200 and o["done"] and o["error"] is None
                                               and o["exception"] is None)]
         print(f"\nrolling restart: {len(outcomes)} requests, {len(failed)} failed")
@@ -214,7 +215,7 @@ def test_rolling_restart_under_load_fails_no_request(fleet):
     finally:
         stop.set()
         router.stop()
-        for worker in workers:  # the script's processes replaced the fixture's: stop them, restart ours
+        for worker in workers:  # the script's processes replaced the fixture's: stop them
             pid_file = folder / f"{worker.port}.pid"
             pid = int(pid_file.read_text()) if pid_file.exists() else None
             if pid and pid != worker.process.pid:
@@ -223,10 +224,6 @@ def test_rolling_restart_under_load_fails_no_request(fleet):
                 except ProcessLookupError:
                     pass
                 wait_for(lambda: not healthy(worker.url), 60, "restarted worker stopped")
-            if worker.process.poll() is not None:
-                worker.start()
-        for worker in workers:
-            worker.wait_ready()
 
 
 def test_serve_data_parallel_two_engines_one_port(tmp_path):

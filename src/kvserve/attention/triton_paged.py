@@ -4,7 +4,8 @@ is how the tests check it against the torch reference backend.
 
 Two kernels per call::
 
-    write   one program per new token: its K and V rows stored at its slot
+    write   one program per new token: its K and V rows stored at its slot (none for slot -1,
+            the padding rows of a CUDA graph's batch)
     attend  one program per (new token, query head): the token's request's context read block by
             block through the block table, positions <= its own (and inside the sliding window),
             online softmax in float32 (scores soft-capped, the sink logit added to the
@@ -56,7 +57,7 @@ def _define_kernels() -> tuple:
         t = tl.program_id(0)
         slot = tl.load(slots_ptr + t).to(tl.int64)
         d = tl.arange(0, HEAD_DIM_PAD)
-        dmask = d < HEAD_DIM
+        dmask = d < tl.where(slot >= 0, HEAD_DIM, 0)  # slot -1: a CUDA graph's padding row, written nowhere
         for h in range(NUM_KV_HEADS):
             k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=dmask)
             v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=dmask)

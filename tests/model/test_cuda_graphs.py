@@ -1,0 +1,82 @@
+"""Decode steps through ``kvserve.model.cuda_graphs`` on the CPU: the runner's graph path with an
+eager stand-in for the capture (a CUDA graph replays the forward it recorded; the stand-in runs it
+again on the same static buffers), Triton attention under its interpreter. Padded buckets give the
+eager step's bits, padding rows write no KV, and the steps a graph cannot run stay eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_fixtures import sequential_block_tables
+
+from kvserve.attention import get_attention_backend
+from kvserve.attention.triton_paged import TritonPagedAttentionBackend
+from kvserve.model.cuda_graphs import capture_sizes, why_not_captured
+from kvserve.model.loader import load_model
+from kvserve.model.runner import ModelRunner
+
+pytest.importorskip("triton")
+BLOCK = 4
+
+
+class StandIn:
+    """Records nothing: each replay runs the forward again into the captured output."""
+
+    def __init__(self):
+        self.captured, self.replays = [], 0
+
+    def __call__(self, forward):
+        output = forward()
+        self.captured.append(output.shape[0])
+
+        def replay():
+            self.replays += 1
+            output.copy_(forward())
+        return replay, output
+
+
+def test_capture_sizes_are_vllms_buckets_up_to_max_num_seqs():
+    assert capture_sizes(256) == [1, 2, 4, *range(8, 257, 8)]
+    assert capture_sizes(3) == [1, 2, 3] and capture_sizes(1) == [1]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20] and capture_sizes(4096)[-1] == 512
+
+
+def test_where_graphs_do_not_apply(tiny_checkpoint):
+    path, _ = tiny_checkpoint("qwen2")
+    assert "torch" in why_not_captured(load_model(path, attn_backend=get_attention_backend("torch")).model)
+    assert why_not_captured(load_model(path, attn_backend=TritonPagedAttentionBackend()).model) is None
+    assert ModelRunner(load_model(path), num_blocks=8, block_size=BLOCK).decode_graphs is None  # CPU, no capturer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padded_graph_decode_steps_give_the_eager_bits(tiny_checkpoint, dtype):
+    path, _ = tiny_checkpoint("qwen2")
+    stand_in = StandIn()
+
+    def runner(capturer):
+        loaded = load_model(path, dtype=dtype, attn_backend=TritonPagedAttentionBackend())
+        return ModelRunner(loaded, num_blocks=32, block_size=BLOCK, max_num_reqs=6, max_model_len=64,
+                           graph_capturer=capturer)
+
+    graphed, eager = runner(stand_in), runner(None)
+    assert stand_in.captured == [6, 4, 2, 1] and eager.decode_graphs is None
+    prompts = [[5, 17, 3, 99, 41, 7, 8], [11, 12, 13], [200, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [60]]
+    extra = 3
+    tables = sequential_block_tables([len(p) + extra for p in prompts], BLOCK, start=1, reverse=True)
+    tokens = [list(p) for p in prompts]
+    for run in (graphed, eager):  # prefill: eager on both
+        run.forward(tokens, tables)
+    assert stand_in.replays == 0
+    for step in range(extra):  # 4, 3 and 1 requests: buckets 4 (no padding), 4 (one row), 1
+        active = [0, 1, 2, 3] if step == 0 else [0, 2, 3] if step == 1 else [1]
+        for r in active:
+            tokens[r].append((7 * step + r) % 256)
+        args = ([tokens[r] for r in active], [tables[r] for r in active], [len(tokens[r]) - 1 for r in active])
+        got, want = graphed.forward(*args), eager.forward(*args)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert stand_in.replays == extra
+    assert all(torch.equal(g, e) for g, e in zip(graphed.kv_caches, eager.kv_caches))  # padding wrote nothing
+    # a step with a prefill chunk in it runs eagerly
+    tokens[1].extend([3, 4])
+    args = ([tokens[1]], [tables[1]], [len(tokens[1]) - 2])
+    assert torch.equal(graphed.forward(*args)[0], eager.forward(*args)[0]) and stand_in.replays == extra
