@@ -148,7 +148,9 @@ class ModelRunner:
         self.input_batch = InputBatch(max_num_reqs, max_model_len, math.ceil(max_model_len / block_size),
                                       self.vocab_size, self.device,
                                       build_logits_processors(self.vocab_size, self.device, max_num_reqs))
-        self.decode_graphs = None if enforce_eager else self._capture_decode_graphs(graph_capturer, max_model_len)
+        # (a tensor-parallel model's forward crosses processes: never captured)
+        self.decode_graphs = (None if enforce_eager or loaded.shard is not None
+                              else self._capture_decode_graphs(graph_capturer, max_model_len))
         self.requests: dict[str, CachedRequestState] = {}
         # Seeded requests' generators, by request id: kept across preemption, dropped at finish.
         self.generators: dict[str, torch.Generator] = {}
