@@ -150,7 +150,7 @@ def attention(device) -> dict:
     return result
 
 
-def elementwise(device) -> dict:
+def elementwise(device, dry_run: bool) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -165,18 +165,20 @@ def elementwise(device) -> dict:
     def steps_apart(got, want):  # the largest difference in bf16 steps of the reference
         return float(((got.float() - want.float()).abs() / (want.float().abs() * 2**-7 + 1e-30)).max())
 
-    x, residual, weight = rand(33, 4096), rand(33, 4096), rand(4096)
-    norm = RMSNorm(4096, 1e-5).to(device, torch.bfloat16)
+    rows, hidden, inter, heads = (9, 256, 512, 4) if dry_run else (33, 4096, 14336, 32)
+    x, residual, weight = rand(rows, hidden), rand(rows, hidden), rand(hidden)
+    norm = RMSNorm(hidden, 1e-5).to(device, torch.bfloat16)
     norm.weight.data.copy_(weight)
     norm.ops = None
     with torch.no_grad():
         want_normed, want_total = norm.add_and_norm(x, residual)
     normed, total = ops.rms_norm(x, weight, residual, 1e-5)
-    gate_up = rand(33, 2 * 14336)
+    gate_up = rand(rows, 2 * inter)
     gate, up = gate_up.chunk(2, dim=-1)
     silu = ops.silu_and_mul(gate_up)
-    q = rand(33, 48, 128)[:, :32]  # strided heads, as a view of a fused qkv output
-    cos, sin = RotaryEmbedding(128, 500000.0, None).cos_sin(torch.arange(0, 33 * 97, 97, device=device), torch.bfloat16)
+    q = rand(rows, heads * 3 // 2, 128)[:, :heads]  # strided heads, as a view of a fused qkv output
+    cos, sin = RotaryEmbedding(128, 500000.0, None).cos_sin(torch.arange(0, rows * 97, 97, device=device),
+                                                            torch.bfloat16)
     rotary = ops.rotary_embedding(q, cos, sin)
     result = {
         "rms_norm_total_equal": bool(torch.equal(total, want_total)),
@@ -308,7 +310,7 @@ def main() -> int:
         folder = Path(tmp)
         section(results, "environment")(lambda: environment(device, args.dry_run))
         section(results, "attention")(lambda: attention(device))
-        section(results, "elementwise")(lambda: elementwise(device))
+        section(results, "elementwise")(lambda: elementwise(device, args.dry_run))
         section(results, "engine_parity")(lambda: engine_parity(device, folder))
         section(results, "benchmarks")(lambda: benchmarks(device, folder, args.dry_run, results["environment"]))
     Path(args.out).write_text(json.dumps(results, indent=2, default=str))

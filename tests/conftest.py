@@ -26,6 +26,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kvserve.cpu_threads import process_environment  # noqa: E402
 
+# Under pytest-xdist (two workers, pyproject.toml) each worker and the processes it starts run one
+# OpenMP thread, unless a test sets more: two workers of two threads each on two cores contend.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # The process settings of `kvserve serve` (OpenMP's threads sleep at once, so the C++ kernels run
 # on their own worker pool), set before torch loads: libgomp reads them once.
 if "torch" not in sys.modules:
