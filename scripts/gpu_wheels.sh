@@ -3,8 +3,9 @@
 #   bash scripts/gpu_wheels.sh [PYTHON_VERSION] [--no-numpy]     # default 3.12
 # Downloads into ./wheels (git-ignored: the device tool carries it when asked to) the x86-64 Linux
 # wheels for that CPython of scripts/gpu_requirements.txt and everything they need, less what the
-# check never imports (hf_xet: Hub downloads; kernels: kernels from the Hub), and prints their
-# size beside the working tree's. --no-numpy where the machine's torch came with numpy.
+# check never imports (hf_xet: Hub downloads; typer and what it brings: command lines), and
+# prints their size beside the working tree's (the device tool carries 60 MiB in all).
+# --no-numpy where the machine's torch came with numpy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version="${1:-3.12}"
@@ -15,7 +16,9 @@ done
 rm -rf wheels
 python3 -m pip download -q -d wheels --only-binary=:all: --implementation cp --python-version "$version" \
     "${platforms[@]}" -r scripts/gpu_requirements.txt
-rm -f wheels/hf_xet-*.whl wheels/kernels-*.whl
+for unused in hf_xet typer click rich pygments markdown_it_py mdurl shellingham; do
+    rm -f wheels/"$unused"-*.whl
+done
 if [ "${2:-}" = "--no-numpy" ]; then
     rm -f wheels/numpy-*.whl
 fi
