@@ -13,6 +13,7 @@ import torch
 
 from kvserve.attention import get_attention_backend
 from kvserve.config import EngineConfig
+from kvserve.engine.activation_profile import GRAPH_AND_WORKSPACE_BYTES, peak_activation_bytes
 from kvserve.engine.engine_request import EngineRequest
 from kvserve.engine.kv_sizing import KVCachePlan, available_host_memory_bytes, plan_kv_cache
 from kvserve.errors import ConfigError, EngineDeadError
@@ -304,13 +305,31 @@ class EngineCore:
             bytes_per_block += draft_kv_bytes_per_block(self.draft, cache.block_size)
         free_device = None
         if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            free_device = int(total * cache.gpu_memory_utilization - used - 512 * 2**20)
+            free_device = self._free_device_bytes()
         return plan_kv_cache(
             cache, bytes_per_block, self.max_model_len, self.config.scheduler.max_num_seqs,
             self.device.type, free_device,
         )
+
+    def _free_device_bytes(self) -> int:
+        """The KV cache's share of the GPU: ``--gpu-memory-utilization`` of its memory, less what
+        is held now (weights, other processes), the measured peak of the largest step's
+        activations (``kvserve.engine.activation_profile``) and a margin for graphs and workspaces.
+        No profile when the budget is given (``--kv-cache-memory-bytes``, a block count) or the
+        model's forward crosses processes (``-tp``)."""
+        cache, scheduler = self.config.cache, self.config.scheduler
+        activations = 0
+        if (cache.num_blocks_override is None and cache.kv_cache_memory_bytes is None and self.loaded.shard is None
+                and self.pooler_config is None):
+            activations = peak_activation_bytes(self.loaded, min(scheduler.max_num_batched_tokens, self.max_model_len),
+                                                scheduler.max_num_seqs, cache.block_size, cache.kv_cache_dtype,
+                                                self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = int(total * cache.gpu_memory_utilization) - (total - free) - activations - GRAPH_AND_WORKSPACE_BYTES
+        logger.info("GPU memory: %.2f GiB total, %.2f GiB held after loading, activations peak at %.2f GiB: "
+                    "%.2f GiB for the KV cache (--gpu-memory-utilization %.2f)", total / 2**30, (total - free) / 2**30,
+                    activations / 2**30, max(0, budget) / 2**30, cache.gpu_memory_utilization)
+        return budget
 
     @property
     def vocab_size(self) -> int:
