@@ -22,6 +22,8 @@ import importlib.util
 
 import torch
 
+from kvserve.kernels.tensors import require
+
 # Imported at first use (``_kernels``): Triton decides between its compiler and its interpreter
 # when it is imported, and a process that never runs these kernels need not pay for the import.
 triton = None
@@ -40,11 +42,6 @@ def _kernels():
     return triton_elementwise_kernels
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
 class TritonElementwise:
     """The three kernels with the signatures of ``CpuKernels``' (``ops_elementwise``), so a layer
     calls either the same way; any float dtype, any device Triton runs on."""
@@ -53,14 +50,14 @@ class TritonElementwise:
                  eps: float) -> list[torch.Tensor]:
         """x [T, n] (unit stride in n), weight [n], residual [T, n] contiguous or None, one dtype
         -> [RMSNorm(h) * weight, h] with h = x + residual (or x itself)."""
-        _require(x.dim() == 2 and x.stride(1) == 1 and weight.is_contiguous() and weight.numel() == x.shape[1]
+        require(x.dim() == 2 and x.stride(1) == 1 and weight.is_contiguous() and weight.numel() == x.shape[1]
                  and weight.dtype == x.dtype, "rms_norm: x [T, n] with unit stride in n, weight [n] of x's dtype")
         kernels = _kernels()
         rows, n = x.shape
         out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
         total = x
         if residual is not None:
-            _require(residual.is_contiguous() and residual.shape == x.shape and residual.dtype == x.dtype,
+            require(residual.is_contiguous() and residual.shape == x.shape and residual.dtype == x.dtype,
                      "rms_norm: the residual must be contiguous, shaped and typed like x")
             total = torch.empty_like(out)
         if rows:
@@ -70,7 +67,7 @@ class TritonElementwise:
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, 2d] contiguous -> silu(x[:, :d]) * x[:, d:], [T, d]."""
-        _require(x.dim() == 2 and x.is_contiguous() and x.shape[1] % 2 == 0, "silu_and_mul: x [T, 2d] contiguous")
+        require(x.dim() == 2 and x.is_contiguous() and x.shape[1] % 2 == 0, "silu_and_mul: x [T, 2d] contiguous")
         kernels = _kernels()
         rows, d = x.shape[0], x.shape[1] // 2
         out = torch.empty((rows, d), dtype=x.dtype, device=x.device)
@@ -87,9 +84,9 @@ class TritonElementwise:
     def rotary_embedding(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [T, H, D] (unit stride in D), cos/sin [T, D] contiguous of x's dtype -> contiguous
         [T, H, D], the same bits as ``RotaryEmbedding.apply``'s torch operators."""
-        _require(x.dim() == 3 and x.stride(2) == 1 and x.shape[2] % 2 == 0,
+        require(x.dim() == 3 and x.stride(2) == 1 and x.shape[2] % 2 == 0,
                  "rotary_embedding: x [T, H, D] with unit stride in D, D even")
-        _require(cos.is_contiguous() and sin.is_contiguous() and cos.shape == (x.shape[0], x.shape[2])
+        require(cos.is_contiguous() and sin.is_contiguous() and cos.shape == (x.shape[0], x.shape[2])
                  and sin.shape == cos.shape and cos.dtype == x.dtype and sin.dtype == x.dtype,
                  "rotary_embedding: cos and sin [T, D], contiguous, of x's dtype")
         kernels = _kernels()
