@@ -10,6 +10,7 @@ import torch
 from model_fixtures import sequential_block_tables
 
 from kvserve.attention import get_attention_backend
+from kvserve.errors import ConfigError
 from kvserve.attention.triton_paged import TritonPagedAttentionBackend
 from kvserve.model.cuda_graphs import capture_sizes, why_not_captured
 from kvserve.model.loader import load_model
@@ -80,3 +81,14 @@ def test_padded_graph_decode_steps_give_the_eager_bits(tiny_checkpoint, dtype):
     tokens[1].extend([3, 4])
     args = ([tokens[1]], [tables[1]], [len(tokens[1]) - 2])
     assert torch.equal(graphed.forward(*args)[0], eager.forward(*args)[0]) and stand_in.replays == extra
+
+
+def test_a_failed_capture_ends_the_start_with_one_line_naming_it(tiny_checkpoint):
+    def capturer(forward):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    loaded = load_model(tiny_checkpoint("qwen2")[0], attn_backend=TritonPagedAttentionBackend())
+    with pytest.raises(ConfigError, match="capturing CUDA graphs failed .*operation not permitted.*--enforce-eager"):
+        ModelRunner(loaded, num_blocks=8, block_size=BLOCK, graph_capturer=capturer)
+    assert ModelRunner(loaded, num_blocks=8, block_size=BLOCK, graph_capturer=capturer,
+                       enforce_eager=True).decode_graphs is None

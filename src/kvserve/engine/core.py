@@ -316,14 +316,25 @@ class EngineCore:
         is held now (weights, other processes), the measured peak of the largest step's
         activations (``kvserve.engine.activation_profile``) and a margin for graphs and workspaces.
         No profile when the budget is given (``--kv-cache-memory-bytes``, a block count) or the
-        model's forward crosses processes (``-tp``)."""
+        model's forward crosses processes (``-tp``).
+
+        Raises:
+            ConfigError: the profiled step does not fit, or fails on the device (named).
+        """
         cache, scheduler = self.config.cache, self.config.scheduler
         activations = 0
         if (cache.num_blocks_override is None and cache.kv_cache_memory_bytes is None and self.loaded.shard is None
                 and self.pooler_config is None):
-            activations = peak_activation_bytes(self.loaded, min(scheduler.max_num_batched_tokens, self.max_model_len),
-                                                scheduler.max_num_seqs, cache.block_size, cache.kv_cache_dtype,
-                                                self.device)
+            num_tokens = min(scheduler.max_num_batched_tokens, self.max_model_len)
+            try:
+                activations = peak_activation_bytes(self.loaded, num_tokens, scheduler.max_num_seqs, cache.block_size,
+                                                    cache.kv_cache_dtype, self.device)
+            except torch.OutOfMemoryError as exc:
+                raise ConfigError(f"a step of {num_tokens} tokens does not fit the GPU beside the weights; lower "
+                                  "--max-num-batched-tokens or --max-num-seqs") from exc
+            except Exception as exc:  # noqa: BLE001 - a GPU-only failure (a kernel that does not compile), named
+                raise ConfigError(f"running the model on the GPU failed ({type(exc).__name__}: {exc}); "
+                                  "--attention-backend torch runs without Triton") from exc
         free, total = torch.cuda.mem_get_info(self.device)
         budget = int(total * cache.gpu_memory_utilization) - (total - free) - activations - GRAPH_AND_WORKSPACE_BYTES
         logger.info("GPU memory: %.2f GiB total, %.2f GiB held after loading, activations peak at %.2f GiB: "

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from kvserve.config import LoRAConfig
-from kvserve.errors import EngineDeadError
+from kvserve.errors import ConfigError, EngineDeadError
 from kvserve.faults import FaultInjector
 from kvserve.model.cuda_graphs import Capturer, DecodeGraphs, capture_cuda_graph, capture_sizes, why_not_captured
 from kvserve.model.fused_decoder import FusedDecoder, model_hidden
@@ -110,7 +110,7 @@ class ModelRunner:
             CUDA graphs on a CUDA device, none elsewhere. The tests pass an eager stand-in.
 
     Raises:
-        RuntimeError: capturing the CUDA graphs failed (named; ``--enforce-eager`` runs without).
+        ConfigError: capturing the CUDA graphs failed (named; ``--enforce-eager`` runs without).
     """
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str | torch.device = "cpu",
@@ -180,8 +180,8 @@ class ModelRunner:
             graphs = DecodeGraphs(self.model, self.kv_caches, sizes, math.ceil(max_model_len / self.block_size),
                                   self.device, capturer)
         except Exception as exc:  # noqa: BLE001 - a GPU-only failure, named in one line
-            raise RuntimeError(f"capturing CUDA graphs failed ({type(exc).__name__}: {exc}); "
-                               "--enforce-eager runs without them") from exc
+            raise ConfigError(f"capturing CUDA graphs failed ({type(exc).__name__}: {exc}); "
+                              "--enforce-eager runs without them") from exc
         logger.info("decode steps of 1-%d requests: %d CUDA graphs captured in %.1f s (--enforce-eager: none)",
                     sizes[-1], len(sizes), time.perf_counter() - start)
         return graphs
