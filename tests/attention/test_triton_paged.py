@@ -11,8 +11,9 @@ import torch
 import test_softmax_variants as variants
 import test_torch_backend as helpers
 
-from kvserve.attention import TorchAttentionBackend
+from kvserve.attention import TorchAttentionBackend, get_attention_backend
 from kvserve.attention.triton_paged import TritonPagedAttentionBackend
+from kvserve.errors import ConfigError
 
 
 @pytest.mark.parametrize("window", [None, 3])
@@ -63,3 +64,12 @@ def test_what_it_cannot_run_is_refused_by_name():
     one_byte = torch.zeros(2, 8, 4, helpers.NUM_KV_HEADS, helpers.HEAD_DIM + 4, dtype=torch.int8)
     with pytest.raises(NotImplementedError, match="--kv-cache-dtype int8/fp8"):
         TritonPagedAttentionBackend().forward(q, k, v, one_byte, helpers.metadata_for([0], [4], [[1]]), scale=0.3)
+
+
+def test_a_cache_the_backend_cannot_serve_is_refused_at_start_and_auto_takes_torch():
+    with pytest.raises(ConfigError, match="--kv-cache-dtype int8/fp8 needs --attention-backend torch"):
+        get_attention_backend("triton", "cuda", kv_cache_dtype="int8")
+    with pytest.raises(ConfigError, match="power-of-two --block-size, got 6"):
+        get_attention_backend("triton", "cuda", block_size=6)
+    assert get_attention_backend("auto", "cuda", kv_cache_dtype="fp8").name == "torch"
+    assert get_attention_backend("auto", "cuda", block_size=16).name == "triton"

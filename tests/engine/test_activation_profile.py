@@ -20,6 +20,8 @@ def test_the_largest_step_runs_on_a_scratch_cache(checkpoint_factory, architectu
     prompt, table = [5, 17, 3, 99, 41, 7], [3, 1]
     before = runner.forward([prompt], [table])[0]
     caches = [c.clone() for c in runner.kv_caches]
-    profile_step(loaded, num_tokens=37, num_rows=5, block_size=4, kv_cache_dtype="auto", device=torch.device("cpu"))
+    # 37 tokens as requests of at most 16 (the scheduler packs several into a step), 5 logit rows
+    profile_step(loaded, num_tokens=37, max_model_len=16, num_rows=5, block_size=4, kv_cache_dtype="auto",
+                 device=torch.device("cpu"))
     assert all(torch.equal(a, b) for a, b in zip(caches, runner.kv_caches))
     assert torch.equal(runner.forward([prompt], [table])[0], before)

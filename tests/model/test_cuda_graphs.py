@@ -21,25 +21,30 @@ BLOCK = 4
 
 
 class StandIn:
-    """Records nothing: each replay runs the forward again into the captured output."""
+    """Records nothing: each replay runs the forward again into the captured output, in the grad
+    mode of the capture (a CUDA graph replays what was recorded in it)."""
 
     def __init__(self):
-        self.captured, self.replays = [], 0
+        self.captured, self.replays, self.inference = [], 0, []
 
     def __call__(self, forward):
         output = forward()
         self.captured.append(output.shape[0])
+        inference = torch.is_inference_mode_enabled()
+        self.inference.append(inference)
 
         def replay():
             self.replays += 1
-            output.copy_(forward())
+            with torch.inference_mode(inference):
+                output.copy_(forward())
         return replay, output
 
 
 def test_capture_sizes_are_vllms_buckets_up_to_max_num_seqs():
     assert capture_sizes(256) == [1, 2, 4, *range(8, 257, 8)]
     assert capture_sizes(3) == [1, 2, 3] and capture_sizes(1) == [1]
-    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20] and capture_sizes(4096)[-1] == 512
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20] and capture_sizes(4096) == capture_sizes(512)
+    assert capture_sizes(513)[-3:] == [496, 504, 512]
 
 
 def test_where_graphs_do_not_apply(tiny_checkpoint):
@@ -61,6 +66,7 @@ def test_padded_graph_decode_steps_give_the_eager_bits(tiny_checkpoint, dtype):
 
     graphed, eager = runner(stand_in), runner(None)
     assert stand_in.captured == [6, 4, 2, 1] and eager.decode_graphs is None
+    assert all(stand_in.inference)  # recorded as the steps run (no autograd, the fused kernels)
     prompts = [[5, 17, 3, 99, 41, 7, 8], [11, 12, 13], [200, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [60]]
     extra = 3
     tables = sequential_block_tables([len(p) + extra for p in prompts], BLOCK, start=1, reverse=True)

@@ -10,7 +10,7 @@ import torch
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.attention.cpu_paged import CpuPagedAttentionBackend, cpu_paged_available
 from kvserve.attention.torch_backend import TorchAttentionBackend
-from kvserve.attention.triton_paged import TritonPagedAttentionBackend, triton_available
+from kvserve.attention.triton_paged import TritonPagedAttentionBackend, triton_available, triton_refuses
 from kvserve.errors import ConfigError
 
 _BACKENDS: dict[str, type[AttentionBackend]] = {
@@ -20,24 +20,29 @@ _BACKENDS: dict[str, type[AttentionBackend]] = {
 }
 
 
-def get_attention_backend(name: str = "torch", device: str | torch.device = "cpu") -> AttentionBackend:
+def get_attention_backend(name: str = "torch", device: str | torch.device = "cpu", kv_cache_dtype: str = "auto",
+                          block_size: int = 16) -> AttentionBackend:
     """A new instance of the backend registered as ``name``.
 
     ``auto``: ``cpu_paged`` on a CPU device when its kernel builds here, ``triton`` on a CUDA
-    device when triton imports, else ``torch``.
+    device when triton imports and takes the cache (``triton_refuses``), else ``torch``.
 
     Raises:
-        ConfigError: no backend has that name (the message lists the available ones).
+        ConfigError: no backend has that name (the message lists the available ones); ``triton``
+            with a cache it does not read (named, with the fix).
         RuntimeError: ``cpu_paged`` was asked for by name and its kernel cannot be built.
     """
+    refusal = triton_refuses(kv_cache_dtype != "auto", block_size)
     if name == "auto":
         kind = torch.device(device).type
         if kind == "cpu" and cpu_paged_available():
             name = CpuPagedAttentionBackend.name
-        elif kind == "cuda" and triton_available():
+        elif kind == "cuda" and triton_available() and refusal is None:
             name = TritonPagedAttentionBackend.name
         else:
             name = TorchAttentionBackend.name
+    elif name == TritonPagedAttentionBackend.name and refusal is not None:
+        raise ConfigError(refusal)
     try:
         backend_cls = _BACKENDS[name]
     except KeyError:
@@ -55,4 +60,5 @@ __all__ = [
     "TritonPagedAttentionBackend",
     "cpu_paged_available",
     "get_attention_backend",
+    "triton_refuses",
 ]

@@ -38,6 +38,17 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def triton_refuses(one_byte_kv: bool, block_size: int) -> str | None:
+    """Why this backend cannot serve a cache (a one-byte ``--kv-cache-dtype``, a block size that
+    is not a power of two), with the fix; None when it can."""
+    if one_byte_kv:
+        return ("the triton attention backend reads a model-dtype KV cache; --kv-cache-dtype int8/fp8 needs "
+                "--attention-backend torch")
+    if block_size & (block_size - 1):
+        return f"the triton attention backend needs a power-of-two --block-size, got {block_size}"
+    return None
+
+
 def _kernels() -> tuple:
     """The two kernels, defined at first use."""
     global _KERNELS, triton, tl
@@ -132,13 +143,11 @@ class TritonPagedAttentionBackend(AttentionBackend):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: AttentionMetadata, *, scale: float, sliding_window: int | None = None,
                 softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
-        if kv_cache.dtype in ONE_BYTE_DTYPES:
-            raise NotImplementedError("the triton attention backend reads a model-dtype KV cache; "
-                                      "--kv-cache-dtype int8/fp8 needs --attention-backend torch")
         num_tokens, num_heads, head_dim = query.shape
         _, _, block_size, num_kv_heads, _ = kv_cache.shape
-        if block_size & (block_size - 1):
-            raise NotImplementedError(f"the triton attention backend needs a power-of-two --block-size, got {block_size}")
+        refusal = triton_refuses(kv_cache.dtype in ONE_BYTE_DTYPES, block_size)
+        if refusal is not None:
+            raise NotImplementedError(refusal)
         write_kv, attention = _kernels()
         pad = triton.next_power_of_2(head_dim)
         write_kv[(num_tokens,)](

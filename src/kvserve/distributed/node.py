@@ -24,7 +24,8 @@ def run_worker_node(config: EngineConfig) -> int:
     parallel = config.parallel
     device = resolve_device(config.model.device)
     dtype = shard_dtype(config.model.model, config.model.dtype, device)
-    backend = get_attention_backend(config.model.attention_backend, device).name
+    backend = get_attention_backend(config.model.attention_backend, device, config.cache.kv_cache_dtype,
+                                    config.cache.block_size).name
     per_node = parallel.ranks_per_node
     cores = split_cores(per_node) if device.type == "cpu" and parallel.pin_cpus else None
     context = torch.multiprocessing.get_context("spawn")

@@ -3,8 +3,9 @@
 ``--gpu-memory-utilization`` has vLLM's meaning: the share of the GPU's memory this engine may
 hold in all, weights, activations, CUDA graphs and KV cache together. The weights are loaded when
 the cache is planned; the activations are not. This runs the largest step the scheduler can make
-(``max_num_batched_tokens`` tokens of one request, then the logits of ``max_num_seqs`` rows)
-against a scratch KV cache just large enough for it, and reports the peak allocation above what
+(``max_num_batched_tokens`` tokens, as requests of at most ``max_model_len``, then the logits of
+``max_num_seqs`` rows, times 1 + the draft tokens verified per step) against a scratch KV cache
+just large enough for it, and reports the peak allocation above what
 was held before (the scratch cache excluded). The KV cache gets the rest, less a margin for CUDA
 graphs and the libraries' workspaces (:data:`GRAPH_AND_WORKSPACE_BYTES`).
 """
@@ -25,26 +26,37 @@ from kvserve.model.model_inputs import make_flat_batch, to_model_inputs
 GRAPH_AND_WORKSPACE_BYTES = 512 * 2**20
 
 
+def _scratch_blocks(num_tokens: int, max_model_len: int, block_size: int) -> tuple[list[int], int]:
+    """The requests' lengths (``num_tokens`` in pieces of at most ``max_model_len``) and the blocks
+    they need, the null block included."""
+    lengths = [min(max_model_len, num_tokens - start) for start in range(0, num_tokens, max_model_len)]
+    return lengths, sum(math.ceil(n / block_size) for n in lengths) + 1
+
+
 @torch.inference_mode()
-def profile_step(loaded: LoadedModel, num_tokens: int, num_rows: int, block_size: int, kv_cache_dtype: str,
-                 device: torch.device) -> None:
-    """Run the largest step once: ``num_tokens`` tokens of one request through the model into a
-    scratch KV cache, then the logits of ``num_rows`` of them (in float32, as the sampler takes
-    them). Nothing of the engine's state is touched."""
-    num_blocks = math.ceil(num_tokens / block_size) + 1
+def profile_step(loaded: LoadedModel, num_tokens: int, max_model_len: int, num_rows: int, block_size: int,
+                 kv_cache_dtype: str, device: torch.device) -> None:
+    """Run the largest step once: ``num_tokens`` tokens, as requests of at most ``max_model_len``,
+    through the model into a scratch KV cache, then the logits of ``num_rows`` of them (in
+    float32, as the sampler takes them). Nothing of the engine's state is touched."""
+    lengths, num_blocks = _scratch_blocks(num_tokens, max_model_len, block_size)
     caches = allocate_kv_caches(loaded.arch, num_blocks, block_size, kv_cache_dtype, loaded.dtype, device,
                                 loaded.cached_kv_heads)
-    tokens = np.zeros((1, num_tokens), dtype=np.int64)
-    table = np.arange(1, num_blocks, dtype=np.int64)[None, :]
-    flat = make_flat_batch(tokens, np.zeros(1, np.int64), np.array([num_tokens]), table, block_size,
-                           np.zeros(1, dtype=bool))
+    width = math.ceil(max(lengths) / block_size)
+    table = np.zeros((len(lengths), width), dtype=np.int64)
+    first = 1
+    for row, length in enumerate(lengths):
+        table[row, :math.ceil(length / block_size)] = np.arange(first, first + math.ceil(length / block_size))
+        first += math.ceil(length / block_size)
+    flat = make_flat_batch(np.zeros((len(lengths), max(lengths)), dtype=np.int64), np.zeros(len(lengths), np.int64),
+                           np.array(lengths), table, block_size, np.zeros(len(lengths), dtype=bool))
     inputs = to_model_inputs(flat, device)
     hidden = loaded.model(inputs.input_ids, inputs.positions, caches, inputs.attn_metadata)
     rows = torch.arange(min(num_rows, num_tokens), device=device)
     loaded.model.compute_logits(hidden[rows]).float().softmax(dim=-1)
 
 
-def peak_activation_bytes(loaded: LoadedModel, num_tokens: int, num_rows: int, block_size: int,
+def peak_activation_bytes(loaded: LoadedModel, num_tokens: int, max_model_len: int, num_rows: int, block_size: int,
                           kv_cache_dtype: str, device: torch.device) -> int:
     """Bytes :func:`profile_step` allocated at its peak above what was held before it, its scratch
     KV cache excluded (CUDA only: its allocator counts them)."""
@@ -52,9 +64,9 @@ def peak_activation_bytes(loaded: LoadedModel, num_tokens: int, num_rows: int, b
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    scratch_bytes = (math.ceil(num_tokens / block_size) + 1) * kv_cache_bytes_per_block(loaded.arch, block_size, loaded.dtype, kv_cache_dtype,
-                                                       loaded.cached_kv_heads)
-    profile_step(loaded, num_tokens, num_rows, block_size, kv_cache_dtype, device)
+    scratch_bytes = _scratch_blocks(num_tokens, max_model_len, block_size)[1] * kv_cache_bytes_per_block(
+        loaded.arch, block_size, loaded.dtype, kv_cache_dtype, loaded.cached_kv_heads)
+    profile_step(loaded, num_tokens, max_model_len, num_rows, block_size, kv_cache_dtype, device)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - before - scratch_bytes
     torch.cuda.empty_cache()

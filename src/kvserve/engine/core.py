@@ -196,7 +196,8 @@ class EngineCore:
         dtype = config.model.dtype
         if dtype == "auto":
             dtype = default_dtype_for_device(config.model.model, self.device, config.model.load_format)
-        backend = get_attention_backend(config.model.attention_backend, self.device)
+        backend = get_attention_backend(config.model.attention_backend, self.device, config.cache.kv_cache_dtype,
+                                        config.cache.block_size)
         plan = self._memory_plan(config, dtype)
         if config.parallel.tensor_parallel_size > 1:
             loaded = self._load_shard(config, backend)
@@ -279,7 +280,8 @@ class EngineCore:
             return None
         from kvserve.spec_decode.draft_model import check_draft_model
 
-        backend = get_attention_backend(config.model.attention_backend, self.device)
+        backend = get_attention_backend(config.model.attention_backend, self.device, config.cache.kv_cache_dtype,
+                                        config.cache.block_size)
         draft = load_model(spec.model, self.loaded.dtype, self.device, backend)
         check_draft_model(draft, self.loaded.arch.vocab_size, self.max_model_len)
         num_params = sum(p.numel() for p in draft.model.parameters())
@@ -325,10 +327,12 @@ class EngineCore:
         activations = 0
         if (cache.num_blocks_override is None and cache.kv_cache_memory_bytes is None and self.loaded.shard is None
                 and self.pooler_config is None):
-            num_tokens = min(scheduler.max_num_batched_tokens, self.max_model_len)
+            num_tokens = scheduler.max_num_batched_tokens
+            spec = self.config.speculative
+            num_rows = scheduler.max_num_seqs * (1 + (spec.num_speculative_tokens if spec is not None else 0))
             try:
-                activations = peak_activation_bytes(self.loaded, num_tokens, scheduler.max_num_seqs, cache.block_size,
-                                                    cache.kv_cache_dtype, self.device)
+                activations = peak_activation_bytes(self.loaded, num_tokens, self.max_model_len, num_rows,
+                                                    cache.block_size, cache.kv_cache_dtype, self.device)
             except torch.OutOfMemoryError as exc:
                 raise ConfigError(f"a step of {num_tokens} tokens does not fit the GPU beside the weights; lower "
                                   "--max-num-batched-tokens or --max-num-seqs") from exc

@@ -41,8 +41,8 @@ Capturer = Callable[[Callable[[], torch.Tensor]], tuple[Callable[[], None], torc
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
     """The buckets for at most ``max_num_seqs`` requests per step (the last one covers them all)."""
-    sizes = [size for size in CAPTURE_SIZES if size < max_num_seqs]
-    return sizes + [min(max_num_seqs, CAPTURE_SIZES[-1])]
+    largest = min(max_num_seqs, CAPTURE_SIZES[-1])
+    return [size for size in CAPTURE_SIZES if size < largest] + [largest]
 
 
 def capture_cuda_graph(forward: Callable[[], torch.Tensor], pool=None) -> tuple[Callable[[], None], torch.Tensor]:

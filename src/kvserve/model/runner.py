@@ -177,8 +177,11 @@ class ModelRunner:
         sizes = capture_sizes(self.input_batch.max_num_reqs)
         start = time.perf_counter()
         try:
-            graphs = DecodeGraphs(self.model, self.kv_caches, sizes, math.ceil(max_model_len / self.block_size),
-                                  self.device, capturer)
+            with torch.inference_mode():  # as the steps run: a graph replays the forward it recorded
+                graphs = DecodeGraphs(self.model, self.kv_caches, sizes, math.ceil(max_model_len / self.block_size),
+                                      self.device, capturer)
+        except NotImplementedError as exc:  # the backend cannot serve this cache: it names the fix
+            raise ConfigError(str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - a GPU-only failure, named in one line
             raise ConfigError(f"capturing CUDA graphs failed ({type(exc).__name__}: {exc}); "
                               "--enforce-eager runs without them") from exc
