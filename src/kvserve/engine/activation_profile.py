@@ -5,8 +5,8 @@ hold in all, weights, activations, CUDA graphs and KV cache together. The weight
 the cache is planned; the activations are not. This runs the largest step the scheduler can make
 (``max_num_batched_tokens`` tokens, as requests of at most ``max_model_len``, then the logits of
 ``max_num_seqs`` rows, times 1 + the draft tokens verified per step) against a scratch KV cache
-just large enough for it, and reports the peak allocation above what
-was held before (the scratch cache excluded). The KV cache gets the rest, less a margin for CUDA
+just large enough for it, and reports the peak allocation above what was held before (the
+scratch cache excluded). The KV cache gets the rest, less a margin for CUDA
 graphs and the libraries' workspaces (:data:`GRAPH_AND_WORKSPACE_BYTES`).
 """
 
@@ -17,7 +17,7 @@ import math
 import numpy as np
 import torch
 
-from kvserve.model.kv_cache_layout import allocate_kv_caches, kv_cache_bytes_per_block
+from kvserve.model.kv_cache_layout import allocate_kv_caches
 from kvserve.model.loader import LoadedModel
 from kvserve.model.model_inputs import make_flat_batch, to_model_inputs
 
@@ -26,34 +26,29 @@ from kvserve.model.model_inputs import make_flat_batch, to_model_inputs
 GRAPH_AND_WORKSPACE_BYTES = 512 * 2**20
 
 
-def _scratch_blocks(num_tokens: int, max_model_len: int, block_size: int) -> tuple[list[int], int]:
-    """The requests' lengths (``num_tokens`` in pieces of at most ``max_model_len``) and the blocks
-    they need, the null block included."""
-    lengths = [min(max_model_len, num_tokens - start) for start in range(0, num_tokens, max_model_len)]
-    return lengths, sum(math.ceil(n / block_size) for n in lengths) + 1
-
-
 @torch.inference_mode()
 def profile_step(loaded: LoadedModel, num_tokens: int, max_model_len: int, num_rows: int, block_size: int,
-                 kv_cache_dtype: str, device: torch.device) -> None:
+                 kv_cache_dtype: str, device: torch.device) -> int:
     """Run the largest step once: ``num_tokens`` tokens, as requests of at most ``max_model_len``,
     through the model into a scratch KV cache, then the logits of ``num_rows`` of them (in
-    float32, as the sampler takes them). Nothing of the engine's state is touched."""
-    lengths, num_blocks = _scratch_blocks(num_tokens, max_model_len, block_size)
-    caches = allocate_kv_caches(loaded.arch, num_blocks, block_size, kv_cache_dtype, loaded.dtype, device,
+    float32, as the sampler takes them). Nothing of the engine's state is touched. Returns the
+    scratch cache's bytes."""
+    lengths = [min(max_model_len, num_tokens - start) for start in range(0, num_tokens, max_model_len)]
+    blocks = [math.ceil(length / block_size) for length in lengths]
+    caches = allocate_kv_caches(loaded.arch, sum(blocks) + 1, block_size, kv_cache_dtype, loaded.dtype, device,
                                 loaded.cached_kv_heads)
-    width = math.ceil(max(lengths) / block_size)
-    table = np.zeros((len(lengths), width), dtype=np.int64)
-    first = 1
-    for row, length in enumerate(lengths):
-        table[row, :math.ceil(length / block_size)] = np.arange(first, first + math.ceil(length / block_size))
-        first += math.ceil(length / block_size)
+    table = np.zeros((len(lengths), max(blocks)), dtype=np.int64)
+    first = 1  # block 0 is the null block
+    for row, count in enumerate(blocks):
+        table[row, :count] = np.arange(first, first + count)
+        first += count
     flat = make_flat_batch(np.zeros((len(lengths), max(lengths)), dtype=np.int64), np.zeros(len(lengths), np.int64),
                            np.array(lengths), table, block_size, np.zeros(len(lengths), dtype=bool))
     inputs = to_model_inputs(flat, device)
     hidden = loaded.model(inputs.input_ids, inputs.positions, caches, inputs.attn_metadata)
     rows = torch.arange(min(num_rows, num_tokens), device=device)
     loaded.model.compute_logits(hidden[rows]).float().softmax(dim=-1)
+    return sum(cache.numel() * cache.element_size() for cache in caches)
 
 
 def peak_activation_bytes(loaded: LoadedModel, num_tokens: int, max_model_len: int, num_rows: int, block_size: int,
@@ -64,9 +59,7 @@ def peak_activation_bytes(loaded: LoadedModel, num_tokens: int, max_model_len: i
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    scratch_bytes = _scratch_blocks(num_tokens, max_model_len, block_size)[1] * kv_cache_bytes_per_block(
-        loaded.arch, block_size, loaded.dtype, kv_cache_dtype, loaded.cached_kv_heads)
-    profile_step(loaded, num_tokens, max_model_len, num_rows, block_size, kv_cache_dtype, device)
+    scratch_bytes = profile_step(loaded, num_tokens, max_model_len, num_rows, block_size, kv_cache_dtype, device)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - before - scratch_bytes
     torch.cuda.empty_cache()

@@ -18,8 +18,6 @@ embedding): a row's result never depends on the other rows of the batch.
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from kvserve.kernels.tensors import require
@@ -51,18 +49,19 @@ class TritonElementwise:
         """x [T, n] (unit stride in n), weight [n], residual [T, n] contiguous or None, one dtype
         -> [RMSNorm(h) * weight, h] with h = x + residual (or x itself)."""
         require(x.dim() == 2 and x.stride(1) == 1 and weight.is_contiguous() and weight.numel() == x.shape[1]
-                 and weight.dtype == x.dtype, "rms_norm: x [T, n] with unit stride in n, weight [n] of x's dtype")
+                and weight.dtype == x.dtype, "rms_norm: x [T, n] with unit stride in n, weight [n] of x's dtype")
         kernels = _kernels()
         rows, n = x.shape
         out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
         total = x
         if residual is not None:
             require(residual.is_contiguous() and residual.shape == x.shape and residual.dtype == x.dtype,
-                     "rms_norm: the residual must be contiguous, shaped and typed like x")
+                    "rms_norm: the residual must be contiguous, shaped and typed like x")
             total = torch.empty_like(out)
         if rows:
-            kernels.rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out, total, x.stride(0), n, eps,
-                              HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n))
+            kernels.rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out, total,
+                                             x.stride(0), n, eps, HAS_RESIDUAL=residual is not None,
+                                             BLOCK=triton.next_power_of_2(n))
         return [out, total]
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
@@ -85,22 +84,23 @@ class TritonElementwise:
         """x [T, H, D] (unit stride in D), cos/sin [T, D] contiguous of x's dtype -> contiguous
         [T, H, D], the same bits as ``RotaryEmbedding.apply``'s torch operators."""
         require(x.dim() == 3 and x.stride(2) == 1 and x.shape[2] % 2 == 0,
-                 "rotary_embedding: x [T, H, D] with unit stride in D, D even")
+                "rotary_embedding: x [T, H, D] with unit stride in D, D even")
         require(cos.is_contiguous() and sin.is_contiguous() and cos.shape == (x.shape[0], x.shape[2])
-                 and sin.shape == cos.shape and cos.dtype == x.dtype and sin.dtype == x.dtype,
-                 "rotary_embedding: cos and sin [T, D], contiguous, of x's dtype")
+                and sin.shape == cos.shape and cos.dtype == x.dtype and sin.dtype == x.dtype,
+                "rotary_embedding: cos and sin [T, D], contiguous, of x's dtype")
         kernels = _kernels()
         rows, heads, dim = x.shape
         out = torch.empty((rows, heads, dim), dtype=x.dtype, device=x.device)
         if rows and heads:
             half = dim // 2
             kernels.rotary_kernel[(rows, heads)](x, cos, sin, out, x.stride(0), x.stride(1), heads, HALF=half,
-                                  HALF_PAD=triton.next_power_of_2(half))
+                                                 HALF_PAD=triton.next_power_of_2(half))
         return out
 
 
 def triton_kernels_for(device: torch.device | str | None) -> TritonElementwise | None:
-    """The Triton kernels for tensors on ``device``: on CUDA where Triton is installed, else None."""
-    if device is None or torch.device(device).type != "cuda" or importlib.util.find_spec("triton") is None:
+    """The Triton kernels for tensors on ``device``: on CUDA, else None (asked for a model whose
+    attention backend is Triton's, which is offered only where Triton is installed)."""
+    if device is None or torch.device(device).type != "cuda":
         return None
     return TritonElementwise()

@@ -18,9 +18,9 @@ A block that cannot be read counts as a miss: the request computes it (``recompu
 from __future__ import annotations
 
 import time
-from itertools import takewhile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 from typing import Protocol
 
 from kvserve.kv_transfer.block_io import BlockCodec

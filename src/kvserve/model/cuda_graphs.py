@@ -19,7 +19,7 @@ layers group tokens by expert: their steps stay eager).
 
 from __future__ import annotations
 
-import logging
+import math
 from collections.abc import Callable
 
 import torch
@@ -28,8 +28,6 @@ from torch import nn
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.model.model_inputs import ModelInputs
 from kvserve.model.moe import SparseMoeBlock
-
-logger = logging.getLogger(__name__)
 
 # vLLM's default capture sizes: 1, 2, 4, then every multiple of 8 up to 512.
 CAPTURE_SIZES = (1, 2, 4, *range(8, 513, 8))
@@ -78,20 +76,23 @@ class DecodeGraphs:
         model: the decoder (``model(input_ids, positions, kv_caches, metadata) -> hidden``).
         kv_caches: the runner's caches (the graphs read and write them in place).
         sizes: bucket sizes, ascending.
-        max_blocks_per_seq: width of the block tables.
+        max_model_len: most tokens of one request.
+        block_size: tokens per KV block.
         device: the model's device.
         capturer: records one forward (``capture_cuda_graph`` on a GPU).
     """
 
-    def __init__(self, model: nn.Module, kv_caches: list[torch.Tensor], sizes: list[int], max_blocks_per_seq: int,
-                 device: torch.device, capturer: Capturer):
+    def __init__(self, model: nn.Module, kv_caches: list[torch.Tensor], sizes: list[int], max_model_len: int,
+                 block_size: int, device: torch.device, capturer: Capturer):
         self.sizes = sorted(sizes)
+        self.max_model_len = max_model_len
         largest = self.sizes[-1]
         self.input_ids = torch.zeros(largest, dtype=torch.int64, device=device)
         self.positions = torch.zeros(largest, dtype=torch.int64, device=device)
         self.query_start_loc = torch.arange(largest + 1, dtype=torch.int32, device=device)  # one token each
         self.seq_lens = torch.ones(largest, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(largest, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(largest, math.ceil(max_model_len / block_size), dtype=torch.int32,
+                                        device=device)
         self.slot_mapping = torch.full((largest,), -1, dtype=torch.int64, device=device)
         self._replays: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
         for size in reversed(self.sizes):  # the largest first: the smaller ones reuse its memory
@@ -105,7 +106,7 @@ class DecodeGraphs:
         return AttentionMetadata(
             query_start_loc=self.query_start_loc[:size + 1], seq_lens=self.seq_lens[:size],
             block_tables=self.block_tables[:size], slot_mapping=self.slot_mapping[:size], max_query_len=1,
-            max_seq_len=self.block_tables.shape[1], query_start_loc_cpu=query_start_loc_cpu,
+            max_seq_len=self.max_model_len, query_start_loc_cpu=query_start_loc_cpu,
             seq_lens_cpu=torch.ones(size, dtype=torch.int32))
 
     def handles(self, inputs: ModelInputs) -> bool:

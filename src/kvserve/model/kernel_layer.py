@@ -37,10 +37,10 @@ class KernelLayer(nn.Module):
 def bind_kernels(model: nn.Module, device: torch.device | str | None, triton: bool = False) -> int:
     """Give every ``KernelLayer`` of ``model`` the kernels of ``device`` (None: the torch code
     everywhere); with ``triton`` on a CUDA device, the Triton kernels to the layers that take them.
-    Returns how many layers got kernels."""
+    Returns how many layers it set."""
     ops = kernels_for(device)
     gpu_ops = triton_kernels_for(device) if triton else None
     layers = [module for module in model.modules() if isinstance(module, KernelLayer)]
     for layer in layers:
         layer.ops = gpu_ops if gpu_ops is not None and layer.triton_kernels else ops
-    return sum(layer.ops is not None for layer in layers)
+    return len(layers)

@@ -178,8 +178,8 @@ class ModelRunner:
         start = time.perf_counter()
         try:
             with torch.inference_mode():  # as the steps run: a graph replays the forward it recorded
-                graphs = DecodeGraphs(self.model, self.kv_caches, sizes, math.ceil(max_model_len / self.block_size),
-                                      self.device, capturer)
+                graphs = DecodeGraphs(self.model, self.kv_caches, sizes, max_model_len, self.block_size, self.device,
+                                      capturer)
         except NotImplementedError as exc:  # the backend cannot serve this cache: it names the fix
             raise ConfigError(str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - a GPU-only failure, named in one line
