@@ -10,7 +10,9 @@ ones. On CPUs with AMX tiles, bfloat16 activations go to ``amx_quant_linear.cpp`
 (``pack_quantized_amx``: integers widened to bfloat16 tiles per 32-input chunk; a lone row runs the
 tiles' own arithmetic on vector FMAs, so every M gives the same bits), which at 64 rows is several
 times faster than vector FMAs; a layer packed for it makes the vector panels on the first float32
-input. Elsewhere (CUDA, no compiler) the weight is dequantized per call and ``F.linear`` runs.
+input. On CUDA with Triton the weight is packed for ``kernels/triton_quant_linear.py`` (the
+integers read in the GEMM, as on the CPU); elsewhere (no compiler, no Triton) the weight is
+dequantized per call and ``F.linear`` runs.
 
 Packed layout (kW floats per vector, kNV vectors per panel, kNR = kW * kNV output columns per
 panel, from ``quant_linear_layout`` of the kernels' library: its variant's instruction set, so a
@@ -38,7 +40,8 @@ from torch import nn
 
 from kvserve import huge_pages
 from kvserve.heap import HeapTrimmer, trim
-from kvserve.kernels import kernels_for
+from kvserve.kernels import kernels_for, triton_quant_linear
+from kvserve.kernels.triton_quant_linear import TritonQuantLinear, triton_quant_for
 from kvserve.model.layers import RouterLinear
 from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
 
@@ -124,8 +127,10 @@ class QuantizedLinear(nn.Module):
         weight: the quantized [out_features, in_features] weight.
         bias: [out_features] or None.
         kernels: the compiled module from ``kvserve.kernels.kernels_for(device)`` (or, in the tests of
-            every instruction set, ``kernels_for_variant(name)``), or None for the
-            dequantize-per-call path (CUDA, no compiler).
+            every instruction set, ``kernels_for_variant(name)``), or None off the CPU.
+        triton: the Triton kernels for a weight off the CPU (default: ``triton_quant_for`` of its
+            device: CUDA where Triton imports; the tests pass them for CPU tensors under Triton's
+            interpreter); without either, the weight is dequantized per call.
         input_perm: int64 [in_features] or None: ``weight`` holds the inputs in this order
             (column j of ``weight`` is input ``input_perm[j]``; GPTQ act-order, module docstring).
         amx: run bfloat16 activations on AMX tiles (``amx_quant_linear.cpp``): None (default)
@@ -136,7 +141,8 @@ class QuantizedLinear(nn.Module):
     """
 
     def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None, kernels: ModuleType | None,
-                 input_perm: torch.Tensor | None = None, amx: bool | None = None):
+                 input_perm: torch.Tensor | None = None, amx: bool | None = None,
+                 triton: TritonQuantLinear | None = None):
         super().__init__()
         self.input_perm = None if input_perm is None else input_perm.to(weight.q.device, torch.int64)
         self._param_dtypes = (weight.scales.dtype, None if weight.offsets is None else weight.offsets.dtype)
@@ -145,6 +151,8 @@ class QuantizedLinear(nn.Module):
         self.codebook = weight.codebook
         self.weight_bytes = weight.nbytes()
         self._kernels = kernels if kernels is not None and weight.q.device.type == "cpu" else None
+        self._triton = None if self._kernels is not None else triton or triton_quant_for(weight.q.device)
+        self._triton_weight = None if self._triton is None else triton_quant_linear.pack(weight)
         self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous()
         self.weight = weight  # kept on the fallback path only (below)
         available = self._kernels is not None and self._kernels.amx_linear_available() and amx_eligible(weight)
@@ -156,14 +164,20 @@ class QuantizedLinear(nn.Module):
         if self._kernels is not None:
             pack = pack_quantized_amx(weight) if self.amx else pack_quantized(weight, *self._kernels.quant_linear_layout())
             self.packed, self.scales, self.neg_offsets = huge_pages.place(pack[0]), pack[1], pack[2]
+        if self._kernels is not None or self._triton is not None:
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_perm is not None:
             x = x.index_select(-1, self.input_perm)
+        if self._triton is not None and x.dtype.is_floating_point and x.device == self._triton_weight.codes.device:
+            shape = x.shape
+            rows = x.reshape(-1, self.in_features)
+            out = self._triton.linear(rows if rows.stride(-1) == 1 else rows.contiguous(), self._triton_weight, self.bias)
+            return out.reshape(*shape[:-1], self.out_features)
         if self._kernels is None or x.dtype not in KERNEL_DTYPES or x.device.type != "cpu":
             bias = None if self.bias is None else self.bias.to(x.dtype)
-            return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
+            return F.linear(x, self.stored_weight().dequantize().to(x.dtype), bias)  # x in the stored order
         shape = x.shape
         rows = x.reshape(-1, self.in_features).contiguous()
         amx, packed, scales, neg_offsets = self.kernel_weights(rows.dtype)
@@ -200,14 +214,23 @@ class QuantizedLinear(nn.Module):
         if not self.amx:
             return self.packed, self.scales, self.neg_offsets
         if self._vector is None:
-            packed, scales, neg_offsets = pack_quantized(unpack_quantized(self), *self._kernels.quant_linear_layout())
+            packed, scales, neg_offsets = pack_quantized(self.stored_weight(), *self._kernels.quant_linear_layout())
             self._vector = huge_pages.place(packed), scales, neg_offsets
         return self._vector
 
+    def stored_weight(self) -> QuantizedTensor:
+        """The weight as given, from the packed form when packed: inputs in the stored order
+        (``input_perm``'s)."""
+        if self.weight is not None:
+            return self.weight
+        if self._triton_weight is not None:
+            return triton_quant_linear.unpack(self._triton_weight, *self._param_dtypes)
+        return unpack_quantized(self)
+
     def dequantized_weight(self) -> torch.Tensor:
-        """float32 [out_features, in_features] (``QuantizedTensor.dequantize``; from the packed
-        panels when packed), inputs in their original order (``input_perm`` undone)."""
-        w = (self.weight if self.weight is not None else unpack_quantized(self)).dequantize()
+        """float32 [out_features, in_features] (``QuantizedTensor.dequantize``), inputs in their
+        original order (``input_perm`` undone)."""
+        w = self.stored_weight().dequantize()
         return w if self.input_perm is None else w[:, torch.argsort(self.input_perm)]
 
     def format(self) -> str:
