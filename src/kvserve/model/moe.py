@@ -25,8 +25,9 @@ batch-invariant linear and sigmoid) and hands its weights and ids to the C++ lay
 with expert_e(x) = down_e(silu(gate_e(x)) * up_e(x)), each expert an ``nn.Linear`` pair like a
 dense MLP's (so the CPU kernels, int8/int4/MXFP4 weights and the loader's name mapping apply to
 experts as they do to any linear). On the CPU the block runs in one C++ call over the linears'
-packed weights (``kernels/csrc/moe.cpp``: the same steps, its own softmax exp; the torch code
-below is the reference and the path of other devices). Rows are routed independently and each token's experts are
+packed weights (``kernels/csrc/moe.cpp``: the same steps, its own softmax exp), on CUDA the experts
+in Triton's grouped GEMMs (``kernels/triton_moe.py``); the torch code below is the reference and
+the path of other devices. Rows are routed independently and each token's experts are
 summed in expert order, the order transformers' loop adds them in, so a token's output never
 depends on the other tokens of the batch. The routing weight multiplies an expert's output in the
 model dtype (Qwen) or in float32 (Mixtral), as each family's reference code does.
@@ -50,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvserve.kernels import CpuKernels
+from kvserve.kernels.triton_moe import TritonMoe, expert_table, triton_moe_for
 from kvserve.kernels.ops_moe import ROUTINGS
 from kvserve.model.arch_config import ModelArchConfig, MoeConfig
 from kvserve.model.kernel_layer import KernelLayer
@@ -188,6 +190,10 @@ class SparseMoeBlock(KernelLayer):
                 self.shared_expert_gate = RouterLinear(arch.hidden_size, 1, bias=False)
         self.score_correction = Float32Vector(moe.num_experts) if moe.score_correction_bias else None
         self._kernel_layers: dict[tuple, object] = {}
+        # the grouped GEMMs of the experts off the CPU (default: ``triton_moe_for`` the device at
+        # the first call; the tests set them for CPU tensors under Triton's interpreter)
+        self.triton_moe: TritonMoe | None = None
+        self._triton_tables: dict[tuple, tuple] = {}
 
     @staticmethod
     def _activation(moe: MoeConfig) -> nn.Module:
@@ -235,7 +241,46 @@ class SparseMoeBlock(KernelLayer):
         layer = self.kernel_layer(x.dtype) if x.dim() == 2 else None
         if layer is not None:
             return layer.forward(x.contiguous(), *(self._grouped_route(x) if self.moe.grouped else ()))
+        tables = self._expert_tables(x) if x.dim() == 2 else None
+        if tables is not None:
+            weights, ids = self._route(x)
+            out = self.triton_moe.experts(x.contiguous(), weights, ids, *tables, self.experts[0].act_fn,
+                                          self.first_expert)
+            return self._add_shared(x, out)
         return self.torch_forward(x)
+
+    def _expert_tables(self, x: torch.Tensor) -> tuple | None:
+        """(gate-up, down) ``ExpertTable`` of the experts for ``x``'s dtype when the Triton grouped
+        GEMMs apply (off the CPU, the experts in one format Triton reads), else None."""
+        if x.device.type == "cpu" and self.triton_moe is None:
+            return None
+        self.triton_moe = self.triton_moe or triton_moe_for(x.device)
+        if self.triton_moe is None:
+            return None
+        key = (x.dtype, id(self.experts[0].gate_up_proj), id(self.experts[0].down_proj))
+        if key not in self._triton_tables:
+            experts = list(self.experts)
+            bias = self.moe.expert_bias
+            gate_up = expert_table([e.gate_up_proj for e in experts], [e.gate_up_bias for e in experts] if bias else None,
+                                   x.dtype)
+            down = expert_table([e.down_proj for e in experts], [e.down_bias for e in experts] if bias else None, x.dtype)
+            self._triton_tables = {key: None if gate_up is None or down is None else (gate_up, down)}
+        return self._triton_tables[key]
+
+    def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] in float32 or the dtype, as each family multiplies by them; ids int64 [T, k])."""
+        if self.moe.grouped:
+            weights, ids = self._grouped_route(x)
+        else:
+            weights, ids = route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob, self.moe.routing)
+        return (weights if self.moe.routing_weights_float32 else weights.to(x.dtype)), ids
+
+    def _add_shared(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if self.shared_expert_gate is not None:
+            return out + sigmoid(self.shared_expert_gate(x), self.ops) * self.shared_expert(x)
+        if self.shared_expert is not None:
+            return out + self.shared_expert(x)
+        return out
 
     def _grouped_route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         correction = None if self.score_correction is None else self.score_correction.value
@@ -244,12 +289,7 @@ class SparseMoeBlock(KernelLayer):
     def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The block in torch operators (the module docstring's steps): the reference, and the
         path where the C++ layer does not apply."""
-        if self.moe.grouped:
-            weights, ids = self._grouped_route(x)
-        else:
-            weights, ids = route(self.gate(x), self.moe.top_k, self.moe.norm_topk_prob, self.moe.routing)
-        if not self.moe.routing_weights_float32:
-            weights = weights.to(x.dtype)
+        weights, ids = self._route(x)
         out = torch.zeros_like(x)
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert, increasing
@@ -263,11 +303,7 @@ class SparseMoeBlock(KernelLayer):
             rows = pairs // self.moe.top_k
             y = self.experts[expert - held.start](x.index_select(0, rows))
             out.index_add_(0, rows, (y * weights.flatten()[pairs, None]).to(x.dtype))
-        if self.shared_expert_gate is not None:
-            out = out + sigmoid(self.shared_expert_gate(x), self.ops) * self.shared_expert(x)
-        elif self.shared_expert is not None:
-            out = out + self.shared_expert(x)
-        return out
+        return self._add_shared(x, out)
 
 
 def sigmoid(x: torch.Tensor, ops: CpuKernels | None) -> torch.Tensor:

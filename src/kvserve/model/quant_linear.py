@@ -121,7 +121,8 @@ class QuantizedLinear(nn.Module):
 
     Input [..., in_features] float32 or bfloat16 (other dtypes and devices: the dequantized
     path) -> [..., out_features] in the input's dtype. The bias is kept as float32. Holds no
-    ``nn.Parameter``.
+    ``nn.Parameter``. ``triton_weight``: the weight packed for Triton
+    (``triton_quant_linear.PackedWeight``; also what ``kvserve.kernels.triton_moe`` reads), or None.
 
     Args:
         weight: the quantized [out_features, in_features] weight.
@@ -152,7 +153,7 @@ class QuantizedLinear(nn.Module):
         self.weight_bytes = weight.nbytes()
         self._kernels = kernels if kernels is not None and weight.q.device.type == "cpu" else None
         self._triton = None if self._kernels is not None else triton or triton_quant_for(weight.q.device)
-        self._triton_weight = None if self._triton is None else triton_quant_linear.pack(weight)
+        self.triton_weight = None if self._triton is None else triton_quant_linear.pack(weight)
         self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous()
         self.weight = weight  # kept on the fallback path only (below)
         available = self._kernels is not None and self._kernels.amx_linear_available() and amx_eligible(weight)
@@ -170,10 +171,10 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_perm is not None:
             x = x.index_select(-1, self.input_perm)
-        if self._triton is not None and x.dtype.is_floating_point and x.device == self._triton_weight.codes.device:
+        if self._triton is not None and x.dtype.is_floating_point and x.device == self.triton_weight.codes.device:
             shape = x.shape
             rows = x.reshape(-1, self.in_features)
-            out = self._triton.linear(rows if rows.stride(-1) == 1 else rows.contiguous(), self._triton_weight, self.bias)
+            out = self._triton.linear(rows if rows.stride(-1) == 1 else rows.contiguous(), self.triton_weight, self.bias)
             return out.reshape(*shape[:-1], self.out_features)
         if self._kernels is None or x.dtype not in KERNEL_DTYPES or x.device.type != "cpu":
             bias = None if self.bias is None else self.bias.to(x.dtype)
@@ -223,8 +224,8 @@ class QuantizedLinear(nn.Module):
         (``input_perm``'s)."""
         if self.weight is not None:
             return self.weight
-        if self._triton_weight is not None:
-            return triton_quant_linear.unpack(self._triton_weight, *self._param_dtypes)
+        if self.triton_weight is not None:
+            return triton_quant_linear.unpack(self.triton_weight, *self._param_dtypes)
         return unpack_quantized(self)
 
     def dequantized_weight(self) -> torch.Tensor:
