@@ -13,7 +13,12 @@ from kvserve.attention import get_attention_backend
 from kvserve.errors import ConfigError
 from kvserve.attention.triton_paged import TritonPagedAttentionBackend
 from kvserve.model.cuda_graphs import capture_sizes, why_not_captured
+from kvserve.kernels.triton_moe import TritonMoe
+from kvserve.kernels.triton_quant_linear import TritonQuantLinear
 from kvserve.model.loader import load_model
+from kvserve.model.moe import SparseMoeBlock
+from kvserve.model.quant_linear import QuantizedLinear
+from kvserve.model.quant_tensor import quantize_int4
 from kvserve.model.runner import ModelRunner
 
 pytest.importorskip("triton")
@@ -49,18 +54,43 @@ def test_capture_sizes_are_vllms_buckets_up_to_max_num_seqs():
 
 def test_where_graphs_do_not_apply(tiny_checkpoint):
     path, _ = tiny_checkpoint("qwen2")
-    assert "torch" in why_not_captured(load_model(path, attn_backend=get_attention_backend("torch")).model)
-    assert why_not_captured(load_model(path, attn_backend=TritonPagedAttentionBackend()).model) is None
+    cpu = torch.device("cpu")
+    assert "torch" in why_not_captured(load_model(path, attn_backend=get_attention_backend("torch")).model,
+                                       torch.float32, cpu)
+    assert why_not_captured(load_model(path, attn_backend=TritonPagedAttentionBackend()).model, torch.float32, cpu) is None
+    moe = load_model(tiny_checkpoint("qwen3_moe")[0], attn_backend=TritonPagedAttentionBackend()).model
+    assert "mixture-of-experts" in why_not_captured(moe, torch.float32, cpu)  # the experts in torch's loop
+    with_triton_experts(moe)
+    assert why_not_captured(moe, torch.float32, cpu) is None
     assert ModelRunner(load_model(path), num_blocks=8, block_size=BLOCK).decode_graphs is None  # CPU, no capturer
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_padded_graph_decode_steps_give_the_eager_bits(tiny_checkpoint, dtype):
-    path, _ = tiny_checkpoint("qwen2")
+def with_triton_experts(model) -> None:
+    """The MoE blocks' experts in Triton's grouped GEMMs as on CUDA (no CPU kernels), int4 packed
+    for Triton (the other linears then stay on the CPU's batch-invariant kernels; torch's float32
+    CPU GEMM is not)."""
+    ops = TritonQuantLinear()
+    for module in model.modules():
+        if isinstance(module, SparseMoeBlock):
+            module.ops, module.triton_moe = None, TritonMoe()
+            for expert in module.experts:
+                for name in ("gate_up_proj", "down_proj"):
+                    weight = getattr(expert, name).weight.detach().float()
+                    setattr(expert, name, QuantizedLinear(quantize_int4(weight, 32), None, None, triton=ops))
+
+
+@pytest.mark.parametrize(("variant", "dtype"), [("qwen2", torch.float32), ("qwen2", torch.bfloat16),
+                                              ("qwen3_moe", torch.bfloat16)])
+def test_padded_graph_decode_steps_give_the_eager_bits(tiny_checkpoint, variant, dtype):
+    """A dense model, and an MoE model whose experts run in Triton's grouped GEMMs (padding rows
+    are routed like any token and must change no other row)."""
+    path, _ = tiny_checkpoint(variant)
     stand_in = StandIn()
 
     def runner(capturer):
         loaded = load_model(path, dtype=dtype, attn_backend=TritonPagedAttentionBackend())
+        if variant.endswith("_moe"):
+            with_triton_experts(loaded.model)
         return ModelRunner(loaded, num_blocks=32, block_size=BLOCK, max_num_reqs=6, max_model_len=64,
                            graph_capturer=capturer)
 

@@ -114,7 +114,8 @@ def align_pairs(ids: torch.Tensor, first_expert: int, num_held: int, block_m: in
     pairs = flat.numel()
     local = flat - first_expert
     bucket = torch.where((local >= 0) & (local < num_held), local, num_held)
-    counts = torch.bincount(bucket, minlength=num_held + 1)[:num_held]
+    counts = torch.zeros(num_held + 1, dtype=torch.int64, device=ids.device).scatter_add_(
+        0, bucket, torch.ones_like(bucket))[:num_held]  # not bincount: its size is read back from the device
     order = torch.argsort(bucket, stable=True)
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
@@ -169,7 +170,7 @@ class TritonMoe:
             k_in, triton.cdiv(k_rows, BLOCK_K), a.stride(0), table.group_size, TOP_K=top_k, GATHER=gather,
             BITS=table.bits, E2M1=table.e2m1, HAS_OFFSETS=table.has_offsets, HAS_BIAS=table.has_bias,
             PRECISION="ieee" if a.dtype == torch.float32 else None,
-            DOT_FLOAT32=a.dtype != torch.float32 and triton.knobs.runtime.interpret, BLOCK_M=layout.block_m,
+            INTERPRETED=triton.knobs.runtime.interpret, BLOCK_M=layout.block_m,
             BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
         return out
 

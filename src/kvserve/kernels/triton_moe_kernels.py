@@ -36,7 +36,7 @@ def expert_weights(w_ptr, k, k_mask, cols, col_mask, scales_ptr, offsets_ptr, n,
 def moe_gemm_kernel(a_ptr, pair_ptr, block_expert_ptr, weight_table, scales_table, offsets_table, bias_table,
                     out_ptr, n, k_in, k_steps, stride_a, group_size, TOP_K: tl.constexpr, GATHER: tl.constexpr,
                     BITS: tl.constexpr, E2M1: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    PRECISION: tl.constexpr, DOT_FLOAT32: tl.constexpr, BLOCK_M: tl.constexpr,
+                    PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Row ``i`` of block ``b`` (``i = b * BLOCK_M + r``) holds pair ``pair[i]`` (-1: padding,
     neither read nor written) of expert ``block_expert[b]`` (-1: a block past the last):
@@ -66,12 +66,12 @@ def moe_gemm_kernel(a_ptr, pair_ptr, block_expert_ptr, weight_table, scales_tabl
         a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         w = expert_weights(w_ptr, k, k_mask, cols, col_mask, scales_ptr, offsets_ptr, n, k_in, group_size, dtype,
                            BITS, E2M1, HAS_OFFSETS, False)
-        acc = dot(a, w, acc, PRECISION, DOT_FLOAT32)
+        acc = dot(a, w, acc, PRECISION, INTERPRETED)
         if BITS == 4:
             a_high = tl.load(a_rows + (k + half)[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             w_high = expert_weights(w_ptr, k, k_mask, cols, col_mask, scales_ptr, offsets_ptr, n, k_in, group_size,
                                     dtype, BITS, E2M1, HAS_OFFSETS, True)
-            acc = dot(a_high, w_high, acc, PRECISION, DOT_FLOAT32)
+            acc = dot(a_high, w_high, acc, PRECISION, INTERPRETED)
     out = round_to(acc, dtype)
     if HAS_BIAS:
         bias_ptr = tl.load(bias_table + expert).to(tl.pointer_type(dtype))

@@ -112,7 +112,7 @@ class TritonQuantLinear:
             bias if bias is not None else weight.scales, out, rows, n, weight.codes.shape[0], x.stride(0),
             weight.group_size, BITS=weight.bits, E2M1=weight.e2m1, HAS_OFFSETS=weight.offsets is not None,
             HAS_BIAS=bias is not None, PRECISION=_PRECISION.get(x.dtype),
-            DOT_FLOAT32=x.dtype != torch.float32 and triton.knobs.runtime.interpret, BLOCK_M=block_m,
+            INTERPRETED=triton.knobs.runtime.interpret, BLOCK_M=block_m,
             BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
         return out
 

@@ -38,9 +38,12 @@ def dequantize(codes, k, cols, col_mask, scales_ptr, offsets_ptr, n, group_size,
 
 
 @triton.jit
-def dot(x, w, acc, PRECISION: tl.constexpr, DOT_FLOAT32: tl.constexpr):
-    if DOT_FLOAT32:
-        return tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+def dot(x, w, acc, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+    """acc + x @ w. ``INTERPRETED``: products in float32 summed by ``tl.sum``, for Triton's
+    interpreter, whose ``tl.dot`` (numpy's matmul) neither takes bfloat16 nor sums a row the same
+    way in every place of the tile (so a row's bits would depend on its neighbours there only)."""
+    if INTERPRETED:
+        return acc + tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
     else:
         return tl.dot(x, w, acc, input_precision=PRECISION)
 
@@ -48,12 +51,11 @@ def dot(x, w, acc, PRECISION: tl.constexpr, DOT_FLOAT32: tl.constexpr):
 @triton.jit
 def quant_linear_kernel(x_ptr, w_ptr, scales_ptr, offsets_ptr, bias_ptr, out_ptr, m, n, k_packed, stride_x,
                         group_size, BITS: tl.constexpr, E2M1: tl.constexpr, HAS_OFFSETS: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, DOT_FLOAT32: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[m, n] = x[m, :] . w[n, :] (+ bias[n]) over the packed weight of ``TritonQuantLinear``:
     ``k_packed`` rows of N codes (int8: row k is input k; int4: the low nibble of row r is input r,
-    the high nibble input r + k_packed). ``DOT_FLOAT32``: products of 16-bit values in float32
-    (exact, the same sums; for the interpreter, whose ``tl.dot`` does not take bfloat16)."""
+    the high nibble input r + k_packed)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask, col_mask = rows < m, cols < n
@@ -70,16 +72,16 @@ def quant_linear_kernel(x_ptr, w_ptr, scales_ptr, offsets_ptr, bias_ptr, out_ptr
         if BITS == 8:
             w = dequantize(codes, k_valid, cols, col_mask, scales_ptr, offsets_ptr, n, group_size, dtype, BITS, E2M1,
                            HAS_OFFSETS)
-            acc = dot(x, w, acc, PRECISION, DOT_FLOAT32)
+            acc = dot(x, w, acc, PRECISION, INTERPRETED)
         else:
             low = dequantize(codes & 15, k_valid, cols, col_mask, scales_ptr, offsets_ptr, n, group_size, dtype, BITS,
                              E2M1, HAS_OFFSETS)
-            acc = dot(x, low, acc, PRECISION, DOT_FLOAT32)
+            acc = dot(x, low, acc, PRECISION, INTERPRETED)
             high_k = tl.where(k_mask, k + k_packed, -1)
             high = dequantize(codes >> 4, high_k, cols, col_mask, scales_ptr, offsets_ptr, n, group_size, dtype, BITS,
                               E2M1, HAS_OFFSETS)
             x_high = tl.load(x_rows + (k + k_packed)[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-            acc = dot(x_high, high, acc, PRECISION, DOT_FLOAT32)
+            acc = dot(x_high, high, acc, PRECISION, INTERPRETED)
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + cols, mask=col_mask, other=0.0)[None, :]
     out = round_to(acc, out_ptr.dtype.element_ty)

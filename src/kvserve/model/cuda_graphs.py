@@ -13,8 +13,9 @@ dropped. Each row's result depends only on its own inputs (the batch-invariance 
 kernels), so a padded replay gives the bits of the eager step.
 
 Capture needs a forward without host synchronisation: the Triton attention backend (the torch
-backend loops over requests in Python) and models without data-dependent shapes (mixture-of-experts
-layers group tokens by expert: their steps stay eager).
+backend loops over requests in Python) and no data-dependent shapes: a mixture-of-experts layer
+is captured when its experts run in Triton's grouped GEMMs (``kernels/triton_moe.py``, whose
+layout of the tokens by expert has a size fixed by the batch size), else its steps stay eager.
 """
 
 from __future__ import annotations
@@ -58,14 +59,16 @@ def capture_cuda_graph(forward: Callable[[], torch.Tensor], pool=None) -> tuple[
     return graph.replay, output
 
 
-def why_not_captured(model: nn.Module) -> str | None:
-    """None when the decode forward of ``model`` can be captured, else why not."""
+def why_not_captured(model: nn.Module, dtype: torch.dtype, device: torch.device) -> str | None:
+    """None when the decode forward of ``model`` (activations of ``dtype`` on ``device``) can be
+    captured, else why not."""
     backends = {module.backend.name for module in model.modules() if isinstance(getattr(module, "backend", None),
                                                                                 AttentionBackend)}
     if backends != {"triton"}:
         return f"attention backend {', '.join(sorted(backends)) or 'none'} (graphs need triton's)"
-    if any(isinstance(module, SparseMoeBlock) for module in model.modules()):
-        return "mixture-of-experts layers have data-dependent shapes"
+    for module in model.modules():
+        if isinstance(module, SparseMoeBlock) and module.expert_tables(dtype, device) is None:
+            return "mixture-of-experts layers whose experts are not in Triton's grouped GEMMs"
     return None
 
 

@@ -241,7 +241,7 @@ class SparseMoeBlock(KernelLayer):
         layer = self.kernel_layer(x.dtype) if x.dim() == 2 else None
         if layer is not None:
             return layer.forward(x.contiguous(), *(self._grouped_route(x) if self.moe.grouped else ()))
-        tables = self._expert_tables(x) if x.dim() == 2 else None
+        tables = self.expert_tables(x.dtype, x.device) if x.dim() == 2 else None
         if tables is not None:
             weights, ids = self._route(x)
             out = self.triton_moe.experts(x.contiguous(), weights, ids, *tables, self.experts[0].act_fn,
@@ -249,21 +249,22 @@ class SparseMoeBlock(KernelLayer):
             return self._add_shared(x, out)
         return self.torch_forward(x)
 
-    def _expert_tables(self, x: torch.Tensor) -> tuple | None:
-        """(gate-up, down) ``ExpertTable`` of the experts for ``x``'s dtype when the Triton grouped
-        GEMMs apply (off the CPU, the experts in one format Triton reads), else None."""
-        if x.device.type == "cpu" and self.triton_moe is None:
+    def expert_tables(self, dtype: torch.dtype, device: torch.device) -> tuple | None:
+        """(gate-up, down) ``ExpertTable`` of the experts for activations of ``dtype`` on ``device``
+        when the Triton grouped GEMMs apply (off the CPU, the experts in one format Triton reads),
+        else None. With them the block's forward has no data-dependent shapes (CUDA graphs)."""
+        if device.type == "cpu" and self.triton_moe is None:
             return None
-        self.triton_moe = self.triton_moe or triton_moe_for(x.device)
+        self.triton_moe = self.triton_moe or triton_moe_for(device)
         if self.triton_moe is None:
             return None
-        key = (x.dtype, id(self.experts[0].gate_up_proj), id(self.experts[0].down_proj))
+        key = (dtype, id(self.experts[0].gate_up_proj), id(self.experts[0].down_proj))
         if key not in self._triton_tables:
             experts = list(self.experts)
             bias = self.moe.expert_bias
             gate_up = expert_table([e.gate_up_proj for e in experts], [e.gate_up_bias for e in experts] if bias else None,
-                                   x.dtype)
-            down = expert_table([e.down_proj for e in experts], [e.down_bias for e in experts] if bias else None, x.dtype)
+                                   dtype)
+            down = expert_table([e.down_proj for e in experts], [e.down_bias for e in experts] if bias else None, dtype)
             self._triton_tables = {key: None if gate_up is None or down is None else (gate_up, down)}
         return self._triton_tables[key]
 

@@ -170,7 +170,7 @@ class ModelRunner:
                 return None
             pool = torch.cuda.graph_pool_handle()
             capturer = functools.partial(capture_cuda_graph, pool=pool)
-        why_not = why_not_captured(self.model)
+        why_not = why_not_captured(self.model, self.dtype, self.device)
         if why_not is not None:
             logger.info("decode steps run eagerly: %s", why_not)
             return None
