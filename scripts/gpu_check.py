@@ -13,10 +13,14 @@ Sections (each recorded on its own: one that fails leaves the others' results):
 3. ``elementwise``: the Triton RMSNorm (with the residual add), SiLU-and-multiply and rotary
    embedding against the torch code they replace, bf16 on the device: residual sums and the
    rotary embedding bit-identical, the others within one bf16 step.
-4. ``engine_parity``: a small random Llama checkpoint: kvserve's greedy tokens on the device equal
+4. ``sampler``: the Triton argmax, top-p and draw (bf16 logits of a Qwen-sized vocabulary, each row
+   its own temperature and p) against torch on the device: argmax equal, the kept sets and tokens of
+   a float64 sorted rule (except within 1e-5 of p or of a CDF step), rows alone equal to the same
+   rows in the batch; the kernels' times beside the torch path's.
+5. ``engine_parity``: a small random Llama checkpoint: kvserve's greedy tokens on the device equal
    its tokens on the CPU in float32; in bf16, kvserve's logprobs against transformers' on the same
    device.
-5. ``benchmarks``: a Llama-3.1-8B-shaped model with random bf16 weights made on the device
+6. ``benchmarks``: a Llama-3.1-8B-shaped model with random bf16 weights made on the device
    (``--load-format dummy``): the batch-1 decode step against the weights' bandwidth bound (target
    <= 1.3x; with CUDA graphs, and without them beside it), the batch-64 decode step against its
    bound (<= 1.5x), a 4,096-token prefill against the matmul peak (>= 60%).
@@ -193,6 +197,65 @@ def elementwise(device, dry_run: bool) -> dict:
     return result
 
 
+def sampler(device, dry_run: bool) -> dict:
+    import torch
+
+    from kvserve.kernels.triton_sample import TritonSampleOps
+    from kvserve.sample.top_k_top_p import apply_top_k_top_p
+
+    ops, gen = TritonSampleOps(), torch.Generator().manual_seed(0)
+    rows, vocab = (6, 3000) if dry_run else (64, 151936)
+    logits = (torch.randn(rows, vocab, generator=gen) * torch.linspace(0.5, 6.0, rows)[:, None]).to(device, torch.bfloat16)
+    temperature, top_p = torch.linspace(0.5, 1.5, rows, device=device), torch.linspace(0.3, 0.99, rows, device=device)
+    uniforms = torch.rand(rows, dtype=torch.float64, generator=gen).to(device)
+    index = torch.arange(rows, device=device)
+    scaled = logits.float() / temperature[:, None]  # torch's division: the kernels' l
+    order = torch.sort(-scaled.double(), dim=1, stable=True).indices  # the float64 rule, ties by index
+    probs = torch.softmax(scaled.double(), dim=1).gather(1, order)
+    before = probs.cumsum(1) - probs
+    want = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, order, before < top_p.double()[:, None])
+    unsure = torch.zeros_like(want).scatter_(1, order, (before - top_p.double()[:, None]).abs() < 1e-5)
+    cut = logits.clone()
+    ops.top_p_rows(cut, index, top_p, temperature)
+    kept = cut > -torch.inf
+    cdf = torch.softmax(scaled.double().masked_fill(~kept, -torch.inf), dim=1).cumsum(1)
+    want_tokens = torch.searchsorted(cdf, uniforms[:, None], right=True).clamp_max(vocab - 1)
+    near_step = ((cdf.gather(1, want_tokens) - uniforms[:, None]).abs() < 1e-5) | \
+        ((cdf.gather(1, (want_tokens - 1).clamp_min(0)) - uniforms[:, None]).abs() < 1e-5)
+    tokens = ops.sample_rows(cut, index, temperature, uniforms)
+    r = rows // 2
+    alone = logits[r : r + 1].clone()
+    ops.top_p_rows(alone, index[:1], top_p[r : r + 1], temperature[r : r + 1])
+
+    def ms(fn):  # median milliseconds of a few calls
+        times = []
+        for _ in range(1 if dry_run else 10):
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times.append((time.perf_counter() - start) * 1e3)
+        return round(sorted(times)[len(times) // 2], 3)
+
+    result = {
+        "shape": [rows, vocab],
+        "argmax_equal": bool(torch.equal(ops.argmax_rows(logits), logits.argmax(dim=1))),
+        "top_p_rows_off": int(((kept != want) & ~unsure).any(dim=1).sum()),
+        "kept_tokens_median": int(kept.sum(dim=1).median()),
+        "draws_off": int(((tokens[:, None] != want_tokens) & ~near_step).sum()),
+        "rows_alone_equal": bool(torch.equal(alone[0], cut[r]) and torch.equal(
+            ops.sample_rows(alone, index[:1], temperature[r : r + 1], uniforms[r : r + 1])[0], tokens[r])),
+        "argmax_ms": ms(lambda: ops.argmax_rows(logits)), "torch_argmax_ms": ms(lambda: logits.argmax(dim=1)),
+        "top_p_ms": ms(lambda: ops.top_p_rows(logits.clone(), index, top_p, temperature)),
+        "torch_top_p_ms": ms(lambda: apply_top_k_top_p(scaled.clone(), None, top_p, None)),
+        "sample_ms": ms(lambda: ops.sample_rows(logits, index, temperature, uniforms)),
+        "torch_sample_ms": ms(lambda: torch.searchsorted(scaled.softmax(dim=1).cumsum(dim=1), uniforms[:, None].float())),
+    }
+    result["ok"] = (result["argmax_equal"] and result["rows_alone_equal"] and result["top_p_rows_off"] == 0
+                    and result["draws_off"] == 0)
+    return result
+
+
 def engine_parity(device, folder: Path) -> dict:
     import torch
 
@@ -311,6 +374,7 @@ def main() -> int:
         section(results, "environment")(lambda: environment(device, args.dry_run))
         section(results, "attention")(lambda: attention(device))
         section(results, "elementwise")(lambda: elementwise(device, args.dry_run))
+        section(results, "sampler")(lambda: sampler(device, args.dry_run))
         section(results, "engine_parity")(lambda: engine_parity(device, folder))
         section(results, "benchmarks")(lambda: benchmarks(device, folder, args.dry_run, results["environment"]))
     Path(args.out).write_text(json.dumps(results, indent=2, default=str))

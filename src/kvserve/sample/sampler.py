@@ -20,7 +20,9 @@ logits as they are (bfloat16 included), without the ``[N, V]`` float32 copies of
 below (at 64 x 151,936 rows those, the zeroing of their fresh pages and the cumsum took 47 ms a
 step); top-k/top-p/min-p only mark the tokens it must skip. Its sums run in its own fixed order,
 so a draw can differ from the torch path's where ``u`` falls within float rounding of a CDF step;
-every row is computed alone, so a seeded row's tokens still never depend on the batch.
+every row is computed alone, so a seeded row's tokens still never depend on the batch. On CUDA the
+Triton kernels of ``kernels/triton_sample.py`` take the same calls (argmax, top-p, the draw) with
+the same rules, where Triton is installed; elsewhere the torch path runs.
 
 One number per row keeps seeds cheap: the runner draws a seeded row's ``u`` from the request's
 own generator, so its tokens do not depend on what else is in the batch; unseeded rows share one
@@ -36,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-from kvserve.kernels import kernels_for
+from kvserve.kernels.triton_sample import sample_ops_for
 from kvserve.outputs import TokenLogprobs
 from kvserve.sample.greedy import greedy_argmax
 from kvserve.sample.logprobs import gather_logprobs
@@ -98,13 +100,13 @@ class Sampler:
         generator: the random generator of rows without their own (unseeded requests), on the
             logits' device, used when the metadata carries no pre-drawn uniforms; None uses
             torch's default generator.
-        device: the logits' device: on the CPU the C++ kernels draw, take argmaxes and cut
-            top-p (``kernels_for``), elsewhere torch.
+        device: the logits' device: the kernels that draw, take argmaxes and cut top-p
+            (``sample_ops_for``): the C++ ones on the CPU, the Triton ones on CUDA, else torch.
     """
 
     def __init__(self, generator: torch.Generator | None = None, device: torch.device | str = "cpu"):
         self.generator = generator
-        self.ops = kernels_for(device)
+        self.ops = sample_ops_for(device)
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row.
@@ -206,14 +208,16 @@ class Sampler:
 
     def _draw(self, logits: torch.Tensor, metadata: SamplingMetadata, uniforms: torch.Tensor, owned: bool) -> torch.Tensor:
         """The random rows' tokens (int64 ``[N]``; greedy rows hold anything; ``V``: no
-        distribution): the C++ kernel on the CPU, else softmax + inverse CDF in torch."""
+        distribution): the sampling kernel (C++ on the CPU, Triton on CUDA), else softmax +
+        inverse CDF in torch."""
         kernels = self.ops if logits.dtype in (torch.float32, torch.bfloat16) else None
         if kernels is None:
             work = logits if owned else logits.to(torch.float32, copy=True)
             return _inverse_cdf_sample(self.processed_probs(work, metadata), uniforms)
         if metadata.top_p is not None and metadata.top_k is None and metadata.min_p is None:
-            # top-p alone: top_p.cpp decides on logits / T itself and masks the raw logits in place
-            # (the same kept set as on a scaled float32 copy, without the two copies).
+            # top-p alone: the kernel (top_p.cpp or its twin) decides on logits / T itself and masks
+            # the raw logits in place (the same kept set as on a scaled float32 copy, without the
+            # two copies).
             rows = ((metadata.top_p < 1.0) & ~metadata.greedy_mask).nonzero().squeeze(1)
             if rows.numel():
                 logits = logits.contiguous() if owned else logits.clone(memory_format=torch.contiguous_format)
@@ -225,8 +229,9 @@ class Sampler:
             scaled = logits.to(torch.float32, copy=True).div_(metadata.temperature.unsqueeze(1))
             self._truncate(scaled, metadata)
             logits = (logits if owned else logits.to(torch.float32, copy=True)).masked_fill_(scaled == -torch.inf, -torch.inf)
-        rows = torch.arange(logits.shape[0]) if metadata.all_random else (~metadata.greedy_mask).nonzero().squeeze(1)
-        sampled = torch.zeros(logits.shape[0], dtype=torch.int64)
+        rows = (torch.arange(logits.shape[0], device=logits.device) if metadata.all_random
+                else (~metadata.greedy_mask).nonzero().squeeze(1))
+        sampled = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
         sampled[rows] = kernels.sample_rows(logits.contiguous(), rows, metadata.temperature[rows].contiguous(),
                                             uniforms[rows].contiguous())
         return sampled

@@ -9,23 +9,24 @@ from __future__ import annotations
 
 import torch
 
-from kvserve.kernels import CpuKernels
+from kvserve.kernels.triton_sample import SampleKernels
 
 _NEG_INF = float("-inf")
-# Candidates of the torch top-p path (CUDA, or no C++ compiler; on CPU the C++ threshold search of
-# kernels/csrc/top_p.cpp takes every row). A trained model's nucleus is usually far smaller; a
-# wider one (a flat distribution, a high temperature) takes a sort of the whole vocabulary.
+# Candidates of the torch top-p path (no kernels: no C++ compiler, or CUDA without Triton; the
+# threshold search of kernels/csrc/top_p.cpp, or of its Triton twin on CUDA, takes every row). A
+# trained model's nucleus is usually far smaller; a wider one (a flat distribution, a high
+# temperature) takes a sort of the whole vocabulary.
 _TOP_P_CANDIDATES = 256
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
-                      ops: CpuKernels | None) -> None:
+                      ops: SampleKernels | None) -> None:
     """Keep the ``top_k`` most likely tokens, then the smallest most-likely-first set whose
     probability mass (after top-k) is at least ``top_p``.
 
     Top-p follows Holtzman et al. 2019 ("The Curious Case of Neural Text Degeneration"): a token
-    is kept when the mass of the tokens before it, most likely first, is below ``top_p`` (on CPU,
-    the C++ kernel orders equal logits by index and sums the mass in index order). Top-k
+    is kept when the mass of the tokens before it, most likely first, is below ``top_p`` (the
+    kernels order equal logits by index and sum the mass in index order). Top-k
     keeps every token whose logit is >= the k-th largest, so ties at the boundary all survive (as
     in vLLM and Hugging Face).
 
@@ -41,7 +42,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
         return
     off = top_p >= 1.0
     if ops is not None and logits.dtype == torch.float32 and logits.is_contiguous():
-        # every active row through the C++ threshold search (kernels/csrc/top_p.cpp)
+        # every active row through the kernels' threshold search (kernels/csrc/top_p.cpp)
         apply_top_p_kernel(ops, logits, (~off).nonzero().squeeze(1), top_p)
         return
     wide = _apply_top_p_from_candidates(logits, top_p, off, _TOP_P_CANDIDATES)
@@ -54,11 +55,12 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     logits[rows] = sub
 
 
-def apply_top_p_kernel(kernels, logits: torch.Tensor, rows: torch.Tensor, top_p: torch.Tensor,
+def apply_top_p_kernel(kernels: SampleKernels, logits: torch.Tensor, rows: torch.Tensor, top_p: torch.Tensor,
                        temperature: torch.Tensor | None = None) -> None:
-    """Top-p of ``rows`` of contiguous CPU ``logits`` (float32, or also bfloat16 with
-    ``temperature``) in place through ``kernels.top_p_rows`` (kernels/csrc/top_p.cpp); with
-    ``temperature`` ([N]) the decisions are taken on ``logits / T`` and the raw logits masked."""
+    """Top-p of ``rows`` of contiguous ``logits`` on the kernels' device (float32, or also
+    bfloat16 with ``temperature``) in place through ``kernels.top_p_rows`` (kernels/csrc/top_p.cpp
+    or its Triton twin); with ``temperature`` ([N]) the decisions are taken on ``logits / T`` and
+    the raw logits masked."""
     if not rows.numel():
         return
     # A top_p below float32's range (validation allows any p > 0) keeps the top token only.

@@ -18,7 +18,9 @@ Implementations, same result bit for bit (tested):
   banned words, nothing for allowed ones); 4-8 ms at B=32, V=151,936 on this project's 2-core
   AVX2 host where xgrammar's CPU kernel (``xgrammar.apply_token_bitmask_inplace``, the next
   choice) took 24-46 ms (docs/benchmarks.md section 5.1);
-* anywhere else (CUDA, other dtypes, no compiler): portable torch. Each word is ANDed with
+* CUDA float32 with Triton installed: the Triton twin of that kernel
+  (``kernels/triton_sample.py``), the bitmask copied to the device first;
+* anywhere else (other dtypes, no compiler, no Triton): portable torch. Each word is ANDed with
   the 32 single-bit values into a boolean ban mask on the logits' device (independent of byte
   order), then one ``masked_fill_``. No kernel compilation, so it works the same on any device.
 """
@@ -29,7 +31,7 @@ import functools
 
 import torch
 
-from kvserve.kernels import CpuKernels
+from kvserve.kernels.triton_sample import SampleKernels
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -92,15 +94,15 @@ def warm_up_apply() -> None:
 
 
 def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, indices: list[int] | None,
-                         ops: CpuKernels | None) -> None:
+                         ops: SampleKernels | None) -> None:
     """Set disallowed logits to ``-inf`` in place, one batched op for all constrained rows.
 
     Args:
         logits: ``float [N, V]`` on any device.
         bitmask: ``int32 [N, W]`` (CPU or the logits' device); row ``r`` masks ``logits[r]``.
         indices: the rows to mask (distinct), or ``None`` for all ``N``.
-        ops: the caller's kernels (``kernels_for`` the logits' device): float32 logits take
-            their C++ kernel; None: xgrammar's CPU kernel or torch.
+        ops: the caller's kernels (``sample_ops_for`` the logits' device): contiguous float32
+            logits take their kernel (C++ or Triton); None: xgrammar's CPU kernel or torch.
 
     Raises:
         ValueError: shapes or dtypes that do not fit together.
@@ -113,10 +115,11 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, indices: l
         indices = [int(i) for i in indices]
     on_cpu = (logits.device.type == "cpu" and bitmask.device.type == "cpu" and logits.dtype == torch.float32
               and logits.is_contiguous() and bitmask.is_contiguous())
-    ours = ops if on_cpu else None
-    if ours is not None:
-        rows = torch.arange(logits.shape[0]) if indices is None else torch.tensor(indices, dtype=torch.int64)
-        ours.apply_token_bitmask(logits, bitmask, rows)
+    if ops is not None and logits.dtype == torch.float32 and logits.is_contiguous():
+        device = logits.device
+        rows = (torch.arange(logits.shape[0], device=device) if indices is None
+                else torch.tensor(indices, dtype=torch.int64, device=device))
+        ops.apply_token_bitmask(logits, bitmask.to(device).contiguous(), rows)
         return
     kernel = _xgrammar_apply()
     if kernel is not None and on_cpu and 32 * bitmask.shape[1] >= logits.shape[1]:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from kvserve.kernels import kernels_for
+from kvserve.kernels.triton_sample import sample_ops_for
 from kvserve.sample.logits_processor import LogitsProcessor, RequestView, RowStateLogitsProcessor, sampling_rows
 from kvserve.structured_output.backend import StructuredOutputGrammar
 from kvserve.structured_output.bitmask import apply_token_bitmask_, bitmask_width
@@ -67,7 +67,7 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
         super().__init__()
         self.vocab_size = vocab_size
         self.device = device
-        self.ops = kernels_for(device)
+        self.ops = sample_ops_for(device)
         self._bitmask = torch.full((max_rows, bitmask_width(vocab_size)), -1, dtype=torch.int32)
         self.closing: dict[int, int] = {}  # batch row -> the token it must take now (this step)
 
