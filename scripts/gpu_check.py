@@ -17,10 +17,18 @@ Sections (each recorded on its own: one that fails leaves the others' results):
    its own temperature and p) against torch on the device: argmax equal, the kept sets and tokens of
    a float64 sorted rule (except within 1e-5 of p or of a CDF step), rows alone equal to the same
    rows in the batch; the kernels' times beside the torch path's.
-5. ``engine_parity``: a small random Llama checkpoint: kvserve's greedy tokens on the device equal
+5. ``quant``: the Triton weight-only linear (int8, int4 symmetric and with zero points, MXFP4)
+   against a float64 sum of its dequantized weights on the device (within one bf16 rounding), a row
+   alone against the same row in 5 and 40 rows (bit-identical: the row tile changes size); an int4
+   [14336, 4096] layer at 1 and 64 rows against its bytes at the copy bandwidth, cuBLAS bf16 beside.
+6. ``moe``: MoE blocks with Qwen3-30B-A3B's shapes (bf16) and GPT-OSS-20B's (MXFP4 experts), the
+   experts in Triton's grouped GEMMs against the block's torch loop (within two bf16 steps), a
+   token alone against the same token among 64, and the time at 1 and 64 tokens against the bytes
+   of the experts they touch (the torch loop's time beside).
+7. ``engine_parity``: a small random Llama checkpoint: kvserve's greedy tokens on the device equal
    its tokens on the CPU in float32; in bf16, kvserve's logprobs against transformers' on the same
    device.
-6. ``benchmarks``: a Llama-3.1-8B-shaped model with random bf16 weights made on the device
+8. ``benchmarks``: a Llama-3.1-8B-shaped model with random bf16 weights made on the device
    (``--load-format dummy``): the batch-1 decode step against the weights' bandwidth bound (target
    <= 1.3x; with CUDA graphs, and without them beside it), the batch-64 decode step against its
    bound (<= 1.5x), a 4,096-token prefill against the matmul peak (>= 60%).
@@ -256,6 +264,128 @@ def sampler(device, dry_run: bool) -> dict:
     return result
 
 
+def timed_ms(device, fn, reps: int) -> float:
+    """Median-free mean of ``reps`` calls after one warm-up, in ms."""
+    fn()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / reps * 1e3
+
+
+def quant(device, dry_run: bool, env: dict) -> dict:
+    """The Triton weight-only linear (``kvserve.kernels.triton_quant_linear``) on the device."""
+    import torch
+
+    from kvserve.kernels.triton_quant_linear import TritonQuantLinear, pack
+    from kvserve.model.quant_tensor import quantize_int4, quantize_int8, quantize_mxfp4
+
+    ops, gen = TritonQuantLinear(), torch.Generator().manual_seed(0)
+    n, k, group = (70, 160, 32) if dry_run else (4096, 4096, 128)
+    w = torch.randn(n, k, generator=gen).to(device)  # quantized on the device (the int4 search is slow on a CPU)
+    x = torch.randn(40, k, generator=gen).to(device, torch.bfloat16)
+    formats = {"int8": quantize_int8(w), "int4": quantize_int4(w, group),
+               "int4_zero_points": quantize_int4(w, group, symmetric=False), "mxfp4": quantize_mxfp4(w)}
+    result: dict = {}
+    ok = True
+    for name, weight in formats.items():
+        packed = pack(weight)
+        out = ops.linear(x, packed, None)
+        dense = weight.dequantize().to(torch.bfloat16).double()
+        exact = x.double() @ dense.T
+        bound = 2.0**-8 * exact.abs() + 2 * k * 2.0**-24 * (x.double().abs() @ dense.abs().T)
+        within = bool(((out.double() - exact).abs() <= bound).all())
+        alone = bool(torch.equal(ops.linear(x[3:4], packed, None), out[3:4])
+                     and torch.equal(ops.linear(x[:5], packed, None)[3:4], out[3:4]))
+        result[name] = {"within_one_rounding": within, "row_alone_equal": alone}
+        ok = ok and within and alone
+    # an MLP-sized layer: int4 (group 128) at 1 and 64 rows against its bytes, and bf16 beside it
+    n, k = (256, 128) if dry_run else (14336, 4096)
+    weight = quantize_int4(torch.randn(n, k, generator=gen).to(device), 32 if dry_run else 128)
+    packed = pack(weight)
+    dense = weight.dequantize().to(device, torch.bfloat16)
+    int4_bytes = packed.codes.numel() + packed.scales.numel() * 4
+    reps = 2 if dry_run else 50
+    for rows in (1, 64):
+        xs = torch.randn(rows, k, generator=gen).to(device, torch.bfloat16)
+        ms = timed_ms(device, lambda: ops.linear(xs, packed, None), reps)
+        dense_ms = timed_ms(device, lambda: xs @ dense.T, reps)
+        bound_ms = int4_bytes / (env["copy_gb_s"] * 1e9) * 1e3
+        result[f"int4_{n}x{k}_rows{rows}"] = {"ms": round(ms, 4), "bytes_bound_ms": round(bound_ms, 4),
+                                              "ratio": round(ms / bound_ms, 2), "bf16_cublas_ms": round(dense_ms, 4)}
+    result["ok"] = ok
+    return result
+
+
+def moe(device, dry_run: bool, env: dict) -> dict:
+    """An MoE block's experts in Triton's grouped GEMMs (``kvserve.kernels.triton_moe``) on the
+    device: against the block's torch loop, a token alone against the same token in a batch, and
+    the time at 1 and 64 tokens against the bytes of the experts they read; Qwen3-30B-A3B's shapes
+    in bf16 and GPT-OSS-20B's with MXFP4 experts."""
+    import torch
+
+    from kvserve.kernels.triton_moe import TritonMoe
+    from kvserve.kernels.triton_quant_linear import TritonQuantLinear
+    from kvserve.model.arch_config import ModelArchConfig
+    from kvserve.model.moe import SparseMoeBlock
+    from kvserve.model.quant_linear import QuantizedLinear
+    from kvserve.model.quant_tensor import quantize_mxfp4
+
+    qwen3 = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=1024, hidden_size=2048,
+                 intermediate_size=6144, num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=4,
+                 head_dim=128, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True)
+    gpt_oss = dict(architectures=["GptOssForCausalLM"], model_type="gpt_oss", vocab_size=1024, hidden_size=2880,
+                   intermediate_size=2880, num_hidden_layers=1, num_attention_heads=64, num_key_value_heads=8,
+                   head_dim=64, num_local_experts=32, num_experts_per_tok=4, swiglu_limit=7.0)
+    if dry_run:
+        qwen3 |= dict(hidden_size=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+        gpt_oss |= dict(hidden_size=64, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2)
+    result: dict = {}
+    ok = True
+    for name, config, mxfp4 in (("qwen3_30b_a3b_bf16", qwen3, False), ("gpt_oss_20b_mxfp4", gpt_oss, True)):
+        arch = ModelArchConfig.from_dict(config)
+        torch.manual_seed(0)
+        with torch.device(device):
+            block = SparseMoeBlock(arch, arch.moe).eval()
+        for p in block.parameters():
+            torch.nn.init.normal_(p, std=0.02)
+        block.to(torch.bfloat16)
+        if mxfp4:
+            ops = TritonQuantLinear()
+            for expert in block.experts:
+                for part in ("gate_up_proj", "down_proj"):
+                    weight = quantize_mxfp4(getattr(expert, part).weight.detach().float())
+                    setattr(expert, part, QuantizedLinear(weight, None, None, triton=ops))
+        block.triton_moe = TritonMoe()
+        x = torch.randn(64, arch.hidden_size, device=device).to(torch.bfloat16)
+        with torch.inference_mode():
+            got, want = block(x), block.torch_forward(x)
+            steps = float(((got.float() - want.float()).abs() / (want.float().abs() * 2**-7 + 1e-3)).max())
+            alone = bool(torch.equal(block(x[5:6]), got[5:6]))
+            entry = {"steps_apart_from_torch_loop": round(steps, 2), "token_alone_equal": alone}
+            expert_bytes = sum(t.numel() * t.element_size() for t in (
+                [block.experts[0].gate_up_proj.weight, block.experts[0].down_proj.weight] if not mxfp4 else
+                [getattr(block.experts[0], p).triton_weight.codes for p in ("gate_up_proj", "down_proj")]
+                + [getattr(block.experts[0], p).triton_weight.scales for p in ("gate_up_proj", "down_proj")]))
+            reps = 2 if dry_run else 30
+            for tokens in (1, 64):
+                xs = x[:tokens]
+                ids = block._route(xs)[1]
+                touched = int(torch.unique(ids).numel())
+                ms = timed_ms(device, lambda: block(xs), reps)
+                loop_ms = timed_ms(device, lambda: block.torch_forward(xs), reps)
+                bound = touched * expert_bytes / (env["copy_gb_s"] * 1e9) * 1e3
+                entry[f"tokens{tokens}"] = {"ms": round(ms, 4), "torch_loop_ms": round(loop_ms, 4),
+                                            "experts_touched": touched, "bytes_bound_ms": round(bound, 4),
+                                            "ratio": round(ms / bound, 2)}
+        result[name] = entry
+        ok = ok and alone and steps <= 2
+    result["ok"] = ok
+    return result
+
+
 def engine_parity(device, folder: Path) -> dict:
     import torch
 
@@ -375,6 +505,8 @@ def main() -> int:
         section(results, "attention")(lambda: attention(device))
         section(results, "elementwise")(lambda: elementwise(device, args.dry_run))
         section(results, "sampler")(lambda: sampler(device, args.dry_run))
+        section(results, "quant")(lambda: quant(device, args.dry_run, results["environment"]))
+        section(results, "moe")(lambda: moe(device, args.dry_run, results["environment"]))
         section(results, "engine_parity")(lambda: engine_parity(device, folder))
         section(results, "benchmarks")(lambda: benchmarks(device, folder, args.dry_run, results["environment"]))
     Path(args.out).write_text(json.dumps(results, indent=2, default=str))
