@@ -20,22 +20,18 @@ size to stay batch-invariant; one-byte KV caches (``--kv-cache-dtype int8|fp8``)
 
 from __future__ import annotations
 
-import importlib.util
 
 import torch
 
 from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.attention.kv_quant import ONE_BYTE_DTYPES
+from kvserve.kernels.triton_support import triton_available
 
 # Imported at first use (``_kernels``): Triton decides between its compiler and its interpreter
 # (``TRITON_INTERPRET=1``) when it is imported, and a process that never runs these kernels
 # need not pay for the import.
 triton = tl = None
 _KERNELS: tuple | None = None
-
-
-def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
 
 
 def triton_refuses(one_byte_kv: bool, block_size: int) -> str | None:

@@ -9,11 +9,13 @@ import triton.language as tl
 @triton.jit
 def round_to(x, dtype: tl.constexpr):
     """float32 x rounded to ``dtype``, to nearest even. bfloat16 by integer arithmetic: Triton's
-    interpreter truncates (its conversion), the GPU rounds; both then give torch's bits."""
+    interpreter truncates (its conversion), the GPU rounds; both then give torch's bits. A NaN stays
+    a NaN (the GPU's canonical 0x7FFFFFFF would carry into the sign and round to -0)."""
     if dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return tl.where(x == x, rounded, x.to(tl.bfloat16))
     else:
         return x.to(dtype)
 

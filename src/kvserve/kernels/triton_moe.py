@@ -19,17 +19,18 @@ rounds to the model dtype, a bias is added after it in the dtype, the activation
 own module, and a token's weighted expert outputs are added in increasing expert order, each
 product rounded as ``SparseMoeBlock.torch_forward`` rounds it. A row is computed alone (padding
 rows are masked), so a token's output does not depend on the other tokens but through the row
-tile's size (``BLOCK_M``, 16 or 64 by the number of pairs), as for ``triton_quant_linear``.
+tile's size (``BLOCK_M``, 16 up to 128 tokens, else 64), as for ``triton_quant_linear``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from kvserve.kernels.triton_support import triton_available
 
 # Imported at first use (``_kernels``), as in ``kvserve.kernels.triton_elementwise``.
 triton = None
@@ -68,9 +69,10 @@ class ExpertTable:
 
 def expert_table(linears: Sequence[nn.Module], biases: Sequence[torch.Tensor] | None, dtype: torch.dtype) -> ExpertTable | None:
     """The table of one projection of the experts (``nn.Linear`` weights of ``dtype``, or
-    ``QuantizedLinear`` packed for Triton, all alike); None when they are not."""
+    ``QuantizedLinear`` packed for Triton, all alike, without biases or GPTQ act order); None when
+    they are not."""
     packed = [getattr(linear, "triton_weight", None) for linear in linears]
-    if all(p is not None for p in packed):
+    if all(p is not None and linear.input_perm is None and linear.bias is None for p, linear in zip(packed, linears)):
         first = packed[0]
         if any((p.bits, p.e2m1, p.offsets is None, p.group_size, p.shape)
                != (first.bits, first.e2m1, first.offsets is None, first.group_size, first.shape) for p in packed):
@@ -85,6 +87,8 @@ def expert_table(linears: Sequence[nn.Module], biases: Sequence[torch.Tensor] | 
             return None
     else:
         return None
+    if any(t is not None and t.data_ptr() % 16 for group in tensors for t in group):
+        return None  # the kernel tells Triton the addresses are 16-byte aligned
     device = tensors[0][0].device
 
     def table(items) -> torch.Tensor:
@@ -125,7 +129,7 @@ def align_pairs(ids: torch.Tensor, first_expert: int, num_held: int, block_m: in
     expert = sorted_bucket.clamp(max=num_held - 1)
     row = padded_end[expert] - padded[expert] + torch.arange(pairs, device=ids.device) - start[expert]
     row = torch.where(held, row, -1)
-    capacity = -(-(pairs + num_held * (block_m - 1)) // block_m) * block_m
+    capacity = -(-(pairs + min(pairs, num_held) * (block_m - 1)) // block_m) * block_m  # at most that many experts padded
     pair_at = torch.full((capacity + 1,), -1, dtype=torch.int64, device=ids.device)
     pair_at[torch.where(held, row, capacity)] = torch.where(held, order, -1)  # row ``capacity``: a bin for the rest
     blocks = torch.arange(0, capacity, block_m, device=ids.device)
@@ -145,7 +149,7 @@ class TritonMoe:
         dtype or float32: the product's), ids int64 [T, k] -> [T, H]."""
         tokens, top_k = ids.shape
         num_held = gate_up.weights.numel()
-        block_m = 16 if tokens * top_k <= 1024 else 64
+        block_m = 16 if tokens <= 128 else 64  # 128 is a CUDA-graph bucket: a replay takes the eager step's
         layout = align_pairs(ids, first_expert, num_held, block_m)
         hidden = self._gemm(x, layout, gate_up, top_k, gather=True)
         y = self._gemm(act(hidden), layout, down, top_k, gather=False)
@@ -177,6 +181,6 @@ class TritonMoe:
 
 def triton_moe_for(device: torch.device | str | None) -> TritonMoe | None:
     """The grouped GEMMs for a block on ``device``: on CUDA where Triton imports, else None."""
-    if device is None or torch.device(device).type != "cuda" or importlib.util.find_spec("triton") is None:
+    if device is None or torch.device(device).type != "cuda" or not triton_available():
         return None
     return TritonMoe()

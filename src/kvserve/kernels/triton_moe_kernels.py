@@ -8,31 +8,6 @@ from kvserve.kernels.triton_quant_linear_kernels import dequantize, dot
 
 
 @triton.jit
-def expert_weights(w_ptr, k, k_mask, cols, col_mask, scales_ptr, offsets_ptr, n, k_in, group_size,
-                   dtype: tl.constexpr, BITS: tl.constexpr, E2M1: tl.constexpr, HAS_OFFSETS: tl.constexpr,
-                   HIGH: tl.constexpr):
-    """One expert's weights [BLOCK_K, BLOCK_N] for inputs ``k`` (packed rows for 8 and 4 bits;
-    ``HIGH``: the high nibbles, inputs ``k + k_in / 2``), in ``dtype``."""
-    mask = k_mask[:, None] & col_mask[None, :]
-    if BITS == 16:
-        w = tl.load(w_ptr.to(tl.pointer_type(dtype)) + cols[None, :].to(tl.int64) * k_in + k[:, None], mask=mask,
-                    other=0.0)
-    else:
-        codes_ptr = w_ptr.to(tl.pointer_type(tl.int8 if BITS == 8 else tl.uint8))
-        codes = tl.load(codes_ptr + k[:, None].to(tl.int64) * n + cols[None, :], mask=mask, other=0)
-        k_valid = tl.where(k_mask, k, -1)
-        if BITS == 4:
-            if HIGH:
-                codes = codes >> 4
-                k_valid = tl.where(k_mask, k + k_in // 2, -1)
-            else:
-                codes = codes & 15
-        w = dequantize(codes, k_valid, cols, col_mask, scales_ptr.to(tl.pointer_type(tl.float32)),
-                       offsets_ptr.to(tl.pointer_type(tl.float32)), n, group_size, dtype, BITS, E2M1, HAS_OFFSETS)
-    return w
-
-
-@triton.jit
 def moe_gemm_kernel(a_ptr, pair_ptr, block_expert_ptr, weight_table, scales_table, offsets_table, bias_table,
                     out_ptr, n, k_in, k_steps, stride_a, group_size, TOP_K: tl.constexpr, GATHER: tl.constexpr,
                     BITS: tl.constexpr, E2M1: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -54,24 +29,38 @@ def moe_gemm_kernel(a_ptr, pair_ptr, block_expert_ptr, weight_table, scales_tabl
     a_rows = a_ptr + (pair // TOP_K if GATHER else index).to(tl.int64)[:, None] * stride_a
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n
-    w_ptr = tl.load(weight_table + expert)
-    scales_ptr = tl.load(scales_table + expert)
-    offsets_ptr = tl.load(offsets_table + expert)
+    # the tables' addresses are 16-byte aligned (``triton_moe.expert_table`` checks)
+    w_addr = tl.multiple_of(tl.load(weight_table + expert), 16)
+    scales_ptr = tl.multiple_of(tl.load(scales_table + expert), 16).to(tl.pointer_type(tl.float32))
+    offsets_ptr = tl.load(offsets_table + expert).to(tl.pointer_type(tl.float32))
     dtype = out_ptr.dtype.element_ty
     half = k_in // 2
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(0, k_steps):
         k = step * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = k < (half if BITS == 4 else k_in)
+        mask = k_mask[:, None] & col_mask[None, :]
         a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        w = expert_weights(w_ptr, k, k_mask, cols, col_mask, scales_ptr, offsets_ptr, n, k_in, group_size, dtype,
-                           BITS, E2M1, HAS_OFFSETS, False)
-        acc = dot(a, w, acc, PRECISION, INTERPRETED)
-        if BITS == 4:
-            a_high = tl.load(a_rows + (k + half)[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-            w_high = expert_weights(w_ptr, k, k_mask, cols, col_mask, scales_ptr, offsets_ptr, n, k_in, group_size,
-                                    dtype, BITS, E2M1, HAS_OFFSETS, True)
-            acc = dot(a_high, w_high, acc, PRECISION, INTERPRETED)
+        if BITS == 16:  # the expert's own [N, K] weight
+            w = tl.load(w_addr.to(tl.pointer_type(dtype)) + cols[None, :].to(tl.int64) * k_in + k[:, None], mask=mask,
+                        other=0.0)
+            acc = dot(a, w, acc, PRECISION, INTERPRETED)
+        else:
+            codes_ptr = w_addr.to(tl.pointer_type(tl.int8 if BITS == 8 else tl.uint8))
+            codes = tl.load(codes_ptr + k[:, None].to(tl.int64) * n + cols[None, :], mask=mask, other=0)
+            k_valid = tl.where(k_mask, k, -1)
+            if BITS == 8:
+                w = dequantize(codes, k_valid, cols, col_mask, scales_ptr, offsets_ptr, n, group_size, dtype, BITS, E2M1,
+                               HAS_OFFSETS)
+                acc = dot(a, w, acc, PRECISION, INTERPRETED)
+            else:  # the low nibbles are inputs k, the high ones k + K / 2
+                low = dequantize(codes & 15, k_valid, cols, col_mask, scales_ptr, offsets_ptr, n, group_size, dtype,
+                                 BITS, E2M1, HAS_OFFSETS)
+                acc = dot(a, low, acc, PRECISION, INTERPRETED)
+                high = dequantize(codes >> 4, tl.where(k_mask, k + half, -1), cols, col_mask, scales_ptr, offsets_ptr,
+                                  n, group_size, dtype, BITS, E2M1, HAS_OFFSETS)
+                a_high = tl.load(a_rows + (k + half)[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+                acc = dot(a_high, high, acc, PRECISION, INTERPRETED)
     out = round_to(acc, dtype)
     if HAS_BIAS:
         bias_ptr = tl.load(bias_table + expert).to(tl.pointer_type(dtype))

@@ -26,18 +26,17 @@ tile changes size (``BLOCK_M`` follows the number of rows) is what ``scripts/gpu
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 import torch
 
 from kvserve.kernels.tensors import require
+from kvserve.kernels.triton_support import triton_available
 from kvserve.model.quant_tensor import QuantizedTensor
 
 # Imported at first use (``_kernels``), as in ``kvserve.kernels.triton_elementwise``.
 triton = None
 
-BLOCK_N = 64
 BLOCK_K = 64  # rows of packed codes per step of the sum (int4: 128 inputs)
 _PRECISION = {torch.float32: "ieee"}
 
@@ -105,20 +104,22 @@ class TritonQuantLinear:
         out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
         if rows == 0:
             return out
-        block_m = 16 if rows <= 16 else 64
-        grid = (triton.cdiv(rows, block_m), triton.cdiv(n, BLOCK_N))
+        # up to 16 rows (a decode step's CUDA-graph buckets include 16): narrower column tiles, twice
+        # the programs for the GPU's SMs; the order of each sum (BLOCK_K) is the same
+        block_m, block_n = (16, 32) if rows <= 16 else (64, 64)
+        grid = (triton.cdiv(rows, block_m), triton.cdiv(n, block_n))
         kernels.quant_linear_kernel[grid](
             x, weight.codes, weight.scales, weight.offsets if weight.offsets is not None else weight.scales,
             bias if bias is not None else weight.scales, out, rows, n, weight.codes.shape[0], x.stride(0),
             weight.group_size, BITS=weight.bits, E2M1=weight.e2m1, HAS_OFFSETS=weight.offsets is not None,
             HAS_BIAS=bias is not None, PRECISION=_PRECISION.get(x.dtype),
             INTERPRETED=triton.knobs.runtime.interpret, BLOCK_M=block_m,
-            BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
+            BLOCK_N=block_n, BLOCK_K=BLOCK_K)
         return out
 
 
 def triton_quant_for(device: torch.device | str | None) -> TritonQuantLinear | None:
     """The kernels for a quantized weight on ``device``: on CUDA where Triton imports, else None."""
-    if device is None or torch.device(device).type != "cuda" or importlib.util.find_spec("triton") is None:
+    if device is None or torch.device(device).type != "cuda" or not triton_available():
         return None
     return TritonQuantLinear()

@@ -18,7 +18,7 @@ or in any batch. What each kernel guarantees:
   < target. The sums run in other orders than the C++ kernel's (a block's tree, then the blocks in
   order) and ``exp`` is the GPU's approximation, so the kept set can differ from the C++ kernel's
   only where the mass at the boundary lies within float32 rounding of p; each row takes at most
-  35 passes over its logits.
+  67 passes over its logits (64 bisection steps, every other one halving the float order).
 - ``sample_rows``: ``sample.cpp``'s inverse transform: e = exp(x / T - max), block sums in
   float32 added in float64, target = u * total in float64, the first block whose running sum
   passes it, in it the first token with e > 0 whose running float64 sum passes it (else its last
@@ -30,13 +30,13 @@ or in any batch. What each kernel guarantees:
 
 from __future__ import annotations
 
-import importlib.util
 
 import torch
 
 from kvserve.kernels import kernels_for
 from kvserve.kernels.ops_sample import SampleOps
 from kvserve.kernels.tensors import FLOAT_DTYPES, require
+from kvserve.kernels.triton_support import triton_available
 
 # Imported at first use (``_kernels``): Triton decides between its compiler and its interpreter
 # when it is imported, and a process that never runs these kernels need not pay for the import.
@@ -150,5 +150,5 @@ def sample_ops_for(device: torch.device | str | None) -> SampleKernels | None:
     (``kernels_for``), these on CUDA where Triton is installed, else None (the callers' torch code).
     Asked once, where a sampler or logits processor is built."""
     if device is not None and torch.device(device).type == "cuda":
-        return TritonSampleOps() if importlib.util.find_spec("triton") is not None else None
+        return TritonSampleOps() if triton_available() else None
     return kernels_for(device)

@@ -81,7 +81,9 @@ def sample_kernel(logits_ptr, rows_ptr, temperature_ptr, uniforms_ptr, out_ptr, 
     t = tl.load(temperature_ptr + i)
     # m = max x / T (rounding is monotonic: the largest x / T)
     largest, _, valid = row_range(row_ptr, vocab, t, BLOCK, False)
-    m = tl.where(valid, tl.math.div_rn(largest, t), 0.0)
+    m = tl.math.div_rn(largest, t)
+    valid = valid & (m < float("inf"))  # a tiny T: no distribution (sample.cpp: V)
+    m = tl.where(valid, m, 0.0)
     # total = the blocks' float32 sums of e = exp(x / T - m), added in float64
     total = tl.full([], 0.0, tl.float64)
     last_positive = -1
@@ -143,15 +145,18 @@ def top_p_kernel(logits_ptr, rows_ptr, top_p_ptr, temperature_ptr, vocab, BLOCK:
     # Bisection with f(lo) >= target > f(hi), hi always a logit: it ends with hi the smallest
     # logit u with f(u) < target (the same u whichever midpoints it took: f of a set of positions
     # is one fixed sum). Each step moves hi down to the largest logit <= mid or lo up to just
-    # below the smallest logit > mid, so it ends once one value is left; midpoints by value while
-    # one lies strictly between, else by the float order: at most 32 steps.
+    # below the smallest logit > mid, so it ends once one value is left; midpoints by value on even
+    # steps where one lies strictly between (fast on a trained model's logits), else by the float
+    # order (which halves the range): at most 64 steps.
     hi = m
     lo = tl.where(valid, from_order_key(order_key(lowest) - 1), from_order_key(order_key(m) - 1))
     before = 0.0  # f(hi)
+    step = 0
     while order_key(hi) - order_key(lo) > 1:
         mid = lo + (hi - lo) * 0.5
-        mid = tl.where((mid > lo) & (mid < hi), mid,
+        mid = tl.where((mid > lo) & (mid < hi) & (step % 2 == 0), mid,
                        from_order_key(order_key(lo) + (order_key(hi) - order_key(lo)) // 2))
+        step += 1
         f, below, above = mass_above(row_ptr, vocab, t, m, mid, lo, hi, BLOCK, SCALE)
         inside = f < target
         lo = tl.where(inside, lo, from_order_key(order_key(above) - 1))

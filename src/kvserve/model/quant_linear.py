@@ -46,6 +46,7 @@ from kvserve.model.layers import RouterLinear
 from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 AMX_BLOCK = {8: 16, 4: 64}  # output columns per block of the AMX layout, by bits
 AMX_CHUNK = 32  # inputs per chunk (a tile's depth)
 METHODS = ("int8", "int4")
@@ -171,7 +172,7 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_perm is not None:
             x = x.index_select(-1, self.input_perm)
-        if self._triton is not None and x.dtype.is_floating_point and x.device == self.triton_weight.codes.device:
+        if self._triton is not None and x.dtype in TRITON_DTYPES and x.device == self.triton_weight.codes.device:
             shape = x.shape
             rows = x.reshape(-1, self.in_features)
             out = self._triton.linear(rows if rows.stride(-1) == 1 else rows.contiguous(), self.triton_weight, self.bias)
