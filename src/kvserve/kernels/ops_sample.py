@@ -8,6 +8,26 @@ import torch
 from kvserve.kernels.tensors import FLOAT_DTYPES, code, cpu_contiguous, index_tensor, optional_ptr, ptr, require
 
 
+def check_sample_args(rows: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tensor) -> None:
+    """``sample_rows``' row arguments (this wrapper's and its Triton twin's)."""
+    count = rows.numel()
+    require(rows.dtype == torch.int64 and rows.dim() == 1 and rows.is_contiguous()
+            and temperature.dtype == torch.float32 and temperature.numel() == count and temperature.is_contiguous()
+            and uniforms.dtype == torch.float64 and uniforms.numel() == count and uniforms.is_contiguous(),
+            "sample_rows: rows int64 [R], temperature float32 [R], uniforms float64 [R]")
+
+
+def top_p_args(rows: torch.Tensor, top_p: torch.Tensor, temperature: torch.Tensor | None):
+    """``top_p_rows``' row arguments, checked and contiguous (this wrapper's and its Triton twin's)."""
+    require(rows.dim() == 1 and rows.dtype == torch.int64 and top_p.dim() == 1 and top_p.dtype == torch.float32
+            and top_p.shape[0] == rows.shape[0], "top_p_rows takes int64 rows [R] and float32 top_p [R]")
+    if temperature is not None:
+        temperature = temperature.contiguous()
+        require(temperature.dim() == 1 and temperature.dtype == torch.float32
+                and temperature.shape[0] == rows.shape[0], "top_p_rows takes float32 temperature [R]")
+    return rows.contiguous(), top_p.contiguous(), temperature
+
+
 class SampleOps:
     """The sampling kernels' wrappers."""
 
@@ -26,11 +46,8 @@ class SampleOps:
         with ``uniforms`` (float64 [R]); temperature float32 [R] -> int64 [R] (V where the row has
         no distribution)."""
         cpu_contiguous(logits, 2, FLOAT_DTYPES, "sample_rows takes contiguous 2-D float32 or bfloat16 CPU logits")
+        check_sample_args(rows, temperature, uniforms)
         count = rows.numel()
-        require(rows.dtype == torch.int64 and rows.dim() == 1 and rows.is_contiguous()
-                and temperature.dtype == torch.float32 and temperature.numel() == count and temperature.is_contiguous()
-                and uniforms.dtype == torch.float64 and uniforms.numel() == count and uniforms.is_contiguous(),
-                "sample_rows: rows int64 [R], temperature float32 [R], uniforms float64 [R]")
         out = torch.empty(count, dtype=torch.int64)
         self._lib.call("kvserve_sample_rows", code(logits.dtype), ptr(logits), logits.shape[0], logits.shape[1], ptr(rows),
                        count, ptr(temperature), ptr(uniforms), ptr(out))
@@ -42,13 +59,7 @@ class SampleOps:
         tokens -inf); top_p float32 [R] in (0, 1); temperature None or float32 [R] > 0 (decide on
         logits / T)."""
         cpu_contiguous(logits, 2, FLOAT_DTYPES, "top_p_rows takes contiguous 2-D float32 or bfloat16 CPU logits")
-        require(rows.dim() == 1 and rows.dtype == torch.int64 and top_p.dim() == 1 and top_p.dtype == torch.float32
-                and top_p.shape[0] == rows.shape[0], "top_p_rows takes int64 rows [R] and float32 top_p [R]")
-        rows, top_p = rows.contiguous(), top_p.contiguous()
-        if temperature is not None:
-            temperature = temperature.contiguous()
-            require(temperature.dim() == 1 and temperature.dtype == torch.float32
-                    and temperature.shape[0] == rows.shape[0], "top_p_rows takes float32 temperature [R]")
+        rows, top_p, temperature = top_p_args(rows, top_p, temperature)
         self._lib.call("kvserve_top_p_rows", code(logits.dtype), ptr(logits), logits.shape[0], logits.shape[1], ptr(rows),
                        rows.numel(), ptr(top_p), optional_ptr(temperature))
 

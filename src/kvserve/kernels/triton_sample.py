@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from kvserve.kernels import kernels_for
-from kvserve.kernels.ops_sample import SampleOps
+from kvserve.kernels.ops_sample import SampleOps, check_sample_args, top_p_args
 from kvserve.kernels.tensors import FLOAT_DTYPES, require
 from kvserve.kernels.triton_support import triton_available
 
@@ -93,11 +93,8 @@ class TritonSampleOps:
         [N, V] float32/bfloat16 -> int64 [R] (V where the row has no distribution)."""
         require(logits.dim() == 2 and logits.is_contiguous() and logits.dtype in FLOAT_DTYPES,
                 "sample_rows takes contiguous 2-D float32 or bfloat16 logits")
+        check_sample_args(rows, temperature, uniforms)
         count = rows.numel()
-        require(rows.dtype == torch.int64 and rows.dim() == 1 and rows.is_contiguous()
-                and temperature.dtype == torch.float32 and temperature.numel() == count and temperature.is_contiguous()
-                and uniforms.dtype == torch.float64 and uniforms.numel() == count and uniforms.is_contiguous(),
-                "sample_rows: rows int64 [R], temperature float32 [R], uniforms float64 [R]")
         _same_device(logits, rows, temperature, uniforms)
         out = torch.empty(count, dtype=torch.int64, device=logits.device)
         if count:
@@ -113,13 +110,7 @@ class TritonSampleOps:
         float32 [R] > 0 (decide on logits / T, mask the raw logits)."""
         require(logits.dim() == 2 and logits.is_contiguous() and logits.dtype in FLOAT_DTYPES,
                 "top_p_rows takes contiguous 2-D float32 or bfloat16 logits")
-        require(rows.dim() == 1 and rows.dtype == torch.int64 and top_p.dim() == 1 and top_p.dtype == torch.float32
-                and top_p.shape[0] == rows.shape[0], "top_p_rows takes int64 rows [R] and float32 top_p [R]")
-        rows, top_p = rows.contiguous(), top_p.contiguous()
-        if temperature is not None:
-            temperature = temperature.contiguous()
-            require(temperature.dim() == 1 and temperature.dtype == torch.float32
-                    and temperature.shape[0] == rows.shape[0], "top_p_rows takes float32 temperature [R]")
+        rows, top_p, temperature = top_p_args(rows, top_p, temperature)
         _same_device(logits, rows, top_p, *([] if temperature is None else [temperature]))
         if rows.numel():
             _kernels().top_p_kernel[(rows.numel(),)](logits, rows, top_p, top_p if temperature is None else temperature,
