@@ -307,7 +307,7 @@ def quant(device, dry_run: bool, env: dict) -> dict:
     packed = pack(weight)
     dense = weight.dequantize().to(device, torch.bfloat16)
     int4_bytes = packed.codes.numel() + packed.scales.numel() * 4
-    reps = 2 if dry_run else 50
+    reps = 1 if dry_run else 50
     for rows in (1, 64):
         xs = torch.randn(rows, k, generator=gen).to(device, torch.bfloat16)
         ms = timed_ms(device, lambda: ops.linear(xs, packed, None), reps)
@@ -359,7 +359,8 @@ def moe(device, dry_run: bool, env: dict) -> dict:
                     weight = quantize_mxfp4(getattr(expert, part).weight.detach().float())
                     setattr(expert, part, QuantizedLinear(weight, None, None, triton=ops))
         block.triton_moe = TritonMoe()
-        x = torch.randn(64, arch.hidden_size, device=device).to(torch.bfloat16)
+        batch = 16 if dry_run else 64
+        x = torch.randn(batch, arch.hidden_size, device=device).to(torch.bfloat16)
         with torch.inference_mode():
             got, want = block(x), block.torch_forward(x)
             steps = float(((got.float() - want.float()).abs() / (want.float().abs() * 2**-7 + 1e-3)).max())
@@ -369,8 +370,8 @@ def moe(device, dry_run: bool, env: dict) -> dict:
                 [block.experts[0].gate_up_proj.weight, block.experts[0].down_proj.weight] if not mxfp4 else
                 [getattr(block.experts[0], p).triton_weight.codes for p in ("gate_up_proj", "down_proj")]
                 + [getattr(block.experts[0], p).triton_weight.scales for p in ("gate_up_proj", "down_proj")]))
-            reps = 2 if dry_run else 30
-            for tokens in (1, 64):
+            reps = 1 if dry_run else 30
+            for tokens in (1, batch):
                 xs = x[:tokens]
                 ids = block._route(xs)[1]
                 touched = int(torch.unique(ids).numel())
