@@ -242,6 +242,19 @@ def sequential_block_tables(lengths: list[int], block_size: int, start: int = 0,
     return tables
 
 
+def quantized_weight(kind: str, n: int, k: int, seed: int = 0):
+    """A random N(0, 1) [n, k] weight (``seed``) as ``kind``: int8, int4-symmetric or
+    int4-zero-points (groups of 32), or mxfp4: the quantized-kernel tests' weights."""
+    from kvserve.model.quant_tensor import quantize_int4, quantize_int8, quantize_mxfp4
+
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    if kind == "int8":
+        return quantize_int8(w)
+    if kind == "mxfp4":
+        return quantize_mxfp4(w)
+    return quantize_int4(w, 32, symmetric=kind == "int4-symmetric")
+
+
 def code_values(qt) -> torch.Tensor:
     """float64 [N, K]: the numbers the kernels multiply by (q; q - 8 for symmetric int4; MXFP4's
     doubled E2M1 values, written out here from the format: 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2)."""

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_fixtures import code_values
+from model_fixtures import code_values, quantized_weight as quantized
 
 from kvserve.kernels import cpu_kernels, cpu_kernels_available
 from kvserve.model.invariant_linear import pack_amx_weight
 from kvserve.model.quant_linear import QuantizedLinear, quantize_weight
-from kvserve.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8, quantize_mxfp4
+from kvserve.model.quant_tensor import QuantizedTensor, quantize_int8
 
 pytestmark = pytest.mark.skipif(
     not cpu_kernels_available() or not cpu_kernels().amx_linear_available(),
@@ -75,15 +75,6 @@ def tile_sequence(x: torch.Tensor, qt: QuantizedTensor, bias: torch.Tensor | Non
     if bias is not None:
         acc = f32(acc + bias.double())
     return acc.float().to(torch.bfloat16)
-
-
-def quantized(kind: str, n: int, k: int, seed: int) -> QuantizedTensor:
-    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
-    if kind == "int8":
-        return quantize_int8(w)
-    if kind == "mxfp4":
-        return quantize_mxfp4(w)
-    return quantize_int4(w, 32, symmetric=kind == "int4-symmetric")
 
 
 @pytest.mark.parametrize("k", [32, 96, 256])

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_fixtures import quantized_weight as quantized
 
 from kvserve.model.quant_linear import QuantizedLinear
-from kvserve.model.quant_tensor import quantize_int4, quantize_int8, quantize_mxfp4
 
 pytest.importorskip("triton")
 
@@ -20,15 +20,6 @@ KINDS = ["int8", "int4-symmetric", "int4-zero-points", "mxfp4"]
 # (K, N): K/2 below one step of packed rows; groups across the low/high halves' boundary (K/2 = 80
 # with groups of 32); several steps (K = 320: 160 packed rows) and N past one 64-column block.
 SHAPES = [(64, 24), (160, 70), (320, 130)]
-
-
-def quantized(kind: str, n: int, k: int, seed: int = 0):
-    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
-    if kind == "int8":
-        return quantize_int8(w)
-    if kind == "mxfp4":
-        return quantize_mxfp4(w)
-    return quantize_int4(w, 32, symmetric=kind == "int4-symmetric")
 
 
 def inputs(m: int, k: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:

@@ -28,6 +28,15 @@ def top_p_args(rows: torch.Tensor, top_p: torch.Tensor, temperature: torch.Tenso
     return rows.contiguous(), top_p.contiguous(), temperature
 
 
+def check_bitmask_args(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """``apply_token_bitmask``'s arguments (this wrapper's and its Triton twin's)."""
+    require(logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1,
+            "logits must be float32 [N, V] with contiguous rows")
+    require(bitmask.dim() == 2 and bitmask.dtype == torch.int32 and bitmask.is_contiguous(),
+            "bitmask must be contiguous int32 [N, W]")
+    require(rows.dim() == 1 and rows.dtype == torch.int64, "rows must be int64 [M]")
+
+
 class SampleOps:
     """The sampling kernels' wrappers."""
 
@@ -65,11 +74,7 @@ class SampleOps:
 
     def apply_token_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
         """logits[r, t] = -inf where bitmask[r] (int32 [N, W]) bans token t, for each r in rows (int64)."""
-        require(logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1,
-                "logits must be float32 [N, V] with contiguous rows")
-        require(bitmask.dim() == 2 and bitmask.dtype == torch.int32 and bitmask.is_contiguous(),
-                "bitmask must be contiguous int32 [N, W]")
-        require(rows.dim() == 1 and rows.dtype == torch.int64, "rows must be int64 [M]")
+        check_bitmask_args(logits, bitmask, rows)
         rows = index_tensor(rows)
         self._lib.call("kvserve_apply_token_bitmask", ptr(logits), logits.shape[0], logits.shape[1], logits.stride(0),
                        ptr(bitmask), bitmask.shape[0], bitmask.shape[1], ptr(rows), rows.numel())

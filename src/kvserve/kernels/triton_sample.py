@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from kvserve.kernels import kernels_for
-from kvserve.kernels.ops_sample import SampleOps, check_sample_args, top_p_args
+from kvserve.kernels.ops_sample import SampleOps, check_bitmask_args, check_sample_args, top_p_args
 from kvserve.kernels.tensors import FLOAT_DTYPES, require
 from kvserve.kernels.triton_support import triton_available
 
@@ -119,11 +119,7 @@ class TritonSampleOps:
 
     def apply_token_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
         """logits[r, t] = -inf where bitmask[r] (int32 [N, W]) bans token t, for each r in rows (int64)."""
-        require(logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1,
-                "logits must be float32 [N, V] with contiguous rows")
-        require(bitmask.dim() == 2 and bitmask.dtype == torch.int32 and bitmask.is_contiguous(),
-                "bitmask must be contiguous int32 [N, W]")
-        require(rows.dim() == 1 and rows.dtype == torch.int64, "rows must be int64 [M]")
+        check_bitmask_args(logits, bitmask, rows)
         rows = rows.contiguous()
         _same_device(logits, bitmask, rows)
         if rows.numel() and logits.shape[1]:
