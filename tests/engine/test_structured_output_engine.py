@@ -77,7 +77,7 @@ def test_every_finished_output_satisfies_its_constraint(llm, case):
                             skip_special_tokens=True)
     outputs = llm.generate(["Tell me something"], params)[0].outputs
     finished = [o.text for o in outputs if o.finish_reason == "stop"]
-    assert len(finished) >= 5, f"only {len(finished)} of 50 {case} outputs finished within 64 tokens"
+    assert len(finished) >= 45, f"only {len(finished)} of 50 {case} outputs finished within 64 tokens"
     bad = [text for text in finished if not valid(text)]
     assert not bad, f"{case} outputs that break the constraint: {bad[:3]}"
     assert_kv_clean(llm)

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from kvserve.structured_output import StructuredOutputsParams
-from kvserve.structured_output.closing import closing_alphabet, closing_plan
+from kvserve.structured_output.closing import SLACK, CLOSING_CHARACTERS, closing_alphabet, closing_plan, closing_token
 
 BOOK = {"type": "object", "properties": {
     "title": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
@@ -22,13 +22,22 @@ PREFIXES = ['{"title": "a long title that goes on and on', '{"title": "t", "tags
             '{\n  "title": "t",\n  "tags": ["a"],\n  "meta": {"pages": 12']
 
 
-@pytest.mark.parametrize("kind", ["bpe", "tekken"])
+def tokens_inside_a_text(tokenizer, text: str) -> list[int]:
+    """``text``'s tokens as a model writes them after other text (SentencePiece puts a space
+    before a text's first word when it encodes the text alone)."""
+    anchor = tokenizer.encode("x", add_special_tokens=False)
+    ids = tokenizer.encode("x" + text, add_special_tokens=False)
+    assert ids[:len(anchor)] == anchor and tokenizer.decode(ids) == "x" + text
+    return ids[len(anchor):]
+
+
+@pytest.mark.parametrize("kind", ["bpe", "sentencepiece", "tekken"])
 @pytest.mark.parametrize("name", ["xgrammar", "guidance"])
 @pytest.mark.parametrize("prefix", PREFIXES)
 def test_plans_finish_valid_json(backend_for, kind, name, prefix):
     backend = backend_for(kind, name)
     grammar = backend.compile(StructuredOutputsParams(json=BOOK)).new_grammar()
-    ids = backend.tokenizer.encode(prefix, add_special_tokens=False)
+    ids = tokens_inside_a_text(backend.tokenizer, prefix)
     assert grammar.accept_tokens(ids), prefix
     alphabet = closing_alphabet(backend.tokenizer)
     plan = closing_plan(grammar, alphabet, backend.stop_token_ids)
@@ -53,8 +62,27 @@ def test_the_shortest_way_is_found_when_it_is_short(backend_for, name):
         assert tokenizer.decode(plan[:-1]) == rest
 
 
-def test_the_alphabet_is_single_character_tokens(backend_for):
-    tokenizer = backend_for("bpe", "xgrammar").tokenizer
+@pytest.mark.parametrize("kind", ["bpe", "sentencepiece", "tekken"])
+def test_the_alphabet_is_single_character_tokens(backend_for, kind):
+    """Each token writes its character and nothing else after other text: SentencePiece encodes
+    ``"}"`` alone as ``"▁}"`` (a space and the brace after other text), which is not taken."""
+    tokenizer = backend_for(kind, "xgrammar").tokenizer
     alphabet = closing_alphabet(tokenizer)
-    assert [tokenizer.decode([t]) for t in alphabet[:6]] == ['"', "}", "]", ",", ":", "0"]
-    assert all(len(tokenizer.decode([t])) == 1 for t in alphabet)
+    anchor = tokenizer.encode("x", add_special_tokens=False)
+    written = [tokenizer.decode([*anchor, t])[len(tokenizer.decode(anchor)):] for t in alphabet]
+    assert "".join(written) == CLOSING_CHARACTERS  # every character, in order, one token each
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_the_closing_token_comes_once_the_budget_needs_the_plan(backend_for, prefix):
+    """``closing_token`` gives the plan's first token exactly when no more than its length plus
+    ``SLACK`` tokens remain, and None before; the matcher is left as it was."""
+    backend = backend_for("bpe", "xgrammar")
+    grammar = backend.compile(StructuredOutputsParams(json=BOOK)).new_grammar()
+    ids = backend.tokenizer.encode(prefix, add_special_tokens=False)
+    assert grammar.accept_tokens(ids)
+    alphabet = closing_alphabet(backend.tokenizer)
+    plan = closing_plan(grammar, alphabet, backend.stop_token_ids)
+    tokens = [closing_token(grammar, alphabet, backend.stop_token_ids, remaining) for remaining in range(1, 65)]
+    assert tokens == [plan[0] if remaining <= len(plan) + SLACK else None for remaining in range(1, 65)]
+    assert grammar.num_processed_tokens == len(ids) and not grammar.is_terminated()

@@ -4,8 +4,8 @@ steered to the shortest way out of its grammar, so a weak model that writes a st
 No peer does this: vLLM, SGLang and llama.cpp return the truncated text (``length``).
 
 When ``remaining`` tokens (``max_tokens`` minus the output so far) drop to ``LOOKAHEAD``, the
-logits processor asks :func:`closing_plan` for a short token sequence after which the grammar
-accepts its stop token; once ``remaining <= len(plan) + SLACK`` (the plan ends with the stop
+logits processor asks :func:`closing_token` for the next token of a short token sequence after
+which the grammar accepts its stop token; once ``remaining <= len(plan) + SLACK`` (the plan ends with the stop
 token), the row is masked to the plan's next token. ``SLACK`` covers steps where no plan exists
 (the model stopped inside a multi-byte character, which the single-character alphabet cannot
 finish) and the model's own step before the plan starts. Before that the model writes freely, so an output that
@@ -20,6 +20,10 @@ request's own matcher, accepting and rolling back, so every plan is one the gram
 2. else a depth-first walk over the whole alphabet, structural characters first, up to
    ``MAX_DEPTH`` tokens and ``MAX_STEPS`` accept attempts (a missing required key is spelled
    character by character).
+
+Each step of a row in its last ``LOOKAHEAD`` tokens asks :func:`closing_token`, which runs the
+cheap depth-first walk first and the deepening only once the budget is that walk's length plus
+``SLACK`` or less.
 
 No plan (a grammar the alphabet cannot finish, or one too deep): the model goes on as before.
 """
@@ -43,27 +47,74 @@ SLACK = 6  # tokens of the budget a plan starts before it must
 
 def closing_alphabet(tokenizer: Any) -> tuple[int, ...]:
     """The token ids of ``CLOSING_CHARACTERS`` that the tokenizer spells with one token, in that
-    order (characters it does not are left out)."""
+    order (characters it does not are left out).
+
+    A token counts when it adds exactly its character after other text (``decode([a, token])``
+    is ``decode([a])`` plus the character): a SentencePiece tokenizer encodes ``"}"`` alone as
+    ``"▁}"``, which decodes to ``"}"`` at the start of a text but writes ``" }"`` anywhere else.
+    """
+    anchor = tokenizer.encode("a", add_special_tokens=False)
+    anchor_text = tokenizer.decode(anchor)
     ids: list[int] = []
     for char in CLOSING_CHARACTERS:
-        encoded = tokenizer.encode(char, add_special_tokens=False)
-        if len(encoded) == 1 and encoded[0] not in ids and tokenizer.decode(encoded) == char:
-            ids.append(encoded[0])
+        for token in _candidates(tokenizer, char, anchor):
+            if token not in ids and tokenizer.decode([*anchor, token]) == anchor_text + char:
+                ids.append(token)
+                break
     return tuple(ids)
+
+
+def _candidates(tokenizer: Any, char: str, anchor: list[int]) -> list[int]:
+    """Token ids that may spell ``char`` alone: its encoding when that is one token, the
+    vocabulary entry named ``char``, and the token ``char`` adds after the anchor."""
+    found = []
+    encoded = tokenizer.encode(char, add_special_tokens=False)
+    if len(encoded) == 1:
+        found.append(encoded[0])
+    named = tokenizer.convert_tokens_to_ids(char)
+    if isinstance(named, int):
+        found.append(named)
+    after = tokenizer.encode("a" + char, add_special_tokens=False)
+    if len(after) == len(anchor) + 1 and after[:-1] == anchor:
+        found.append(after[-1])
+    return found
 
 
 def closing_plan(matcher: StructuredOutputGrammar, alphabet: Sequence[int],
                  stop_token_ids: Sequence[int]) -> list[int] | None:
-    """Tokens after which ``matcher`` accepts a stop token, that stop token last; None when no
-    such path is found. The matcher is left as it was."""
+    """Tokens after which ``matcher`` accepts a stop token, that stop token last: the shortest
+    over the structural characters, else the first depth-first path; None when no such path is
+    found. The matcher is left as it was."""
+    return _shortest_plan(matcher, alphabet, stop_token_ids) or _any_plan(matcher, alphabet, stop_token_ids)
+
+
+def closing_token(matcher: StructuredOutputGrammar, alphabet: Sequence[int], stop_token_ids: Sequence[int],
+                  remaining: int) -> int | None:
+    """The next token of :func:`closing_plan` once no more than its length plus ``SLACK`` tokens
+    are ``remaining``; else None. The depth-first path comes first (a few steps where a way out
+    exists): while even it leaves room, the shortest is not looked for, since it is shorter still
+    (the iterative deepening explores every string of up to ``SHORT_DEPTH`` structural characters,
+    about 1,500 matcher steps inside a string)."""
+    found = _any_plan(matcher, alphabet, stop_token_ids)
+    if found is None or remaining > len(found) + SLACK:
+        return None
+    plan = _shortest_plan(matcher, alphabet, stop_token_ids) or found
+    return plan[0] if remaining <= len(plan) + SLACK else None
+
+
+def _shortest_plan(matcher: StructuredOutputGrammar, alphabet: Sequence[int],
+                   stop_token_ids: Sequence[int]) -> list[int] | None:
     search = _Search(matcher, stop_token_ids)
     for depth in range(SHORT_DEPTH + 1):
         if search.deepening(list(alphabet[:SHORT]), depth):
             return search.done()
-    search.steps = 0
-    if search.depth_first(list(alphabet), MAX_DEPTH):
-        return search.done()
     return None
+
+
+def _any_plan(matcher: StructuredOutputGrammar, alphabet: Sequence[int],
+              stop_token_ids: Sequence[int]) -> list[int] | None:
+    search = _Search(matcher, stop_token_ids)
+    return search.done() if search.depth_first(list(alphabet), MAX_DEPTH) else None
 
 
 class _Search:

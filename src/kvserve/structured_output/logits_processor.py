@@ -34,7 +34,7 @@ from kvserve.kernels.triton_sample import sample_ops_for
 from kvserve.sample.logits_processor import LogitsProcessor, RequestView, RowStateLogitsProcessor, sampling_rows
 from kvserve.structured_output.backend import StructuredOutputGrammar
 from kvserve.structured_output.bitmask import apply_token_bitmask_, bitmask_width
-from kvserve.structured_output.closing import LOOKAHEAD, SLACK, closing_plan
+from kvserve.structured_output.closing import LOOKAHEAD, closing_token
 
 
 class GrammarViolation(RuntimeError):
@@ -106,17 +106,13 @@ class GrammarLogitsProcessor(RowStateLogitsProcessor):
 
     @staticmethod
     def _closing_token(state: _Row) -> int | None:
-        """The next token of the shortest way out of the grammar (its plan ends with the stop
-        token), once no more than the plan's length plus ``SLACK`` tokens are left of
-        ``max_tokens``; else None."""
+        """The next token of the way out of the grammar once the rest of ``max_tokens`` needs it
+        (``closing.closing_token``); else None."""
         remaining = state.max_tokens - len(state.output_token_ids)
         if (not state.closing_alphabet or not state.ends_at_eos or remaining > LOOKAHEAD
                 or len(state.output_token_ids) < state.min_tokens):
             return None
-        plan = closing_plan(state.matcher, state.closing_alphabet, state.stop_token_ids)
-        if plan is None or remaining > len(plan) + SLACK:
-            return None
-        return plan[0]
+        return closing_token(state.matcher, state.closing_alphabet, state.stop_token_ids, remaining)
 
     @staticmethod
     def _catch_up(state: _Row) -> bool:
