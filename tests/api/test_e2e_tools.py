@@ -25,6 +25,8 @@ from kvserve.testing.tool_checkpoint import build_tool_checkpoint
 from kvserve.tokenizer import apply_chat_template
 from transformers import AutoTokenizer
 
+pytestmark = pytest.mark.slow
+
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "enum": ["Paris", "Rome", "Tokyo"]},
     "days": {"type": "integer", "minimum": 1, "maximum": 7},

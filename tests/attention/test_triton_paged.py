@@ -15,6 +15,8 @@ from kvserve.attention import TorchAttentionBackend, get_attention_backend
 from kvserve.attention.triton_paged import TritonPagedAttentionBackend
 from kvserve.errors import ConfigError
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("window", [None, 3])
 def test_mixed_steps_match_dense_and_write_the_cache_as_the_reference(window):

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 REQUESTS, OUTPUT_LEN = 6, 8
 # About a minute on a quiet machine (two `kvserve serve` starts: the first and the restart). The
 # limits leave room for a machine whose kernels are being rebuilt by a parallel install.
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow]
 
 
 def tiny_spec(port: int, other_url: str) -> str:

@@ -27,6 +27,8 @@ from kvserve.errors import ConfigError
 from kvserve.model.arch_config import ModelArchConfig
 from tp_workload import COMMON, PROMPTS, greedy
 
+pytestmark = pytest.mark.slow
+
 GREEDY = greedy(64)
 
 

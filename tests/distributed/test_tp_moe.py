@@ -23,6 +23,8 @@ from kvserve.model.quant_linear import QuantizedLinear
 from kvserve.testing.checkpoints import store_experts_as_mxfp4
 from tp_workload import COMMON, PROMPTS, greedy
 
+pytestmark = pytest.mark.slow
+
 # Qwen2-MoE: 6 experts, a shared expert (48 wide) behind its gate, layer 1 dense; Qwen3-MoE: top 3
 # of 8; Mixtral: top 2 of 4 with a sliding window; GPT-OSS: top 2 of 4 with biases, sinks and a
 # window smaller than the prompts, its experts in one tensor per layer in MXFP4 (float32 ones:

@@ -17,6 +17,8 @@ from kvserve import SamplingParams
 from kvserve.engine.llm import LLM
 from kvserve.testing.live_server import free_port
 
+pytestmark = pytest.mark.slow
+
 ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "256", "--num-gpu-blocks-override", "64", "--seed", "0"]
 PROMPT = [5, 17, 29, 41, 53, 65, 77]
 CLI = "import sys; from kvserve.cli import main; sys.exit(main(sys.argv[1:]))"

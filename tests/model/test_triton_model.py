@@ -15,6 +15,8 @@ from kvserve.model.loader import load_model
 from kvserve.model.runner import ModelRunner
 
 pytest.importorskip("triton")
+
+pytestmark = pytest.mark.slow
 PROMPTS = [[(7 * i + 3) % 256 for i in range(19)], [(11 * i + 5) % 256 for i in range(7)], [42]]
 
 

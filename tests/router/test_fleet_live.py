@@ -103,7 +103,8 @@ def _bench(base: str, seed: int, folder: Path) -> dict:
     command = [sys.executable, "-m", "kvserve.cli", "bench", "serve", "--base-url", base, "--model", MODEL,
                "--dataset-name", "shared-prefix", "--num-groups", "8", "--prompts-per-group", "4",
                "--system-prompt-len", "160", "--question-len", "32", "--output-len", "4", "--ignore-eos",
-               "--max-concurrency", "8", "--seed", str(seed), "--result-file", str(result), "--disable-tqdm"]
+               "--max-concurrency", "8", "--seed", str(seed), "--result-file", str(result), "--disable-tqdm",
+               "--no-roofline"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.exists(), run.stdout[-2000:] + run.stderr[-2000:]
     return json.loads(result.read_text())
