@@ -42,15 +42,6 @@ import torch  # noqa: E402
 from kvserve.testing.checkpoints import build_checkpoint  # noqa: E402
 
 
-def pytest_collection_modifyitems(items):
-    """Files with a slow test first, each file's tests together, otherwise in collection order:
-    pytest-xdist's loadfile hands out files in this order (``--no-loadscope-reorder``,
-    pyproject.toml), so the long files start early and the short ones fill both workers at the
-    end, instead of a long file starting last on one worker while the other idles."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each part stays
-
-
 @pytest.fixture
 def one_torch_thread():
     """The test on one torch thread, restored after it: tiny models and tensors run fastest so;
