@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from dataclasses import dataclass
 
@@ -86,6 +87,17 @@ def worker_main(spec: WorkerSpec) -> None:
         sys.exit(1)
     finally:
         worker.communicator.close()
+    _exit_without_teardown()
+
+
+def _exit_without_teardown() -> None:
+    """End the process now, status 0, without the interpreter's teardown: freeing torch's modules
+    and the model's tensors one by one took 1.3 s of every shutdown on a 2-core host, and a rank
+    holds nothing that needs it (its groups are closed, memory and sockets go with the process)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class TensorParallelWorker:
