@@ -91,10 +91,10 @@ def closing_plan(matcher: StructuredOutputGrammar, alphabet: Sequence[int],
 def closing_token(matcher: StructuredOutputGrammar, alphabet: Sequence[int], stop_token_ids: Sequence[int],
                   remaining: int) -> int | None:
     """The next token of :func:`closing_plan` once no more than its length plus ``SLACK`` tokens
-    are ``remaining``; else None. The depth-first path comes first (a few steps where a way out
-    exists): while even it leaves room, the shortest is not looked for, since it is shorter still
-    (the iterative deepening explores every string of up to ``SHORT_DEPTH`` structural characters,
-    about 1,500 matcher steps inside a string)."""
+    are ``remaining``; else None. The depth-first path comes first (a few matcher steps where a way
+    out exists): while even it leaves room, the budget needs no plan yet, and the iterative
+    deepening (every string of up to ``SHORT_DEPTH`` structural characters, about 1,500 matcher
+    steps inside a string) is not run."""
     found = _any_plan(matcher, alphabet, stop_token_ids)
     if found is None or remaining > len(found) + SLACK:
         return None
