@@ -123,14 +123,14 @@ def environment(device, dry_run: bool) -> dict:
     return facts
 
 
-def attention(device) -> dict:
+def attention(device, dry_run: bool) -> dict:
     import torch
 
     from kvserve.attention import TorchAttentionBackend
     from kvserve.attention.triton_paged import TritonPagedAttentionBackend
     from kvserve.testing.attention import paged_metadata
 
-    block, heads, kv_heads, dim = 16, 8, 2, 64
+    block, heads, kv_heads, dim = (16, 4, 2, 32) if dry_run else (16, 8, 2, 64)
     computed, new = [0, 40, 17], [23, 1, 5]
     tables = [[3, 9], [1, 4, 7, 12], [2, 5]]
 
@@ -503,7 +503,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         section(results, "environment")(lambda: environment(device, args.dry_run))
-        section(results, "attention")(lambda: attention(device))
+        section(results, "attention")(lambda: attention(device, args.dry_run))
         section(results, "elementwise")(lambda: elementwise(device, args.dry_run))
         section(results, "sampler")(lambda: sampler(device, args.dry_run))
         section(results, "quant")(lambda: quant(device, args.dry_run, results["environment"]))

@@ -76,10 +76,11 @@ def tiny_gemma3(checkpoint_factory):
 
 
 @pytest.mark.parametrize("fixture, tp, quantization", [
-    ("tiny_llama", 2, None), ("tiny_qwen2", 2, None), ("tiny_qwen3", 2, None), ("tiny_llama_kv1", 2, None),
+    ("tiny_qwen2", 2, None), ("tiny_qwen3", 2, None), ("tiny_llama_kv1", 2, None),
     ("tiny_qwen2_six_heads", 3, None), ("tiny_llama", 2, "int4"), ("tiny_gemma3", 2, None)])
 def test_tp_logits_and_greedy_tokens_match_tp1(request, fixture, tp, quantization):
-    """int4: each rank quantizes its slices; its groups of 32 inputs are the whole model's."""
+    """int4: each rank quantizes its slices; its groups of 32 inputs are the whole model's. (Llama
+    in float32: test_tp2_prefix_caching_and_preemption.)"""
     model_dir = request.getfixturevalue(fixture)
     reference = make(model_dir, 1, quantization=quantization)
     want_logits, want_tokens = forward_logits(reference), greedy(reference)
@@ -114,14 +115,16 @@ def test_tp2_bfloat16_sums_in_float32_and_stays_close(tiny_llama):
 
 
 def test_tp2_prefix_caching_and_preemption(tiny_llama):
-    """12 blocks of 16 tokens cannot hold the three prompts' 64-token continuations at once: the
-    scheduler preempts and recomputes, and the shared 16-token prefix hits the cache."""
+    """The runner's logits as TP 1's (as test_tp_logits_and_greedy_tokens_match_tp1 for the other
+    families); then 12 blocks of 16 tokens cannot hold the three prompts' 64-token continuations at
+    once: the scheduler preempts and recomputes, and the shared 16-token prefix hits the cache."""
     prefix = list(range(40, 56))
     prompts = [prefix + [7, 8, 9], prefix + [300, 301], prefix + [9, 99, 199, 299]]
     reference = make(tiny_llama, 1, num_gpu_blocks_override=12)
-    want = greedy(reference, prompts)
+    want_logits, want = forward_logits(reference), greedy(reference, prompts)
     sharded = make(tiny_llama, 2, num_gpu_blocks_override=12)
     try:
+        got_logits = forward_logits(sharded)
         batched = greedy(sharded, prompts)
         stats = sharded.llm_engine.core.make_stats()
         alone = [greedy(sharded, [p])[0] for p in prompts]
@@ -130,7 +133,9 @@ def test_tp2_prefix_caching_and_preemption(tiny_llama):
         sharded.shutdown()
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
     assert batched == alone  # the same bits, batched and preempted or alone
-    assert [ids for ids, _ in batched] == [ids for ids, _ in want]
+    assert all(relative_error(g, w) < 1e-5 for g, w in zip(got_logits, want_logits, strict=True))
+    for (got_ids, got_lps), (want_ids, want_lps) in zip(batched, want, strict=True):
+        assert got_ids == want_ids and got_lps == pytest.approx(want_lps, rel=1e-5, abs=1e-5)
 
 
 def test_shards_hold_their_rows_only(tiny_llama_kv1):
