@@ -20,6 +20,7 @@ import pytest
 from fleet_helpers import MODEL, RouterProcess, WorkerProcess, free_port, healthy, wait_for
 
 from kvserve.api.tokenization import tokenize_prompt
+from kvserve.bench.cli import main as bench_main
 from kvserve.builtin import builtin_model_path
 from kvserve.kv_events.subscriber import KVEventSubscriber, WorkerBlockIndex
 from kvserve.router.prefix import request_block_hashes
@@ -99,14 +100,12 @@ def test_live_worker_events_match_the_routers_hashes_and_replay(fleet):
 
 
 def _bench(base: str, seed: int, folder: Path) -> dict:
+    """``kvserve bench serve``'s shared-prefix run, in this process (its imports are loaded here)."""
     result = folder / f"bench-{seed}-{free_port()}.json"
-    command = [sys.executable, "-m", "kvserve.cli", "bench", "serve", "--base-url", base, "--model", MODEL,
-               "--dataset-name", "shared-prefix", "--num-groups", "8", "--prompts-per-group", "4",
-               "--system-prompt-len", "160", "--question-len", "32", "--output-len", "4", "--ignore-eos",
-               "--max-concurrency", "8", "--seed", str(seed), "--result-file", str(result), "--disable-tqdm",
-               "--no-roofline"]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert result.exists(), run.stdout[-2000:] + run.stderr[-2000:]
+    bench_main(["bench", "serve", "--base-url", base, "--model", MODEL, "--dataset-name", "shared-prefix",
+                "--num-groups", "8", "--prompts-per-group", "4", "--system-prompt-len", "160", "--question-len", "32",
+                "--output-len", "4", "--ignore-eos", "--max-concurrency", "8", "--seed", str(seed),
+                "--result-file", str(result), "--disable-tqdm", "--no-roofline"])
     return json.loads(result.read_text())
 
 
