@@ -17,7 +17,7 @@ from kvserve.model.runner import ModelRunner
 pytest.importorskip("triton")
 
 pytestmark = pytest.mark.slow
-PROMPTS = [[(7 * i + 3) % 256 for i in range(19)], [(11 * i + 5) % 256 for i in range(7)], [42]]
+PROMPTS = [[(7 * i + 3) % 256 for i in range(12)], [(11 * i + 5) % 256 for i in range(5)], [42]]
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-4), ("bfloat16", 3e-2)])
