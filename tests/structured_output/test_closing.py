@@ -79,7 +79,7 @@ def test_the_closing_token_comes_once_the_budget_needs_the_plan(backend_for, pre
     ``SLACK`` tokens remain, and None before; the matcher is left as it was."""
     backend = backend_for("bpe", "xgrammar")
     grammar = backend.compile(StructuredOutputsParams(json=BOOK)).new_grammar()
-    ids = backend.tokenizer.encode(prefix, add_special_tokens=False)
+    ids = tokens_inside_a_text(backend.tokenizer, prefix)
     assert grammar.accept_tokens(ids)
     alphabet = closing_alphabet(backend.tokenizer)
     plan = closing_plan(grammar, alphabet, backend.stop_token_ids)

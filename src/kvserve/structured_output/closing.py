@@ -43,6 +43,7 @@ MAX_DEPTH = 64
 MAX_STEPS = 4000
 LOOKAHEAD = 64  # plans are looked for from this many remaining tokens on
 SLACK = 6  # tokens of the budget a plan starts before it must
+_ANCHOR = "a"  # text the alphabet's tokens are decoded after
 
 
 def closing_alphabet(tokenizer: Any) -> tuple[int, ...]:
@@ -53,7 +54,7 @@ def closing_alphabet(tokenizer: Any) -> tuple[int, ...]:
     is ``decode([a])`` plus the character): a SentencePiece tokenizer encodes ``"}"`` alone as
     ``"▁}"``, which decodes to ``"}"`` at the start of a text but writes ``" }"`` anywhere else.
     """
-    anchor = tokenizer.encode("a", add_special_tokens=False)
+    anchor = tokenizer.encode(_ANCHOR, add_special_tokens=False)
     anchor_text = tokenizer.decode(anchor)
     ids: list[int] = []
     for char in CLOSING_CHARACTERS:
@@ -74,7 +75,7 @@ def _candidates(tokenizer: Any, char: str, anchor: list[int]) -> list[int]:
     named = tokenizer.convert_tokens_to_ids(char)
     if isinstance(named, int):
         found.append(named)
-    after = tokenizer.encode("a" + char, add_special_tokens=False)
+    after = tokenizer.encode(_ANCHOR + char, add_special_tokens=False)
     if len(after) == len(anchor) + 1 and after[:-1] == anchor:
         found.append(after[-1])
     return found
