@@ -32,6 +32,7 @@ from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.encoder_attention import encoder_attention
 from kvserve.model.layers import MergedLinear
+from kvserve.model.meta_init import embedding
 
 # Encoder activations by config.json's name (transformers' ACT2FN): exact GELU, its tanh form, ReLU.
 ENCODER_ACTIVATIONS = {
@@ -50,9 +51,9 @@ class BertEmbeddings(nn.Module):
     def __init__(self, arch: ModelArchConfig, position_offset: int = 0):
         super().__init__()
         raw = arch.raw
-        self.word_embeddings = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.position_embeddings = nn.Embedding(int(raw["max_position_embeddings"]), arch.hidden_size)
-        self.token_type_embeddings = nn.Embedding(int(raw.get("type_vocab_size", 2)), arch.hidden_size)
+        self.word_embeddings = embedding(arch.vocab_size, arch.hidden_size)
+        self.position_embeddings = embedding(int(raw["max_position_embeddings"]), arch.hidden_size)
+        self.token_type_embeddings = embedding(int(raw.get("type_vocab_size", 2)), arch.hidden_size)
         self.LayerNorm = nn.LayerNorm(arch.hidden_size, eps=float(raw.get("layer_norm_eps", 1e-12)))
         self.position_offset = position_offset
 

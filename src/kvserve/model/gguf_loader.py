@@ -36,6 +36,7 @@ from kvserve.model.gguf_names import PERMUTED_ARCHITECTURES, gguf_name, llama_ro
 from kvserve.model.gguf_tensors import block_size, read_tensor
 from kvserve.model.kernel_layer import bind_kernels
 from kvserve.model.layers import MergedLinear
+from kvserve.model.meta_init import materialize
 from kvserve.model.quant_linear import QuantizedLinear
 from kvserve.model.quant_tensor import QuantizedTensor
 from kvserve.model.registry import get_model_class
@@ -79,7 +80,7 @@ def load_gguf_model(gguf: GGUFFile, dtype: torch.dtype, device: torch.device | s
             from kvserve.distributed.layers import parallelize
 
             parallelize(model, shard, communicator)
-    model = model.to(dtype=dtype).to_empty(device=device)
+    model = materialize(model.to(dtype=dtype), device)
     bind_kernels(model, device, triton=backend.name == "triton")
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -21,6 +21,7 @@ from kvserve.attention.backend import AttentionBackend, AttentionMetadata
 from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.kernel_layer import KernelLayer
 from kvserve.model.layers import ACTIVATIONS, MergedLinear, RMSNorm, RotaryEmbedding
+from kvserve.model.meta_init import embedding
 from kvserve.model.moe import SparseMoeBlock
 
 
@@ -223,7 +224,7 @@ class LlamaModel(nn.Module):
                  model_options: ModelOptions = ModelOptions()):
         super().__init__()
         layer_class = layer_class or LlamaDecoderLayer
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.embed_tokens = embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(
             layer_class(arch, i, backend, options, build_mlp(arch, i), model_options.residual_multiplier)
             for i in range(arch.num_hidden_layers)

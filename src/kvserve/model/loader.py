@@ -40,6 +40,7 @@ from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.gguf_file import find_gguf, open_gguf
 from kvserve.model.kernel_layer import bind_kernels
 from kvserve.model.layers import MergedLinear
+from kvserve.model.meta_init import materialize
 from kvserve.model.prequantized import (PACKED_TENSORS, drop_float_weights, install_quantized_linears,
                                         plan_mxfp4_linears, plan_quantized_linears)
 from kvserve.model.quant_linear import quantize_linears
@@ -256,13 +257,13 @@ def load_model(
     else:
         plan = plan_mxfp4_linears(model, names) if spec.method == "mxfp4" else plan_quantized_linears(model, names, spec)
     drop_float_weights(model, plan)
-    model = model.to(dtype=torch_dtype).to_empty(device=device)
+    model = materialize(model.to(dtype=torch_dtype), device)
     for name in getattr(model, "head_modules", ()) if pooler is not None else ():
         if hasattr(model, name.split(".")[0]):  # a pooling head in float32, as vLLM's head_dtype
             model.get_submodule(name).to(torch.float32)
     bind_kernels(model, device, triton=backend.name == "triton")
     if arch.tie_word_embeddings and "lm_head" not in plan and hasattr(model, "lm_head"):
-        # to_empty gives each parameter its own storage; tie again.
+        # materialize gives each parameter its own storage; tie again.
         model.lm_head.weight = model.model.embed_tokens.weight
     packed = {shard: {} for shards in plan.values() for shard in shards}
     if dummy:

@@ -31,6 +31,7 @@ from kvserve.model.arch_config import ModelArchConfig
 from kvserve.model.bert import ENCODER_ACTIVATIONS
 from kvserve.model.encoder_attention import encoder_attention
 from kvserve.model.layers import RotaryEmbedding
+from kvserve.model.meta_init import embedding
 
 _GLOBAL_THETA, _LOCAL_THETA = 160_000.0, 10_000.0
 
@@ -68,7 +69,7 @@ class ModernBertEmbeddings(nn.Module):
 
     def __init__(self, arch: ModelArchConfig, eps: float, bias: bool):
         super().__init__()
-        self.tok_embeddings = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.tok_embeddings = embedding(arch.vocab_size, arch.hidden_size)
         self.norm = nn.LayerNorm(arch.hidden_size, eps=eps, bias=bias)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
