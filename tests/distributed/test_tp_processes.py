@@ -52,8 +52,10 @@ def wait_healthy(base: str, process: subprocess.Popen, timeout: float = 120) -> 
 
 
 def worker_ranks(pid: int) -> list[psutil.Process]:
-    """The spawned rank processes under ``pid`` (not multiprocessing's resource tracker)."""
-    return [p for p in psutil.Process(pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+    """The rank processes under ``pid``: the children of multiprocessing's fork server (not the
+    server itself, not the resource tracker)."""
+    servers = [p for p in psutil.Process(pid).children() if "forkserver" in " ".join(p.cmdline())]
+    return [rank for server in servers for rank in server.children()]
 
 
 @pytest.mark.slow

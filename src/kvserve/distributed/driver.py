@@ -10,7 +10,7 @@ reach every rank::
     sampling, logits processors, logprobs, the persistent batch: rank 0 only
 
 The scheduler and the KV manager know nothing of ranks; the workers never see a request. The
-driver starts the ranks of its node with ``torch.multiprocessing`` (spawn); the ranks of other
+driver starts the ranks of its node (``worker.start_rank``); the ranks of other
 nodes are started there (``kvserve serve ... --node-rank K``, ``run_worker_node``).
 """
 
@@ -30,7 +30,7 @@ from kvserve.distributed.communicator import START_TIMEOUT, Communicator, make_s
 from kvserve.distributed.cpu_pinning import pin_current_thread, split_cores, unpin
 from kvserve.distributed.loader import load_shard
 from kvserve.distributed.messages import ComputeLogits, Forward, Heartbeat, InitKVCache, Shutdown
-from kvserve.distributed.worker import WorkerSpec, worker_main
+from kvserve.distributed.worker import WorkerSpec, start_rank
 from kvserve.errors import ConfigError, EngineDeadError
 from kvserve.model.loader import LoadedModel
 
@@ -146,16 +146,12 @@ class TensorParallelDriver:
     def _spawn(self, model_dir: str, dtype: torch.dtype, device: torch.device, backend_name: str,
                cores: list[tuple[int, ...]] | None, quantization: QuantizationConfig,
                lora: LoRAConfig | None) -> None:
-        context = torch.multiprocessing.get_context("spawn")
         for local_rank in range(1, self.parallel.ranks_per_node):
             spec = WorkerSpec(model_dir, dtype, device.type, backend_name, local_rank, self.world_size, local_rank,
                               self.parallel.master_addr, self.store.port, self.parallel.dist_timeout,
                               cores[local_rank] if cores else None, quantization, lora,
                               self.parallel.enable_expert_parallel)
-            process = context.Process(target=worker_main, args=(spec,), name=f"kvserve-tp-rank{local_rank}",
-                                      daemon=True)
-            process.start()
-            self.processes[local_rank] = process
+            self.processes[local_rank] = start_rank(spec, daemon=True)
 
     def _wait_for(self, stage: str) -> None:
         """Until every other rank has set ``<stage>/<rank>`` in the store.

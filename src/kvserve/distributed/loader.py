@@ -54,6 +54,7 @@ from kvserve.model.kernel_layer import bind_kernels
 from kvserve.model.layers import MergedLinear
 from kvserve.model.loader import (LoadedModel, _is_ignorable, _renamed, _safetensors_files, _tensor_names,
                                   check_all_loaded, finished_facts)
+from kvserve.model.meta_init import materialize
 from kvserve.model.prequantized import (PACKED_TENSORS, drop_float_weights, install_quantized_linears,
                                         plan_mxfp4_linears, plan_quantized_linears)
 from kvserve.model.quant_linear import quantize_linears
@@ -110,7 +111,7 @@ def load_shard(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     splits = {} if spec is None or spec.method == "mxfp4" else _packed_splits(model, plan, shard)
     packed = _Packed({s: {} for shards in plan.values() for s in shards}, splits, spec)
     drop_float_weights(model, plan)
-    model = model.to(dtype=dtype).to_empty(device=device)
+    model = materialize(model.to(dtype=dtype), device)
     bind_kernels(model, device, triton=backend.name == "triton")
     if arch.tie_word_embeddings and "lm_head" not in plan:
         model.lm_head.weight = model.model.embed_tokens.weight

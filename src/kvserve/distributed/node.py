@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from kvserve.config import EngineConfig
 from kvserve.distributed.cpu_pinning import split_cores
 from kvserve.distributed.loader import shard_dtype
-from kvserve.distributed.worker import WorkerSpec, worker_main
+from kvserve.distributed.worker import WorkerSpec, start_rank
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +26,6 @@ def run_worker_node(config: EngineConfig) -> int:
                                     config.cache.block_size).name
     per_node = parallel.ranks_per_node
     cores = split_cores(per_node) if device.type == "cpu" and parallel.pin_cpus else None
-    context = torch.multiprocessing.get_context("spawn")
     processes = []
     for local_rank in range(per_node):
         rank = parallel.node_rank * per_node + local_rank
@@ -36,9 +33,7 @@ def run_worker_node(config: EngineConfig) -> int:
                           local_rank, parallel.master_addr, parallel.master_port, parallel.dist_timeout,
                           cores[local_rank] if cores else None, config.model.quantization, config.lora,
                           parallel.enable_expert_parallel)
-        process = context.Process(target=worker_main, args=(spec,), name=f"kvserve-tp-rank{rank}")
-        process.start()
-        processes.append((rank, process))
+        processes.append((rank, start_rank(spec, daemon=False)))
     logger.info("node %d: tensor-parallel ranks %s started, driver at %s:%d", parallel.node_rank,
                 [rank for rank, _ in processes], parallel.master_addr, parallel.master_port)
     failed = []
