@@ -93,6 +93,23 @@ def test_a_second_build_in_the_same_folder_waits_for_the_first(fake_build):
     assert done.wait(10) and len(fake_build) == 1
 
 
+def test_a_wheels_build_takes_the_up_to_date_cached_library_and_builds_the_rest(fake_build, tmp_path, capsys):
+    """``--out`` (setup.py's wheel build): a variant built already from these sources is copied from
+    the install's cache; one whose cached library is out of date is compiled."""
+    host = build.host_variant().name
+    cached = build.cached_library()
+    cached.write_bytes(b"library")
+    (cached.parent / "kvserve_build_stamp").write_text(f"{build.build_stamp(build.host_variant())}\n"
+                                                       f"{hashlib.sha256(b'library').hexdigest()}\n")
+    out = tmp_path / "wheel-lib"
+    assert build.main(["--variant", host, "--out", str(out)]) == 0
+    assert (out / build.library_name(host)).read_bytes() == b"library" and len(fake_build) == 1
+    assert "the up-to-date library of this install's cache" in capsys.readouterr().err
+    (cached.parent / "kvserve_build_stamp").write_text("sources changed")
+    assert build.main(["--variant", host, "--out", str(out)]) == 0
+    assert len(fake_build) == 2 and fake_build[1][1] != cached.parent  # built in a folder of its own
+
+
 def test_a_wheels_prebuilt_library_is_opened_without_a_build(monkeypatch, tmp_path, fake_build):
     prebuilt = tmp_path / "lib"
     prebuilt.mkdir()

@@ -24,7 +24,7 @@ from kvserve.model.runner import ModelRunner
 pytest.importorskip("triton")
 
 pytestmark = pytest.mark.slow
-BLOCK = 4
+BLOCK = 8
 
 
 class StandIn:
@@ -92,11 +92,11 @@ def test_padded_graph_decode_steps_give_the_eager_bits(tiny_checkpoint, variant,
         loaded = load_model(path, dtype=dtype, attn_backend=TritonPagedAttentionBackend())
         if variant.endswith("_moe"):
             with_triton_experts(loaded.model)
-        return ModelRunner(loaded, num_blocks=32, block_size=BLOCK, max_num_reqs=6, max_model_len=64,
+        return ModelRunner(loaded, num_blocks=32, block_size=BLOCK, max_num_reqs=4, max_model_len=24,
                            graph_capturer=capturer)
 
     graphed, eager = runner(stand_in), runner(None)
-    assert stand_in.captured == [6, 4, 2, 1] and eager.decode_graphs is None
+    assert stand_in.captured == [4, 2, 1] and eager.decode_graphs is None
     assert all(stand_in.inference)  # recorded as the steps run (no autograd, the fused kernels)
     prompts = [[5, 17, 3, 99, 41, 7, 8], [11, 12, 13], [200, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [60]]
     extra = 3

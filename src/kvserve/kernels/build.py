@@ -28,6 +28,9 @@ Tests of "every instruction set this CPU runs" open each variant's library besid
 
     python -m kvserve.kernels.build [--variant NAME ...] [--out DIR]   # build into DIR (default: the cache)
 
+With ``--out`` (a wheel's build, ``setup.py``) a variant whose library in this install's cache is up
+to date (the same stamp: sources, headers, flags, compiler) is copied from there, not compiled again.
+
 Only the standard library is imported here, so ``scripts/install.sh`` runs this file as a script
 (``python src/kvserve/kernels/build.py``) while pip installs the rest.
 """
@@ -285,6 +288,12 @@ def _up_to_date(target: Path, stamp_file: Path, stamp: str) -> bool:
         return False
 
 
+def _cache_entry(variant: Variant) -> tuple[Path, Path, str]:
+    """(the library's path in this install's cache, its stamp file, the stamp it must carry)."""
+    directory = cache_root() / variant.name
+    return directory / library_name(variant.name), directory / "kvserve_build_stamp", build_stamp(variant)
+
+
 def cached_library(variant: Variant | None = None) -> Path:
     """This install's library for ``variant`` (default: this CPU's), built first when it is missing,
     out of date or damaged: announced on stderr, a line per unit, and the time it took. An up-to-date
@@ -294,8 +303,8 @@ def cached_library(variant: Variant | None = None) -> Path:
         RuntimeError: no compiler, a unit that does not compile; BuildInterrupted: Ctrl-C.
     """
     variant = variant or host_variant()
-    directory = cache_root() / variant.name
-    target, stamp_file, stamp = directory / library_name(variant.name), directory / "kvserve_build_stamp", build_stamp(variant)
+    target, stamp_file, stamp = _cache_entry(variant)
+    directory = target.parent
     if _up_to_date(target, stamp_file, stamp):
         return target
     compiler()  # no compiler: say so before announcing a build
@@ -333,8 +342,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.out is None:
                 cached_library(variant)
                 continue
+            args.out.mkdir(parents=True, exist_ok=True)
+            cached, stamp_file, stamp = _cache_entry(variant)
+            if _up_to_date(cached, stamp_file, stamp):  # this tree's sources and flags, built already
+                _say(f"kvserve: {variant.name}: the up-to-date library of this install's cache ({cached})")
+                shutil.copy2(cached, args.out / library_name(variant.name))
+                continue
             with tempfile.TemporaryDirectory() as objects:
-                args.out.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(build_library(variant, Path(objects), log=_say), args.out / library_name(variant.name))
     except RuntimeError as error:  # no compiler, a unit that does not compile: one message, no traceback
         _say(f"kvserve: the CPU kernels were not built: {error}")
