@@ -3,7 +3,8 @@ instruction-set variant (``src/kvserve/kernels/build.py``: VARIANTS; one this tr
 already is copied from its cache) into ``kvserve/kernels/lib/``, and kvserve opens the best one the
 CPU runs, so ``pip install kvserve-*.whl`` then ``kvserve serve`` never compiles. The libraries
 depend on no Python or PyTorch version (ctypes), hence the ``py3-none-<platform>`` tag. An editable
-or source install (``scripts/install.sh``) builds only its own CPU's variant, on first use. The project's metadata lives in pyproject.toml.
+or source install (``scripts/install.sh``) builds only its own CPU's variant, on first use. The
+project's metadata lives in pyproject.toml.
 """
 
 import importlib.util
