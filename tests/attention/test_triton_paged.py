@@ -52,6 +52,19 @@ def test_rows_are_identical_however_chunked_and_batched():
     assert torch.equal(variants.run(backend, q, k, v, [12, 12], 9, 5.0, sinks, neighbour=other), whole)
 
 
+def test_decode_over_partitions_gives_the_bits_of_one_program_per_row():
+    """Contexts over several partitions (16 positions here): a decode step runs one program per
+    partition and merges them (flash-decoding), a prefill chunk runs them in one program per row;
+    both give the same bits, within bfloat16 error of the float64 attention. The window (9) reaches
+    into the first partition up to position 23 and not after: from there a row has one partition
+    fewer than the grid (the program of the other stores nothing, as for a shorter neighbour)."""
+    q, k, v, sinks = variants.inputs(torch.bfloat16, 64, length=28, seed=5)
+    backend = TritonPagedAttentionBackend(partition_size=16)
+    chunked = variants.run(backend, q, k, v, [20, 8], 9, 5.0, sinks)
+    assert torch.equal(variants.run(backend, q, k, v, [20] + [1] * 8, 9, 5.0, sinks), chunked)
+    torch.testing.assert_close(chunked.double(), variants.dense(q, k, v, 9, 5.0, sinks), atol=2e-2, rtol=2e-2)
+
+
 def test_what_it_cannot_run_is_refused_by_name():
     seqs = helpers.random_seqs([4])
     q, k, v = seqs[0]

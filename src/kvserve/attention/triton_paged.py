@@ -2,24 +2,28 @@
 Triton imports). On a CPU it runs only under Triton's interpreter (``TRITON_INTERPRET=1``), which
 is how the tests check it against the torch reference backend.
 
-Two kernels per call::
+A token's context is read in partitions of ``partition_size`` positions (512, vLLM's paged-attention
+v2 size), counted from position 0 whatever the batch: within a partition, block by block through
+the block table (positions <= its own and inside the sliding window), online softmax in float32
+(scores soft-capped where the model caps them); the partitions' (max, sum, weighted values) merged
+in increasing order; the sink logit added to the denominator where the model has them; GQA by
+``kv head = head // group``. The kernels::
 
-    write   one program per new token: its K and V rows stored at its slot (none for slot -1,
-            the padding rows of a CUDA graph's batch)
-    attend  one program per (new token, query head): the token's request's context read block by
-            block through the block table, positions <= its own (and inside the sliding window),
-            online softmax in float32 (scores soft-capped, the sink logit added to the
-            denominator where the model has them), GQA by ``kv head = head // group``
+    write    one program per new token: its K and V rows stored at its slot (none for slot -1,
+             the padding rows of a CUDA graph's batch)
+    attend   one program per (new token, query head): its partitions in turn, each merged as it ends
+    split    (decode steps whose longest context spans several partitions: flash-decoding) one
+    combine  program per (token, head, partition), then one per (token, head) merging the stored
+             partitions in the same order with the same arithmetic as ``attend``
 
-Prefill chunks and decode tokens go through the same kernel, so a mixed step is one launch. A
-row's result depends only on its own request (each program walks its context in the same block
-order whatever else the batch holds): batch-invariant, as kvserve's CPU kernels are. Not yet:
-splitting one long context over several programs (flash-decoding), which would need a fixed split
-size to stay batch-invariant; one-byte KV caches (``--kv-cache-dtype int8|fp8``).
+Prefill chunks and decode tokens go through the same arithmetic, so a mixed step is one launch and
+a decode step over long contexts spreads each row over as many programs as it has partitions. A
+row's result depends only on its own request (its partitions are fixed by its positions, merged in
+one order whichever kernels ran them): batch-invariant, as kvserve's CPU kernels are. Not yet:
+one-byte KV caches (``--kv-cache-dtype int8|fp8``).
 """
 
 from __future__ import annotations
-
 
 import torch
 
@@ -30,8 +34,9 @@ from kvserve.kernels.triton_support import triton_available
 # Imported at first use (``_kernels``): Triton decides between its compiler and its interpreter
 # (``TRITON_INTERPRET=1``) when it is imported, and a process that never runs these kernels
 # need not pay for the import.
-triton = tl = None
-_KERNELS: tuple | None = None
+triton = None
+# Positions of context per partition: vLLM's paged-attention v2 partition.
+PARTITION_SIZE = 512
 
 
 def triton_refuses(one_byte_kv: bool, block_size: int) -> str | None:
@@ -45,96 +50,30 @@ def triton_refuses(one_byte_kv: bool, block_size: int) -> str | None:
     return None
 
 
-def _kernels() -> tuple:
-    """The two kernels, defined at first use."""
-    global _KERNELS, triton, tl
-    if _KERNELS is None:
-        import triton
-        import triton.language as tl
+def _kernels():
+    global triton
+    import triton
 
-        _KERNELS = _define_kernels()
-    return _KERNELS
+    from kvserve.attention import triton_paged_kernels
 
-
-def _define_kernels() -> tuple:
-    @triton.jit
-    def _write_kv_kernel(key_ptr, value_ptr, cache_ptr, slots_ptr, stride_kt, stride_kh, stride_vt, stride_vh,
-                         stride_c, stride_cs, stride_ch, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         HEAD_DIM_PAD: tl.constexpr):
-        t = tl.program_id(0)
-        slot = tl.load(slots_ptr + t).to(tl.int64)
-        d = tl.arange(0, HEAD_DIM_PAD)
-        dmask = d < tl.where(slot >= 0, HEAD_DIM, 0)  # slot -1: a CUDA graph's padding row, written nowhere
-        for h in range(NUM_KV_HEADS):
-            k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=dmask)
-            v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=dmask)
-            tl.store(cache_ptr + slot * stride_cs + h * stride_ch + d, k, mask=dmask)
-            tl.store(cache_ptr + stride_c + slot * stride_cs + h * stride_ch + d, v, mask=dmask)
-
-    @triton.jit
-    def _attention_kernel(q_ptr, cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr,
-                          token_request_ptr, sinks_ptr, scale, softcap, window,
-                          stride_qt, stride_qh, stride_ot, stride_oh, stride_c, stride_cb, stride_cs, stride_ch,
-                          stride_bt, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                          HEAD_DIM_PAD: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-                          HAS_WINDOW: tl.constexpr):
-        t = tl.program_id(0)
-        h = tl.program_id(1)
-        r = tl.load(token_request_ptr + t)
-        q_start = tl.load(query_start_ptr + r)
-        q_len = tl.load(query_start_ptr + r + 1) - q_start
-        pos = tl.load(seq_lens_ptr + r) - q_len + (t - q_start)  # this token's position
-        kv_head = h // GROUP
-        d = tl.arange(0, HEAD_DIM_PAD)
-        dmask = d < HEAD_DIM
-        q = tl.load(q_ptr + t * stride_qt + h * stride_qh + d, mask=dmask, other=0.0).to(tl.float32)
-        offsets = tl.arange(0, BLOCK_SIZE)
-        first = 0
-        if HAS_WINDOW:
-            first = tl.maximum(pos - window + 1, 0) // BLOCK_SIZE
-        m = tl.full((), float("-inf"), tl.float32)
-        total = tl.zeros((), tl.float32)
-        acc = tl.zeros((HEAD_DIM_PAD,), tl.float32)
-        for b in range(first, pos // BLOCK_SIZE + 1):
-            block = tl.load(block_tables_ptr + r * stride_bt + b).to(tl.int64)
-            key_pos = b * BLOCK_SIZE + offsets
-            valid = key_pos <= pos
-            if HAS_WINDOW:
-                valid = valid & (key_pos > pos - window)
-            rows = block * stride_cb + offsets[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
-            both = valid[:, None] & dmask[None, :]
-            k = tl.load(cache_ptr + rows, mask=both, other=0.0).to(tl.float32)
-            v = tl.load(cache_ptr + stride_c + rows, mask=both, other=0.0).to(tl.float32)
-            s = tl.sum(k * q[None, :], axis=1) * scale
-            if HAS_SOFTCAP:  # softcap * tanh(s / softcap), tanh written with exp
-                s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))
-            s = tl.where(valid, s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=0))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new)
-            total = total * alpha + tl.sum(p, axis=0)
-            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-            m = m_new
-        if HAS_SINKS:
-            sink = tl.load(sinks_ptr + h).to(tl.float32)
-            m_new = tl.maximum(m, sink)
-            alpha = tl.exp(m - m_new)
-            total = total * alpha + tl.exp(sink - m_new)
-            acc = acc * alpha
-        out = acc / total
-        tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
-
-    return _write_kv_kernel, _attention_kernel
+    return triton_paged_kernels
 
 
 class TritonPagedAttentionBackend(AttentionBackend):
-    """See the module docstring. Stateless."""
+    """See the module docstring. Stateless.
+
+    Args:
+        partition_size: tokens of context per partition (a multiple of the block size; smaller
+            blocks' worth rounds down, at least one block): a token's context is read in
+            partitions of this many positions from position 0, merged in order.
+    """
 
     name = "triton"
 
-    def __init__(self):
+    def __init__(self, partition_size: int = PARTITION_SIZE):
         if not triton_available():
             raise RuntimeError("the triton attention backend needs the triton package (pip install triton)")
+        self.partition_size = partition_size
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: AttentionMetadata, *, scale: float, sliding_window: int | None = None,
@@ -144,9 +83,9 @@ class TritonPagedAttentionBackend(AttentionBackend):
         refusal = triton_refuses(kv_cache.dtype in ONE_BYTE_DTYPES, block_size)
         if refusal is not None:
             raise NotImplementedError(refusal)
-        write_kv, attention = _kernels()
+        kernels = _kernels()
         pad = triton.next_power_of_2(head_dim)
-        write_kv[(num_tokens,)](
+        kernels.write_kv_kernel[(num_tokens,)](
             key, value, kv_cache, metadata.slot_mapping, key.stride(0), key.stride(1), value.stride(0),
             value.stride(1), kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
             NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad)
@@ -155,11 +94,27 @@ class TritonPagedAttentionBackend(AttentionBackend):
         token_request = torch.repeat_interleave(torch.arange(metadata.num_requests, device=query.device,
                                                              dtype=torch.int32), lengths, output_size=num_tokens)
         block_tables = metadata.block_tables
-        attention[(num_tokens, num_heads)](
-            query, kv_cache, out, block_tables, metadata.seq_lens, metadata.query_start_loc, token_request,
-            sinks if sinks is not None else query, scale, float(softcap), int(sliding_window or 0),
-            query.stride(0), query.stride(1), out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-            kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0),
-            GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad,
-            HAS_SOFTCAP=bool(softcap), HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None)
+        partition_blocks = max(1, self.partition_size // block_size)
+        num_parts = triton.cdiv(metadata.max_seq_len, partition_blocks * block_size)
+        common = dict(GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad,
+                      HAS_SOFTCAP=bool(softcap), HAS_WINDOW=sliding_window is not None,
+                      PARTITION_BLOCKS=partition_blocks)
+        cache_strides = (kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3))
+        if not (metadata.is_decode_only and num_parts > 1):
+            kernels.attention_kernel[(num_tokens, num_heads)](
+                query, kv_cache, out, block_tables, metadata.seq_lens, metadata.query_start_loc, token_request,
+                sinks if sinks is not None else query, scale, float(softcap), int(sliding_window or 0),
+                query.stride(0), query.stride(1), out.stride(0), out.stride(1), *cache_strides,
+                block_tables.stride(0), HAS_SINKS=sinks is not None, **common)
+            return out
+        parts = torch.empty((num_tokens, num_heads, num_parts, pad + 2), dtype=torch.float32, device=query.device)
+        kernels.split_kernel[(num_tokens, num_heads, num_parts)](
+            query, kv_cache, parts, block_tables, metadata.seq_lens, metadata.query_start_loc, token_request, scale,
+            float(softcap), int(sliding_window or 0), query.stride(0), query.stride(1), parts.stride(0),
+            parts.stride(1), parts.stride(2), *cache_strides, block_tables.stride(0), **common)
+        kernels.combine_kernel[(num_tokens, num_heads)](
+            parts, out, sinks if sinks is not None else query, metadata.seq_lens, metadata.query_start_loc,
+            token_request, int(sliding_window or 0), parts.stride(0), parts.stride(1), parts.stride(2),
+            out.stride(0), out.stride(1), BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HEAD_DIM_PAD=pad,
+            HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None, PARTITION_BLOCKS=partition_blocks)
         return out
