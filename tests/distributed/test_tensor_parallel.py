@@ -158,8 +158,8 @@ def test_refused_combinations_name_the_flag(tiny_llama):
 
 
 def test_a_rank_killed_before_a_step_fails_it_at_once(tiny_llama):
-    """The step's collectives fail on the closed connection (no wait for --dist-timeout) and the
-    failure is the engine's (not bisected as the requests')."""
+    """The step's collectives fail on the closed connection (no wait for --dist-timeout), the
+    failure is the engine's (not bisected as the requests') and names the rank that exited."""
     import time
 
     from kvserve.errors import EngineDeadError
@@ -170,7 +170,8 @@ def test_a_rank_killed_before_a_step_fails_it_at_once(tiny_llama):
         worker.kill()
         worker.join(10)
         start = time.monotonic()
-        with pytest.raises(EngineDeadError, match="tensor-parallel rank 0: .* failed"):
+        with pytest.raises(EngineDeadError, match=r"tensor-parallel rank 1 \(pid \d+\) exited with status -9; the "
+                                                  r"engine stops \(tensor-parallel rank 0: .* failed"):
             llm.generate([{"prompt_token_ids": PROMPTS[1]}], GREEDY)
         assert time.monotonic() - start < 10
         with pytest.raises(EngineDeadError, match=r"tensor-parallel rank 1 \(pid \d+\) exited with status -9"):

@@ -190,11 +190,24 @@ class TensorParallelDriver:
         Raises:
             EngineDeadError: naming the rank that exited, or the failed collective.
         """
-        for rank, process in self.processes.items():
-            if not process.is_alive():
-                raise EngineDeadError(f"tensor-parallel rank {rank} (pid {process.pid}) exited with status "
-                                      f"{process.exitcode}; the engine stops")
+        exited = self.exited_rank()
+        if exited is not None:
+            raise EngineDeadError(f"{exited}; the engine stops")
         self.communicator.send_message(Heartbeat())
+
+    def exited_rank(self, wait: float = 0.0) -> str | None:
+        """``tensor-parallel rank R (pid P) exited with status S`` for the first local rank whose
+        process has exited, waiting up to ``wait`` seconds for one to (a collective that just
+        failed on a dead peer's closed connection can see it before the OS reports the exit);
+        None when every local rank runs (a remote rank, or one that hung)."""
+        deadline = time.monotonic() + wait
+        while True:
+            for rank, process in self.processes.items():
+                if not process.is_alive():
+                    return f"tensor-parallel rank {rank} (pid {process.pid}) exited with status {process.exitcode}"
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the workers (a ``Shutdown`` message, then terminate what is left), close the

@@ -409,7 +409,10 @@ class EngineCore:
             raise EngineDeadError(f"the scheduler failed: {type(exc).__name__}: {exc}") from exc
         if scheduler_output.kv_loads:
             self.kv_transfer.connector.load(scheduler_output.kv_loads)
-        runner_output = self.runner.execute_model(scheduler_output)
+        try:
+            runner_output = self.runner.execute_model(scheduler_output)
+        except EngineDeadError as exc:
+            raise self._naming_an_exited_rank(exc) from exc
         if scheduler_output.is_empty:
             return StepResult(finished_on_admission, None, self.kv_cache_manager.take_events())
         if self.proposer is not None and scheduler_output.propose_draft_req_ids:
@@ -435,6 +438,12 @@ class EngineCore:
             scheduler=self.scheduler.make_stats(),
         )
         return StepResult(outputs, stats, self.kv_cache_manager.take_events())
+
+    def _naming_an_exited_rank(self, error: EngineDeadError) -> EngineDeadError:
+        """A step's failure on a tensor-parallel collective, said with the local rank whose exit
+        caused it where one has exited (the collective sees only a closed connection)."""
+        exited = None if self.tensor_parallel is None else self.tensor_parallel.exited_rank(wait=1.0)
+        return error if exited is None else EngineDeadError(f"{exited}; the engine stops ({error})")
 
     def _count_failed_steps(self, scheduler_output, runner_output) -> None:
         """A step in which every request failed (alone: the runner's groups are bisected) is
