@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 from kvserve.api.run import make_server
 from kvserve.api.settings import ServerSettings
 from kvserve.engine.async_llm import EngineClient
+from kvserve.testing.live_server import free_port
 
 
 class LoopbackServer:
@@ -39,9 +39,3 @@ class LoopbackServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

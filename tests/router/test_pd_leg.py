@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 from prometheus_client import CollectorRegistry
 
@@ -14,12 +13,11 @@ from kvserve.router.pd import PrefillLeg
 from kvserve.router.policies import RouteRequest
 from kvserve.router.proxy import ForwardRequest
 from kvserve.router.upstream import UpstreamClient
+from kvserve.testing.live_server import free_port
 
 
 def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()  # nothing listens there
 
 
 def forward(body: dict, path: str = "/v1/completions") -> ForwardRequest:

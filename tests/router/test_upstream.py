@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from kvserve.router.upstream import UpstreamClient, UpstreamError, UpstreamPool
+from kvserve.testing.live_server import free_port
 
 CHUNKS = [b'data: {"text":"a\\u00e9"}\n\n', b'data: {"text":" b"}\n\n', b"data: [DONE]\n\n"]
 
@@ -157,11 +158,7 @@ class socket_port:
     """A port nothing listens on."""
 
     def __enter__(self) -> int:
-        import socket
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            return probe.getsockname()[1]
+        return free_port()
 
     def __exit__(self, *exc) -> None:
         pass
