@@ -51,6 +51,7 @@ def triton_refuses(one_byte_kv: bool, block_size: int) -> str | None:
 
 
 def _kernels():
+    """The kernels' module, imported at first use."""
     global triton
     import triton
 
