@@ -29,6 +29,7 @@ from pathlib import Path
 import uvicorn
 
 from kvserve.errors import ConfigError
+from kvserve.free_port import free_port
 from kvserve.router.app import Router, build_router_app
 from kvserve.router.config import RouterConfig, router_config_from_args
 from kvserve.router.prompts import PromptTokenizer
@@ -177,12 +178,6 @@ def child_argv(argv: list[str]) -> list[str]:
             continue
         out.append(item)
     return out
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def core_shares(num_ranks: int, cpus: list[int]) -> list[list[int]]:

@@ -3,8 +3,6 @@ end-to-end tests through the official ``openai`` client and raw httpx."""
 
 from __future__ import annotations
 
-import random
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -18,34 +16,8 @@ from kvserve.api.settings import ServerSettings
 from kvserve.engine.arg_utils import engine_config_from_kwargs
 from kvserve.engine.async_llm import AsyncLLM
 from kvserve.engine.llm_engine import build_engine
+from kvserve.free_port import free_port
 from kvserve.metrics.wiring import install_metrics
-
-
-def free_port() -> int:
-    """A port of 127.0.0.1 nothing is bound to, drawn at random below the kernel's ephemeral range
-    (``ip_local_port_range``). A port the kernel hands out for port 0 is free only until it hands it
-    out again (a TCPStore, gloo's connections, a client socket of another test), which happened
-    between a test choosing it and its server binding it; a port below the range is taken only by a
-    bind that names it."""
-    low = _ephemeral_ports_start()
-    draw = random.SystemRandom()  # not the tests' seeded generator: each xdist worker its own draws
-    for _ in range(200):
-        port = draw.randrange(max(1024, low - 12000), low)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port found below {low} on 127.0.0.1")
-
-
-def _ephemeral_ports_start(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
-    """The first port the kernel hands out for port 0 (Linux's default range starts at 32768)."""
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 @dataclass
