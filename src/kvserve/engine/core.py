@@ -411,8 +411,11 @@ class EngineCore:
             self.kv_transfer.connector.load(scheduler_output.kv_loads)
         try:
             runner_output = self.runner.execute_model(scheduler_output)
-        except EngineDeadError as exc:
-            raise self._naming_an_exited_rank(exc) from exc
+        except EngineDeadError as exc:  # said with the local rank whose exit caused it, where one has exited
+            exited = None if self.tensor_parallel is None else self.tensor_parallel.exited_rank(wait=1.0)
+            if exited is None:
+                raise
+            raise EngineDeadError(f"{exited}; the engine stops ({exc})") from exc
         if scheduler_output.is_empty:
             return StepResult(finished_on_admission, None, self.kv_cache_manager.take_events())
         if self.proposer is not None and scheduler_output.propose_draft_req_ids:
@@ -438,12 +441,6 @@ class EngineCore:
             scheduler=self.scheduler.make_stats(),
         )
         return StepResult(outputs, stats, self.kv_cache_manager.take_events())
-
-    def _naming_an_exited_rank(self, error: EngineDeadError) -> EngineDeadError:
-        """A step's failure on a tensor-parallel collective, said with the local rank whose exit
-        caused it where one has exited (the collective sees only a closed connection)."""
-        exited = None if self.tensor_parallel is None else self.tensor_parallel.exited_rank(wait=1.0)
-        return error if exited is None else EngineDeadError(f"{exited}; the engine stops ({error})")
 
     def _count_failed_steps(self, scheduler_output, runner_output) -> None:
         """A step in which every request failed (alone: the runner's groups are bisected) is
