@@ -8,7 +8,7 @@ import time
 from kvserve.api.run import make_server
 from kvserve.api.settings import ServerSettings
 from kvserve.engine.async_llm import EngineClient
-from kvserve.testing.live_server import free_port
+from kvserve.free_port import free_port
 
 
 class LoopbackServer:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from kvserve.testing.live_server import free_port
+from kvserve.free_port import free_port
 
 MODEL = "kvserve-builtin-austen-5m"
 

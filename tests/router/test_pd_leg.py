@@ -9,11 +9,11 @@ import json
 
 from prometheus_client import CollectorRegistry
 
+from kvserve.free_port import free_port
 from kvserve.router.pd import PrefillLeg
 from kvserve.router.policies import RouteRequest
 from kvserve.router.proxy import ForwardRequest
 from kvserve.router.upstream import UpstreamClient
-from kvserve.testing.live_server import free_port
 
 
 def closed_port() -> int:

@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
+from kvserve.free_port import free_port
 from kvserve.router.upstream import UpstreamClient, UpstreamError, UpstreamPool
-from kvserve.testing.live_server import free_port
 
 CHUNKS = [b'data: {"text":"a\\u00e9"}\n\n', b'data: {"text":" b"}\n\n', b"data: [DONE]\n\n"]
 
